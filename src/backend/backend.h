@@ -1,0 +1,152 @@
+// The backend op interface: everything a model needs from a device. Models call only this
+// interface (never cpu/ or cuda/ directly). Tensors passed to an op live on that backend.
+//
+// Conventions: activations use activation_dtype(); weights come from upload_weight(); index
+// tensors (ids, slots, block tables) are I32. All tensors are row-major and contiguous. "Rows" of
+// an op over the last dimension d are numel / d.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "core/status.h"
+
+namespace bs {
+
+// Which keys a query row sees in attention. Query i of n sits at absolute position
+// kv_len - n + i (queries are the last n positions). Key j is visible iff
+// (!causal || j <= qpos) && (window == 0 || (qpos - j < window && (causal || j - qpos < window))).
+struct AttentionMask {
+  bool causal = true;
+  int64_t window = 0;  // 0: no sliding window
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  // Storage dtype of activations (F32 on the CPU reference, BF16 on CUDA).
+  virtual DType activation_dtype() const = 0;
+
+  // ---- Memory ----
+  virtual Tensor empty(std::initializer_list<int64_t> shape, DType dtype) = 0;
+  Tensor empty(std::initializer_list<int64_t> shape) { return empty(shape, activation_dtype()); }
+  // Converts host data of any checkpoint dtype into this backend's weight storage.
+  virtual Tensor upload_weight(DType src_dtype, const void* src,
+                               std::initializer_list<int64_t> shape) = 0;
+  // Raw byte copies; host data is in the tensor's own dtype.
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill_zero(const Tensor& t) = 0;
+  // dst[n, D][:, col_offset : col_offset + d] = src[n, d] (e.g. gathering tapped hidden states
+  // side by side).
+  virtual void copy_columns(const Tensor& dst, int64_t col_offset, const Tensor& src) = 0;
+  // Reads any float tensor back as fp32 (logits, tests).
+  virtual std::vector<float> to_host_f32(const Tensor& t) = 0;
+  // Waits for queued work (no-op on the CPU).
+  virtual void synchronize() {}
+
+  // ---- Dense algebra ----
+  // y[n,m] = x[n,k] · w[m,k]ᵀ (+ bias[m]); with accumulate, y += that.
+  virtual void matmul(const Tensor& y, const Tensor& x, const Tensor& w,
+                      const Tensor* bias = nullptr, bool accumulate = false) = 0;
+  // y = a + b (same shape).
+  virtual void add(const Tensor& y, const Tensor& a, const Tensor& b) = 0;
+  // y = a * b elementwise (same shape).
+  virtual void mul(const Tensor& y, const Tensor& a, const Tensor& b) = 0;
+
+  // ---- Normalisation ----
+  // RMSNorm over the last dim d = w.numel(): y = x / sqrt(mean(x²) + eps) * w. Works on any
+  // x whose numel is a multiple of d (per-head q/k norm uses d = head_dim).
+  virtual void rms_norm(const Tensor& y, const Tensor& x, const Tensor& w, float eps) = 0;
+  // LayerNorm over the last dim d, optional affine weight/bias (undefined tensors = none).
+  virtual void layer_norm(const Tensor& y, const Tensor& x, int64_t d, const Tensor& w,
+                          const Tensor& b, float eps) = 0;
+  // AdaLN modulation: y[n,d] = x[n,d] * (1 + scale) + shift, where shift/scale are [d] (shared
+  // by every row) or [n,d].
+  virtual void modulate(const Tensor& y, const Tensor& x, const Tensor& shift,
+                        const Tensor& scale) = 0;
+
+  // ---- Activations ----
+  // y[n,i] = silu(gate[n,i]) * up[n,i].
+  virtual void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) = 0;
+  // y = gelu(x); tanh approximation or exact erf.
+  virtual void gelu(const Tensor& y, const Tensor& x, bool tanh_approx) = 0;
+  // y = silu(x).
+  virtual void silu(const Tensor& y, const Tensor& x) = 0;
+
+  // ---- Embedding and positions ----
+  // y[n,d] = table[ids[n], :].
+  virtual void embedding(const Tensor& y, const Tensor& ids, const Tensor& table) = 0;
+  // In-place neox (rotate-half) RoPE on x[n, heads, head_dim] at positions[n] (I32):
+  // angle = pos * inv_freq[i] (inv_freq F32 [head_dim/2]); cos/sin scaled by attention_scaling.
+  virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                    float attention_scaling) = 0;
+
+  // ---- Attention ----
+  // Writes k/v[n, kv_heads, head_dim] into the paged pools [num_blocks, block_size, kv_heads,
+  // head_dim] at slots[n] (I32, slot = block * block_size + offset).
+  virtual void kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
+                        const Tensor& v, const Tensor& slots) = 0;
+  // out[n, heads, head_dim] = softmax(q kᵀ * scale) v over the first kv_len positions of one
+  // sequence's paged cache (block_table I32 [>= ceil(kv_len / block_size)]), masked per `mask`.
+  // GQA: query head h reads kv head h / (heads / kv_heads).
+  virtual void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                               const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
+                               AttentionMask mask, float scale) = 0;
+  // Dense attention: q[n, heads, d] over k/v[m, kv_heads, d], same mask rule with kv_len = m.
+  virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                         AttentionMask mask, float scale) = 0;
+
+  // ---- Reductions ----
+  // out[n] (I32) = argmax over the last dim of x[n, v] (first index on ties).
+  virtual void argmax(const Tensor& out, const Tensor& x) = 0;
+
+  // ---- Ops added for the FlashMap drafter (models/drafters/flashmap.cc) ----
+  // General product y = op(a) · op(b), op(t) = tᵀ when the flag is set: a is [n,k] ([k,n] when
+  // trans_a), b is [k,m] ([m,k] when trans_b), y is [n,m]. (matmul is the trans_b case.)
+  virtual void gemm(const Tensor& y, const Tensor& a, const Tensor& b, bool trans_a,
+                    bool trans_b) = 0;
+  // dst[n, d] = src[n, D][:, col_offset : col_offset + d] (the inverse of copy_columns).
+  virtual void slice_columns(const Tensor& dst, const Tensor& src, int64_t col_offset) = 0;
+  // dst[n, V] = fill, then dst[:, ids[j]] = src[:, j] for src[n, V'] and ids I32 [V'].
+  virtual void scatter_columns(const Tensor& dst, const Tensor& src, const Tensor& ids,
+                               float fill) = 0;
+  // Gated residual: y[n,d] += gate[d] * x[n,d].
+  virtual void gated_add(const Tensor& y, const Tensor& x, const Tensor& gate) = 0;
+  // y = a * x + b * z elementwise (same shape; y may alias x or z).
+  virtual void axpby(const Tensor& y, float a, const Tensor& x, float b, const Tensor& z) = 0;
+  // Row softmax over the last dim: y[n,v] = softmax(x[n,:] * scale)[v], fp32.
+  virtual void softmax(const Tensor& y, const Tensor& x, float scale) = 0;
+  // Norm-scaled add: y[n,d] = base[d] + gate / sqrt(sum_e w[e] * z[n,e]^2 + eps) * x[n,d]
+  // (FlashMap's one-jump input: the folded noise read-out with its RMSNorm scale).
+  virtual void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x,
+                             const Tensor& z, const Tensor& w, float gate, float eps) = 0;
+  // Counter-based standard normals: out[n, d] (F32) = scale * N(seed, stream, positions[n], c),
+  // positions I32 [n]. Every value depends only on its key, so any backend reproduces it:
+  //   mix(x)  = splitmix64 finaliser of x + 0x9E3779B97F4A7C15
+  //   h       = mix(mix(mix(mix(seed) ^ stream) ^ position) ^ (c / 2))
+  //   u1      = ((h >> 40) + 1) * 2^-24 in (0, 1],  u2 = ((h >> 16) & 0xFFFFFF) * 2^-24 in [0, 1)
+  //   r       = sqrt(-2 ln u1), computed in double; column c even: r cos(2π u2), odd: r sin(2π u2)
+  virtual void seeded_normal(const Tensor& out, const Tensor& positions, uint64_t seed,
+                             uint32_t stream, float scale) = 0;
+};
+
+// The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number
+// of hardware threads.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+
+}  // namespace bs
+
+namespace bs {
+
+// Picks a backend by name: "cpu", "cuda", or "auto" (CUDA when this build has it and a GPU is
+// present, else CPU). InvalidArgument / Unimplemented naming the device otherwise.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads = 0);
+
+}  // namespace bs

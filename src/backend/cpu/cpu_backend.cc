@@ -1,0 +1,475 @@
+// CPU reference backend: every activation and weight in fp32, multi-threaded over output
+// features / rows where the work is large enough to pay for it.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace bs {
+namespace {
+
+// Work (multiply-adds) below which an op stays on the calling thread.
+constexpr int64_t kParallelGrain = 1 << 15;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void check_f32(const Tensor& t) { BS_CHECK(t.dtype() == DType::kF32 && t.device() == Device::kCpu); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) {}
+
+  Device device() const override { return Device::kCpu; }
+  std::string name() const override { return "cpu"; }
+  DType activation_dtype() const override { return DType::kF32; }
+
+  Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = std::max<size_t>(64, static_cast<size_t>(n) * dtype_size(dtype));
+    // 64-byte aligned, zero-initialised.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    BS_CHECK(p != nullptr);
+    std::memset(p, 0, bytes);
+    std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
+    return Tensor(std::move(storage), p, dtype, Device::kCpu, shape);
+  }
+
+  Tensor upload_weight(DType src_dtype, const void* src,
+                       std::initializer_list<int64_t> shape) override {
+    Tensor t = empty(shape, DType::kF32);
+    convert_to_f32(src_dtype, src, t.as<float>(), static_cast<size_t>(t.numel()));
+    return t;
+  }
+
+  void copy_from_host(const Tensor& dst, const void* src) override {
+    std::memcpy(dst.data(), src, dst.nbytes());
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    std::memcpy(dst, src.data(), src.nbytes());
+  }
+  void copy(const Tensor& dst, const Tensor& src) override {
+    BS_CHECK(dst.nbytes() == src.nbytes());
+    std::memmove(dst.data(), src.data(), src.nbytes());
+  }
+  void fill_zero(const Tensor& t) override { std::memset(t.data(), 0, t.nbytes()); }
+  void copy_columns(const Tensor& dst, int64_t col_offset, const Tensor& src) override {
+    const int64_t n = src.dim(0), d = src.row_numel(), big = dst.row_numel();
+    BS_CHECK(dst.dim(0) == n && col_offset + d <= big);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(dst.as<float>() + i * big + col_offset, src.as<float>() + i * d,
+                  d * sizeof(float));
+    }
+  }
+  std::vector<float> to_host_f32(const Tensor& t) override {
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    convert_to_f32(t.dtype(), t.data(), out.data(), out.size());
+    return out;
+  }
+
+  void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+              bool accumulate) override {
+    check_f32(y), check_f32(x), check_f32(w);
+    const int64_t m = w.dim(0), k = w.dim(-1);
+    const int64_t n = x.numel() / k;
+    BS_CHECK(x.numel() == n * k && y.numel() == n * m && w.numel() == m * k);
+    const float* xp = x.as<float>();
+    const float* wp = w.as<float>();
+    float* yp = y.as<float>();
+    const float* bp = bias ? bias->as<float>() : nullptr;
+    // Split over output features: each weight row is read once and reused for all n rows.
+    pool_.parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, n * k)),
+                       [&](int64_t j0, int64_t j1) {
+                         for (int64_t j = j0; j < j1; ++j) {
+                           const float* wr = wp + j * k;
+                           const float b = bp ? bp[j] : 0.0f;
+                           for (int64_t i = 0; i < n; ++i) {
+                             const float v = dot(xp + i * k, wr, k) + b;
+                             float& out = yp[i * m + j];
+                             out = accumulate ? out + v : v;
+                           }
+                         }
+                       });
+  }
+
+  void add(const Tensor& y, const Tensor& a, const Tensor& b) override {
+    BS_CHECK(a.numel() == b.numel() && y.numel() == a.numel());
+    const float *ap = a.as<float>(), *bp = b.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = ap[i] + bp[i];
+  }
+  void mul(const Tensor& y, const Tensor& a, const Tensor& b) override {
+    BS_CHECK(a.numel() == b.numel() && y.numel() == a.numel());
+    const float *ap = a.as<float>(), *bp = b.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = ap[i] * bp[i];
+  }
+
+  void rms_norm(const Tensor& y, const Tensor& x, const Tensor& w, float eps) override {
+    const int64_t d = w.numel(), rows = x.numel() / d;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
+    const float *xp = x.as<float>(), *wp = w.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = yp + r * d;
+      const float inv = 1.0f / std::sqrt(dot(xr, xr, d) / static_cast<float>(d) + eps);
+      for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * wp[i];
+    }
+  }
+
+  void layer_norm(const Tensor& y, const Tensor& x, int64_t d, const Tensor& w, const Tensor& b,
+                  float eps) override {
+    const int64_t rows = x.numel() / d;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
+    const float* xp = x.as<float>();
+    const float* wp = w.defined() ? w.as<float>() : nullptr;
+    const float* bp = b.defined() ? b.as<float>() : nullptr;
+    float* yp = y.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = yp + r * d;
+      double mean = 0, var = 0;
+      for (int64_t i = 0; i < d; ++i) mean += xr[i];
+      mean /= static_cast<double>(d);
+      for (int64_t i = 0; i < d; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+      var /= static_cast<double>(d);
+      const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+      const float mu = static_cast<float>(mean);
+      for (int64_t i = 0; i < d; ++i) {
+        float v = (xr[i] - mu) * inv;
+        if (wp) v *= wp[i];
+        if (bp) v += bp[i];
+        yr[i] = v;
+      }
+    }
+  }
+
+  void modulate(const Tensor& y, const Tensor& x, const Tensor& shift,
+                const Tensor& scale) override {
+    const int64_t d = x.dim(-1), rows = x.numel() / d;
+    const bool per_row = shift.numel() == x.numel();
+    BS_CHECK((per_row || shift.numel() == d) && scale.numel() == shift.numel());
+    const float *xp = x.as<float>(), *sh = shift.as<float>(), *sc = scale.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t o = per_row ? r * d : 0;
+      for (int64_t i = 0; i < d; ++i) {
+        yp[r * d + i] = xp[r * d + i] * (1.0f + sc[o + i]) + sh[o + i];
+      }
+    }
+  }
+
+  void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) override {
+    BS_CHECK(gate.numel() == up.numel() && y.numel() == up.numel());
+    const float *g = gate.as<float>(), *u = up.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+  void silu(const Tensor& y, const Tensor& x) override {
+    const float* xp = x.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = xp[i] / (1.0f + std::exp(-xp[i]));
+  }
+  void gelu(const Tensor& y, const Tensor& x, bool tanh_approx) override {
+    const float* xp = x.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0, n = y.numel(); i < n; ++i) {
+      const float v = xp[i];
+      if (tanh_approx) {
+        const float c = 0.7978845608028654f;  // sqrt(2/pi)
+        yp[i] = 0.5f * v * (1.0f + std::tanh(c * (v + 0.044715f * v * v * v)));
+      } else {
+        yp[i] = 0.5f * v * (1.0f + std::erf(v * 0.7071067811865476f));
+      }
+    }
+  }
+
+  void embedding(const Tensor& y, const Tensor& ids, const Tensor& table) override {
+    const int64_t n = ids.numel(), d = table.dim(-1), vocab = table.dim(0);
+    BS_CHECK(y.numel() == n * d);
+    const int32_t* idp = ids.as<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      BS_CHECK(idp[i] >= 0 && idp[i] < vocab);
+      std::memcpy(y.as<float>() + i * d, table.as<float>() + idp[i] * d, d * sizeof(float));
+    }
+  }
+
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+            float attention_scaling) override {
+    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2), half = hd / 2;
+    BS_CHECK(inv_freq.numel() == half && positions.numel() == n);
+    const float* freq = inv_freq.as<float>();
+    std::vector<float> cos_t(half), sin_t(half);
+    for (int64_t t = 0; t < n; ++t) {
+      const float pos = static_cast<float>(positions.as<int32_t>()[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * freq[i];  // fp32 product, as the reference computes it
+        cos_t[i] = std::cos(angle) * attention_scaling;
+        sin_t[i] = std::sin(angle) * attention_scaling;
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x.as<float>() + (t * heads + h) * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * cos_t[i] - b * sin_t[i];
+          v[i + half] = b * cos_t[i] + a * sin_t[i];
+        }
+      }
+    }
+  }
+
+  void kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                const Tensor& slots) override {
+    const int64_t n = slots.numel(), row = k.row_numel();
+    BS_CHECK(k_pool.numel() / (k_pool.dim(0) * k_pool.dim(1)) == row);
+    const int64_t capacity = k_pool.dim(0) * k_pool.dim(1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t s = slots.as<int32_t>()[i];
+      BS_CHECK(s >= 0 && s < capacity);
+      std::memcpy(k_pool.as<float>() + s * row, k.as<float>() + i * row, row * sizeof(float));
+      std::memcpy(v_pool.as<float>() + s * row, v.as<float>() + i * row, row * sizeof(float));
+    }
+  }
+
+  void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                       const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
+                       AttentionMask mask, float scale) override {
+    const int64_t block_size = k_pool.dim(1), kv_heads = k_pool.dim(2), hd = k_pool.dim(3);
+    const int32_t* table = block_table.as<int32_t>();
+    BS_CHECK(block_table.numel() * block_size >= kv_len);
+    auto key_row = [&](const Tensor& pool, int64_t pos, int64_t kvh) {
+      const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+      return pool.as<float>() + (slot * kv_heads + kvh) * hd;
+    };
+    attend(out, q, kv_len, kv_heads, hd, mask, scale, [&](int64_t pos, int64_t kvh) {
+      return std::pair(key_row(k_pool, pos, kvh), key_row(v_pool, pos, kvh));
+    });
+  }
+
+  void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                 AttentionMask mask, float scale) override {
+    const int64_t m = k.dim(0), kv_heads = k.dim(1), hd = k.dim(2);
+    attend(out, q, m, kv_heads, hd, mask, scale, [&](int64_t pos, int64_t kvh) {
+      const int64_t o = (pos * kv_heads + kvh) * hd;
+      return std::pair(k.as<float>() + o, v.as<float>() + o);
+    });
+  }
+
+  void argmax(const Tensor& out, const Tensor& x) override {
+    const int64_t v = x.dim(-1), n = x.numel() / v;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = x.as<float>() + r * v;
+      out.as<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + v) - row);
+    }
+  }
+
+  // ---- Ops added for the FlashMap drafter ----
+  void gemm(const Tensor& y, const Tensor& a, const Tensor& b, bool trans_a,
+            bool trans_b) override {
+    check_f32(y), check_f32(a), check_f32(b);
+    BS_CHECK(a.ndim() == 2 && b.ndim() == 2);
+    const int64_t n = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
+    const int64_t m = trans_b ? b.dim(0) : b.dim(1);
+    BS_CHECK((trans_b ? b.dim(1) : b.dim(0)) == k && y.numel() == n * m);
+    const float *ap = a.as<float>(), *bp = b.as<float>();
+    float* yp = y.as<float>();
+    // Element (i, l) of op(a) and (l, j) of op(b).
+    const int64_t a_row = trans_a ? 1 : k, a_col = trans_a ? n : 1;
+    const int64_t b_row = trans_b ? 1 : m, b_col = trans_b ? k : 1;
+    pool_.parallel_for(n, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, m * k)),
+                       [&](int64_t i0, int64_t i1) {
+                         std::vector<double> acc(static_cast<size_t>(m));
+                         for (int64_t i = i0; i < i1; ++i) {
+                           std::fill(acc.begin(), acc.end(), 0.0);
+                           for (int64_t l = 0; l < k; ++l) {
+                             const double av = ap[i * a_row + l * a_col];
+                             if (av == 0.0) continue;
+                             const float* br = bp + l * b_row;
+                             for (int64_t j = 0; j < m; ++j) acc[j] += av * br[j * b_col];
+                           }
+                           for (int64_t j = 0; j < m; ++j) {
+                             yp[i * m + j] = static_cast<float>(acc[j]);
+                           }
+                         }
+                       });
+  }
+
+  void slice_columns(const Tensor& dst, const Tensor& src, int64_t col_offset) override {
+    const int64_t n = dst.dim(0), d = dst.row_numel(), big = src.row_numel();
+    BS_CHECK(src.dim(0) == n && col_offset >= 0 && col_offset + d <= big);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(dst.as<float>() + i * d, src.as<float>() + i * big + col_offset,
+                  d * sizeof(float));
+    }
+  }
+
+  void scatter_columns(const Tensor& dst, const Tensor& src, const Tensor& ids,
+                       float fill) override {
+    const int64_t n = dst.dim(0), v = dst.row_numel(), vs = src.row_numel();
+    BS_CHECK(src.dim(0) == n && ids.numel() == vs && ids.dtype() == DType::kI32);
+    const int32_t* idp = ids.as<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = dst.as<float>() + i * v;
+      std::fill(row, row + v, fill);
+      const float* sr = src.as<float>() + i * vs;
+      for (int64_t j = 0; j < vs; ++j) {
+        BS_CHECK(idp[j] >= 0 && idp[j] < v);
+        row[idp[j]] = sr[j];
+      }
+    }
+  }
+
+  void gated_add(const Tensor& y, const Tensor& x, const Tensor& gate) override {
+    const int64_t d = gate.numel(), rows = x.numel() / d;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
+    const float *xp = x.as<float>(), *gp = gate.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < d; ++i) yp[r * d + i] += gp[i] * xp[r * d + i];
+    }
+  }
+
+  void axpby(const Tensor& y, float a, const Tensor& x, float b, const Tensor& z) override {
+    BS_CHECK(x.numel() == z.numel() && y.numel() == x.numel());
+    const float *xp = x.as<float>(), *zp = z.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = a * xp[i] + b * zp[i];
+  }
+
+  void softmax(const Tensor& y, const Tensor& x, float scale) override {
+    const int64_t v = x.dim(-1), rows = x.numel() / v;
+    BS_CHECK(y.numel() == x.numel());
+    pool_.parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, v)),
+                       [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r) {
+                           const float* xr = x.as<float>() + r * v;
+                           float* yr = y.as<float>() + r * v;
+                           float mx = -std::numeric_limits<float>::infinity();
+                           for (int64_t i = 0; i < v; ++i) mx = std::max(mx, xr[i] * scale);
+                           double sum = 0;
+                           for (int64_t i = 0; i < v; ++i) {
+                             yr[i] = std::exp(xr[i] * scale - mx);
+                             sum += yr[i];
+                           }
+                           const float inv = static_cast<float>(1.0 / sum);
+                           for (int64_t i = 0; i < v; ++i) yr[i] *= inv;
+                         }
+                       });
+  }
+
+  void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,
+                     const Tensor& w, float gate, float eps) override {
+    const int64_t d = base.numel(), e = w.numel(), rows = x.numel() / d;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel() && z.numel() == rows * e);
+    const float *bp = base.as<float>(), *xp = x.as<float>(), *zp = z.as<float>(),
+                *wp = w.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < e; ++i) ss += static_cast<double>(wp[i]) * zp[r * e + i] * zp[r * e + i];
+      const float s = gate / std::sqrt(static_cast<float>(ss) + eps);
+      for (int64_t i = 0; i < d; ++i) yp[r * d + i] = bp[i] + s * xp[r * d + i];
+    }
+  }
+
+  void seeded_normal(const Tensor& out, const Tensor& positions, uint64_t seed, uint32_t stream,
+                     float scale) override {
+    const int64_t n = positions.numel(), d = out.numel() / std::max<int64_t>(1, n);
+    BS_CHECK(out.numel() == n * d && positions.dtype() == DType::kI32);
+    const auto mix = [](uint64_t x) {
+      x += 0x9E3779B97F4A7C15ull;
+      x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+      x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+      return x ^ (x >> 31);
+    };
+    const uint64_t h_seed = mix(mix(seed) ^ stream);
+    for (int64_t r = 0; r < n; ++r) {
+      const uint64_t pos = static_cast<uint64_t>(static_cast<int64_t>(positions.as<int32_t>()[r]));
+      const uint64_t h_pos = mix(h_seed ^ pos);
+      float* row = out.as<float>() + r * d;
+      for (int64_t c = 0; c < d; c += 2) {
+        const uint64_t h = mix(h_pos ^ static_cast<uint64_t>(c / 2));
+        const double u1 = static_cast<double>((h >> 40) + 1) * 0x1p-24;
+        const double u2 = static_cast<double>((h >> 16) & 0xFFFFFFull) * 0x1p-24;
+        const double radius = std::sqrt(-2.0 * std::log(u1));
+        const double angle = 6.283185307179586 * u2;
+        row[c] = scale * static_cast<float>(radius * std::cos(angle));
+        if (c + 1 < d) row[c + 1] = scale * static_cast<float>(radius * std::sin(angle));
+      }
+    }
+  }
+
+ private:
+  // Shared attention loop; kv(pos, kv_head) returns pointers to that position's key and value.
+  template <typename KvFn>
+  void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,
+              AttentionMask mask, float scale, KvFn kv) {
+    const int64_t n = q.dim(0), heads = q.dim(1);
+    BS_CHECK(q.dim(2) == hd && heads % kv_heads == 0 && n <= kv_len);
+    const int64_t group = heads / kv_heads;
+    pool_.parallel_for(n * heads, std::max<int64_t>(1, kParallelGrain / (kv_len * hd + 1)),
+                       [&](int64_t b, int64_t e) {
+                         std::vector<float> scores(static_cast<size_t>(kv_len));
+                         for (int64_t qh = b; qh < e; ++qh) {
+                           const int64_t i = qh / heads, h = qh % heads, kvh = h / group;
+                           const int64_t qpos = kv_len - n + i;
+                           const float* qv = q.as<float>() + qh * hd;
+                           float* o = out.as<float>() + qh * hd;
+                           float max_score = -std::numeric_limits<float>::infinity();
+                           for (int64_t j = 0; j < kv_len; ++j) {
+                             if (!visible(mask, qpos, j)) {
+                               scores[j] = -std::numeric_limits<float>::infinity();
+                               continue;
+                             }
+                             scores[j] = dot(qv, kv(j, kvh).first, hd) * scale;
+                             max_score = std::max(max_score, scores[j]);
+                           }
+                           std::fill(o, o + hd, 0.0f);
+                           if (max_score == -std::numeric_limits<float>::infinity()) continue;
+                           float denom = 0;
+                           for (int64_t j = 0; j < kv_len; ++j) {
+                             if (scores[j] == -std::numeric_limits<float>::infinity()) continue;
+                             const float p = std::exp(scores[j] - max_score);
+                             denom += p;
+                             const float* vv = kv(j, kvh).second;
+                             for (int64_t c = 0; c < hd; ++c) o[c] += p * vv[c];
+                           }
+                           const float inv = 1.0f / denom;
+                           for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
+                         }
+                       });
+  }
+
+  static bool visible(AttentionMask mask, int64_t qpos, int64_t j) {
+    if (mask.causal && j > qpos) return false;
+    if (mask.window > 0) {
+      if (qpos - j >= mask.window) return false;
+      if (!mask.causal && j - qpos >= mask.window) return false;
+    }
+    return true;
+  }
+
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace bs

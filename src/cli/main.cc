@@ -1,0 +1,209 @@
+// blockspec command line: generate | tokenize.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/generate.h"
+#include "models/drafter.h"
+#include "models/registry.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int fail(const bs::Status& status) {
+  fmt::print(stderr, "blockspec: error: {}\n", status.message());
+  return 1;
+}
+
+// The embedded default model and drafter, shipped under models/ (see models/MANIFEST.md).
+std::string default_models_dir() {
+  if (const char* env = std::getenv("BLOCKSPEC_MODELS")) return env;
+  return BLOCKSPEC_DEFAULT_MODEL_DIR;
+}
+
+struct GenerateArgs {
+  std::string model;
+  std::string drafter;
+  bool no_drafter = false;
+  std::string prompt;
+  int64_t max_tokens = 256;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  std::optional<uint64_t> seed;
+  int64_t draft_tokens = 0;
+  std::string trace;
+  int threads = 0;
+  std::string device = "auto";
+  int flashmap_steps = 0;
+  float flashmap_noise_scale = 1.0f;
+  bool ignore_eos = false;
+};
+
+std::string percent_list(const bs::GenerateStats& st) {
+  std::string out;
+  for (size_t k = 0; k < st.position_offered.size(); ++k) {
+    if (st.position_offered[k] == 0) break;
+    const double rate = static_cast<double>(st.position_accepted[k]) /
+                        static_cast<double>(st.position_offered[k]);
+    out += fmt::format("{}{:.2f}", k ? " " : "", rate);
+  }
+  return out;
+}
+
+int run_generate(const GenerateArgs& a) {
+  std::string model_dir = a.model;
+  std::string drafter_dir = a.drafter;
+  if (model_dir.empty()) {
+    const fs::path base = default_models_dir();
+    model_dir = (base / "stories260K").string();
+    if (drafter_dir.empty() && !a.no_drafter) {
+      // The best shipped drafter for the embedded target, when one is shipped.
+      for (const char* name : {"stories260K-dflash", "stories260K-flashmap"}) {
+        if (fs::exists(base / name / "config.json")) {
+          drafter_dir = (base / name).string();
+          break;
+        }
+      }
+    }
+  }
+  if (a.no_drafter) drafter_dir.clear();
+
+  auto tokenizer = bs::Tokenizer::load(model_dir);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  auto backend = bs::make_backend(a.device, a.threads);
+  if (!backend.ok()) return fail(backend.status());
+  auto target = bs::load_target(model_dir, **backend);
+  if (!target.ok()) return fail(target.status());
+  std::unique_ptr<bs::Drafter> drafter;
+  if (!drafter_dir.empty()) {
+    bs::DrafterOptions dopt{.flashmap_steps = a.flashmap_steps,
+                            .flashmap_noise_scale = a.flashmap_noise_scale};
+    auto loaded = bs::load_drafter(drafter_dir, **target, dopt);
+    if (!loaded.ok()) return fail(loaded.status());
+    drafter = std::move(*loaded);
+  }
+
+  std::vector<int32_t> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/true);
+  if (prompt.empty()) {
+    if ((*tokenizer)->bos_id() < 0) {
+      return fail(bs::InvalidArgument("empty prompt and the tokenizer has no BOS token"));
+    }
+    prompt.push_back((*tokenizer)->bos_id());
+  }
+
+  bs::GenerateOptions opt;
+  opt.max_tokens = a.max_tokens;
+  opt.sampling = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
+  if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
+  opt.draft_tokens = a.draft_tokens;
+  opt.trace_path = a.trace;
+  if (drafter && opt.draft_tokens > drafter->max_drafts()) {
+    return fail(bs::InvalidArgument("--draft-tokens {} exceeds the drafter's maximum {}",
+                                    opt.draft_tokens, drafter->max_drafts()));
+  }
+
+  bs::StreamDecoder stream(**tokenizer, /*skip_special_tokens=*/true);
+  const auto on_token = [&](int32_t id) {
+    const std::string text = stream.push(id);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  bs::GenerateStats st;
+  auto out = drafter ? bs::generate_speculative(**target, *drafter, prompt, opt, on_token, &st)
+                     : bs::generate_plain(**target, prompt, opt, on_token, &st);
+  if (!out.ok()) return fail(out.status());
+  const std::string rest = stream.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+
+  const double total = st.prefill_seconds + st.decode_seconds;
+  fmt::print(stderr, "[{} tokens prompt, {} generated, {:.1f} tokens/s decode, {:.3f} s total]\n",
+             st.prompt_tokens, st.generated_tokens,
+             st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds
+                                   : 0.0,
+             total);
+  if (drafter) {
+    fmt::print(stderr,
+               "[{} drafter: acceptance length {:.2f} over {} steps, {}/{} drafts accepted; "
+               "per-position acceptance {}; time draft {:.1f} ms, verify {:.1f} ms, context "
+               "{:.1f} ms]\n",
+               drafter->family(), st.acceptance_length(), st.steps, st.accepted, st.drafted,
+               percent_list(st), st.draft_seconds * 1e3, st.verify_seconds * 1e3,
+               st.observe_seconds * 1e3);
+  }
+  return 0;
+}
+
+int run_tokenize(const std::string& model_dir, const std::string& text, bool no_special) {
+  auto tokenizer = bs::Tokenizer::load(model_dir);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  const auto ids = (*tokenizer)->encode(text, !no_special);
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) line += fmt::format("{}{}", i ? " " : "", ids[i]);
+  fmt::print("{}\n", line);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"blockspec: block-diffusion speculative decoding for LLMs (lossless)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "blockspec 0.1.0");
+
+  GenerateArgs g;
+  auto* gen = app.add_subcommand("generate", "Generate a completion and stream it to stdout");
+  gen->add_option("--model", g.model,
+                  "Target model folder (Hugging Face format); default: the embedded stories260K");
+  gen->add_option("--drafter", g.drafter, "Drafter folder (DFlash or FlashMap)");
+  gen->add_flag("--no-drafter", g.no_drafter, "Plain autoregressive decoding");
+  gen->add_option("--prompt", g.prompt, "Prompt text (empty: start from BOS)");
+  gen->add_option("--max-tokens", g.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+  gen->add_option("--temperature", g.temperature, "Sampling temperature; 0 = greedy")
+      ->check(CLI::Range(0.0, 100.0));
+  gen->add_option("--top-p", g.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--top-k", g.top_k, "Keep the k most likely tokens; 0 = off")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--seed", g.seed, "Random seed (sampling and drafter noise)");
+  gen->add_option("--draft-tokens", g.draft_tokens, "Drafts verified per step (default: block-1)")
+      ->check(CLI::PositiveNumber);
+  gen->add_option("--trace", g.trace, "Write one JSON line per speculative step to FILE");
+  gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--device", g.device, "cpu, cuda or auto (CUDA when a GPU is present)");
+  gen->add_option("--flashmap-steps", g.flashmap_steps, "FlashMap jumps per draft (default: config)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--flashmap-noise-scale", g.flashmap_noise_scale,
+                  "FlashMap noise scale (0: deterministic drafts)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_flag("--ignore-eos", g.ignore_eos, "Do not stop at end-of-sequence tokens");
+
+  std::string tok_model, tok_text;
+  bool tok_no_special = false;
+  auto* tok = app.add_subcommand("tokenize", "Print the token ids of TEXT, space-separated");
+  tok->add_option("--model", tok_model, "Folder with tokenizer.json")->required();
+  tok->add_option("text", tok_text, "Text to tokenize")->required();
+  tok->add_flag("--no-special", tok_no_special, "Do not add BOS/special tokens");
+
+  bs::cli::register_bench(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (gen->parsed()) return run_generate(g);
+  if (tok->parsed()) return run_tokenize(tok_model, tok_text, tok_no_special);
+  return bs::cli::run_registered(app);
+}

@@ -1,0 +1,67 @@
+// Single-sequence generation: plain autoregressive decoding and lossless speculative decoding
+// with a block drafter. Both stop at the same place for the same inputs: a stop token (which is
+// included in the output), max_tokens, or the context window.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "models/causal_lm.h"
+#include "models/drafter.h"
+
+namespace bs {
+
+struct GenerateOptions {
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // usually the tokenizer's EOS ids
+  int64_t max_context = 0;        // 0: the target's max_position_embeddings
+  int64_t draft_tokens = 0;       // drafts verified per step (1..max_drafts); 0: max_drafts
+  std::string trace_path;         // JSON line per speculative step, when set
+};
+
+enum class FinishReason { kStop, kLength, kContext, kCancelled };
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;  // after prefill until the end
+  FinishReason finish = FinishReason::kLength;
+  // Speculative decoding only.
+  int64_t steps = 0;                      // verify passes
+  int64_t drafted = 0;                    // drafts verified
+  int64_t accepted = 0;                   // drafts accepted
+  std::vector<int64_t> position_offered;  // [k]: steps that verified a draft at offset k
+  std::vector<int64_t> position_accepted; // [k]: steps that accepted the draft at offset k
+  double draft_seconds = 0;               // propose
+  double verify_seconds = 0;              // target verify forward
+  double observe_seconds = 0;             // drafter context update
+  // Acceptance length tau: committed tokens per verify step (accepted + bonus).
+  double acceptance_length() const {
+    return steps ? static_cast<double>(accepted + steps) / static_cast<double>(steps) : 0.0;
+  }
+};
+
+// Called with each committed token as soon as it is final; return false to stop early.
+using TokenCallback = std::function<bool(int32_t)>;
+
+Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const int32_t> prompt,
+                                            const GenerateOptions& options,
+                                            const TokenCallback& on_token, GenerateStats* stats);
+
+Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& drafter,
+                                                  std::span<const int32_t> prompt,
+                                                  const GenerateOptions& options,
+                                                  const TokenCallback& on_token,
+                                                  GenerateStats* stats);
+
+// Shared checks: non-empty prompt, prompt shorter than the context window, ids in vocab.
+Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,
+                       int64_t max_context);
+
+}  // namespace bs

@@ -1,0 +1,278 @@
+// The decoder-only transformer shared by the Llama and Qwen3 families, and the registry that
+// picks a family from config.json.
+#include <cmath>
+#include <filesystem>
+
+#include "core/check.h"
+#include "models/registry.h"
+#include "models/rope.h"
+#include "models/weights.h"
+
+namespace bs {
+namespace {
+
+struct Layer {
+  Tensor input_norm;               // [hidden]
+  Tensor wq, wk, wv, wo;           // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+  Tensor bq, bk, bv, bo;           // biases or undefined
+  Tensor q_norm, k_norm;           // [hd] (qk_norm families)
+  Tensor post_norm;                // [hidden]
+  Tensor w_gate, w_up, w_down;     // [inter, hidden] x2, [hidden, inter]
+  Tensor b_gate, b_up, b_down;     // biases or undefined
+};
+
+// Activation buffers sized for up to `rows` tokens per forward.
+struct Scratch {
+  int64_t rows = 0;
+  Tensor ids, positions, slots;  // I32 [rows]
+  Tensor block_table;            // I32 [capacity in blocks]
+  Tensor x, xn;                  // [rows, hidden]
+  Tensor q;                      // [rows, heads, hd]
+  Tensor k, v;                   // [rows, kv_heads, hd]
+  Tensor attn;                   // [rows, heads, hd]
+  Tensor gate, up;               // [rows, inter]
+  Tensor logits;                 // [rows, vocab]
+  Tensor taps;                   // [rows, n_taps * hidden]
+  int64_t tap_cols = 0;
+};
+
+class DecoderLM final : public CausalLM {
+ public:
+  DecoderLM(io::TransformerConfig config, DecoderSpec spec, Backend& backend)
+      : config_(std::move(config)), spec_(std::move(spec)), backend_(backend) {}
+
+  Status load(const io::Checkpoint& ckpt) {
+    const auto& c = config_;
+    const int64_t h = c.hidden_size, hd = c.head_dim, q_dim = c.num_heads * hd,
+                  kv_dim = c.num_kv_heads * hd, inter = c.intermediate_size;
+    WeightLoader w(ckpt, backend_, "model.");
+    BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {c.vocab_size, h}));
+    BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
+    WeightLoader top(ckpt, backend_, "");
+    if (top.has("lm_head.weight")) {
+      BS_ASSIGN_OR_RETURN(lm_head_, top.load("lm_head.weight", {c.vocab_size, h}));
+    } else if (c.tie_word_embeddings) {
+      lm_head_ = embed_;
+    } else {
+      return NotFound("tensor 'lm_head.weight' not found in {} and tie_word_embeddings is false",
+                      ckpt.dir());
+    }
+    layers_.resize(c.num_layers);
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      Layer& L = layers_[i];
+      const std::string p = "layers." + std::to_string(i) + ".";
+      BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
+      BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
+      BS_ASSIGN_OR_RETURN(L.wq, w.load(p + "self_attn.q_proj.weight", {q_dim, h}));
+      BS_ASSIGN_OR_RETURN(L.wk, w.load(p + "self_attn.k_proj.weight", {kv_dim, h}));
+      BS_ASSIGN_OR_RETURN(L.wv, w.load(p + "self_attn.v_proj.weight", {kv_dim, h}));
+      BS_ASSIGN_OR_RETURN(L.wo, w.load(p + "self_attn.o_proj.weight", {h, q_dim}));
+      if (spec_.attention_bias) {
+        BS_ASSIGN_OR_RETURN(L.bq, w.load(p + "self_attn.q_proj.bias", {q_dim}));
+        BS_ASSIGN_OR_RETURN(L.bk, w.load(p + "self_attn.k_proj.bias", {kv_dim}));
+        BS_ASSIGN_OR_RETURN(L.bv, w.load(p + "self_attn.v_proj.bias", {kv_dim}));
+        BS_ASSIGN_OR_RETURN(L.bo, w.load_optional(p + "self_attn.o_proj.bias", {h}));
+      }
+      if (spec_.qk_norm) {
+        BS_ASSIGN_OR_RETURN(L.q_norm, w.load(p + "self_attn.q_norm.weight", {hd}));
+        BS_ASSIGN_OR_RETURN(L.k_norm, w.load(p + "self_attn.k_norm.weight", {hd}));
+      }
+      BS_ASSIGN_OR_RETURN(L.w_gate, w.load(p + "mlp.gate_proj.weight", {inter, h}));
+      BS_ASSIGN_OR_RETURN(L.w_up, w.load(p + "mlp.up_proj.weight", {inter, h}));
+      BS_ASSIGN_OR_RETURN(L.w_down, w.load(p + "mlp.down_proj.weight", {h, inter}));
+      if (spec_.mlp_bias) {
+        BS_ASSIGN_OR_RETURN(L.b_gate, w.load(p + "mlp.gate_proj.bias", {inter}));
+        BS_ASSIGN_OR_RETURN(L.b_up, w.load(p + "mlp.up_proj.bias", {inter}));
+        BS_ASSIGN_OR_RETURN(L.b_down, w.load(p + "mlp.down_proj.bias", {h}));
+      }
+    }
+    const RopeTable rope = compute_rope(c.rope, hd, c.max_position_embeddings);
+    inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
+                                       {static_cast<int64_t>(rope.inv_freq.size())});
+    attention_scaling_ = rope.attention_scaling;
+    for (const auto& name : ckpt.names()) {
+      const auto info = ckpt.get(name);
+      if (info.ok()) weight_bytes_ += static_cast<int64_t>((*info)->nbytes);
+    }
+    return Status::Ok();
+  }
+
+  const io::TransformerConfig& config() const override { return config_; }
+  const DecoderSpec& spec() const override { return spec_; }
+  Backend& backend() const override { return backend_; }
+  const Tensor& embed_tokens() const override { return embed_; }
+  const Tensor& lm_head() const override { return lm_head_; }
+  int64_t weight_bytes() const override { return weight_bytes_; }
+
+  KvPool make_kv_pool(int64_t num_blocks) override {
+    KvPool pool;
+    pool.num_blocks = num_blocks;
+    for (int64_t i = 0; i < config_.num_layers; ++i) {
+      pool.k.push_back(
+          backend_.empty({num_blocks, pool.block_size, config_.num_kv_heads, config_.head_dim}));
+      pool.v.push_back(
+          backend_.empty({num_blocks, pool.block_size, config_.num_kv_heads, config_.head_dim}));
+    }
+    return pool;
+  }
+
+  Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) override {
+    const auto& c = config_;
+    const int64_t n = static_cast<int64_t>(req.tokens.size());
+    if (n == 0) return InvalidArgument("forward: no tokens");
+    if (req.num_logits < 0 || req.num_logits > n) {
+      return InvalidArgument("forward: num_logits {} out of range [0, {}]", req.num_logits, n);
+    }
+    for (int32_t t : req.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return InvalidArgument("token id {} out of range [0, {})", t, c.vocab_size);
+      }
+    }
+    for (int layer : req.tap_layers) {
+      if (layer < 0 || layer >= c.num_layers) {
+        return InvalidArgument("tap layer {} out of range [0, {})", layer, c.num_layers);
+      }
+    }
+    const int64_t kv_len = req.start_pos + n;
+    const int64_t blocks_needed = (kv_len + kv.block_size - 1) / kv.block_size;
+    if (static_cast<int64_t>(req.block_table.size()) < blocks_needed) {
+      return InvalidArgument("forward: block table has {} blocks, {} positions need {}",
+                             req.block_table.size(), kv_len, blocks_needed);
+    }
+    const int64_t tap_cols = static_cast<int64_t>(req.tap_layers.size()) * c.hidden_size;
+    ensure_scratch(n, static_cast<int64_t>(req.block_table.size()), tap_cols);
+
+    // Host-side index tensors for this step.
+    std::vector<int32_t> positions(n), slots(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = req.start_pos + i;
+      positions[i] = static_cast<int32_t>(pos);
+      slots[i] = static_cast<int32_t>(req.block_table[pos / kv.block_size] * kv.block_size +
+                                      pos % kv.block_size);
+    }
+    const Tensor ids = s_.ids.rows(0, n), pos_t = s_.positions.rows(0, n),
+                 slot_t = s_.slots.rows(0, n);
+    const Tensor table = s_.block_table.rows(0, static_cast<int64_t>(req.block_table.size()));
+    backend_.copy_from_host(ids, req.tokens.data());
+    backend_.copy_from_host(pos_t, positions.data());
+    backend_.copy_from_host(slot_t, slots.data());
+    backend_.copy_from_host(table, req.block_table.data());
+
+    const Tensor x = s_.x.rows(0, n), xn = s_.xn.rows(0, n);
+    backend_.embedding(x, ids, embed_);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const AttentionMask causal{.causal = true, .window = 0};
+    const Tensor q = s_.q.rows(0, n), k = s_.k.rows(0, n), v = s_.v.rows(0, n),
+                 attn = s_.attn.rows(0, n), gate = s_.gate.rows(0, n), up = s_.up.rows(0, n);
+    const Tensor taps = tap_cols ? s_.taps.rows(0, n) : Tensor();
+    for (int64_t li = 0; li < c.num_layers; ++li) {
+      const Layer& L = layers_[li];
+      // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
+      backend_.rms_norm(xn, x, L.input_norm, c.rms_norm_eps);
+      backend_.matmul(q, xn, L.wq, opt(L.bq));
+      backend_.matmul(k, xn, L.wk, opt(L.bk));
+      backend_.matmul(v, xn, L.wv, opt(L.bv));
+      if (spec_.qk_norm) {
+        backend_.rms_norm(q, q, L.q_norm, c.rms_norm_eps);
+        backend_.rms_norm(k, k, L.k_norm, c.rms_norm_eps);
+      }
+      backend_.rope(q, pos_t, inv_freq_, attention_scaling_);
+      backend_.rope(k, pos_t, inv_freq_, attention_scaling_);
+      backend_.kv_write(kv.k[li], kv.v[li], k, v, slot_t);
+      backend_.paged_attention(attn, q, kv.k[li], kv.v[li], table, kv_len, causal, scale);
+      backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
+      // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
+      backend_.rms_norm(xn, x, L.post_norm, c.rms_norm_eps);
+      backend_.matmul(gate, xn, L.w_gate, opt(L.b_gate));
+      backend_.matmul(up, xn, L.w_up, opt(L.b_up));
+      backend_.silu_mul(gate, gate, up);
+      backend_.matmul(x, gate, L.w_down, opt(L.b_down), /*accumulate=*/true);
+      for (size_t t = 0; t < req.tap_layers.size(); ++t) {
+        if (req.tap_layers[t] == li) {
+          backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);
+        }
+      }
+    }
+    out->taps = taps;
+    out->logits = Tensor();
+    if (req.num_logits > 0) {
+      const Tensor last = x.rows(n - req.num_logits, req.num_logits);
+      const Tensor last_n = xn.rows(0, req.num_logits);
+      backend_.rms_norm(last_n, last, final_norm_, c.rms_norm_eps);
+      out->logits = s_.logits.rows(0, req.num_logits);
+      backend_.matmul(out->logits, last_n, lm_head_);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
+
+  void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols) {
+    const auto& c = config_;
+    if (rows > s_.rows) {
+      const int64_t r = std::max<int64_t>(rows, 16);
+      s_.rows = r;
+      s_.ids = backend_.empty({r}, DType::kI32);
+      s_.positions = backend_.empty({r}, DType::kI32);
+      s_.slots = backend_.empty({r}, DType::kI32);
+      s_.x = backend_.empty({r, c.hidden_size});
+      s_.xn = backend_.empty({r, c.hidden_size});
+      s_.q = backend_.empty({r, c.num_heads, c.head_dim});
+      s_.k = backend_.empty({r, c.num_kv_heads, c.head_dim});
+      s_.v = backend_.empty({r, c.num_kv_heads, c.head_dim});
+      s_.attn = backend_.empty({r, c.num_heads, c.head_dim});
+      s_.gate = backend_.empty({r, c.intermediate_size});
+      s_.up = backend_.empty({r, c.intermediate_size});
+      s_.logits = backend_.empty({r, c.vocab_size});
+      s_.tap_cols = 0;
+    }
+    if (tap_cols > 0 && (tap_cols != s_.tap_cols || s_.taps.dim(0) < s_.rows)) {
+      s_.taps = backend_.empty({s_.rows, tap_cols});
+      s_.tap_cols = tap_cols;
+    }
+    if (!s_.block_table.defined() || s_.block_table.numel() < table_blocks) {
+      s_.block_table = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
+    }
+  }
+
+  io::TransformerConfig config_;
+  DecoderSpec spec_;
+  Backend& backend_;
+  Tensor embed_, lm_head_, final_norm_;  // [vocab, hidden] x2, [hidden]
+  std::vector<Layer> layers_;
+  Tensor inv_freq_;  // F32 [head_dim / 2]
+  float attention_scaling_ = 1.0f;
+  int64_t weight_bytes_ = 0;
+  Scratch s_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& backend) {
+  if (!std::filesystem::is_directory(dir)) {
+    return NotFound("model directory '{}' does not exist", dir);
+  }
+  BS_ASSIGN_OR_RETURN(io::TransformerConfig config, io::load_transformer_config(dir));
+  DecoderSpec spec;
+  if (config.architecture == "LlamaForCausalLM" || config.architecture == "MistralForCausalLM") {
+    spec = llama_spec(config);
+  } else if (config.architecture == "Qwen3ForCausalLM") {
+    spec = qwen3_spec(config);
+  } else {
+    return Unimplemented(
+        "{}/config.json: unsupported architecture '{}' (supported: LlamaForCausalLM, "
+        "Qwen3ForCausalLM)",
+        dir, config.architecture);
+  }
+  if (config.hidden_act != "silu") {
+    return Unimplemented("{}/config.json: hidden_act '{}' is not supported (expected silu)", dir,
+                         config.hidden_act);
+  }
+  BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  auto model = std::make_unique<DecoderLM>(std::move(config), std::move(spec), backend);
+  BS_RETURN_IF_ERROR(model->load(ckpt).with_context("loading " + dir));
+  return std::unique_ptr<CausalLM>(std::move(model));
+}
+
+}  // namespace bs

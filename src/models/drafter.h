@@ -1,0 +1,69 @@
+// A block drafter (DFlash, FlashMap, ...): proposes several tokens in one forward pass,
+// conditioned on hidden states tapped from the target model.
+//
+// Two operations (design.md data flow):
+//   observe  turns the tapped target hidden states of newly committed positions into context K/V
+//            for every drafter layer, written once into the drafter's paged KV pool;
+//   propose  drafts the tokens after the anchor (the last committed token, whose own target
+//            features are not known yet) against the cached context.
+//
+// The drafter's KV pool is indexed by the *target sequence's* block table: position p of the
+// drafter cache lives in the same block/slot as position p of the target cache, so the engine
+// manages one block table per sequence. The engine reserves blocks covering every position a
+// call may touch (propose may write up to anchor_pos + block_size - 1).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "models/causal_lm.h"
+#include "models/kv_pool.h"
+
+namespace bs {
+
+// Run-time drafter knobs (CLI flags); families ignore what does not apply to them.
+struct DrafterOptions {
+  int flashmap_steps = 0;            // FlashMap jumps per draft; 0: the checkpoint's num_steps
+  float flashmap_noise_scale = 1.0f; // FlashMap noise scale; 0 makes drafts deterministic
+};
+
+struct ProposeRequest {
+  int32_t anchor = 0;                    // last committed token
+  int64_t anchor_pos = 0;                // its absolute position s; context = positions [0, s)
+  std::span<const int32_t> block_table;  // target sequence's blocks, covering s + block_size
+  int64_t num_drafts = 0;                // 1 .. max_drafts()
+  uint64_t noise_seed = 0;               // per-request seed (stochastic drafters key noise on
+                                         // (noise_seed, position))
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string family() const = 0;  // "dflash", "flashmap"
+  // Block size B of the checkpoint and the most drafts one propose can return.
+  virtual int64_t block_size() const = 0;
+  virtual int64_t max_drafts() const = 0;
+  // Target layers whose residual output (HF hidden_states[id + 1]) the drafter needs, in the
+  // column order observe() expects.
+  virtual const std::vector<int>& target_layers() const = 0;
+  virtual KvPool make_kv_pool(int64_t num_blocks) = 0;
+  // Context positions [start_pos, start_pos + n): taps[n, target_layers().size() * H_target],
+  // tap j at columns [j * H, (j + 1) * H).
+  virtual Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
+                         int64_t start_pos) = 0;
+  // Draft logits over the target vocabulary for positions s+1 .. s+num_drafts:
+  // *logits = [num_drafts, vocab] (a view of drafter scratch valid until the next call; rows of
+  // a restricted draft vocabulary put -inf outside it).
+  virtual Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) = 0;
+};
+
+// Detects the drafter family from dir/config.json and loads it against `target` (shared
+// embedding / LM head, validation of hidden size, vocab, tapped layers).
+Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const CausalLM& target,
+                                              const DrafterOptions& options);
+
+}  // namespace bs

@@ -1,0 +1,34 @@
+// Loads checkpoint tensors into backend weight storage with shape checks that name the tensor.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/safetensors.h"
+
+namespace bs {
+
+class WeightLoader {
+ public:
+  // `prefix` is prepended to every name ("model." for HF targets, "" for drafters).
+  WeightLoader(const io::Checkpoint& ckpt, Backend& backend, std::string prefix = "")
+      : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)) {}
+
+  // Loads prefix+name, requiring exactly `shape`.
+  Result<Tensor> load(const std::string& name, std::vector<int64_t> shape) const;
+  // Like load, but an absent tensor yields an undefined Tensor.
+  Result<Tensor> load_optional(const std::string& name, std::vector<int64_t> shape) const;
+  bool has(const std::string& name) const { return ckpt_.has(prefix_ + name); }
+  const io::Checkpoint& checkpoint() const { return ckpt_; }
+
+ private:
+  const io::Checkpoint& ckpt_;
+  Backend& backend_;
+  std::string prefix_;
+};
+
+// Uploads host data of shape `shape` (any rank up to 4) as a weight.
+Tensor upload(Backend& backend, DType dtype, const void* data, const std::vector<int64_t>& shape);
+
+}  // namespace bs

@@ -1,0 +1,97 @@
+// The blockspec CLI as a user runs it.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct Run {
+  int exit_code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+Run run(const std::string& args) {
+  const std::string err_file = std::string(BS_BINARY_DIR) + "/cli_test_stderr.txt";
+  const std::string cmd = std::string(BS_BINARY_DIR) + "/blockspec " + args + " 2>" + err_file;
+  Run r{};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (FILE* f = fopen(err_file.c_str(), "r")) {
+    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
+    fclose(f);
+  }
+  return r;
+}
+
+const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
+
+TEST(Cli, GreedyStoryFromBos) {
+  // The model's known greedy story (llama2.c reference runner, upstream doc/stories260K.md).
+  const Run r = run("generate --model " + kModel +
+                    " --no-drafter --prompt '' --max-tokens 100 --temperature 0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(
+                "Once upon a time, there was a little girl named Lily. She loved to play outside "
+                "in the park.",
+                0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.err.find("100 generated"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+}
+
+TEST(Cli, GreedyContinuesAPrompt) {
+  const Run r = run("generate --model " + kModel +
+                    " --no-drafter --prompt 'Once upon a time' --max-tokens 30");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(", there was a little girl named Lily.", 0), 0u) << r.out;
+}
+
+TEST(Cli, TokenizePrintsIds) {
+  const Run r = run("tokenize --model " + kModel + " 'Tom had a red'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "1 274 287 381 261 352 266\n");
+}
+
+TEST(Cli, SeededSamplingIsReproducible) {
+  const std::string args = "generate --model " + kModel +
+                           " --no-drafter --prompt 'The dog' --max-tokens 40 --temperature 1 "
+                           "--top-p 0.9 --seed 11";
+  const Run a = run(args), b = run(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST(Cli, BadInputIsAClearError) {
+  Run r = run("generate --model /nonexistent/model --prompt hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
+
+  r = run("generate --model " + kModel + " --no-such-flag");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
+
+  r = run("generate --model " + kModel + " --temperature -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+
+  r = run("generate --model " + kModel + " --max-tokens abc");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("max-tokens"), std::string::npos) << r.err;
+
+  // stories260K has a 512-token context window.
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += "the dog ran ";
+  r = run("generate --model " + kModel + " --no-drafter --prompt '" + long_prompt + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("prompt too long"), std::string::npos) << r.err;
+}
+
+}  // namespace

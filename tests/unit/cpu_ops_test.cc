@@ -1,0 +1,199 @@
+// CPU reference ops against straightforward formulas written out in the test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "backend/backend.h"
+
+namespace bs {
+namespace {
+
+class CpuOps : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be_ = make_cpu_backend(2);
+  std::mt19937 rng_{42};
+
+  Tensor random(std::initializer_list<int64_t> shape) {
+    Tensor t = be_->empty(shape);
+    std::normal_distribution<float> d;
+    for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = d(rng_);
+    return t;
+  }
+  Tensor ints(const std::vector<int32_t>& v) {
+    Tensor t = be_->empty({static_cast<int64_t>(v.size())}, DType::kI32);
+    be_->copy_from_host(t, v.data());
+    return t;
+  }
+};
+
+TEST_F(CpuOps, MatmulBiasAccumulate) {
+  const int64_t n = 5, k = 37, m = 300;  // m large enough to split across threads
+  Tensor x = random({n, k}), w = random({m, k}), b = random({m}), y = random({n, m});
+  std::vector<float> y0(y.as<float>(), y.as<float>() + n * m);
+  be_->matmul(y, x, w, &b, /*accumulate=*/true);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double ref = y0[i * m + j] + b.as<float>()[j];
+      for (int64_t c = 0; c < k; ++c) ref += double(x.as<float>()[i * k + c]) * w.as<float>()[j * k + c];
+      ASSERT_NEAR(y.as<float>()[i * m + j], ref, 1e-4);
+    }
+  }
+}
+
+TEST_F(CpuOps, RmsNormPerHead) {
+  Tensor x = random({3, 4, 8}), w = random({8}), y = be_->empty({3, 4, 8});
+  be_->rms_norm(y, x, w, 1e-6f);
+  for (int64_t r = 0; r < 12; ++r) {
+    double ss = 0;
+    for (int c = 0; c < 8; ++c) ss += std::pow(x.as<float>()[r * 8 + c], 2);
+    const double inv = 1 / std::sqrt(ss / 8 + 1e-6);
+    for (int c = 0; c < 8; ++c) {
+      ASSERT_NEAR(y.as<float>()[r * 8 + c], x.as<float>()[r * 8 + c] * inv * w.as<float>()[c], 1e-5);
+    }
+  }
+}
+
+TEST_F(CpuOps, RopeRotatesHalves) {
+  Tensor x = random({2, 3, 8});
+  std::vector<float> x0(x.as<float>(), x.as<float>() + x.numel());
+  const std::vector<float> inv{1.0f, 0.1f, 0.01f, 0.001f};
+  Tensor inv_t = be_->upload_weight(DType::kF32, inv.data(), {4});
+  be_->rope(x, ints({7, 100}), inv_t, 1.0f);
+  const int pos[2] = {7, 100};
+  for (int t = 0; t < 2; ++t) {
+    for (int h = 0; h < 3; ++h) {
+      const float* a = &x0[(t * 3 + h) * 8];
+      const float* b = x.as<float>() + (t * 3 + h) * 8;
+      for (int i = 0; i < 4; ++i) {
+        const double ang = pos[t] * double(inv[i]);
+        ASSERT_NEAR(b[i], a[i] * std::cos(ang) - a[i + 4] * std::sin(ang), 1e-4);
+        ASSERT_NEAR(b[i + 4], a[i + 4] * std::cos(ang) + a[i] * std::sin(ang), 1e-4);
+      }
+    }
+  }
+}
+
+// Naive attention over dense k/v with the documented mask rule.
+std::vector<float> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   AttentionMask mask, float scale) {
+  const int64_t n = q.dim(0), heads = q.dim(1), hd = q.dim(2), m = k.dim(0), kvh = k.dim(1);
+  std::vector<float> out(n * heads * hd, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t qpos = m - n + i;
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kvh);
+      std::vector<double> s(m, -INFINITY);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < m; ++j) {
+        bool vis = !(mask.causal && j > qpos);
+        if (mask.window > 0) {
+          vis = vis && qpos - j < mask.window && (mask.causal || j - qpos < mask.window);
+        }
+        if (!vis) continue;
+        double d = 0;
+        for (int64_t c = 0; c < hd; ++c) {
+          d += double(q.as<float>()[(i * heads + h) * hd + c]) * k.as<float>()[(j * kvh + g) * hd + c];
+        }
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double z = 0;
+      for (int64_t j = 0; j < m; ++j) z += std::isinf(s[j]) ? 0 : std::exp(s[j] - mx);
+      for (int64_t j = 0; j < m; ++j) {
+        if (std::isinf(s[j])) continue;
+        const double p = std::exp(s[j] - mx) / z;
+        for (int64_t c = 0; c < hd; ++c) {
+          out[(i * heads + h) * hd + c] += float(p * v.as<float>()[(j * kvh + g) * hd + c]);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(CpuOps, PagedAttentionMatchesDenseForEveryMask) {
+  const int64_t m = 45, n = 6, heads = 4, kvh = 2, hd = 16, bs = 16;
+  Tensor q = random({n, heads, hd}), k = random({m, kvh, hd}), v = random({m, kvh, hd});
+  // Scatter k/v into a pool through a shuffled block table.
+  const int64_t num_blocks = 8;
+  Tensor kp = be_->empty({num_blocks, bs, kvh, hd}), vp = be_->empty({num_blocks, bs, kvh, hd});
+  std::vector<int32_t> table{5, 2, 7};
+  std::vector<int32_t> slots(m);
+  for (int64_t p = 0; p < m; ++p) slots[p] = table[p / bs] * bs + p % bs;
+  be_->kv_write(kp, vp, k, v, ints(slots));
+  for (AttentionMask mask : {AttentionMask{true, 0}, AttentionMask{false, 0},
+                             AttentionMask{true, 5}, AttentionMask{false, 3}}) {
+    const auto ref = naive_attention(q, k, v, mask, 0.25f);
+    Tensor out = be_->empty({n, heads, hd}), out_dense = be_->empty({n, heads, hd});
+    be_->paged_attention(out, q, kp, vp, ints(table), m, mask, 0.25f);
+    be_->attention(out_dense, q, k, v, mask, 0.25f);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(out.as<float>()[i], ref[i], 1e-5) << "causal " << mask.causal << " window " << mask.window;
+      ASSERT_NEAR(out_dense.as<float>()[i], ref[i], 1e-5);
+    }
+  }
+}
+
+TEST_F(CpuOps, ActivationsNormsAndGathers) {
+  Tensor x = random({3, 10}), y = be_->empty({3, 10}), g = random({3, 10}), u = random({3, 10});
+  be_->silu_mul(y, g, u);
+  for (int i = 0; i < 30; ++i) {
+    const float a = g.as<float>()[i];
+    ASSERT_NEAR(y.as<float>()[i], a / (1 + std::exp(-a)) * u.as<float>()[i], 1e-6);
+  }
+  be_->gelu(y, x, /*tanh_approx=*/false);
+  for (int i = 0; i < 30; ++i) {
+    const float a = x.as<float>()[i];
+    ASSERT_NEAR(y.as<float>()[i], 0.5 * a * (1 + std::erf(a / std::sqrt(2.0))), 1e-6);
+  }
+  be_->layer_norm(y, x, 10, Tensor(), Tensor(), 1e-5f);
+  for (int r = 0; r < 3; ++r) {
+    double mean = 0, var = 0;
+    for (int c = 0; c < 10; ++c) mean += y.as<float>()[r * 10 + c];
+    for (int c = 0; c < 10; ++c) var += std::pow(y.as<float>()[r * 10 + c] - mean / 10, 2);
+    ASSERT_NEAR(mean / 10, 0, 1e-5);
+    ASSERT_NEAR(var / 10, 1, 1e-3);
+  }
+  Tensor shift = random({10}), scale = random({10});
+  be_->modulate(y, x, shift, scale);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_NEAR(y.as<float>()[i],
+                x.as<float>()[i] * (1 + scale.as<float>()[i % 10]) + shift.as<float>()[i % 10], 1e-6);
+  }
+  Tensor table = random({6, 4}), emb = be_->empty({3, 4});
+  be_->embedding(emb, ints({5, 0, 5}), table);
+  EXPECT_EQ(emb.as<float>()[0], table.as<float>()[20]);
+  EXPECT_EQ(emb.as<float>()[4], table.as<float>()[0]);
+  Tensor wide = be_->empty({3, 8});
+  be_->copy_columns(wide, 4, emb);
+  EXPECT_EQ(wide.as<float>()[8 + 4], emb.as<float>()[4]);
+  EXPECT_EQ(wide.as<float>()[8 + 0], 0.0f);
+  Tensor am = be_->empty({3}, DType::kI32);
+  be_->argmax(am, x);
+  for (int r = 0; r < 3; ++r) {
+    const float* row = x.as<float>() + r * 10;
+    EXPECT_EQ(am.as<int32_t>()[r], std::max_element(row, row + 10) - row);
+  }
+}
+
+TEST_F(CpuOps, UploadConvertsCheckpointDtypes) {
+  const std::vector<uint16_t> bf16{f32_to_bf16(1.5f), f32_to_bf16(-2.25f)};
+  Tensor t = be_->upload_weight(DType::kBF16, bf16.data(), {2});
+  EXPECT_EQ(t.as<float>()[0], 1.5f);
+  EXPECT_EQ(t.as<float>()[1], -2.25f);
+  const std::vector<uint16_t> f16{f32_to_f16(0.333251953125f), f32_to_f16(-65504.0f)};
+  t = be_->upload_weight(DType::kF16, f16.data(), {2});
+  EXPECT_EQ(t.as<float>()[0], 0.333251953125f);
+  EXPECT_EQ(t.as<float>()[1], -65504.0f);
+  const std::vector<uint8_t> f8{f32_to_f8e4m3(448.0f), f32_to_f8e4m3(-0.015625f), 0x01};
+  t = be_->upload_weight(DType::kF8E4M3, f8.data(), {3});
+  EXPECT_EQ(t.as<float>()[0], 448.0f);
+  EXPECT_EQ(t.as<float>()[1], -0.015625f);
+  EXPECT_EQ(t.as<float>()[2], std::ldexp(1.0f, -9));  // smallest subnormal
+}
+
+}  // namespace
+}  // namespace bs
