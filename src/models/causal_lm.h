@@ -27,8 +27,8 @@ struct ForwardResult {
   Tensor taps;    // [n, tap_layers.size() * hidden], tap j at columns j*hidden; or undefined
 };
 
-// Family-specific switches of the shared decoder (set by models/target/<family>.cc).
-struct DecoderSpec {
+// Family-specific switches of the shared decoder (TargetSpec) (set by models/target/<family>.cc).
+struct TargetSpec {
   std::string family;          // "llama", "qwen3"
   bool qk_norm = false;        // per-head RMSNorm on q and k before RoPE (Qwen3)
   bool attention_bias = false; // q/k/v projection biases (o_proj bias too when set)
@@ -39,7 +39,7 @@ class CausalLM {
  public:
   virtual ~CausalLM() = default;
   virtual const io::TransformerConfig& config() const = 0;
-  virtual const DecoderSpec& spec() const = 0;
+  virtual const TargetSpec& spec() const = 0;
   virtual Backend& backend() const = 0;
   // Allocates KV pools for num_blocks blocks of kKvBlockSize positions, for every layer.
   virtual KvPool make_kv_pool(int64_t num_blocks) = 0;

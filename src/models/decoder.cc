@@ -38,7 +38,7 @@ struct Scratch {
 
 class DecoderLM final : public CausalLM {
  public:
-  DecoderLM(io::TransformerConfig config, DecoderSpec spec, Backend& backend)
+  DecoderLM(io::TransformerConfig config, TargetSpec spec, Backend& backend)
       : config_(std::move(config)), spec_(std::move(spec)), backend_(backend) {}
 
   Status load(const io::Checkpoint& ckpt) {
@@ -98,7 +98,7 @@ class DecoderLM final : public CausalLM {
   }
 
   const io::TransformerConfig& config() const override { return config_; }
-  const DecoderSpec& spec() const override { return spec_; }
+  const TargetSpec& spec() const override { return spec_; }
   Backend& backend() const override { return backend_; }
   const Tensor& embed_tokens() const override { return embed_; }
   const Tensor& lm_head() const override { return lm_head_; }
@@ -237,7 +237,7 @@ class DecoderLM final : public CausalLM {
   }
 
   io::TransformerConfig config_;
-  DecoderSpec spec_;
+  TargetSpec spec_;
   Backend& backend_;
   Tensor embed_, lm_head_, final_norm_;  // [vocab, hidden] x2, [hidden]
   std::vector<Layer> layers_;
@@ -254,7 +254,7 @@ Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& b
     return NotFound("model directory '{}' does not exist", dir);
   }
   BS_ASSIGN_OR_RETURN(io::TransformerConfig config, io::load_transformer_config(dir));
-  DecoderSpec spec;
+  TargetSpec spec;
   if (config.architecture == "LlamaForCausalLM" || config.architecture == "MistralForCausalLM") {
     spec = llama_spec(config);
   } else if (config.architecture == "Qwen3ForCausalLM") {

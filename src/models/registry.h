@@ -12,7 +12,7 @@ namespace bs {
 Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& backend);
 
 // Family specs, one file per family under models/target/.
-DecoderSpec llama_spec(const io::TransformerConfig& config);
-DecoderSpec qwen3_spec(const io::TransformerConfig& config);
+TargetSpec llama_spec(const io::TransformerConfig& config);
+TargetSpec qwen3_spec(const io::TransformerConfig& config);
 
 }  // namespace bs

@@ -7,16 +7,16 @@
 
 namespace {
 
-struct Run {
+struct CliRun {
   int exit_code;
   std::string out;  // stdout
   std::string err;  // stderr
 };
 
-Run run(const std::string& args) {
+CliRun run(const std::string& args) {
   const std::string err_file = std::string(BS_BINARY_DIR) + "/cli_test_stderr.txt";
   const std::string cmd = std::string(BS_BINARY_DIR) + "/blockspec " + args + " 2>" + err_file;
-  Run r{};
+  CliRun r{};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
   size_t n;
@@ -34,7 +34,7 @@ const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 
 TEST(Cli, GreedyStoryFromBos) {
   // The model's known greedy story (llama2.c reference runner, upstream doc/stories260K.md).
-  const Run r = run("generate --model " + kModel +
+  const CliRun r = run("generate --model " + kModel +
                     " --no-drafter --prompt '' --max-tokens 100 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind(
@@ -48,14 +48,14 @@ TEST(Cli, GreedyStoryFromBos) {
 }
 
 TEST(Cli, GreedyContinuesAPrompt) {
-  const Run r = run("generate --model " + kModel +
+  const CliRun r = run("generate --model " + kModel +
                     " --no-drafter --prompt 'Once upon a time' --max-tokens 30");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind(", there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
 TEST(Cli, TokenizePrintsIds) {
-  const Run r = run("tokenize --model " + kModel + " 'Tom had a red'");
+  const CliRun r = run("tokenize --model " + kModel + " 'Tom had a red'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "1 274 287 381 261 352 266\n");
 }
@@ -64,13 +64,13 @@ TEST(Cli, SeededSamplingIsReproducible) {
   const std::string args = "generate --model " + kModel +
                            " --no-drafter --prompt 'The dog' --max-tokens 40 --temperature 1 "
                            "--top-p 0.9 --seed 11";
-  const Run a = run(args), b = run(args);
+  const CliRun a = run(args), b = run(args);
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
 }
 
 TEST(Cli, BadInputIsAClearError) {
-  Run r = run("generate --model /nonexistent/model --prompt hi");
+  CliRun r = run("generate --model /nonexistent/model --prompt hi");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
 

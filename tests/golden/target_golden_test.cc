@@ -119,24 +119,30 @@ TEST(Stories260K, GreedyMatchesTransformers) {
   auto backend = make_cpu_backend(2);
   auto model = load_target(std::string(BS_SOURCE_DIR) + "/models/stories260K", *backend);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  const auto ref_ids = ints(*golden, "ids");  // BOS followed by the greedy continuation
-  const std::vector<int32_t> bos{ref_ids[0]};
-  GenerateOptions opt;
-  opt.max_tokens = static_cast<int64_t>(ref_ids.size()) - 1;
-  auto out = generate_plain(**model, bos, opt, nullptr, nullptr);
-  ASSERT_TRUE(out.ok()) << out.status().message();
-  EXPECT_EQ(*out, std::vector<int32_t>(ref_ids.begin() + 1, ref_ids.end()));
-
+  // prompt_ids_k -> ids_k: BOS only, "Once upon a time", "The little dog".
+  for (int k = 0; k < 3; ++k) {
+    const auto prompt = ints(*golden, "prompt_ids_" + std::to_string(k));
+    const auto ref = ints(*golden, "ids_" + std::to_string(k));
+    GenerateOptions opt;
+    opt.max_tokens = static_cast<int64_t>(ref.size());
+    auto out = generate_plain(**model, prompt, opt, nullptr, nullptr);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    EXPECT_EQ(*out, ref) << "prompt " << k;
+  }
   // Logits of the first 40 positions in one prefill.
+  // Input [BOS, ids[0..38]]: row i predicts ids[i].
   const auto ref_logits = floats(*golden, "logits");
   const int64_t n = static_cast<int64_t>(ref_logits.size()) / 512;
+  std::vector<int32_t> input{1};
+  const auto ids = ints(*golden, "ids");
+  input.insert(input.end(), ids.begin(), ids.begin() + n - 1);
   KvPool pool = (*model)->make_kv_pool(8);
   BlockAllocator alloc(8);
   SequenceKv seq(alloc, kKvBlockSize);
   ASSERT_TRUE(seq.reserve(n).ok());
   ForwardResult res;
   ASSERT_TRUE((*model)
-                  ->forward({.tokens = {ref_ids.data(), static_cast<size_t>(n)},
+                  ->forward({.tokens = input,
                              .start_pos = 0, .block_table = seq.block_table(), .num_logits = n},
                             pool, &res)
                   .ok());

@@ -4,8 +4,8 @@
 
 namespace bs {
 
-DecoderSpec llama_spec(const io::TransformerConfig& config) {
-  DecoderSpec spec;
+TargetSpec llama_spec(const io::TransformerConfig& config) {
+  TargetSpec spec;
   spec.family = "llama";
   spec.qk_norm = false;
   spec.attention_bias = config.attention_bias;

@@ -4,8 +4,8 @@
 
 namespace bs {
 
-DecoderSpec qwen3_spec(const io::TransformerConfig& config) {
-  DecoderSpec spec;
+TargetSpec qwen3_spec(const io::TransformerConfig& config) {
+  TargetSpec spec;
   spec.family = "qwen3";
   spec.qk_norm = true;
   spec.attention_bias = config.attention_bias;

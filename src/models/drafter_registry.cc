@@ -1,0 +1,82 @@
+// The drafter half of the model registry: maps a drafter checkpoint's config.json to a family.
+//   DFlash    architectures contains "DFlashDraftModel", or (no architectures) a dflash_config
+//             that is not DSpark's / DFlash2's
+//   FlashMap  architectures containing "FlashMap", or a config with time_grids /
+//             timestep_embed_dim (top level or one object deep)
+// Known relatives that are not served yet (DSpark, DFlash2) and anything else: Unimplemented,
+// naming the architecture.
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/ranges.h>
+
+#include "io/json_file.h"
+#include "models/drafter.h"
+#include "models/drafters/dflash.h"
+#include "models/drafters/flashmap.h"
+
+namespace bs {
+namespace {
+
+using nlohmann::json;
+
+bool has_key_shallow(const json& j, const char* key) {
+  if (!j.is_object()) return false;
+  if (j.contains(key)) return true;
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_object() && v.contains(key)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const CausalLM& target,
+                                              const DrafterOptions& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return NotFound("drafter directory '{}' does not exist", dir);
+  }
+  const std::string file = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(file, ec)) return NotFound("drafter config '{}' does not exist", file);
+  BS_ASSIGN_OR_RETURN(json config, io::read_json_file(file));
+  if (!config.is_object()) {
+    return InvalidArgument("{}: expected a JSON object, got {}", file, io::json_type_name(config));
+  }
+  BS_ASSIGN_OR_RETURN(std::vector<std::string> archs,
+                      io::get_string_list_or_empty(config, "architectures", file));
+  auto arch_has = [&](std::string_view needle, bool exact) {
+    return std::any_of(archs.begin(), archs.end(), [&](const std::string& a) {
+      return exact ? a == needle : a.find(needle) != std::string::npos;
+    });
+  };
+  const std::string arch_list = archs.empty() ? "(none)" : fmt::format("{}", fmt::join(archs, ", "));
+
+  if (arch_has("DFlashDraftModel", true)) return load_dflash(dir, config, target, options);
+  if (arch_has("FlashMap", false) || has_key_shallow(config, "time_grids") ||
+      has_key_shallow(config, "timestep_embed_dim")) {
+    return load_flashmap(dir, config, target, options);
+  }
+  if (arch_has("DSpark", false) || arch_has("DFlash2", false)) {
+    return Unimplemented("{}: drafter architecture '{}' is not supported yet (served: "
+                         "DFlashDraftModel, FlashMap)",
+                         file, arch_list);
+  }
+  if (archs.empty() && io::has_field(config, "dflash_config")) {
+    const json& d = config["dflash_config"];
+    const bool dspark =
+        d.is_object() && ((d.contains("projector_type") && d["projector_type"] == "dspark") ||
+                          d.contains("markov_rank"));
+    const bool dflash2 =
+        d.is_object() && (d.contains("conv_kernel_size") || d.contains("selector_rank"));
+    if (!dspark && !dflash2) return load_dflash(dir, config, target, options);
+    return Unimplemented("{}: dflash_config describes a {} drafter, which is not supported yet",
+                         file, dspark ? "DSpark" : "DFlash2");
+  }
+  return Unimplemented(
+      "{}: unsupported drafter architecture '{}' (supported: DFlashDraftModel, FlashMap)", file,
+      arch_list);
+}
+
+}  // namespace bs

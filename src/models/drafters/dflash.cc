@@ -1,0 +1,578 @@
+// DFlash drafter: config parsing, loading, observe (context K/V injection) and propose (one
+// non-causal block forward). Math: specs/dflash.md §1.3; engine practice: serving.md §0, §1.3.
+#include "models/drafters/dflash.h"
+
+#include <cfenv>
+#include <cmath>
+#include <filesystem>
+
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "models/rope.h"
+#include "models/weights.h"
+
+namespace bs {
+namespace {
+
+using nlohmann::json;
+
+struct Layer {
+  Tensor input_norm, post_norm;  // [H]
+  Tensor wq;                     // [heads*hd, H]
+  Tensor wk, wv;                 // [kv*hd, H]: row views of the fused K/V matrix
+  Tensor wo;                     // [H, heads*hd]
+  Tensor q_norm, k_norm;         // [hd]
+  Tensor w_gate, w_up;           // [I, H]
+  Tensor w_down;                 // [H, I]
+  AttentionMask mask;
+};
+
+// Activation buffers of observe (n context rows) and propose (B block rows).
+struct ObserveScratch {
+  int64_t rows = 0;
+  Tensor ctx;        // [rows, H]
+  Tensor fused;      // [rows, L*2*kv_dim]: per row K0 V0 K1 V1 ...
+  Tensor kv;         // [2*L*rows, kv_dim]: layer-major regrouping, all K then all V
+  Tensor gather_ids; // I32 [2*L*rows]
+  Tensor positions;  // I32 [L*rows]: positions repeated once per layer
+  Tensor slots;      // I32 [rows]
+};
+
+struct ProposeScratch {
+  Tensor ids, positions, slots;  // I32 [B]
+  Tensor x, xn;                  // [B, H]
+  Tensor q, attn;                // [B, heads, hd]
+  Tensor k, v;                   // [B, kv, hd]
+  Tensor gate, up;               // [B, I]
+  Tensor logits;                 // [B-1, V]
+};
+
+class DFlashDrafter final : public Drafter {
+ public:
+  DFlashDrafter(DFlashConfig config, Backend& backend, int64_t target_hidden, int64_t vocab)
+      : c_(std::move(config)), backend_(backend), target_hidden_(target_hidden), vocab_(vocab) {}
+
+  Status load(const io::Checkpoint& ckpt, const CausalLM& target) {
+    const auto& m = c_.model;
+    const int64_t h = m.hidden_size, hd = m.head_dim, q_dim = m.num_heads * hd,
+                  kv_dim = m.num_kv_heads * hd, inter = m.intermediate_size,
+                  n_layers = m.num_layers;
+    const int64_t fc_in = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
+    WeightLoader w(ckpt, backend_, "");
+    // Names appear with or without a "model." prefix (vLLM-style exports add one).
+    auto name = [&](const std::string& n) -> Result<std::string> {
+      if (ckpt.has(n)) return n;
+      if (ckpt.has("model." + n)) return "model." + n;
+      return NotFound("{}: drafter tensor '{}' (or 'model.{}') not found", ckpt.dir(), n, n);
+    };
+    auto load = [&](const std::string& n, std::vector<int64_t> shape) -> Result<Tensor> {
+      BS_ASSIGN_OR_RETURN(std::string full, name(n));
+      return w.load(full, std::move(shape));
+    };
+
+    BS_ASSIGN_OR_RETURN(std::string fc_name, name("fc.weight"));
+    BS_ASSIGN_OR_RETURN(const io::TensorInfo* fc_info, ckpt.get(fc_name));
+    if (fc_info->shape != std::vector<int64_t>{h, fc_in}) {
+      return InvalidArgument(
+          "{}: tensor '{}' has shape {}, expected [hidden_size, n_taps * target hidden] = [{}, "
+          "{}] (n_taps = len(target_layer_ids) = {}, target hidden {})",
+          ckpt.dir(), fc_name, io::shape_to_string(fc_info->shape), h, fc_in,
+          c_.target_layers.size(), target_hidden_);
+    }
+    BS_ASSIGN_OR_RETURN(fc_, load("fc.weight", {h, fc_in}));
+    BS_ASSIGN_OR_RETURN(hidden_norm_, load("hidden_norm.weight", {h}));
+    BS_ASSIGN_OR_RETURN(final_norm_, load("norm.weight", {h}));
+
+    layers_.resize(n_layers);
+    for (int64_t i = 0; i < n_layers; ++i) {
+      Layer& L = layers_[i];
+      const std::string p = "layers." + std::to_string(i) + ".";
+      BS_ASSIGN_OR_RETURN(L.input_norm, load(p + "input_layernorm.weight", {h}));
+      BS_ASSIGN_OR_RETURN(L.post_norm, load(p + "post_attention_layernorm.weight", {h}));
+      BS_ASSIGN_OR_RETURN(L.wq, load(p + "self_attn.q_proj.weight", {q_dim, h}));
+      BS_ASSIGN_OR_RETURN(L.wk, load(p + "self_attn.k_proj.weight", {kv_dim, h}));
+      BS_ASSIGN_OR_RETURN(L.wv, load(p + "self_attn.v_proj.weight", {kv_dim, h}));
+      BS_ASSIGN_OR_RETURN(L.wo, load(p + "self_attn.o_proj.weight", {h, q_dim}));
+      BS_ASSIGN_OR_RETURN(L.q_norm, load(p + "self_attn.q_norm.weight", {hd}));
+      BS_ASSIGN_OR_RETURN(L.k_norm, load(p + "self_attn.k_norm.weight", {hd}));
+      BS_ASSIGN_OR_RETURN(L.w_gate, load(p + "mlp.gate_proj.weight", {inter, h}));
+      BS_ASSIGN_OR_RETURN(L.w_up, load(p + "mlp.up_proj.weight", {inter, h}));
+      BS_ASSIGN_OR_RETURN(L.w_down, load(p + "mlp.down_proj.weight", {h, inter}));
+      L.mask = c_.layer_masks[i];
+    }
+    // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
+    // layer with a single matmul; each layer's k_proj / v_proj becomes a row view of it.
+    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].wk.dtype());
+    for (int64_t i = 0; i < n_layers; ++i) {
+      Layer& L = layers_[i];
+      const Tensor k_rows = kv_fused_.rows((2 * i) * kv_dim, kv_dim);
+      const Tensor v_rows = kv_fused_.rows((2 * i + 1) * kv_dim, kv_dim);
+      backend_.copy(k_rows, L.wk);
+      backend_.copy(v_rows, L.wv);
+      L.wk = k_rows;
+      L.wv = v_rows;
+    }
+
+    // Embedding and LM head: the drafter's own when it ships them, else the target's.
+    const bool own_embed = ckpt.has("embed_tokens.weight") || ckpt.has("model.embed_tokens.weight");
+    const bool own_head = ckpt.has("lm_head.weight") || ckpt.has("model.lm_head.weight");
+    if (own_embed) {
+      BS_ASSIGN_OR_RETURN(embed_, load("embed_tokens.weight", {vocab_, h}));
+    } else {
+      embed_ = target.embed_tokens();
+    }
+    if (own_head) {
+      BS_ASSIGN_OR_RETURN(lm_head_, load("lm_head.weight", {vocab_, h}));
+    } else {
+      lm_head_ = target.lm_head();
+    }
+
+    const RopeTable rope = compute_rope(m.rope, hd, m.max_position_embeddings);
+    inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
+                                       {static_cast<int64_t>(rope.inv_freq.size())});
+    attention_scaling_ = rope.attention_scaling;
+    return Status::Ok();
+  }
+
+  std::string family() const override { return "dflash"; }
+  int64_t block_size() const override { return c_.block_size; }
+  int64_t max_drafts() const override { return c_.block_size - 1; }
+  const std::vector<int>& target_layers() const override { return c_.target_layers; }
+
+  KvPool make_kv_pool(int64_t num_blocks) override {
+    KvPool pool;
+    pool.num_blocks = num_blocks;
+    for (int64_t i = 0; i < c_.model.num_layers; ++i) {
+      pool.k.push_back(
+          backend_.empty({num_blocks, pool.block_size, c_.model.num_kv_heads, c_.model.head_dim}));
+      pool.v.push_back(
+          backend_.empty({num_blocks, pool.block_size, c_.model.num_kv_heads, c_.model.head_dim}));
+    }
+    return pool;
+  }
+
+  // ctx = hidden_norm(fc(taps)); one matmul gives every layer's K and V; per-layer k_norm;
+  // RoPE at the absolute positions; one paged write per layer.
+  Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
+                 int64_t start_pos) override {
+    const auto& m = c_.model;
+    const int64_t width = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
+    if (!taps.defined()) return InvalidArgument("dflash observe: taps are undefined");
+    const int64_t n = taps.dim(0);
+    if (n == 0) return Status::Ok();
+    if (taps.ndim() != 2 || taps.dim(1) != width) {
+      return InvalidArgument("dflash observe: taps have {} columns, expected {} ({} taps x {})",
+                             taps.row_numel(), width, c_.target_layers.size(), target_hidden_);
+    }
+    if (start_pos < 0) return InvalidArgument("dflash observe: negative start_pos {}", start_pos);
+    BS_RETURN_IF_ERROR(check_table(kv, block_table, start_pos + n, "observe"));
+    const int64_t n_layers = m.num_layers, kv_dim = m.num_kv_heads * m.head_dim;
+    ensure_observe(n);
+    ObserveScratch& s = obs_;
+
+    std::vector<int32_t> ids(static_cast<size_t>(2 * n_layers * n));
+    std::vector<int32_t> positions(static_cast<size_t>(n_layers * n));
+    std::vector<int32_t> slots(static_cast<size_t>(n));
+    for (int64_t c = 0; c < 2; ++c) {
+      for (int64_t l = 0; l < n_layers; ++l) {
+        for (int64_t i = 0; i < n; ++i) {
+          // Row (c, l, i) of the regrouped K/V = chunk (i, l, c) of the fused projection.
+          ids[(c * n_layers + l) * n + i] = static_cast<int32_t>(i * 2 * n_layers + 2 * l + c);
+        }
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = start_pos + i;
+      slots[i] = slot_of(kv, block_table, pos);
+      for (int64_t l = 0; l < n_layers; ++l) positions[l * n + i] = static_cast<int32_t>(pos);
+    }
+    const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
+    const Tensor pos_t = s.positions.rows(0, n_layers * n);
+    const Tensor slot_t = s.slots.rows(0, n);
+    backend_.copy_from_host(gather_ids, ids.data());
+    backend_.copy_from_host(pos_t, positions.data());
+    backend_.copy_from_host(slot_t, slots.data());
+
+    const Tensor ctx = s.ctx.rows(0, n);
+    backend_.matmul(ctx, taps, fc_);
+    backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(m.rms_norm_eps));
+    const Tensor fused = s.fused.rows(0, n);
+    backend_.matmul(fused, ctx, kv_fused_);
+    // Regroup [n, L, 2, kv_dim] into [2, L, n, kv_dim] with a row gather, so that every layer's
+    // K and V are contiguous [n, kv_heads, hd] tensors.
+    const Tensor kv_rows = s.kv.rows(0, 2 * n_layers * n);
+    backend_.embedding(kv_rows, gather_ids, fused.view({n * 2 * n_layers, kv_dim}));
+    const Tensor k_all = kv_rows.rows(0, n_layers * n);
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const Tensor k_l = k_all.rows(l * n, n);
+      backend_.rms_norm(k_l, k_l, layers_[l].k_norm, static_cast<float>(m.rms_norm_eps));
+    }
+    backend_.rope(k_all.view({n_layers * n, m.num_kv_heads, m.head_dim}), pos_t, inv_freq_,
+                  attention_scaling_);
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const Tensor k_l = k_all.rows(l * n, n).view({n, m.num_kv_heads, m.head_dim});
+      const Tensor v_l =
+          kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
+      backend_.kv_write(kv.k[l], kv.v[l], k_l, v_l, slot_t);
+    }
+    return Status::Ok();
+  }
+
+  // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
+  // cached context [0, s) and to the whole block; logits of rows 1 .. num_drafts.
+  Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) override {
+    const auto& m = c_.model;
+    const int64_t B = c_.block_size, s = req.anchor_pos;
+    if (req.num_drafts < 1 || req.num_drafts > B - 1) {
+      return InvalidArgument("dflash propose: num_drafts {} out of range [1, {}]", req.num_drafts,
+                             B - 1);
+    }
+    if (req.anchor < 0 || req.anchor >= vocab_) {
+      return InvalidArgument("dflash propose: anchor token {} out of range [0, {})", req.anchor,
+                             vocab_);
+    }
+    if (s < 0) return InvalidArgument("dflash propose: negative anchor_pos {}", s);
+    BS_RETURN_IF_ERROR(check_table(kv, req.block_table, s + B, "propose"));
+    ensure_propose(static_cast<int64_t>(req.block_table.size()));
+    ProposeScratch& p = prop_;
+
+    // The whole block runs even when fewer drafts are wanted: rows attend to each other
+    // (non-causal), so dropping trailing mask rows would change the earlier rows' drafts.
+    std::vector<int32_t> ids(B, static_cast<int32_t>(c_.mask_token_id)), positions(B), slots(B);
+    ids[0] = req.anchor;
+    for (int64_t i = 0; i < B; ++i) {
+      positions[i] = static_cast<int32_t>(s + i);
+      slots[i] = slot_of(kv, req.block_table, s + i);
+    }
+    backend_.copy_from_host(p.ids, ids.data());
+    backend_.copy_from_host(p.positions, positions.data());
+    backend_.copy_from_host(p.slots, slots.data());
+    const Tensor table = table_.rows(0, static_cast<int64_t>(req.block_table.size()));
+    backend_.copy_from_host(table, req.block_table.data());
+
+    const float eps = static_cast<float>(m.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+    backend_.embedding(p.x, p.ids, embed_);
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& L = layers_[li];
+      // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
+      backend_.rms_norm(p.xn, p.x, L.input_norm, eps);
+      backend_.matmul(p.q, p.xn, L.wq);
+      backend_.matmul(p.k, p.xn, L.wk);
+      backend_.matmul(p.v, p.xn, L.wv);
+      backend_.rms_norm(p.q, p.q, L.q_norm, eps);
+      backend_.rms_norm(p.k, p.k, L.k_norm, eps);
+      backend_.rope(p.q, p.positions, inv_freq_, attention_scaling_);
+      backend_.rope(p.k, p.positions, inv_freq_, attention_scaling_);
+      // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
+      backend_.kv_write(kv.k[li], kv.v[li], p.k, p.v, p.slots);
+      backend_.paged_attention(p.attn, p.q, kv.k[li], kv.v[li], table, s + B, L.mask, scale);
+      backend_.matmul(p.x, p.attn, L.wo, nullptr, /*accumulate=*/true);
+      // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
+      backend_.rms_norm(p.xn, p.x, L.post_norm, eps);
+      backend_.matmul(p.gate, p.xn, L.w_gate);
+      backend_.matmul(p.up, p.xn, L.w_up);
+      backend_.silu_mul(p.gate, p.gate, p.up);
+      backend_.matmul(p.x, p.gate, L.w_down, nullptr, /*accumulate=*/true);
+    }
+    // Row 0 echoes the anchor; row j predicts position s + j.
+    const int64_t nd = req.num_drafts;
+    const Tensor normed = p.xn.rows(0, nd);
+    backend_.rms_norm(normed, p.x.rows(1, nd), final_norm_, eps);
+    *logits = p.logits.rows(0, nd);
+    backend_.matmul(*logits, normed, lm_head_);
+    return Status::Ok();
+  }
+
+ private:
+  static int32_t slot_of(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
+    return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
+  }
+
+  Status check_table(const KvPool& kv, std::span<const int32_t> table, int64_t positions,
+                     const char* op) const {
+    if (static_cast<int64_t>(kv.k.size()) != c_.model.num_layers) {
+      return InvalidArgument("dflash {}: KV pool has {} layers, the drafter has {}", op,
+                             kv.k.size(), c_.model.num_layers);
+    }
+    const int64_t needed = (positions + kv.block_size - 1) / kv.block_size;
+    if (static_cast<int64_t>(table.size()) < needed) {
+      return InvalidArgument("dflash {}: block table has {} blocks, {} positions need {}", op,
+                             table.size(), positions, needed);
+    }
+    for (int64_t b = 0; b < needed; ++b) {
+      if (table[b] < 0 || table[b] >= kv.num_blocks) {
+        return InvalidArgument("dflash {}: block id {} out of range [0, {})", op, table[b],
+                               kv.num_blocks);
+      }
+    }
+    return Status::Ok();
+  }
+
+  void ensure_observe(int64_t rows) {
+    const auto& m = c_.model;
+    if (rows <= obs_.rows) return;
+    const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
+                  kv_dim = m.num_kv_heads * m.head_dim;
+    obs_.rows = r;
+    obs_.ctx = backend_.empty({r, m.hidden_size});
+    obs_.fused = backend_.empty({r, L * 2 * kv_dim});
+    obs_.kv = backend_.empty({2 * L * r, kv_dim});
+    obs_.gather_ids = backend_.empty({2 * L * r}, DType::kI32);
+    obs_.positions = backend_.empty({L * r}, DType::kI32);
+    obs_.slots = backend_.empty({r}, DType::kI32);
+  }
+
+  void ensure_propose(int64_t table_blocks) {
+    const auto& m = c_.model;
+    const int64_t B = c_.block_size;
+    if (!prop_.x.defined()) {
+      prop_.ids = backend_.empty({B}, DType::kI32);
+      prop_.positions = backend_.empty({B}, DType::kI32);
+      prop_.slots = backend_.empty({B}, DType::kI32);
+      prop_.x = backend_.empty({B, m.hidden_size});
+      prop_.xn = backend_.empty({B, m.hidden_size});
+      prop_.q = backend_.empty({B, m.num_heads, m.head_dim});
+      prop_.attn = backend_.empty({B, m.num_heads, m.head_dim});
+      prop_.k = backend_.empty({B, m.num_kv_heads, m.head_dim});
+      prop_.v = backend_.empty({B, m.num_kv_heads, m.head_dim});
+      prop_.gate = backend_.empty({B, m.intermediate_size});
+      prop_.up = backend_.empty({B, m.intermediate_size});
+      prop_.logits = backend_.empty({B - 1, vocab_});
+    }
+    if (!table_.defined() || table_.numel() < table_blocks) {
+      table_ = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
+    }
+  }
+
+  DFlashConfig c_;
+  Backend& backend_;
+  int64_t target_hidden_;
+  int64_t vocab_;
+  Tensor fc_;             // [H, n_taps * H_target]
+  Tensor hidden_norm_;    // [H]
+  Tensor kv_fused_;       // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
+  std::vector<Layer> layers_;
+  Tensor final_norm_;     // [H]
+  Tensor embed_, lm_head_;  // [vocab, H]
+  Tensor inv_freq_;       // F32 [hd / 2]
+  float attention_scaling_ = 1.0f;
+  ObserveScratch obs_;
+  ProposeScratch prop_;
+  Tensor table_;  // I32 block table of the current call
+};
+
+// dflash_config when present (an object), else an empty object.
+Result<json> dflash_section(const json& j, const std::string& file) {
+  if (!io::has_field(j, "dflash_config")) return json::object();
+  const json& d = j["dflash_config"];
+  if (!d.is_object()) {
+    return InvalidArgument("{}: field 'dflash_config' must be an object, got {}", file,
+                           io::json_type_name(d));
+  }
+  return d;
+}
+
+}  // namespace
+
+std::vector<int> dflash_default_target_layers(int64_t num_target_layers,
+                                              int64_t num_draft_layers) {
+  if (num_draft_layers <= 1) return {static_cast<int>(num_target_layers / 2)};
+  std::vector<int> ids;
+  const double span = static_cast<double>(num_target_layers - 4);
+  const int saved = std::fegetround();
+  std::fesetround(FE_TONEAREST);  // nearbyint rounds halves to even, as Python's round()
+  for (int64_t i = 0; i < num_draft_layers; ++i) {
+    const double v = 1.0 + static_cast<double>(i) * span / static_cast<double>(num_draft_layers - 1);
+    ids.push_back(static_cast<int>(std::nearbyint(v)));
+  }
+  std::fesetround(saved);
+  return ids;
+}
+
+Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
+                                         int64_t num_target_layers) {
+  if (!j.is_object()) {
+    return InvalidArgument("{}: expected a JSON object, got {}", file, io::json_type_name(j));
+  }
+  DFlashConfig c;
+  BS_ASSIGN_OR_RETURN(c.model, io::parse_transformer_config(j, file));
+  BS_ASSIGN_OR_RETURN(json d, dflash_section(j, file));
+  const std::string dfile = file + " (dflash_config)";
+  const auto& m = c.model;
+
+  // Features of DFlash-format relatives that this drafter does not implement.
+  if (m.hidden_act != "silu") {
+    return Unimplemented("{}: hidden_act '{}' is not supported (expected silu)", file,
+                         m.hidden_act);
+  }
+  if (m.attention_bias || m.mlp_bias) {
+    return Unimplemented("{}: attention_bias / mlp_bias are not supported for DFlash drafters",
+                         file);
+  }
+  BS_ASSIGN_OR_RETURN(bool from_anchor, io::get_bool_or(d, "sample_from_anchor", dfile, false));
+  if (from_anchor) {
+    return Unimplemented(
+        "{}: sample_from_anchor=true (shifted DSpark layout, row k predicts s+k+1) is not "
+        "supported by the DFlash drafter",
+        dfile);
+  }
+  BS_ASSIGN_OR_RETURN(bool use_aux, io::get_bool_or(d, "use_aux_hidden_state", dfile, true));
+  if (!use_aux) {
+    return Unimplemented("{}: use_aux_hidden_state=false (no fc over tapped layers) is not "
+                         "supported",
+                         dfile);
+  }
+  BS_ASSIGN_OR_RETURN(bool sink, io::get_bool_or(d, "attention_sink_bias", dfile, false));
+  if (sink) return Unimplemented("{}: attention_sink_bias is not supported", dfile);
+  if (io::has_field(d, "projector_type")) {
+    BS_ASSIGN_OR_RETURN(std::string proj, io::get_string(d, "projector_type", dfile));
+    if (proj != "dflash") {
+      return Unimplemented("{}: projector_type '{}' is not supported (DFlash: absent or 'dflash')",
+                           dfile, proj);
+    }
+  }
+  BS_ASSIGN_OR_RETURN(int64_t markov_rank, io::get_int_or(d, "markov_rank", dfile, 0));
+  if (markov_rank != 0) {
+    return Unimplemented("{}: markov_rank {} (a DSpark Markov head) is not supported", dfile,
+                         markov_rank);
+  }
+  for (const char* key : {"input_embedding_scale", "output_multiplier"}) {
+    for (const json* src : std::initializer_list<const json*>{&d, &j}) {
+      BS_ASSIGN_OR_RETURN(double v, io::get_float_or(*src, key, file, 1.0));
+      if (v != 1.0) return Unimplemented("{}: field '{}' = {} is not supported", file, key, v);
+    }
+  }
+  for (const json* src : std::initializer_list<const json*>{&d, &j}) {
+    if (io::has_field(*src, "final_logit_softcapping")) {
+      return Unimplemented("{}: field 'final_logit_softcapping' is not supported", file);
+    }
+  }
+
+  // block_size: newer checkpoints put it in dflash_config, the b16 releases at the top level.
+  if (io::has_field(d, "block_size")) {
+    BS_ASSIGN_OR_RETURN(c.block_size, io::get_int(d, "block_size", dfile));
+  } else if (io::has_field(j, "block_size")) {
+    BS_ASSIGN_OR_RETURN(c.block_size, io::get_int(j, "block_size", file));
+  } else {
+    return InvalidArgument(
+        "{}: no block size (expected 'block_size' at the top level or in 'dflash_config')", file);
+  }
+  if (c.block_size < 2) {
+    return InvalidArgument("{}: field 'block_size' must be >= 2 (anchor + at least one mask row), "
+                           "got {}",
+                           file, c.block_size);
+  }
+
+  // The mask token: its embedding row fills the draft rows. Never guessed (dflash.md §8.1).
+  if (io::has_field(d, "mask_token_id")) {
+    BS_ASSIGN_OR_RETURN(c.mask_token_id, io::get_int(d, "mask_token_id", dfile));
+  } else if (io::has_field(j, "mask_token_id")) {
+    BS_ASSIGN_OR_RETURN(c.mask_token_id, io::get_int(j, "mask_token_id", file));
+  } else {
+    return InvalidArgument("{}: missing field 'dflash_config.mask_token_id'", file);
+  }
+
+  if (io::has_field(d, "num_target_layers")) {
+    BS_ASSIGN_OR_RETURN(c.num_target_layers, io::get_int(d, "num_target_layers", dfile));
+  } else {
+    BS_ASSIGN_OR_RETURN(c.num_target_layers, io::get_int_or(j, "num_target_layers", file, 0));
+  }
+  std::vector<int64_t> ids;
+  if (io::has_field(d, "target_layer_ids")) {
+    BS_ASSIGN_OR_RETURN(ids, io::get_int_list(d, "target_layer_ids", dfile));
+  } else if (io::has_field(j, "target_layer_ids")) {
+    BS_ASSIGN_OR_RETURN(ids, io::get_int_list(j, "target_layer_ids", file));
+  } else {
+    const int64_t n = c.num_target_layers > 0 ? c.num_target_layers : num_target_layers;
+    for (int id : dflash_default_target_layers(n, m.num_layers)) ids.push_back(id);
+  }
+  if (ids.empty()) return InvalidArgument("{}: 'target_layer_ids' is empty", dfile);
+  for (int64_t id : ids) {
+    if (id < 0) return InvalidArgument("{}: negative target layer id {}", dfile, id);
+    c.target_layers.push_back(static_cast<int>(id));
+  }
+
+  // Per-layer attention (dflash.md §1.4): is_causal -> dflash_config.causal -> layer_types;
+  // use_swa (dflash_config) windows every layer.
+  std::optional<bool> causal_override;
+  if (io::has_field(j, "is_causal")) {
+    BS_ASSIGN_OR_RETURN(bool v, io::get_bool(j, "is_causal", file));
+    causal_override = v;
+  } else if (io::has_field(d, "causal")) {
+    BS_ASSIGN_OR_RETURN(bool v, io::get_bool(d, "causal", dfile));
+    causal_override = v;
+  }
+  BS_ASSIGN_OR_RETURN(bool use_swa, io::get_bool_or(d, "use_swa", dfile, false));
+  int64_t swa_window = 0;
+  if (use_swa) {
+    if (io::has_field(d, "swa_window_size")) {
+      BS_ASSIGN_OR_RETURN(swa_window, io::get_int(d, "swa_window_size", dfile));
+    } else if (io::has_field(j, "sliding_window")) {
+      BS_ASSIGN_OR_RETURN(swa_window, io::get_int(j, "sliding_window", file));
+    }
+    if (swa_window <= 0) {
+      return InvalidArgument("{}: use_swa is set but no positive swa_window_size / sliding_window",
+                             dfile);
+    }
+  }
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    const std::string& type = m.layer_types[l];
+    const bool sliding = type == "sliding_attention";
+    if (!sliding && type != "full_attention") {
+      return Unimplemented("{}: layer_types[{}] = '{}' is not supported (full_attention or "
+                           "sliding_attention)",
+                           file, l, type);
+    }
+    AttentionMask mask;
+    if (use_swa) {
+      mask.causal = causal_override.value_or(false);
+      mask.window = swa_window;
+    } else {
+      mask.causal = causal_override.value_or(sliding);
+      mask.window = sliding ? m.sliding_window.value_or(0) : 0;
+    }
+    c.layer_masks.push_back(mask);
+  }
+  return c;
+}
+
+Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json& config,
+                                             const CausalLM& target, const DrafterOptions&) {
+  const std::string file = (std::filesystem::path(dir) / "config.json").string();
+  const auto& t = target.config();
+  BS_ASSIGN_OR_RETURN(DFlashConfig c, parse_dflash_config(config, file, t.num_layers));
+  const auto& m = c.model;
+  if (m.hidden_size != t.hidden_size) {
+    return InvalidArgument(
+        "{}: hidden_size {} differs from the target's hidden_size {} (DFlash drafters share the "
+        "target's width)",
+        file, m.hidden_size, t.hidden_size);
+  }
+  if (m.vocab_size != t.vocab_size) {
+    return InvalidArgument("{}: vocab_size {} differs from the target's vocab_size {}", file,
+                           m.vocab_size, t.vocab_size);
+  }
+  if (c.num_target_layers > 0 && c.num_target_layers != t.num_layers) {
+    return InvalidArgument("{}: num_target_layers {} differs from the target's num_hidden_layers {}",
+                           file, c.num_target_layers, t.num_layers);
+  }
+  for (int id : c.target_layers) {
+    if (id >= t.num_layers) {
+      return InvalidArgument(
+          "{}: target_layer_ids contains {}, but the target has {} layers (ids are 0-based)", file,
+          id, t.num_layers);
+    }
+  }
+  if (c.mask_token_id < 0 || c.mask_token_id >= t.vocab_size) {
+    return InvalidArgument("{}: mask_token_id {} is outside the target vocabulary [0, {})", file,
+                           c.mask_token_id, t.vocab_size);
+  }
+  BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  auto drafter =
+      std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size, t.vocab_size);
+  BS_RETURN_IF_ERROR(drafter->load(ckpt, target).with_context("loading DFlash drafter " + dir));
+  return std::unique_ptr<Drafter>(std::move(drafter));
+}
+
+}  // namespace bs
