@@ -5,10 +5,10 @@
 //             timestep_embed_dim (top level or one object deep)
 // Known relatives that are not served yet (DSpark, DFlash2) and anything else: Unimplemented,
 // naming the architecture.
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
-
-#include <fmt/ranges.h>
 
 #include "io/json_file.h"
 #include "models/drafter.h"
@@ -51,7 +51,8 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
       return exact ? a == needle : a.find(needle) != std::string::npos;
     });
   };
-  const std::string arch_list = archs.empty() ? "(none)" : fmt::format("{}", fmt::join(archs, ", "));
+  const std::string arch_list =
+      archs.empty() ? "(none)" : fmt::format("{}", fmt::join(archs, ", "));
 
   if (arch_has("DFlashDraftModel", true)) return load_dflash(dir, config, target, options);
   if (arch_has("FlashMap", false) || has_key_shallow(config, "time_grids") ||
@@ -59,9 +60,10 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
     return load_flashmap(dir, config, target, options);
   }
   if (arch_has("DSpark", false) || arch_has("DFlash2", false)) {
-    return Unimplemented("{}: drafter architecture '{}' is not supported yet (served: "
-                         "DFlashDraftModel, FlashMap)",
-                         file, arch_list);
+    return Unimplemented(
+        "{}: drafter architecture '{}' is not supported yet (served: "
+        "DFlashDraftModel, FlashMap)",
+        file, arch_list);
   }
   if (archs.empty() && io::has_field(config, "dflash_config")) {
     const json& d = config["dflash_config"];

@@ -30,12 +30,12 @@ struct Layer {
 // Activation buffers of observe (n context rows) and propose (B block rows).
 struct ObserveScratch {
   int64_t rows = 0;
-  Tensor ctx;        // [rows, H]
-  Tensor fused;      // [rows, L*2*kv_dim]: per row K0 V0 K1 V1 ...
-  Tensor kv;         // [2*L*rows, kv_dim]: layer-major regrouping, all K then all V
-  Tensor gather_ids; // I32 [2*L*rows]
-  Tensor positions;  // I32 [L*rows]: positions repeated once per layer
-  Tensor slots;      // I32 [rows]
+  Tensor ctx;         // [rows, H]
+  Tensor fused;       // [rows, L*2*kv_dim]: per row K0 V0 K1 V1 ...
+  Tensor kv;          // [2*L*rows, kv_dim]: layer-major regrouping, all K then all V
+  Tensor gather_ids;  // I32 [2*L*rows]
+  Tensor positions;   // I32 [L*rows]: positions repeated once per layer
+  Tensor slots;       // I32 [rows]
 };
 
 struct ProposeScratch {
@@ -211,8 +211,7 @@ class DFlashDrafter final : public Drafter {
                   attention_scaling_);
     for (int64_t l = 0; l < n_layers; ++l) {
       const Tensor k_l = k_all.rows(l * n, n).view({n, m.num_kv_heads, m.head_dim});
-      const Tensor v_l =
-          kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
+      const Tensor v_l = kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
       backend_.kv_write(kv.k[l], kv.v[l], k_l, v_l, slot_t);
     }
     return Status::Ok();
@@ -349,13 +348,13 @@ class DFlashDrafter final : public Drafter {
   Backend& backend_;
   int64_t target_hidden_;
   int64_t vocab_;
-  Tensor fc_;             // [H, n_taps * H_target]
-  Tensor hidden_norm_;    // [H]
-  Tensor kv_fused_;       // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
+  Tensor fc_;           // [H, n_taps * H_target]
+  Tensor hidden_norm_;  // [H]
+  Tensor kv_fused_;     // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
   std::vector<Layer> layers_;
-  Tensor final_norm_;     // [H]
+  Tensor final_norm_;       // [H]
   Tensor embed_, lm_head_;  // [vocab, H]
-  Tensor inv_freq_;       // F32 [hd / 2]
+  Tensor inv_freq_;         // F32 [hd / 2]
   float attention_scaling_ = 1.0f;
   ObserveScratch obs_;
   ProposeScratch prop_;
@@ -375,15 +374,15 @@ Result<json> dflash_section(const json& j, const std::string& file) {
 
 }  // namespace
 
-std::vector<int> dflash_default_target_layers(int64_t num_target_layers,
-                                              int64_t num_draft_layers) {
+std::vector<int> dflash_default_target_layers(int64_t num_target_layers, int64_t num_draft_layers) {
   if (num_draft_layers <= 1) return {static_cast<int>(num_target_layers / 2)};
   std::vector<int> ids;
   const double span = static_cast<double>(num_target_layers - 4);
   const int saved = std::fegetround();
   std::fesetround(FE_TONEAREST);  // nearbyint rounds halves to even, as Python's round()
   for (int64_t i = 0; i < num_draft_layers; ++i) {
-    const double v = 1.0 + static_cast<double>(i) * span / static_cast<double>(num_draft_layers - 1);
+    const double v =
+        1.0 + static_cast<double>(i) * span / static_cast<double>(num_draft_layers - 1);
     ids.push_back(static_cast<int>(std::nearbyint(v)));
   }
   std::fesetround(saved);
@@ -419,9 +418,10 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
   }
   BS_ASSIGN_OR_RETURN(bool use_aux, io::get_bool_or(d, "use_aux_hidden_state", dfile, true));
   if (!use_aux) {
-    return Unimplemented("{}: use_aux_hidden_state=false (no fc over tapped layers) is not "
-                         "supported",
-                         dfile);
+    return Unimplemented(
+        "{}: use_aux_hidden_state=false (no fc over tapped layers) is not "
+        "supported",
+        dfile);
   }
   BS_ASSIGN_OR_RETURN(bool sink, io::get_bool_or(d, "attention_sink_bias", dfile, false));
   if (sink) return Unimplemented("{}: attention_sink_bias is not supported", dfile);
@@ -459,9 +459,10 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
         "{}: no block size (expected 'block_size' at the top level or in 'dflash_config')", file);
   }
   if (c.block_size < 2) {
-    return InvalidArgument("{}: field 'block_size' must be >= 2 (anchor + at least one mask row), "
-                           "got {}",
-                           file, c.block_size);
+    return InvalidArgument(
+        "{}: field 'block_size' must be >= 2 (anchor + at least one mask row), "
+        "got {}",
+        file, c.block_size);
   }
 
   // The mask token: its embedding row fills the draft rows. Never guessed (dflash.md §8.1).
@@ -520,9 +521,10 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
     const std::string& type = m.layer_types[l];
     const bool sliding = type == "sliding_attention";
     if (!sliding && type != "full_attention") {
-      return Unimplemented("{}: layer_types[{}] = '{}' is not supported (full_attention or "
-                           "sliding_attention)",
-                           file, l, type);
+      return Unimplemented(
+          "{}: layer_types[{}] = '{}' is not supported (full_attention or "
+          "sliding_attention)",
+          file, l, type);
     }
     AttentionMask mask;
     if (use_swa) {
@@ -554,8 +556,9 @@ Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json&
                            m.vocab_size, t.vocab_size);
   }
   if (c.num_target_layers > 0 && c.num_target_layers != t.num_layers) {
-    return InvalidArgument("{}: num_target_layers {} differs from the target's num_hidden_layers {}",
-                           file, c.num_target_layers, t.num_layers);
+    return InvalidArgument(
+        "{}: num_target_layers {} differs from the target's num_hidden_layers {}", file,
+        c.num_target_layers, t.num_layers);
   }
   for (int id : c.target_layers) {
     if (id >= t.num_layers) {

@@ -1,0 +1,372 @@
+// The acceptance rule of speculative decoding: greedy prefix matching, and rejection sampling,
+// which must leave the output distribution exactly the target sampler's.
+//
+// Statistical tests use fixed seeds (so they are deterministic) and a chi-square goodness-of-fit
+// test against the exact distribution; each fails only when p < 1e-4, so a correct implementation
+// would trip a given test for 1 seed set in 10,000 (false-alarm rate 1e-4 per test). A biased rule
+// (e.g. accepting on u < q/p, or drawing corrections from p instead of the residual) gives
+// p-values far below that at these sample sizes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "engine/speculative_accept.h"
+#include "models/drafter.h"
+#include "models/registry.h"
+
+namespace bs {
+namespace {
+
+const std::string kStories = std::string(BS_SOURCE_DIR) + "/models/stories260K";
+const std::string kDrafter = std::string(BS_TEST_DATA) + "/dflash-stories260K";
+constexpr double kAlpha = 1e-4;
+
+// Regularised upper incomplete gamma Q(a, x): series for x < a + 1, else a continued fraction
+// (modified Lentz).
+double gamma_q(double a, double x) {
+  if (x <= 0) return 1.0;
+  const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
+  if (x < a + 1) {
+    double term = 1.0 / a, sum = term, ap = a;
+    for (int n = 0; n < 100000; ++n) {
+      ap += 1;
+      term *= x / ap;
+      sum += term;
+      if (std::abs(term) < std::abs(sum) * 1e-16) break;
+    }
+    return 1.0 - sum * std::exp(log_prefix);
+  }
+  constexpr double tiny = 1e-300;
+  double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+  for (int i = 1; i < 100000; ++i) {
+    const double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    if (std::abs(d) < tiny) d = tiny;
+    c = b + an / c;
+    if (std::abs(c) < tiny) c = tiny;
+    d = 1 / d;
+    const double delta = d * c;
+    h *= delta;
+    if (std::abs(delta - 1) < 1e-16) break;
+  }
+  return std::exp(log_prefix) * h;
+}
+
+double chi2_pvalue(double stat, int df) { return gamma_q(df / 2.0, stat / 2.0); }
+
+// Chi-square goodness of fit of `counts` (n samples) to `probs`; cells expecting fewer than 5
+// samples are pooled. An observation outside the support fails outright (p = 0).
+template <typename Key>
+double goodness_of_fit(const std::map<Key, int64_t>& counts, const std::map<Key, double>& probs,
+                       int64_t n, std::string* detail) {
+  for (const auto& [key, c] : counts) {
+    auto it = probs.find(key);
+    if (it == probs.end() || it->second <= 0) {
+      *detail = "an observation has probability 0";
+      return 0;
+    }
+  }
+  double stat = 0, pooled_e = 0, pooled_o = 0;
+  int cells = 0;
+  for (const auto& [key, p] : probs) {
+    const double e = p * static_cast<double>(n);
+    auto it = counts.find(key);
+    const double o = it == counts.end() ? 0 : static_cast<double>(it->second);
+    if (e < 5) {
+      pooled_e += e;
+      pooled_o += o;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  if (pooled_e > 0) {
+    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+    ++cells;
+  }
+  *detail = "chi2 " + std::to_string(stat) + " over " + std::to_string(cells) + " cells";
+  return cells > 1 ? chi2_pvalue(stat, cells - 1) : 1.0;
+}
+
+TEST(ChiSquare, KnownQuantiles) {
+  EXPECT_NEAR(chi2_pvalue(3.841459, 1), 0.05, 1e-6);
+  EXPECT_NEAR(chi2_pvalue(23.209251, 10), 0.01, 1e-6);
+  EXPECT_NEAR(chi2_pvalue(124.342, 100), 0.05, 1e-4);
+  EXPECT_NEAR(chi2_pvalue(2.0, 4), 0.7357589, 1e-6);
+}
+
+// ---- Hand-made p / q. ----
+
+TEST(AcceptGreedy, LongestMatchingPrefixPlusTargetToken) {
+  const std::vector<int32_t> drafts = {5, 6, 7};
+  auto r = accept_greedy(drafts, std::vector<int32_t>{5, 6, 9, 3});
+  EXPECT_EQ(r.accepted, 2);
+  EXPECT_EQ(r.next, 9);  // the target's correction at the first mismatch
+  r = accept_greedy(drafts, std::vector<int32_t>{5, 6, 7, 3});
+  EXPECT_EQ(r.accepted, 3);
+  EXPECT_EQ(r.next, 3);  // bonus from the last row
+  r = accept_greedy(drafts, std::vector<int32_t>{1, 6, 7, 3});
+  EXPECT_EQ(r.accepted, 0);  // a later match does not count after a mismatch
+  EXPECT_EQ(r.next, 1);
+  r = accept_greedy({}, std::vector<int32_t>{4});
+  EXPECT_EQ(r.accepted, 0);
+  EXPECT_EQ(r.next, 4);
+}
+
+SamplingParams seeded(uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = seed;
+  return p;
+}
+
+TEST(AcceptSampled, EqualDistributionsAlwaysAccept) {
+  const int64_t V = 4;
+  const std::vector<float> row = {0.1f, 0.2f, 0.3f, 0.4f};
+  std::vector<float> q, p;
+  for (int i = 0; i < 3; ++i) q.insert(q.end(), row.begin(), row.end());
+  for (int i = 0; i < 4; ++i) p.insert(p.end(), row.begin(), row.end());
+  Sampler sampler(seeded(1));
+  for (int t = 0; t < 1000; ++t) {
+    std::vector<int32_t> d = {sampler.sample_from(row), sampler.sample_from(row),
+                              sampler.sample_from(row)};
+    const auto r = accept_sampled(d, q, p, V, sampler);
+    ASSERT_EQ(r.accepted, 3);
+  }
+}
+
+TEST(AcceptSampled, ZeroTargetProbabilityAlwaysRejects) {
+  const int64_t V = 3;
+  const std::vector<float> q = {0.0f, 1.0f, 0.0f};                    // always drafts token 1
+  const std::vector<float> p = {0.5f, 0.0f, 0.5f, 0.2f, 0.3f, 0.5f};  // target never says 1
+  Sampler sampler(seeded(2));
+  std::map<int32_t, int64_t> counts;
+  const int64_t n = 20000;
+  for (int64_t t = 0; t < n; ++t) {
+    const auto r = accept_sampled(std::vector<int32_t>{1}, q, p, V, sampler);
+    ASSERT_EQ(r.accepted, 0);
+    ++counts[r.next];
+  }
+  std::string detail;
+  const std::map<int32_t, double> want = {{0, 0.5}, {2, 0.5}};  // residual = p here
+  EXPECT_GT(goodness_of_fit(counts, want, n, &detail), kAlpha) << detail;
+}
+
+// The first committed token is distributed as p_0 and, given that the first draft was accepted,
+// the second as p_1, for drafts drawn from quite different q.
+TEST(AcceptSampled, OutputDistributionIsTheTargets) {
+  const int64_t V = 5;
+  const std::vector<float> q0 = {0.40f, 0.30f, 0.15f, 0.10f, 0.05f};
+  const std::vector<float> q1 = {0.05f, 0.05f, 0.10f, 0.40f, 0.40f};
+  const std::vector<float> p0 = {0.10f, 0.20f, 0.30f, 0.40f, 0.00f};
+  const std::vector<float> p1 = {0.25f, 0.25f, 0.00f, 0.20f, 0.30f};
+  const std::vector<float> p2 = {0.20f, 0.20f, 0.20f, 0.20f, 0.20f};
+  std::vector<float> q = q0, p = p0;
+  q.insert(q.end(), q1.begin(), q1.end());
+  p.insert(p.end(), p1.begin(), p1.end());
+  p.insert(p.end(), p2.begin(), p2.end());
+  Sampler sampler(seeded(3));
+  std::map<int32_t, int64_t> first, second;
+  std::map<int64_t, int64_t> accepted;
+  const int64_t n = 200000;
+  int64_t n_second = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<int32_t> d = {sampler.sample_from(q0), sampler.sample_from(q1)};
+    const auto r = accept_sampled(d, q, p, V, sampler);
+    ++accepted[r.accepted];
+    ++first[r.accepted >= 1 ? d[0] : r.next];
+    if (r.accepted >= 1) {
+      ++second[r.accepted >= 2 ? d[1] : r.next];
+      ++n_second;
+    }
+  }
+  auto as_map = [](const std::vector<float>& v) {
+    std::map<int32_t, double> m;
+    for (size_t i = 0; i < v.size(); ++i) m[static_cast<int32_t>(i)] = v[i];
+    return m;
+  };
+  std::string detail;
+  EXPECT_GT(goodness_of_fit(first, as_map(p0), n, &detail), kAlpha) << "first: " << detail;
+  EXPECT_GT(goodness_of_fit(second, as_map(p1), n_second, &detail), kAlpha) << "second: " << detail;
+  // Acceptance probability of the first draft = sum min(p0, q0) = 0.1+0.2+0.15+0.1+0 = 0.55.
+  const double acc1 = 1.0 - static_cast<double>(accepted[0]) / static_cast<double>(n);
+  EXPECT_NEAR(acc1, 0.55, 0.005);
+}
+
+// ---- End to end on stories260K: the joint distribution of the first three generated tokens. ----
+
+class StoriesSampling : public ::testing::Test {
+ protected:
+  static constexpr int kTopK = 8;
+
+  void SetUp() override {
+    backend_ = make_cpu_backend(1);
+    auto t = load_target(kStories, *backend_);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    target_ = std::move(*t);
+    params_.temperature = 1.0f;
+    params_.top_k = kTopK;
+    compute_exact();
+  }
+
+  // Target logits after `tokens` (a fresh cache each time).
+  std::vector<float> last_logits(const std::vector<int32_t>& tokens) {
+    const int64_t blocks = (static_cast<int64_t>(tokens.size()) + kKvBlockSize - 1) / kKvBlockSize;
+    KvPool pool = target_->make_kv_pool(blocks);
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    std::iota(table.begin(), table.end(), 0);
+    ForwardResult res;
+    EXPECT_TRUE(
+        target_
+            ->forward({.tokens = tokens, .start_pos = 0, .block_table = table, .num_logits = 1},
+                      pool, &res)
+            .ok());
+    return backend_->to_host_f32(res.logits);
+  }
+
+  // P(t1, t2, t3 | prompt) under the plain sampler (temperature 1, top-k 8).
+  void compute_exact() {
+    Sampler s(params_);
+    std::vector<float> p1, p2, p3;
+    s.probs(last_logits(prompt_), &p1);
+    for (int32_t a = 0; a < 512; ++a) {
+      if (p1[a] == 0) continue;
+      std::vector<int32_t> ctx = prompt_;
+      ctx.push_back(a);
+      after1_[a] = last_logits(ctx);
+      s.probs(after1_[a], &p2);
+      for (int32_t b = 0; b < 512; ++b) {
+        if (p2[b] == 0) continue;
+        ctx.push_back(b);
+        after2_[{a, b}] = last_logits(ctx);
+        s.probs(after2_[{a, b}], &p3);
+        for (int32_t c = 0; c < 512; ++c) {
+          if (p3[c] > 0) exact_[{a, b, c}] = static_cast<double>(p1[a]) * p2[b] * p3[c];
+        }
+        ctx.pop_back();
+      }
+    }
+  }
+
+  // Runs n seeded generations of 4 tokens (`drafter` null: plain) and tests the first three.
+  void check(Drafter* drafter, int64_t n, int64_t draft_tokens, const std::string& what) {
+    std::map<std::array<int32_t, 3>, int64_t> counts;
+    GenerateOptions o;
+    o.max_tokens = 4;
+    o.max_context = 32;
+    o.sampling = params_;
+    o.draft_tokens = draft_tokens;
+    int64_t steps = 0, accepted = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      o.sampling.seed = 1000003 * static_cast<uint64_t>(i) + 17;
+      GenerateStats st;
+      auto out = drafter ? generate_speculative(*target_, *drafter, prompt_, o, nullptr, &st)
+                         : generate_plain(*target_, prompt_, o, nullptr, &st);
+      ASSERT_TRUE(out.ok()) << out.status().message();
+      ASSERT_EQ(out->size(), 4u);
+      ++counts[{(*out)[0], (*out)[1], (*out)[2]}];
+      steps += st.steps;
+      accepted += st.accepted;
+    }
+    std::string detail;
+    const double pv = goodness_of_fit(counts, exact_, n, &detail);
+    EXPECT_GT(pv, kAlpha) << what << ": " << detail << ", p = " << pv;
+    std::printf("%s: %lld runs, %lld verify steps, %lld drafts accepted; %s, p = %.3g\n",
+                what.c_str(), static_cast<long long>(n), static_cast<long long>(steps),
+                static_cast<long long>(accepted), detail.c_str(), pv);
+    if (drafter) {
+      RecordProperty(what + "_accepted_per_step",
+                     std::to_string(static_cast<double>(accepted) / static_cast<double>(steps)));
+      accepted_ = accepted;
+    }
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CausalLM> target_;
+  SamplingParams params_;
+  // A high-entropy context (random ids): ~170 cells of the joint expect >= 5 samples at n = 5000.
+  const std::vector<int32_t> prompt_ = {1, 273, 185, 345};
+  std::map<int32_t, std::vector<float>> after1_;                      // logits after prompt + t1
+  std::map<std::pair<int32_t, int32_t>, std::vector<float>> after2_;  // after prompt + t1 t2
+  std::map<std::array<int32_t, 3>, double> exact_;
+  int64_t accepted_ = 0;
+};
+
+// A drafter whose proposals overlap the target's (its logits are the target's own, perturbed) for
+// the first step and are uninformative afterwards, so that acceptances, rejections, corrections
+// and bonus tokens all occur.
+class NearTargetDrafter final : public Drafter {
+ public:
+  NearTargetDrafter(Backend& backend, int64_t prompt_len,
+                    const std::map<int32_t, std::vector<float>>& after1,
+                    const std::map<std::pair<int32_t, int32_t>, std::vector<float>>& after2)
+      : backend_(backend), prompt_len_(prompt_len), after1_(after1), after2_(after2) {}
+  std::string family() const override { return "near-target"; }
+  int64_t block_size() const override { return 4; }
+  int64_t max_drafts() const override { return 3; }
+  const std::vector<int>& target_layers() const override { return layers_; }
+  KvPool make_kv_pool(int64_t num_blocks) override { return KvPool{.num_blocks = num_blocks}; }
+  Status observe(KvPool&, std::span<const int32_t>, const Tensor&, int64_t) override {
+    return Status::Ok();
+  }
+  Status propose(KvPool&, const ProposeRequest& req, Tensor* logits) override {
+    const int64_t V = 512;
+    std::vector<float> host(static_cast<size_t>(req.num_drafts * V), 0.0f);
+    auto it = after1_.find(req.anchor);
+    if (req.anchor_pos == prompt_len_ && it != after1_.end()) {
+      std::mt19937 rng(static_cast<uint32_t>(req.anchor));
+      std::normal_distribution<float> noise(0.0f, 0.7f);
+      const std::vector<float>* rows[2] = {&it->second, nullptr};
+      const int32_t guess = argmax(it->second);
+      auto it2 = after2_.find({req.anchor, guess});
+      if (it2 != after2_.end()) rows[1] = &it2->second;
+      for (int64_t j = 0; j < std::min<int64_t>(req.num_drafts, 2); ++j) {
+        if (!rows[j]) continue;
+        for (int64_t v = 0; v < V; ++v) host[j * V + v] = 0.8f * (*rows[j])[v] + noise(rng);
+      }
+    }
+    buf_ = backend_.empty({req.num_drafts, V});
+    backend_.copy_from_host(buf_, host.data());
+    *logits = buf_;
+    return Status::Ok();
+  }
+
+ private:
+  Backend& backend_;
+  int64_t prompt_len_;
+  const std::map<int32_t, std::vector<float>>& after1_;
+  const std::map<std::pair<int32_t, int32_t>, std::vector<float>>& after2_;
+  std::vector<int> layers_ = {1};
+  Tensor buf_;
+};
+
+TEST_F(StoriesSampling, PlainSamplerMatchesExactDistribution) {
+  // Validates the harness itself: generate_plain against the exact joint distribution.
+  check(nullptr, 2000, 0, "plain");
+}
+
+TEST_F(StoriesSampling, NearTargetDrafterLeavesDistributionUnchanged) {
+  NearTargetDrafter drafter(*backend_, static_cast<int64_t>(prompt_.size()), after1_, after2_);
+  check(&drafter, 5000, 3, "near_target");
+  EXPECT_GT(accepted_, 5000 / 5) << "the drafter should get many drafts accepted";
+}
+
+TEST_F(StoriesSampling, RandomDFlashDrafterLeavesDistributionUnchanged) {
+  auto drafter = load_drafter(kDrafter, *target_, {});
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  check(drafter->get(), 2500, 7, "dflash");
+}
+
+}  // namespace
+}  // namespace bs
