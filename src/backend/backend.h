@@ -125,8 +125,8 @@ class Backend {
   virtual void softmax(const Tensor& y, const Tensor& x, float scale) = 0;
   // Norm-scaled add: y[n,d] = base[d] + gate / sqrt(sum_e w[e] * z[n,e]^2 + eps) * x[n,d]
   // (FlashMap's one-jump input: the folded noise read-out with its RMSNorm scale).
-  virtual void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x,
-                             const Tensor& z, const Tensor& w, float gate, float eps) = 0;
+  virtual void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,
+                             const Tensor& w, float gate, float eps) = 0;
   // Counter-based standard normals: out[n, d] (F32) = scale * N(seed, stream, positions[n], c),
   // positions I32 [n]. Every value depends only on its key, so any backend reproduces it:
   //   mix(x)  = splitmix64 finaliser of x + 0x9E3779B97F4A7C15

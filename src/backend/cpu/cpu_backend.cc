@@ -15,6 +15,16 @@ namespace {
 // Work (multiply-adds) below which an op stays on the calling thread.
 constexpr int64_t kParallelGrain = 1 << 15;
 
+// Hot loops are compiled twice, for AVX2 and for baseline x86-64, and picked when the program
+// loads. fp contraction is off (-std=c++20), and every output is summed in the same 8-lane order
+// whatever the clone, row count or thread split, so a row's result never depends on how many
+// rows share the call: verifying k tokens gives bit-identical logits to decoding them one by one.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BS_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define BS_CPU_CLONES
+#endif
+
 inline float dot(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -24,6 +34,52 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// y[i, j] (=|+=) x[i] . w[j] + bias[j] for every row i and outputs j in [j0, j1).
+BS_CPU_CLONES void matmul_kernel(const float* x, const float* w, const float* bias, float* y,
+                                 int64_t n, int64_t m, int64_t k, int64_t j0, int64_t j1,
+                                 bool accumulate) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* wr = w + j * k;
+    const float b = bias ? bias[j] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = dot(x + i * k, wr, k) + b;
+      float& out = y[i * m + j];
+      out = accumulate ? out + v : v;
+    }
+  }
+}
+
+// One query row of one head: o = softmax(q . k_j * scale) v over visible keys j. keys[j] and
+// values[j] point at position j's row for this head's kv head. scores has kv_len entries.
+BS_CPU_CLONES void attend_row(const float* q, const float* const* keys, const float* const* values,
+                              int64_t kv_len, int64_t hd, int64_t qpos, bool causal,
+                              int64_t window, float scale, float* scores, float* o) {
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  float max_score = kNegInf;
+  for (int64_t j = 0; j < kv_len; ++j) {
+    bool vis = !(causal && j > qpos);
+    if (window > 0) vis = vis && qpos - j < window && (causal || j - qpos < window);
+    if (!vis) {
+      scores[j] = kNegInf;
+      continue;
+    }
+    scores[j] = dot(q, keys[j], hd) * scale;
+    max_score = std::max(max_score, scores[j]);
+  }
+  for (int64_t c = 0; c < hd; ++c) o[c] = 0.0f;
+  if (max_score == kNegInf) return;
+  float denom = 0;
+  for (int64_t j = 0; j < kv_len; ++j) {
+    if (scores[j] == kNegInf) continue;
+    const float p = std::exp(scores[j] - max_score);
+    denom += p;
+    const float* vv = values[j];
+    for (int64_t c = 0; c < hd; ++c) o[c] += p * vv[c];
+  }
+  const float inv = 1.0f / denom;
+  for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
 }
 
 void check_f32(const Tensor& t) { BS_CHECK(t.dtype() == DType::kF32 && t.device() == Device::kCpu); }
@@ -93,15 +149,7 @@ class CpuBackend final : public Backend {
     // Split over output features: each weight row is read once and reused for all n rows.
     pool_.parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, n * k)),
                        [&](int64_t j0, int64_t j1) {
-                         for (int64_t j = j0; j < j1; ++j) {
-                           const float* wr = wp + j * k;
-                           const float b = bp ? bp[j] : 0.0f;
-                           for (int64_t i = 0; i < n; ++i) {
-                             const float v = dot(xp + i * k, wr, k) + b;
-                             float& out = yp[i * m + j];
-                             out = accumulate ? out + v : v;
-                           }
-                         }
+                         matmul_kernel(xp, wp, bp, yp, n, m, k, j0, j1, accumulate);
                        });
   }
 
@@ -248,25 +296,29 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
                        const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
                        AttentionMask mask, float scale) override {
-    const int64_t block_size = k_pool.dim(1), kv_heads = k_pool.dim(2), hd = k_pool.dim(3);
+    const int64_t block_size = k_pool.dim(1), row = k_pool.dim(2) * k_pool.dim(3);
     const int32_t* table = block_table.as<int32_t>();
     BS_CHECK(block_table.numel() * block_size >= kv_len);
-    auto key_row = [&](const Tensor& pool, int64_t pos, int64_t kvh) {
+    key_rows_.resize(kv_len);
+    value_rows_.resize(kv_len);
+    for (int64_t pos = 0; pos < kv_len; ++pos) {
       const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-      return pool.as<float>() + (slot * kv_heads + kvh) * hd;
-    };
-    attend(out, q, kv_len, kv_heads, hd, mask, scale, [&](int64_t pos, int64_t kvh) {
-      return std::pair(key_row(k_pool, pos, kvh), key_row(v_pool, pos, kvh));
-    });
+      key_rows_[pos] = k_pool.as<float>() + slot * row;
+      value_rows_[pos] = v_pool.as<float>() + slot * row;
+    }
+    attend(out, q, kv_len, k_pool.dim(2), k_pool.dim(3), mask, scale);
   }
 
   void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                  AttentionMask mask, float scale) override {
-    const int64_t m = k.dim(0), kv_heads = k.dim(1), hd = k.dim(2);
-    attend(out, q, m, kv_heads, hd, mask, scale, [&](int64_t pos, int64_t kvh) {
-      const int64_t o = (pos * kv_heads + kvh) * hd;
-      return std::pair(k.as<float>() + o, v.as<float>() + o);
-    });
+    const int64_t m = k.dim(0), row = k.dim(1) * k.dim(2);
+    key_rows_.resize(m);
+    value_rows_.resize(m);
+    for (int64_t pos = 0; pos < m; ++pos) {
+      key_rows_[pos] = k.as<float>() + pos * row;
+      value_rows_[pos] = v.as<float>() + pos * row;
+    }
+    attend(out, q, m, k.dim(1), k.dim(2), mask, scale);
   }
 
   void argmax(const Tensor& out, const Tensor& x) override {
@@ -380,7 +432,8 @@ class CpuBackend final : public Backend {
     float* yp = y.as<float>();
     for (int64_t r = 0; r < rows; ++r) {
       double ss = 0;
-      for (int64_t i = 0; i < e; ++i) ss += static_cast<double>(wp[i]) * zp[r * e + i] * zp[r * e + i];
+      for (int64_t i = 0; i < e; ++i)
+        ss += static_cast<double>(wp[i]) * zp[r * e + i] * zp[r * e + i];
       const float s = gate / std::sqrt(static_cast<float>(ss) + eps);
       for (int64_t i = 0; i < d; ++i) yp[r * d + i] = bp[i] + s * xp[r * d + i];
     }
@@ -414,56 +467,39 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Shared attention loop; kv(pos, kv_head) returns pointers to that position's key and value.
-  template <typename KvFn>
+  // Shared attention over the rows in key_rows_/value_rows_ (position -> kv head 0's row).
   void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,
-              AttentionMask mask, float scale, KvFn kv) {
+              AttentionMask mask, float scale) {
     const int64_t n = q.dim(0), heads = q.dim(1);
     BS_CHECK(q.dim(2) == hd && heads % kv_heads == 0 && n <= kv_len);
     const int64_t group = heads / kv_heads;
-    pool_.parallel_for(n * heads, std::max<int64_t>(1, kParallelGrain / (kv_len * hd + 1)),
-                       [&](int64_t b, int64_t e) {
-                         std::vector<float> scores(static_cast<size_t>(kv_len));
-                         for (int64_t qh = b; qh < e; ++qh) {
-                           const int64_t i = qh / heads, h = qh % heads, kvh = h / group;
-                           const int64_t qpos = kv_len - n + i;
-                           const float* qv = q.as<float>() + qh * hd;
-                           float* o = out.as<float>() + qh * hd;
-                           float max_score = -std::numeric_limits<float>::infinity();
-                           for (int64_t j = 0; j < kv_len; ++j) {
-                             if (!visible(mask, qpos, j)) {
-                               scores[j] = -std::numeric_limits<float>::infinity();
-                               continue;
-                             }
-                             scores[j] = dot(qv, kv(j, kvh).first, hd) * scale;
-                             max_score = std::max(max_score, scores[j]);
-                           }
-                           std::fill(o, o + hd, 0.0f);
-                           if (max_score == -std::numeric_limits<float>::infinity()) continue;
-                           float denom = 0;
-                           for (int64_t j = 0; j < kv_len; ++j) {
-                             if (scores[j] == -std::numeric_limits<float>::infinity()) continue;
-                             const float p = std::exp(scores[j] - max_score);
-                             denom += p;
-                             const float* vv = kv(j, kvh).second;
-                             for (int64_t c = 0; c < hd; ++c) o[c] += p * vv[c];
-                           }
-                           const float inv = 1.0f / denom;
-                           for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
-                         }
-                       });
-  }
-
-  static bool visible(AttentionMask mask, int64_t qpos, int64_t j) {
-    if (mask.causal && j > qpos) return false;
-    if (mask.window > 0) {
-      if (qpos - j >= mask.window) return false;
-      if (!mask.causal && j - qpos >= mask.window) return false;
-    }
-    return true;
+    pool_.parallel_for(
+        n * heads, std::max<int64_t>(1, kParallelGrain / (kv_len * hd + 1)),
+        [&](int64_t b, int64_t e) {
+          thread_local std::vector<float> scores;
+          thread_local std::vector<const float*> keys, values;
+          scores.resize(kv_len);
+          keys.resize(kv_len);
+          values.resize(kv_len);
+          int64_t cached_kvh = -1;
+          for (int64_t qh = b; qh < e; ++qh) {
+            const int64_t i = qh / heads, h = qh % heads, kvh = h / group;
+            if (kvh != cached_kvh) {
+              for (int64_t j = 0; j < kv_len; ++j) {
+                keys[j] = key_rows_[j] + kvh * hd;
+                values[j] = value_rows_[j] + kvh * hd;
+              }
+              cached_kvh = kvh;
+            }
+            attend_row(q.as<float>() + qh * hd, keys.data(), values.data(), kv_len, hd,
+                       kv_len - n + i, mask.causal, mask.window, scale, scores.data(),
+                       out.as<float>() + qh * hd);
+          }
+        });
   }
 
   ThreadPool pool_;
+  std::vector<const float*> key_rows_, value_rows_;  // attention scratch: position -> row
 };
 
 }  // namespace
