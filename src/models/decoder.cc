@@ -143,7 +143,10 @@ class DecoderLM final : public CausalLM {
     ensure_scratch(n, static_cast<int64_t>(req.block_table.size()), tap_cols);
 
     // Host-side index tensors for this step.
-    std::vector<int32_t> positions(n), slots(n);
+    std::vector<int32_t>& positions = positions_host_;
+    std::vector<int32_t>& slots = slots_host_;
+    positions.resize(n);
+    slots.resize(n);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = req.start_pos + i;
       positions[i] = static_cast<int32_t>(pos);
@@ -245,6 +248,7 @@ class DecoderLM final : public CausalLM {
   float attention_scaling_ = 1.0f;
   int64_t weight_bytes_ = 0;
   Scratch s_;
+  std::vector<int32_t> positions_host_, slots_host_;  // [rows] staging for index uploads
 };
 
 }  // namespace

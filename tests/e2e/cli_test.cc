@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include <unistd.h>
+
 namespace {
 
 struct CliRun {
@@ -14,7 +16,10 @@ struct CliRun {
 };
 
 CliRun run(const std::string& args) {
-  const std::string err_file = std::string(BS_BINARY_DIR) + "/cli_test_stderr.txt";
+  // One stderr file per call: ctest runs the tests of this file in parallel processes.
+  static int counter = 0;
+  const std::string err_file = std::string(BS_BINARY_DIR) + "/cli_test_stderr_" +
+                               std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
   const std::string cmd = std::string(BS_BINARY_DIR) + "/blockspec " + args + " 2>" + err_file;
   CliRun r{};
   FILE* p = popen(cmd.c_str(), "r");
@@ -27,6 +32,7 @@ CliRun run(const std::string& args) {
     while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
     fclose(f);
   }
+  std::remove(err_file.c_str());
   return r;
 }
 
