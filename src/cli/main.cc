@@ -1,7 +1,7 @@
 // blockspec command line: generate | tokenize.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -52,8 +52,8 @@ std::string percent_list(const bs::GenerateStats& st) {
   std::string out;
   for (size_t k = 0; k < st.position_offered.size(); ++k) {
     if (st.position_offered[k] == 0) break;
-    const double rate = static_cast<double>(st.position_accepted[k]) /
-                        static_cast<double>(st.position_offered[k]);
+    const double rate =
+        static_cast<double>(st.position_accepted[k]) / static_cast<double>(st.position_offered[k]);
     out += fmt::format("{}{:.2f}", k ? " " : "", rate);
   }
   return out;
@@ -128,11 +128,11 @@ int run_generate(const GenerateArgs& a) {
   std::fflush(stdout);
 
   const double total = st.prefill_seconds + st.decode_seconds;
-  fmt::print(stderr, "[{} tokens prompt, {} generated, {:.1f} tokens/s decode, {:.3f} s total]\n",
-             st.prompt_tokens, st.generated_tokens,
-             st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds
-                                   : 0.0,
-             total);
+  fmt::print(
+      stderr, "[{} tokens prompt, {} generated, {:.1f} tokens/s decode, {:.3f} s total]\n",
+      st.prompt_tokens, st.generated_tokens,
+      st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds : 0.0,
+      total);
   if (drafter) {
     fmt::print(stderr,
                "[{} drafter: acceptance length {:.2f} over {} steps, {}/{} drafts accepted; "
@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
   gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   gen->add_option("--device", g.device, "cpu, cuda or auto (CUDA when a GPU is present)");
-  gen->add_option("--flashmap-steps", g.flashmap_steps, "FlashMap jumps per draft (default: config)")
+  gen->add_option("--flashmap-steps", g.flashmap_steps,
+                  "FlashMap jumps per draft (default: config)")
       ->check(CLI::NonNegativeNumber);
   gen->add_option("--flashmap-noise-scale", g.flashmap_noise_scale,
                   "FlashMap noise scale (0: deterministic drafts)")

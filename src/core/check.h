@@ -4,11 +4,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define BS_CHECK(cond)                                                                  \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "blockspec: internal check failed at %s:%d: %s\n", __FILE__, \
-                   __LINE__, #cond);                                                    \
-      std::abort();                                                                     \
-    }                                                                                   \
+#define BS_CHECK(cond)                                                                            \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::fprintf(stderr, "blockspec: internal check failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                   #cond);                                                                        \
+      std::abort();                                                                               \
+    }                                                                                             \
   } while (0)

@@ -11,8 +11,16 @@
 
 namespace bs {
 
-enum class StatusCode { kOk, kInvalidArgument, kNotFound, kDataLoss, kUnimplemented, kOutOfMemory,
-                        kFailedPrecondition, kInternal };
+enum class StatusCode {
+  kOk,
+  kInvalidArgument,
+  kNotFound,
+  kDataLoss,
+  kUnimplemented,
+  kOutOfMemory,
+  kFailedPrecondition,
+  kInternal
+};
 
 class [[nodiscard]] Status {
  public:
@@ -86,15 +94,14 @@ class [[nodiscard]] Result {
 #define BS_CONCAT(a, b) BS_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function when expr is not ok.
-#define BS_RETURN_IF_ERROR(expr)           \
-  do {                                     \
-    ::bs::Status bs_status_ = (expr);      \
+#define BS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::bs::Status bs_status_ = (expr);        \
     if (!bs_status_.ok()) return bs_status_; \
   } while (0)
 
 // `BS_ASSIGN_OR_RETURN(auto x, MakeX());` binds the value or returns the error.
-#define BS_ASSIGN_OR_RETURN(lhs, expr)                                    \
-  auto BS_CONCAT(bs_result_, __LINE__) = (expr);                          \
-  if (!BS_CONCAT(bs_result_, __LINE__).ok())                              \
-    return BS_CONCAT(bs_result_, __LINE__).status();                      \
+#define BS_ASSIGN_OR_RETURN(lhs, expr)                                                        \
+  auto BS_CONCAT(bs_result_, __LINE__) = (expr);                                              \
+  if (!BS_CONCAT(bs_result_, __LINE__).ok()) return BS_CONCAT(bs_result_, __LINE__).status(); \
   lhs = std::move(BS_CONCAT(bs_result_, __LINE__)).value()

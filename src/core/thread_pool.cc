@@ -26,8 +26,8 @@ static void run_chunk(const std::function<void(int64_t, int64_t)>& fn, int64_t n
 
 void ThreadPool::parallel_for(int64_t n, int64_t min_chunk,
                               const std::function<void(int64_t, int64_t)>& fn) {
-  const int chunks =
-      static_cast<int>(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk))));
+  const int chunks = static_cast<int>(
+      std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk))));
   if (chunks <= 1) {
     if (n > 0) fn(0, n);
     return;

@@ -33,14 +33,14 @@ struct GenerateStats {
   double decode_seconds = 0;  // after prefill until the end
   FinishReason finish = FinishReason::kLength;
   // Speculative decoding only.
-  int64_t steps = 0;                      // verify passes
-  int64_t drafted = 0;                    // drafts verified
-  int64_t accepted = 0;                   // drafts accepted
-  std::vector<int64_t> position_offered;  // [k]: steps that verified a draft at offset k
-  std::vector<int64_t> position_accepted; // [k]: steps that accepted the draft at offset k
-  double draft_seconds = 0;               // propose
-  double verify_seconds = 0;              // target verify forward
-  double observe_seconds = 0;             // drafter context update
+  int64_t steps = 0;                       // verify passes
+  int64_t drafted = 0;                     // drafts verified
+  int64_t accepted = 0;                    // drafts accepted
+  std::vector<int64_t> position_offered;   // [k]: steps that verified a draft at offset k
+  std::vector<int64_t> position_accepted;  // [k]: steps that accepted the draft at offset k
+  double draft_seconds = 0;                // propose
+  double verify_seconds = 0;               // target verify forward
+  double observe_seconds = 0;              // drafter context update
   // Acceptance length tau: committed tokens per verify step (accepted + bonus).
   double acceptance_length() const {
     return steps ? static_cast<double>(accepted + steps) / static_cast<double>(steps) : 0.0;

@@ -21,8 +21,8 @@ class BlockAllocator {
 
  private:
   int64_t num_blocks_;
-  std::vector<int32_t> free_;     // LIFO free list
-  std::vector<uint8_t> in_use_;   // [num_blocks] double-free / foreign-block guard
+  std::vector<int32_t> free_;    // LIFO free list
+  std::vector<uint8_t> in_use_;  // [num_blocks] double-free / foreign-block guard
 };
 
 // One sequence's view of the cache: positions [0, length()) are valid.

@@ -13,9 +13,9 @@
 namespace bs {
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy (argmax, first index on ties)
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
+  float temperature = 0.0f;      // 0: greedy (argmax, first index on ties)
+  int top_k = 0;                 // 0: off
+  float top_p = 1.0f;            // 1: off
   std::optional<uint64_t> seed;  // none: fresh randomness
 
   bool greedy() const { return temperature <= 0.0f; }

@@ -29,9 +29,9 @@ struct ForwardResult {
 
 // Family-specific switches of the shared decoder (TargetSpec) (set by models/target/<family>.cc).
 struct TargetSpec {
-  std::string family;          // "llama", "qwen3"
-  bool qk_norm = false;        // per-head RMSNorm on q and k before RoPE (Qwen3)
-  bool attention_bias = false; // q/k/v projection biases (o_proj bias too when set)
+  std::string family;           // "llama", "qwen3"
+  bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool attention_bias = false;  // q/k/v projection biases (o_proj bias too when set)
   bool mlp_bias = false;
 };
 

@@ -12,13 +12,13 @@ namespace bs {
 namespace {
 
 struct Layer {
-  Tensor input_norm;               // [hidden]
-  Tensor wq, wk, wv, wo;           // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
-  Tensor bq, bk, bv, bo;           // biases or undefined
-  Tensor q_norm, k_norm;           // [hd] (qk_norm families)
-  Tensor post_norm;                // [hidden]
-  Tensor w_gate, w_up, w_down;     // [inter, hidden] x2, [hidden, inter]
-  Tensor b_gate, b_up, b_down;     // biases or undefined
+  Tensor input_norm;            // [hidden]
+  Tensor wq, wk, wv, wo;        // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+  Tensor bq, bk, bv, bo;        // biases or undefined
+  Tensor q_norm, k_norm;        // [hd] (qk_norm families)
+  Tensor post_norm;             // [hidden]
+  Tensor w_gate, w_up, w_down;  // [inter, hidden] x2, [hidden, inter]
+  Tensor b_gate, b_up, b_down;  // biases or undefined
 };
 
 // Activation buffers sized for up to `rows` tokens per forward.

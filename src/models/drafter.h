@@ -27,8 +27,8 @@ namespace bs {
 
 // Run-time drafter knobs (CLI flags); families ignore what does not apply to them.
 struct DrafterOptions {
-  int flashmap_steps = 0;            // FlashMap jumps per draft; 0: the checkpoint's num_steps
-  float flashmap_noise_scale = 1.0f; // FlashMap noise scale; 0 makes drafts deterministic
+  int flashmap_steps = 0;             // FlashMap jumps per draft; 0: the checkpoint's num_steps
+  float flashmap_noise_scale = 1.0f;  // FlashMap noise scale; 0 makes drafts deterministic
 };
 
 struct ProposeRequest {

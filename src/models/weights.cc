@@ -4,11 +4,16 @@ namespace bs {
 
 Tensor upload(Backend& backend, DType dtype, const void* data, const std::vector<int64_t>& s) {
   switch (s.size()) {
-    case 1: return backend.upload_weight(dtype, data, {s[0]});
-    case 2: return backend.upload_weight(dtype, data, {s[0], s[1]});
-    case 3: return backend.upload_weight(dtype, data, {s[0], s[1], s[2]});
-    case 4: return backend.upload_weight(dtype, data, {s[0], s[1], s[2], s[3]});
-    default: return backend.upload_weight(dtype, data, {static_cast<int64_t>(1)});
+    case 1:
+      return backend.upload_weight(dtype, data, {s[0]});
+    case 2:
+      return backend.upload_weight(dtype, data, {s[0], s[1]});
+    case 3:
+      return backend.upload_weight(dtype, data, {s[0], s[1], s[2]});
+    case 4:
+      return backend.upload_weight(dtype, data, {s[0], s[1], s[2], s[3]});
+    default:
+      return backend.upload_weight(dtype, data, {static_cast<int64_t>(1)});
   }
 }
 

@@ -1,11 +1,10 @@
 // The blockspec CLI as a user runs it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <string>
-
-#include <unistd.h>
 
 namespace {
 
@@ -41,13 +40,13 @@ const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 TEST(Cli, GreedyStoryFromBos) {
   // The model's known greedy story (llama2.c reference runner, upstream doc/stories260K.md).
   const CliRun r = run("generate --model " + kModel +
-                    " --no-drafter --prompt '' --max-tokens 100 --temperature 0");
+                       " --no-drafter --prompt '' --max-tokens 100 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out.rfind(
-                "Once upon a time, there was a little girl named Lily. She loved to play outside "
-                "in the park.",
-                0),
-            0u)
+  EXPECT_EQ(
+      r.out.rfind("Once upon a time, there was a little girl named Lily. She loved to play outside "
+                  "in the park.",
+                  0),
+      0u)
       << r.out;
   EXPECT_NE(r.err.find("100 generated"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
@@ -55,7 +54,7 @@ TEST(Cli, GreedyStoryFromBos) {
 
 TEST(Cli, GreedyContinuesAPrompt) {
   const CliRun r = run("generate --model " + kModel +
-                    " --no-drafter --prompt 'Once upon a time' --max-tokens 30");
+                       " --no-drafter --prompt 'Once upon a time' --max-tokens 30");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind(", there was a little girl named Lily.", 0), 0u) << r.out;
 }

@@ -32,7 +32,8 @@ std::vector<int32_t> ints(const io::Checkpoint& g, const std::string& name) {
 // Max |a-b| / (1 + |b|) over a row range.
 double max_rel_err(const float* a, const float* b, int64_t n) {
   double e = 0;
-  for (int64_t i = 0; i < n; ++i) e = std::max(e, std::abs(double(a[i]) - b[i]) / (1 + std::abs(b[i])));
+  for (int64_t i = 0; i < n; ++i)
+    e = std::max(e, std::abs(double(a[i]) - b[i]) / (1 + std::abs(b[i])));
   return e;
 }
 
@@ -62,8 +63,11 @@ TEST_P(TargetGolden, MatchesTransformers) {
   std::vector<int> taps(L - 1);  // hidden_states[L] is post-norm in transformers
   std::iota(taps.begin(), taps.end(), 0);
   ForwardResult res;
-  ASSERT_TRUE(m.forward({.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
-                         .num_logits = P, .tap_layers = taps},
+  ASSERT_TRUE(m.forward({.tokens = prompt,
+                         .start_pos = 0,
+                         .block_table = seq.block_table(),
+                         .num_logits = P,
+                         .tap_layers = taps},
                         pool, &res)
                   .ok());
   const auto logits = backend->to_host_f32(res.logits);
@@ -85,8 +89,10 @@ TEST_P(TargetGolden, MatchesTransformers) {
     const int32_t tok = decode_ids[i];
     // Step i feeds the argmax of the previous logits.
     const int64_t start = P + static_cast<int64_t>(i);
-    ASSERT_TRUE(m.forward({.tokens = {&tok, 1}, .start_pos = start,
-                           .block_table = seq.block_table(), .num_logits = 1},
+    ASSERT_TRUE(m.forward({.tokens = {&tok, 1},
+                           .start_pos = start,
+                           .block_table = seq.block_table(),
+                           .num_logits = 1},
                           pool, &res)
                     .ok());
     const auto step = backend->to_host_f32(res.logits);
@@ -99,10 +105,11 @@ TEST_P(TargetGolden, MatchesTransformers) {
   const auto chunk = ints(*golden, "chunk_ids");
   const auto chunk_logits = floats(*golden, "chunk_logits");
   const int64_t n = static_cast<int64_t>(chunk.size());
-  ASSERT_TRUE(m.forward({.tokens = chunk, .start_pos = P, .block_table = seq.block_table(),
-                         .num_logits = n},
-                        pool, &res)
-                  .ok());
+  ASSERT_TRUE(
+      m.forward(
+           {.tokens = chunk, .start_pos = P, .block_table = seq.block_table(), .num_logits = n},
+           pool, &res)
+          .ok());
   const auto chunk_out = backend->to_host_f32(res.logits);
   EXPECT_LT(max_rel_err(chunk_out.data(), chunk_logits.data(), n * V), 1e-4);
 }
@@ -112,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, TargetGolden,
 
 // The real stories260K checkpoint: greedy ids and logits from transformers.
 TEST(Stories260K, GreedyMatchesTransformers) {
-  const std::string golden_path = std::string(BS_TEST_DATA) + "/stories260K-golden/golden.safetensors";
+  const std::string golden_path =
+      std::string(BS_TEST_DATA) + "/stories260K-golden/golden.safetensors";
   ASSERT_TRUE(fs::exists(golden_path));
   auto golden = io::Checkpoint::open_file(golden_path);
   ASSERT_TRUE(golden.ok()) << golden.status().message();
@@ -141,11 +149,12 @@ TEST(Stories260K, GreedyMatchesTransformers) {
   SequenceKv seq(alloc, kKvBlockSize);
   ASSERT_TRUE(seq.reserve(n).ok());
   ForwardResult res;
-  ASSERT_TRUE((*model)
-                  ->forward({.tokens = input,
-                             .start_pos = 0, .block_table = seq.block_table(), .num_logits = n},
-                            pool, &res)
-                  .ok());
+  ASSERT_TRUE(
+      (*model)
+          ->forward(
+              {.tokens = input, .start_pos = 0, .block_table = seq.block_table(), .num_logits = n},
+              pool, &res)
+          .ok());
   const auto logits = backend->to_host_f32(res.logits);
   EXPECT_LT(max_rel_err(logits.data(), ref_logits.data(), n * 512), 1e-4);
 }

@@ -37,7 +37,8 @@ TEST_F(CpuOps, MatmulBiasAccumulate) {
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) {
       double ref = y0[i * m + j] + b.as<float>()[j];
-      for (int64_t c = 0; c < k; ++c) ref += double(x.as<float>()[i * k + c]) * w.as<float>()[j * k + c];
+      for (int64_t c = 0; c < k; ++c)
+        ref += double(x.as<float>()[i * k + c]) * w.as<float>()[j * k + c];
       ASSERT_NEAR(y.as<float>()[i * m + j], ref, 1e-4);
     }
   }
@@ -51,7 +52,8 @@ TEST_F(CpuOps, RmsNormPerHead) {
     for (int c = 0; c < 8; ++c) ss += std::pow(x.as<float>()[r * 8 + c], 2);
     const double inv = 1 / std::sqrt(ss / 8 + 1e-6);
     for (int c = 0; c < 8; ++c) {
-      ASSERT_NEAR(y.as<float>()[r * 8 + c], x.as<float>()[r * 8 + c] * inv * w.as<float>()[c], 1e-5);
+      ASSERT_NEAR(y.as<float>()[r * 8 + c], x.as<float>()[r * 8 + c] * inv * w.as<float>()[c],
+                  1e-5);
     }
   }
 }
@@ -95,7 +97,8 @@ std::vector<float> naive_attention(const Tensor& q, const Tensor& k, const Tenso
         if (!vis) continue;
         double d = 0;
         for (int64_t c = 0; c < hd; ++c) {
-          d += double(q.as<float>()[(i * heads + h) * hd + c]) * k.as<float>()[(j * kvh + g) * hd + c];
+          d += double(q.as<float>()[(i * heads + h) * hd + c]) *
+               k.as<float>()[(j * kvh + g) * hd + c];
         }
         s[j] = d * scale;
         mx = std::max(mx, s[j]);
@@ -131,7 +134,8 @@ TEST_F(CpuOps, PagedAttentionMatchesDenseForEveryMask) {
     be_->paged_attention(out, q, kp, vp, ints(table), m, mask, 0.25f);
     be_->attention(out_dense, q, k, v, mask, 0.25f);
     for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_NEAR(out.as<float>()[i], ref[i], 1e-5) << "causal " << mask.causal << " window " << mask.window;
+      ASSERT_NEAR(out.as<float>()[i], ref[i], 1e-5)
+          << "causal " << mask.causal << " window " << mask.window;
       ASSERT_NEAR(out_dense.as<float>()[i], ref[i], 1e-5);
     }
   }
@@ -161,7 +165,8 @@ TEST_F(CpuOps, ActivationsNormsAndGathers) {
   be_->modulate(y, x, shift, scale);
   for (int i = 0; i < 30; ++i) {
     ASSERT_NEAR(y.as<float>()[i],
-                x.as<float>()[i] * (1 + scale.as<float>()[i % 10]) + shift.as<float>()[i % 10], 1e-6);
+                x.as<float>()[i] * (1 + scale.as<float>()[i % 10]) + shift.as<float>()[i % 10],
+                1e-6);
   }
   Tensor table = random({6, 4}), emb = be_->empty({3, 4});
   be_->embedding(emb, ints({5, 0, 5}), table);

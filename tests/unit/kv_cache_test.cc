@@ -1,14 +1,14 @@
 // Property test of the paged KV bookkeeping against a trivial model: random reserve / append /
 // truncate / free on several sequences, checking block ownership and that data written at a
 // position reads back through the block table until it is truncated away.
+#include "engine/kv_cache.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
-
-#include "engine/kv_cache.h"
 
 namespace bs {
 namespace {

@@ -1,9 +1,9 @@
+#include "engine/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
-
-#include "engine/sampler.h"
 
 namespace bs {
 namespace {

@@ -54,8 +54,8 @@ BS_CPU_CLONES void matmul_kernel(const float* x, const float* w, const float* bi
 // One query row of one head: o = softmax(q . k_j * scale) v over visible keys j. keys[j] and
 // values[j] point at position j's row for this head's kv head. scores has kv_len entries.
 BS_CPU_CLONES void attend_row(const float* q, const float* const* keys, const float* const* values,
-                              int64_t kv_len, int64_t hd, int64_t qpos, bool causal,
-                              int64_t window, float scale, float* scores, float* o) {
+                              int64_t kv_len, int64_t hd, int64_t qpos, bool causal, int64_t window,
+                              float scale, float* scores, float* o) {
   const float kNegInf = -std::numeric_limits<float>::infinity();
   float max_score = kNegInf;
   for (int64_t j = 0; j < kv_len; ++j) {
@@ -82,7 +82,9 @@ BS_CPU_CLONES void attend_row(const float* q, const float* const* keys, const fl
   for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
 }
 
-void check_f32(const Tensor& t) { BS_CHECK(t.dtype() == DType::kF32 && t.device() == Device::kCpu); }
+void check_f32(const Tensor& t) {
+  BS_CHECK(t.dtype() == DType::kF32 && t.device() == Device::kCpu);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -473,29 +475,28 @@ class CpuBackend final : public Backend {
     const int64_t n = q.dim(0), heads = q.dim(1);
     BS_CHECK(q.dim(2) == hd && heads % kv_heads == 0 && n <= kv_len);
     const int64_t group = heads / kv_heads;
-    pool_.parallel_for(
-        n * heads, std::max<int64_t>(1, kParallelGrain / (kv_len * hd + 1)),
-        [&](int64_t b, int64_t e) {
-          thread_local std::vector<float> scores;
-          thread_local std::vector<const float*> keys, values;
-          scores.resize(kv_len);
-          keys.resize(kv_len);
-          values.resize(kv_len);
-          int64_t cached_kvh = -1;
-          for (int64_t qh = b; qh < e; ++qh) {
-            const int64_t i = qh / heads, h = qh % heads, kvh = h / group;
-            if (kvh != cached_kvh) {
-              for (int64_t j = 0; j < kv_len; ++j) {
-                keys[j] = key_rows_[j] + kvh * hd;
-                values[j] = value_rows_[j] + kvh * hd;
-              }
-              cached_kvh = kvh;
-            }
-            attend_row(q.as<float>() + qh * hd, keys.data(), values.data(), kv_len, hd,
-                       kv_len - n + i, mask.causal, mask.window, scale, scores.data(),
-                       out.as<float>() + qh * hd);
-          }
-        });
+    pool_.parallel_for(n * heads, std::max<int64_t>(1, kParallelGrain / (kv_len * hd + 1)),
+                       [&](int64_t b, int64_t e) {
+                         thread_local std::vector<float> scores;
+                         thread_local std::vector<const float*> keys, values;
+                         scores.resize(kv_len);
+                         keys.resize(kv_len);
+                         values.resize(kv_len);
+                         int64_t cached_kvh = -1;
+                         for (int64_t qh = b; qh < e; ++qh) {
+                           const int64_t i = qh / heads, h = qh % heads, kvh = h / group;
+                           if (kvh != cached_kvh) {
+                             for (int64_t j = 0; j < kv_len; ++j) {
+                               keys[j] = key_rows_[j] + kvh * hd;
+                               values[j] = value_rows_[j] + kvh * hd;
+                             }
+                             cached_kvh = kvh;
+                           }
+                           attend_row(q.as<float>() + qh * hd, keys.data(), values.data(), kv_len,
+                                      hd, kv_len - n + i, mask.causal, mask.window, scale,
+                                      scores.data(), out.as<float>() + qh * hd);
+                         }
+                       });
   }
 
   ThreadPool pool_;
