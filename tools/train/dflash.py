@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""Train a DFlash drafter for stories260K (specs/dflash.md §1, §6.1) and export it in the public
+DFlashDraftModel layout (config.json + model.safetensors, F32), as tools/reference/dflash_ref.py and
+src/models/drafters/dflash.cc read it.
+
+    python3 tools/train/dflash.py --data OUT/data.pt --out OUT/stories260K-dflash --device cuda \
+        --seed 0 --steps 6000 --time-budget 150
+
+Model (Qwen3-style, hidden = target hidden 64): fc [H, n_taps*H] + hidden_norm over the target's
+residual stream after `--taps` layers (HF hidden_states[id+1]); per layer pre-norm attention whose
+keys/values are [context rows ; block rows] (same k_proj/v_proj/k_norm), q/k per-head RMSNorm, neox
+RoPE, SwiGLU MLP; final norm; the target's embedding (block tokens [anchor, MASK x (B-1)]) and LM
+head (tied = embedding), both frozen and not exported.
+
+Recipe (§6.1): every step takes --batch target-generated sequences, recomputes the target taps,
+draws --anchors anchors per sequence uniformly without replacement from positions 1..L-2, and runs
+all blocks in one forward with the DFlash block mask: the query of block b sees context keys
+j < anchor_b and all B keys of its own block. Row k (1..B-1) predicts x_{p+k} with weight
+exp(-(k-1)/gamma); loss = sum w CE / sum w. AdamW, warmup 4 %, cosine to 0, grad clip 1.0.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, target, layers=2, block_size=16, taps=(1, 2, 3), heads=8, kv_heads=4,
+                 head_dim=8, inter=256, eps=1e-6, mask_token_id=0, rope_theta=10000.0):
+        super().__init__()
+        H = target.H
+        self.H, self.B, self.taps = H, block_size, list(taps)
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, head_dim
+        self.inter, self.eps, self.mask_id = inter, eps, mask_token_id
+        self.rope_theta = rope_theta
+        self.n_layers = layers
+        self.embed = target.embed  # frozen, not a parameter
+        self.lm_head = target.lm_head
+        self.register_buffer("inv_freq", common.rope_inv_freq(head_dim, rope_theta,
+                                                              target.dev), persistent=False)
+        P = nn.ParameterDict()
+        std = 0.02
+
+        def lin(name, o, i):
+            P[name.replace(".", "__")] = nn.Parameter(torch.randn(o, i) * std)
+
+        def norm(name, d):
+            P[name.replace(".", "__")] = nn.Parameter(torch.ones(d))
+
+        lin("fc.weight", H, len(self.taps) * H)
+        norm("hidden_norm.weight", H)
+        for i in range(layers):
+            p = "layers.%d." % i
+            norm(p + "input_layernorm.weight", H)
+            lin(p + "self_attn.q_proj.weight", heads * head_dim, H)
+            lin(p + "self_attn.k_proj.weight", kv_heads * head_dim, H)
+            lin(p + "self_attn.v_proj.weight", kv_heads * head_dim, H)
+            lin(p + "self_attn.o_proj.weight", H, heads * head_dim)
+            norm(p + "self_attn.q_norm.weight", head_dim)
+            norm(p + "self_attn.k_norm.weight", head_dim)
+            norm(p + "post_attention_layernorm.weight", H)
+            lin(p + "mlp.gate_proj.weight", inter, H)
+            lin(p + "mlp.up_proj.weight", inter, H)
+            lin(p + "mlp.down_proj.weight", H, inter)
+        norm("norm.weight", H)
+        # The drafter's output goes through the target's LM head: start from the target's final
+        # norm weight so the initial logits have the target's scale.
+        P["norm__weight"].data.copy_(target.w["model.norm.weight"])
+        self.P = P
+        self.to(target.dev)
+
+    def w(self, name):
+        return self.P[name.replace(".", "__")]
+
+    def state_dict_export(self):
+        return {k.replace("__", "."): v.detach().float().cpu().contiguous()
+                for k, v in self.P.items()}
+
+    def load_export(self, sd):
+        for k, v in sd.items():
+            self.P[k.replace(".", "__")].data.copy_(v)
+
+    def config(self, target):
+        c = target.cfg
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+            "model_type": "qwen3",
+            "hidden_size": self.H,
+            "intermediate_size": self.inter,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hd,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "max_position_embeddings": c["max_position_embeddings"],
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.n_layers,
+            "layer_types": ["full_attention"] * self.n_layers,
+            "vocab_size": c["vocab_size"],
+            "bos_token_id": c.get("bos_token_id"),
+            "eos_token_id": c.get("eos_token_id"),
+            "block_size": self.B,
+            "num_target_layers": c["num_hidden_layers"],
+            "dflash_config": {"target_layer_ids": self.taps, "mask_token_id": self.mask_id},
+            "torch_dtype": "float32",
+        }
+
+    def forward(self, feats, tokens, anchors, num_rows=None):
+        """feats [N, L, n_taps*H] target taps of positions 0..L-1; tokens [N, L]; anchors [N, A]
+        (anchor positions p, the block occupies p..p+B-1). Context of block (n, a) = positions
+        j < p. Returns the final-normed hidden of rows 1..B-1: [N, A, B-1, H]."""
+        B = self.B if num_rows is None else num_rows
+        N, L, _ = feats.shape
+        A = anchors.shape[1]
+        h_, kvh, hd = self.heads, self.kv_heads, self.hd
+        g = h_ // kvh
+        eps = self.eps
+        ctx = common.rms_norm(feats @ self.w("fc.weight").T, self.w("hidden_norm.weight"), eps)
+        anchor_tok = torch.gather(tokens, 1, anchors)  # [N, A]
+        blk_tok = torch.full((N, A, B), self.mask_id, dtype=torch.long, device=feats.device)
+        blk_tok[:, :, 0] = anchor_tok
+        h = self.embed[blk_tok]  # [N, A, B, H]
+        blk_pos = anchors[:, :, None] + torch.arange(B, device=feats.device)  # [N, A, B]
+        ctx_pos = torch.arange(L, device=feats.device)
+        ctx_mask = ctx_pos[None, None, :] < anchors[:, :, None]  # [N, A, L]
+        neg = torch.finfo(feats.dtype).min
+        ctx_bias = torch.zeros(N, A, L, device=feats.device).masked_fill(~ctx_mask, neg)
+        ctx_bias = ctx_bias[:, None, :, None, :]  # [N, 1, A, 1, L]
+        scale = 1.0 / math.sqrt(hd)
+        for i in range(self.n_layers):
+            p = "layers.%d." % i
+            x = common.rms_norm(h, self.w(p + "input_layernorm.weight"), eps)
+            q = (x @ self.w(p + "self_attn.q_proj.weight").T).view(N, A, B, h_, hd)
+            q = common.rope(common.rms_norm(q, self.w(p + "self_attn.q_norm.weight"), eps),
+                            blk_pos, self.inv_freq)
+            kw, vw = self.w(p + "self_attn.k_proj.weight"), self.w(p + "self_attn.v_proj.weight")
+            kn = self.w(p + "self_attn.k_norm.weight")
+            kc = common.rope(common.rms_norm((ctx @ kw.T).view(N, L, kvh, hd), kn, eps),
+                             ctx_pos, self.inv_freq)
+            vc = (ctx @ vw.T).view(N, L, kvh, hd)
+            kb = common.rope(common.rms_norm((x @ kw.T).view(N, A, B, kvh, hd), kn, eps),
+                             blk_pos, self.inv_freq)
+            vb = (x @ vw.T).view(N, A, B, kvh, hd)
+            kc, vc = kc.repeat_interleave(g, 2), vc.repeat_interleave(g, 2)
+            kb, vb = kb.repeat_interleave(g, 3), vb.repeat_interleave(g, 3)
+            sc = torch.einsum("nabhd,nlhd->nhabl", q, kc) * scale + ctx_bias
+            sb = torch.einsum("nabhd,nachd->nhabc", q, kb) * scale
+            att = torch.softmax(torch.cat([sc, sb], -1), -1)
+            o = (torch.einsum("nhabl,nlhd->nabhd", att[..., :L], vc)
+                 + torch.einsum("nhabc,nachd->nabhd", att[..., L:], vb))
+            h = h + o.reshape(N, A, B, h_ * hd) @ self.w(p + "self_attn.o_proj.weight").T
+            y = common.rms_norm(h, self.w(p + "post_attention_layernorm.weight"), eps)
+            m = F.silu(y @ self.w(p + "mlp.gate_proj.weight").T) * (
+                y @ self.w(p + "mlp.up_proj.weight").T)
+            h = h + m @ self.w(p + "mlp.down_proj.weight").T
+        return common.rms_norm(h[:, :, 1:], self.w("norm.weight"), eps)
+
+    def logits(self, hidden):
+        return hidden @ self.lm_head.T
+
+
+def export(model, target, out_dir, meta=None):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(model.config(target), f, indent=2)
+        f.write("\n")
+    md = {"format": "pt", "producer": "blockspec tools/train/dflash.py"}
+    if meta:
+        md.update(meta)
+    common.write_safetensors(os.path.join(out_dir, "model.safetensors"),
+                             model.state_dict_export(), md)
+
+
+def load(out_dir, target):
+    with open(os.path.join(out_dir, "config.json")) as f:
+        c = json.load(f)
+    dc = c["dflash_config"]
+    m = DFlashDrafter(target, layers=c["num_hidden_layers"], block_size=c["block_size"],
+                      taps=dc["target_layer_ids"], heads=c["num_attention_heads"],
+                      kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
+                      inter=c["intermediate_size"], eps=c["rms_norm_eps"],
+                      mask_token_id=dc["mask_token_id"], rope_theta=c["rope_theta"])
+    m.load_export(common.read_safetensors(os.path.join(out_dir, "model.safetensors")))
+    return m.eval()
+
+
+def sample_anchors(N, L, A, gen, device):
+    """A distinct anchors per row, uniform over 1..L-2, sorted."""
+    r = torch.rand(N, L - 2, generator=gen, device=device)
+    return (r.topk(A, -1).indices + 1).sort(-1).values
+
+
+def block_loss(model, feats, tokens, anchors, gamma):
+    """Position-decayed CE of rows 1..B-1 (dflash.md §6.1). Returns loss, per-row top-1 acc."""
+    B = model.B
+    N, L = tokens.shape
+    hid = model(feats, tokens, anchors)  # [N, A, B-1, H]
+    logits = model.logits(hid)
+    k = torch.arange(1, B, device=tokens.device)
+    pos = anchors[:, :, None] + k  # [N, A, B-1]
+    valid = pos < L
+    labels = torch.gather(tokens, 1, pos.clamp(max=L - 1).view(N, -1)).view(pos.shape)
+    w = torch.exp(-(k.float() - 1) / gamma) * valid
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                         reduction="none").view(pos.shape)
+    loss = (ce * w).sum() / w.sum()
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels) & valid
+        acc = hit.float().sum((0, 1)) / valid.float().sum((0, 1)).clamp_min(1)
+        # P(all rows 1..k correct): the greedy acceptance proxy
+        run = torch.cumprod(hit.float(), -1)
+        accept = run.sum((0, 1)) / valid.float().sum((0, 1)).clamp_min(1)
+    return loss, acc, accept
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--taps", default="1,2,3")
+    ap.add_argument("--inter", type=int, default=256)
+    ap.add_argument("--mask-token-id", type=int, default=0)
+    ap.add_argument("--gamma", type=float, default=7.0)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--wd", type=float, default=0.0)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--time-budget", type=float, default=0.0,
+                    help="seconds of wall time; the run and its cosine schedule end at whichever of "
+                         "--steps / --time-budget comes first (0 = steps only)")
+    ap.add_argument("--val", type=int, default=256, help="held-out training sequences")
+    ap.add_argument("--log-every", type=int, default=200)
+    a = ap.parse_args()
+    log = common.Log("dflash")
+    dev = common.setup_device(a.device)
+    common.seed_all(a.seed)
+    target = common.Target(device=dev)
+    data = common.load_data(a.data)
+    toks = data["tokens"].long().to(dev)
+    val, toks = toks[:a.val], toks[a.val:]
+    n_rows, L = toks.shape
+    taps = [int(x) for x in a.taps.split(",")]
+    model = DFlashDrafter(target, layers=a.layers, block_size=a.block_size, taps=taps,
+                          inter=a.inter, mask_token_id=a.mask_token_id)
+    n_params = sum(p.numel() for p in model.parameters())
+    log("DFlash drafter: %d layers, B=%d, taps %s, %d params; data %d x %d" % (
+        a.layers, a.block_size, taps, n_params, n_rows, L))
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=a.wd)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(a.seed)
+    vgen = torch.Generator(device=dev)
+    vgen.manual_seed(a.seed + 1)
+    vfe = target.forward(val, taps=taps)[1]
+    v_anchors = sample_anchors(val.shape[0], L, a.anchors, vgen, dev)
+
+    def validate():
+        model.eval()
+        with torch.no_grad():
+            tot, accs, accepts = 0.0, 0, 0
+            for i in range(0, val.shape[0], a.batch):
+                sl = slice(i, i + a.batch)
+                l_, acc_, ac_ = block_loss(model, vfe[sl], val[sl], v_anchors[sl], a.gamma)
+                tot += l_.item()
+                accs = accs + acc_
+                accepts = accepts + ac_
+            nb = math.ceil(val.shape[0] / a.batch)
+        model.train()
+        return tot / nb, accs / nb, accepts / nb
+
+    t0 = time.time()
+    step = 0
+    sched = common.Schedule(a.steps, a.time_budget)
+    while True:
+        prog = sched.progress(step)
+        if prog >= 1.0:
+            break
+        lr = common.cosine_lr(prog, a.lr)
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        idx = torch.randint(0, n_rows, (a.batch,), generator=gen, device=dev)
+        tb = toks[idx]
+        feats = target.forward(tb, taps=taps)[1]
+        anchors = sample_anchors(a.batch, L, a.anchors, gen, dev)
+        loss, acc, _ = block_loss(model, feats, tb, anchors, a.gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % a.log_every == 0:
+            log("step %5d (%.0f%%) lr %.2e loss %.4f gnorm %.2f acc[1..4] %s" % (
+                step, 100 * prog, lr, loss.item(), gn.item(),
+                " ".join("%.3f" % x for x in acc[:4].tolist())))
+        step += 1
+    vl, vacc, vacc_run = validate()
+    log("done: %d steps in %.0f s; val loss %.4f" % (step, time.time() - t0, vl))
+    log("val top-1 per row 1..%d: %s" % (a.block_size - 1, " ".join("%.3f" % x for x in
+                                                                    vacc.tolist())))
+    log("val P(rows 1..k all right): %s -> teacher-forced tau ~ %.2f" % (
+        " ".join("%.3f" % x for x in vacc_run.tolist()), 1 + vacc_run.sum().item()))
+    export(model, target, a.out, {"steps": step, "seed": a.seed, "val_loss": "%.4f" % vl})
+    with open(os.path.join(a.out, "train_log.json"), "w") as f:
+        json.dump({"args": vars(a), "steps": step, "params": n_params, "val_loss": vl,
+                   "val_top1": vacc.tolist(), "val_prefix_accept": vacc_run.tolist(),
+                   "seconds": time.time() - t0}, f, indent=1)
+    log("exported %s" % a.out)
+
+
+if __name__ == "__main__":
+    main()
