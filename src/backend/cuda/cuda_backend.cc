@@ -1,0 +1,798 @@
+// CUDA backend: memory, copies, cuBLASLt GEMMs and the dispatch of every backend op to the raw
+// kernels of kernels.cu. See cuda_backend.h.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "core/check.h"
+
+#define CUDA_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t bs_err_ = (expr);                                                   \
+    if (bs_err_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "blockspec: CUDA error '%s' at %s:%d: %s\n",                   \
+                   cudaGetErrorString(bs_err_), __FILE__, __LINE__, #expr);               \
+      std::abort();                                                                       \
+    }                                                                                     \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                                \
+  do {                                                                                    \
+    const cublasStatus_t bs_st_ = (expr);                                                 \
+    if (bs_st_ != CUBLAS_STATUS_SUCCESS) {                                                \
+      std::fprintf(stderr, "blockspec: cuBLASLt error %d at %s:%d: %s\n",                 \
+                   static_cast<int>(bs_st_), __FILE__, __LINE__, #expr);                  \
+      std::abort();                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace bs::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr size_t kPinnedRingBytes = 8u << 20;
+constexpr size_t kPoolMaxBytes = 32u << 20;  // larger buffers are not cached
+
+Elem elem(DType t) {
+  switch (t) {
+    case DType::kF32: return Elem::kF32;
+    case DType::kF16: return Elem::kF16;
+    case DType::kBF16: return Elem::kBF16;
+    case DType::kF8E4M3: return Elem::kF8E4M3;
+    default:
+      std::fprintf(stderr, "blockspec: CUDA backend: dtype %s is not a float type\n",
+                   std::string(dtype_name(t)).c_str());
+      std::abort();
+  }
+}
+In in(const Tensor& t) { return In{t.data(), elem(t.dtype())}; }
+Out out(const Tensor& t) { return Out{t.data(), elem(t.dtype())}; }
+// An optional operand: a null pointer when undefined.
+In in_opt(const Tensor& t) { return t.defined() ? in(t) : In{nullptr, Elem::kF32}; }
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: BS_CHECK(false && "unsupported GEMM dtype");
+  }
+  return CUDA_R_32F;
+}
+
+uint32_t alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a >>= 1;
+  return a;
+}
+
+void check_cuda_tensor(const Tensor& t) {
+  BS_CHECK(t.defined() && t.device() == Device::kCuda);
+}
+
+// Caching allocator for activation buffers: power-of-two bins up to kPoolMaxBytes, reused
+// without synchronisation (every use is ordered on the backend's single stream). Shared with
+// the deleters of the tensors it hands out, so it outlives the backend if they do.
+class DevicePool {
+ public:
+  ~DevicePool() {
+    for (auto& [size, list] : free_) {
+      for (void* p : list) cudaFree(p);
+    }
+  }
+  void* allocate(size_t bytes, size_t* cap) {
+    if (bytes > kPoolMaxBytes) {
+      *cap = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, *cap));
+      return p;
+    }
+    size_t c = 512;
+    while (c < bytes) c <<= 1;
+    *cap = c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(c);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        return p;
+      }
+    }
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, c));
+    return p;
+  }
+  void release(void* p, size_t cap) {
+    if (cap > kPoolMaxBytes) {
+      cudaFree(p);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[cap].push_back(p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+};
+
+// One cached cuBLASLt plan (descriptors + chosen algorithm) per GEMM shape and layout.
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_in_epilogue = false;
+};
+
+// A GEMM in cuBLASLt's column-major terms: D[M,N] = op(A) op(B) (* beta C=D) (+ bias[M]).
+struct LtCall {
+  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  cudaDataType_t ta = CUDA_R_16BF;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  cudaDataType_t tb = CUDA_R_16BF;
+  int64_t ldb = 0;
+  void* d = nullptr;
+  cudaDataType_t td = CUDA_R_16BF;
+  int64_t ldd = 0;
+  bool accumulate = false;
+  const void* bias = nullptr;
+  cudaDataType_t tbias = CUDA_R_32F;
+  // The N the algorithm is chosen for (op_b == N only). Choosing it for N = 16 whatever the
+  // actual N <= 16 keeps each row's arithmetic independent of how many rows are multiplied.
+  int64_t algo_n = 0;
+};
+
+}  // namespace
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device), pool_(std::make_shared<DevicePool>()) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&lt_));
+    CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    CUDA_CHECK(cudaHostAlloc(&ring_, kPinnedRingBytes, cudaHostAllocDefault));
+    CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
+    if (const char* env = std::getenv("BLOCKSPEC_GEMV")) {
+      if (std::strcmp(env, "cublaslt") == 0) gemv_mode_ = GemvMode::kCublasLt;
+      if (std::strcmp(env, "simt") == 0) gemv_mode_ = GemvMode::kSimt;
+      if (std::strcmp(env, "mma") == 0) gemv_mode_ = GemvMode::kMma;
+    }
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    for (auto& [key, plan] : plans_) destroy(plan);
+    cublasLtDestroy(lt_);
+    cudaFree(workspace_);
+    cudaFreeHost(ring_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override { return "cuda"; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  cudaStream_t stream() const { return stream_; }
+  const cudaDeviceProp& props() const { return props_; }
+  void set_gemv_mode(GemvMode mode) { gemv_mode_ = mode; }
+
+  // ---- Memory ----
+  Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = std::max<size_t>(16, static_cast<size_t>(n) * dtype_size(dtype));
+    size_t cap = 0;
+    void* p = pool_->allocate(bytes, &cap);
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    std::shared_ptr<DevicePool> pool = pool_;
+    std::shared_ptr<void> storage(p, [pool, cap](void* q) { pool->release(q, cap); });
+    return Tensor(std::move(storage), p, dtype, Device::kCuda, shape);
+  }
+
+  // Matrices (rank >= 2) become BF16, vectors (norm weights, biases, RoPE frequencies) F32.
+  Tensor upload_weight(DType src_dtype, const void* src,
+                       std::initializer_list<int64_t> shape) override {
+    const DType dst_dtype = shape.size() >= 2 ? DType::kBF16 : DType::kF32;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t bytes = std::max<size_t>(16, static_cast<size_t>(n) * dtype_size(dst_dtype));
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    std::shared_ptr<void> storage(p, [](void* q) { cudaFree(q); });
+    Tensor t(std::move(storage), p, dst_dtype, Device::kCuda, shape);
+    if (n == 0) return t;
+    if (src_dtype == dst_dtype) {
+      CUDA_CHECK(cudaMemcpyAsync(p, src, static_cast<size_t>(n) * dtype_size(dst_dtype),
+                                 cudaMemcpyHostToDevice, stream_));
+    } else {
+      // Raw source bytes in chunks through a device staging buffer, converted on the device.
+      const size_t es = dtype_size(src_dtype);
+      const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((64u << 20) / es));
+      const int64_t staged = std::min<int64_t>(chunk, n);
+      size_t cap = 0;
+      void* stage = pool_->allocate(static_cast<size_t>(staged) * es, &cap);
+      for (int64_t off = 0; off < n; off += chunk) {
+        const int64_t cnt = std::min<int64_t>(chunk, n - off);
+        CUDA_CHECK(cudaMemcpyAsync(stage, static_cast<const char*>(src) + off * es,
+                                   static_cast<size_t>(cnt) * es, cudaMemcpyHostToDevice,
+                                   stream_));
+        CUDA_CHECK(convert(Out{static_cast<char*>(p) + off * dtype_size(dst_dtype),
+                               elem(dst_dtype)},
+                           In{stage, elem(src_dtype)}, cnt, stream_));
+      }
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      pool_->release(stage, cap);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return t;
+  }
+
+  void copy_from_host(const Tensor& dst, const void* src) override {
+    check_cuda_tensor(dst);
+    const size_t n = dst.nbytes();
+    if (n == 0) return;
+    if (n > kPinnedRingBytes / 4) {
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n, cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return;
+    }
+    // Small copies go through a pinned ring so that they stay asynchronous; when the ring wraps,
+    // wait for the copies still reading its start.
+    if (ring_off_ + n > kPinnedRingBytes) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      ring_off_ = 0;
+    }
+    char* staging = static_cast<char*>(ring_) + ring_off_;
+    std::memcpy(staging, src, n);
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), staging, n, cudaMemcpyHostToDevice, stream_));
+    ring_off_ += (n + 255) / 256 * 256;
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    check_cuda_tensor(src);
+    if (src.nbytes() == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy(const Tensor& dst, const Tensor& src) override {
+    BS_CHECK(dst.nbytes() == src.nbytes());
+    if (dst.nbytes() == 0 || dst.data() == src.data()) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
+                               stream_));
+  }
+  void fill_zero(const Tensor& t) override {
+    if (t.nbytes() == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_));
+  }
+  void copy_columns(const Tensor& dst, int64_t col_offset, const Tensor& src) override {
+    const int64_t n = src.dim(0), d = src.row_numel(), big = dst.row_numel();
+    BS_CHECK(dst.dim(0) == n && col_offset >= 0 && col_offset + d <= big);
+    if (dst.dtype() == src.dtype()) {
+      const size_t es = dtype_size(dst.dtype());
+      CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst.data()) + col_offset * es, big * es,
+                                   src.data(), d * es, d * es, n, cudaMemcpyDeviceToDevice,
+                                   stream_));
+    } else {
+      CUDA_CHECK(copy_block(out(dst), big, col_offset, in(src), d, 0, n, d, stream_));
+    }
+  }
+  void slice_columns(const Tensor& dst, const Tensor& src, int64_t col_offset) override {
+    const int64_t n = dst.dim(0), d = dst.row_numel(), big = src.row_numel();
+    BS_CHECK(src.dim(0) == n && col_offset >= 0 && col_offset + d <= big);
+    if (dst.dtype() == src.dtype()) {
+      const size_t es = dtype_size(dst.dtype());
+      CUDA_CHECK(cudaMemcpy2DAsync(dst.data(), d * es,
+                                   static_cast<const char*>(src.data()) + col_offset * es,
+                                   big * es, d * es, n, cudaMemcpyDeviceToDevice, stream_));
+    } else {
+      CUDA_CHECK(copy_block(out(dst), d, 0, in(src), big, col_offset, n, d, stream_));
+    }
+  }
+  std::vector<float> to_host_f32(const Tensor& t) override {
+    std::vector<float> result(static_cast<size_t>(t.numel()));
+    if (t.numel() == 0) return result;
+    if (t.dtype() == DType::kF32) {
+      copy_to_host(result.data(), t);
+      return result;
+    }
+    std::vector<unsigned char> raw(t.nbytes());
+    copy_to_host(raw.data(), t);
+    convert_to_f32(t.dtype(), raw.data(), result.data(), result.size());
+    return result;
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // ---- Dense algebra ----
+  void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+              bool accumulate) override {
+    const int64_t m = w.dim(0), k = w.dim(-1);
+    const int64_t n = k ? x.numel() / k : 0;
+    BS_CHECK(x.numel() == n * k && y.numel() == n * m && w.numel() == m * k);
+    if (n == 0 || m == 0) return;
+    BS_CHECK(y.dtype() == DType::kBF16 || y.dtype() == DType::kF32);
+    const bool bias_f32 = !bias || bias->dtype() == DType::kF32;
+    const bool bf16_in = x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && bias_f32;
+    const float* bp = bias ? bias->as<float>() : nullptr;
+    if (gemv_mode_ == GemvMode::kMma && bf16_in && n <= kSkinnyMaxRows) {
+      CUDA_CHECK(skinny_gemm(out(y), x.data(), w.data(), bp, n, m, k, accumulate, stream_));
+      return;
+    }
+    if (gemv_mode_ == GemvMode::kSimt && bf16_in && gemv_supported(n, k, x.data(), w.data())) {
+      CUDA_CHECK(gemv(out(y), x.data(), w.data(), bp, n, m, k, accumulate,
+                      props_.multiProcessorCount, stream_));
+      return;
+    }
+    // y[n,m] = x[n,k] w[m,k]^T  <=>  y^T (m x n, col-major) = w^T-as-stored (op T) . x^T.
+    const int64_t algo_n =
+        gemv_mode_ == GemvMode::kAuto && n <= kSkinnyMaxRows ? kSkinnyMaxRows : n;
+    gemm_any(y, x, /*a_rows=*/n, k, /*trans_a=*/false, w, m, /*trans_b=*/true, accumulate, bias,
+             algo_n);
+  }
+
+  void gemm(const Tensor& y, const Tensor& a, const Tensor& b, bool trans_a,
+            bool trans_b) override {
+    BS_CHECK(a.ndim() == 2 && b.ndim() == 2);
+    const int64_t n = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
+    const int64_t m = trans_b ? b.dim(0) : b.dim(1);
+    BS_CHECK((trans_b ? b.dim(1) : b.dim(0)) == k && y.numel() == n * m);
+    if (n == 0 || m == 0) return;
+    if (k == 0) {
+      fill_zero(y);
+      return;
+    }
+    gemm_any(y, a, n, k, trans_a, b, m, trans_b, /*accumulate=*/false, nullptr, n);
+  }
+
+  void add(const Tensor& y, const Tensor& a, const Tensor& b) override {
+    BS_CHECK(a.numel() == b.numel() && y.numel() == a.numel());
+    CUDA_CHECK(bs::cuda::add(out(y), in(a), in(b), y.numel(), stream_));
+  }
+  void mul(const Tensor& y, const Tensor& a, const Tensor& b) override {
+    BS_CHECK(a.numel() == b.numel() && y.numel() == a.numel());
+    CUDA_CHECK(bs::cuda::mul(out(y), in(a), in(b), y.numel(), stream_));
+  }
+
+  // ---- Normalisation ----
+  void rms_norm(const Tensor& y, const Tensor& x, const Tensor& w, float eps) override {
+    const int64_t d = w.numel(), rows = d ? x.numel() / d : 0;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::rms_norm(out(y), in(x), in(w), rows, d, eps, stream_));
+  }
+  void layer_norm(const Tensor& y, const Tensor& x, int64_t d, const Tensor& w, const Tensor& b,
+                  float eps) override {
+    const int64_t rows = d ? x.numel() / d : 0;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::layer_norm(out(y), in(x), in_opt(w), in_opt(b), rows, d, eps, stream_));
+  }
+  void modulate(const Tensor& y, const Tensor& x, const Tensor& shift,
+                const Tensor& scale) override {
+    const int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
+    const bool per_row = shift.numel() == x.numel() && rows > 1;
+    BS_CHECK((shift.numel() == x.numel() || shift.numel() == d) &&
+             scale.numel() == shift.numel() && y.numel() == x.numel());
+    CUDA_CHECK(
+        bs::cuda::modulate(out(y), in(x), in(shift), in(scale), rows, d, per_row, stream_));
+  }
+
+  // ---- Activations ----
+  void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) override {
+    BS_CHECK(gate.numel() == up.numel() && y.numel() == up.numel());
+    CUDA_CHECK(bs::cuda::silu_mul(out(y), in(gate), in(up), y.numel(), stream_));
+  }
+  void gelu(const Tensor& y, const Tensor& x, bool tanh_approx) override {
+    BS_CHECK(y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::gelu(out(y), in(x), y.numel(), tanh_approx, stream_));
+  }
+  void silu(const Tensor& y, const Tensor& x) override {
+    BS_CHECK(y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::silu(out(y), in(x), y.numel(), stream_));
+  }
+
+  // ---- Embedding and positions ----
+  void embedding(const Tensor& y, const Tensor& ids, const Tensor& table) override {
+    const int64_t n = ids.numel(), d = table.dim(-1), vocab = table.dim(0);
+    BS_CHECK(ids.dtype() == DType::kI32 && y.numel() == n * d);
+    CUDA_CHECK(
+        bs::cuda::embedding(out(y), ids.as<int32_t>(), in(table), n, d, vocab, stream_));
+  }
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+            float attention_scaling) override {
+    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
+    BS_CHECK(inv_freq.numel() == hd / 2 && positions.numel() == n &&
+             positions.dtype() == DType::kI32);
+    CUDA_CHECK(bs::cuda::rope(out(x), positions.as<int32_t>(), in(inv_freq), n, heads, hd,
+                              attention_scaling, stream_));
+  }
+
+  // ---- Attention ----
+  void kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                const Tensor& slots) override {
+    const int64_t n = slots.numel(), row = k.row_numel();
+    BS_CHECK(slots.dtype() == DType::kI32 && k.numel() == n * row && v.numel() == n * row);
+    BS_CHECK(k_pool.numel() / (k_pool.dim(0) * k_pool.dim(1)) == row);
+    const int64_t capacity = k_pool.dim(0) * k_pool.dim(1);
+    CUDA_CHECK(bs::cuda::kv_write(out(k_pool), out(v_pool), in(k), in(v), slots.as<int32_t>(), n,
+                                  row, capacity, stream_));
+  }
+
+  void paged_attention(const Tensor& o, const Tensor& q, const Tensor& k_pool,
+                       const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
+                       AttentionMask mask, float scale) override {
+    const int64_t block_size = k_pool.dim(1);
+    BS_CHECK(block_table.dtype() == DType::kI32 &&
+             block_table.numel() * block_size >= kv_len);
+    run_attention(o, q, k_pool, v_pool, block_table.as<int32_t>(), block_size, k_pool.dim(2),
+                  k_pool.dim(3), kv_len, mask, scale);
+  }
+  void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                 AttentionMask mask, float scale) override {
+    run_attention(o, q, k, v, nullptr, 0, k.dim(1), k.dim(2), k.dim(0), mask, scale);
+  }
+
+  // ---- Reductions ----
+  void argmax(const Tensor& o, const Tensor& x) override {
+    const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0;
+    BS_CHECK(o.dtype() == DType::kI32 && o.numel() >= n);
+    CUDA_CHECK(bs::cuda::argmax(o.as<int32_t>(), in(x), n, v, stream_));
+  }
+
+  // ---- FlashMap ops ----
+  void scatter_columns(const Tensor& dst, const Tensor& src, const Tensor& ids,
+                       float fill) override {
+    const int64_t n = dst.dim(0), v = dst.row_numel(), vs = src.row_numel();
+    BS_CHECK(src.dim(0) == n && ids.numel() == vs && ids.dtype() == DType::kI32);
+    CUDA_CHECK(bs::cuda::scatter_columns(out(dst), in(src), ids.as<int32_t>(), n, v, vs, fill,
+                                         stream_));
+  }
+  void gated_add(const Tensor& y, const Tensor& x, const Tensor& gate) override {
+    const int64_t d = gate.numel(), rows = d ? x.numel() / d : 0;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::gated_add(out(y), in(x), in(gate), rows, d, stream_));
+  }
+  void axpby(const Tensor& y, float a, const Tensor& x, float b, const Tensor& z) override {
+    BS_CHECK(x.numel() == z.numel() && y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::axpby(out(y), a, in(x), b, in(z), y.numel(), stream_));
+  }
+  void softmax(const Tensor& y, const Tensor& x, float scale) override {
+    const int64_t v = x.dim(-1), rows = v ? x.numel() / v : 0;
+    BS_CHECK(y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::softmax(out(y), in(x), rows, v, scale, stream_));
+  }
+  void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,
+                     const Tensor& w, float gate, float eps) override {
+    const int64_t d = base.numel(), e = w.numel(), rows = d ? x.numel() / d : 0;
+    BS_CHECK(rows * d == x.numel() && y.numel() == x.numel() && z.numel() == rows * e);
+    CUDA_CHECK(bs::cuda::noise_combine(out(y), in(base), in(x), in(z), in(w), rows, d, e, gate,
+                                       eps, stream_));
+  }
+  void seeded_normal(const Tensor& o, const Tensor& positions, uint64_t seed, uint32_t stream,
+                     float scale) override {
+    const int64_t n = positions.numel(), d = o.numel() / std::max<int64_t>(1, n);
+    BS_CHECK(o.numel() == n * d && positions.dtype() == DType::kI32);
+    CUDA_CHECK(bs::cuda::seeded_normal(out(o), positions.as<int32_t>(), n, d, seed, stream,
+                                       scale, stream_));
+  }
+
+ private:
+  // A scratch copy of `t` in `dtype` (or `t` itself when it already has it).
+  Tensor as_dtype(const Tensor& t, DType dtype) {
+    if (t.dtype() == dtype) return t;
+    Tensor s = empty({t.numel()}, dtype);
+    CUDA_CHECK(convert(out(s), in(t), t.numel(), stream_));
+    return s;
+  }
+
+  void run_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const int32_t* table, int64_t block_size, int64_t kv_heads, int64_t hd,
+                     int64_t kv_len, AttentionMask mask, float scale) {
+    const int64_t n = q.dim(0), heads = q.dim(1);
+    BS_CHECK(q.dim(2) == hd && kv_heads > 0 && heads % kv_heads == 0 && n <= kv_len);
+    BS_CHECK(o.numel() == q.numel() && k.dtype() == v.dtype());
+    BS_CHECK(hd <= 256);
+    const DType kvt = k.dtype();
+    BS_CHECK(kvt == DType::kBF16 || kvt == DType::kF32);
+    const Tensor qq = as_dtype(q, kvt);
+    const Tensor oo = o.dtype() == kvt ? o : empty({o.numel()}, kvt);
+    AttentionArgs a;
+    a.out = oo.data();
+    a.q = qq.data();
+    a.k = k.data();
+    a.v = v.data();
+    a.t = elem(kvt);
+    a.block_table = table;
+    a.block_size = block_size;
+    a.n = n;
+    a.heads = heads;
+    a.kv_heads = kv_heads;
+    a.hd = hd;
+    a.kv_len = kv_len;
+    a.causal = mask.causal;
+    a.window = mask.window;
+    a.scale = scale;
+    CUDA_CHECK(bs::cuda::attention(a, stream_));
+    if (oo.data() != o.data()) CUDA_CHECK(convert(out(o), in(oo), o.numel(), stream_));
+  }
+
+  // y[n,m] = op(a)[n,k] . op(b)[k,m] for row-major a, b, y; a_rows = n, b_cols = m.
+  void gemm_any(const Tensor& y, const Tensor& a, int64_t n, int64_t k, bool trans_a,
+                const Tensor& b, int64_t m, bool trans_b, bool accumulate, const Tensor* bias,
+                int64_t algo_n) {
+    BS_CHECK(y.dtype() == DType::kBF16 || y.dtype() == DType::kF32);
+    // Operand types: all-F32 runs in fp32; otherwise operands are BF16 (converted if needed).
+    const bool all_f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32 &&
+                         y.dtype() == DType::kF32;
+    const DType op_t = all_f32 ? DType::kF32 : DType::kBF16;
+    const Tensor aa = as_dtype(a, op_t), bb = as_dtype(b, op_t);
+    LtCall c;
+    c.m = m;
+    c.n = n;
+    c.k = k;
+    // cuBLASLt A = op(b)^T in column-major.
+    c.a = bb.data();
+    c.ta = cuda_type(op_t);
+    if (trans_b) {  // b stored [m, k] row-major = k x m column-major
+      c.op_a = CUBLAS_OP_T;
+      c.lda = k;
+    } else {  // b stored [k, m] row-major = m x k column-major
+      c.op_a = CUBLAS_OP_N;
+      c.lda = m;
+    }
+    // cuBLASLt B = op(a)^T.
+    c.b = aa.data();
+    c.tb = cuda_type(op_t);
+    if (trans_a) {  // a stored [k, n] row-major = n x k column-major
+      c.op_b = CUBLAS_OP_T;
+      c.ldb = n;
+    } else {  // a stored [n, k] row-major = k x n column-major
+      c.op_b = CUBLAS_OP_N;
+      c.ldb = k;
+    }
+    c.d = y.data();
+    c.td = cuda_type(y.dtype());
+    c.ldd = m;
+    c.accumulate = accumulate;
+    c.algo_n = trans_a ? n : algo_n;
+    if (bias) {
+      BS_CHECK(bias->numel() == m);
+      c.bias = bias->data();
+      c.tbias = cuda_type(bias->dtype());
+    }
+    if (!run_lt(c) && bias) {
+      CUDA_CHECK(add_bias(out(y), in(*bias), n, m, stream_));
+    }
+  }
+
+  // Runs the GEMM; returns whether the bias (if any) went through the epilogue.
+  bool run_lt(const LtCall& c) {
+    const auto key = std::make_tuple(
+        static_cast<int>(c.op_a), static_cast<int>(c.op_b), c.m, c.n, c.k,
+        static_cast<int>(c.ta), static_cast<int>(c.tb), static_cast<int>(c.td), c.lda, c.ldb,
+        c.ldd, c.accumulate, c.bias != nullptr, static_cast<int>(c.tbias),
+        std::min(alignment(c.a), alignment(c.b)) * 1000 + std::min(alignment(c.d), 256u),
+        c.bias ? alignment(c.bias) : 0u, c.algo_n);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(c, /*allow_bias=*/true)).first;
+    LtPlan& plan = it->second;
+    if (plan.bias_in_epilogue) {
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &c.bias, sizeof(c.bias)));
+    }
+    const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
+    cublasStatus_t st =
+        cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &beta, c.d, plan.d, c.d,
+                       plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_);
+    if (st != CUBLAS_STATUS_SUCCESS && plan.bias_in_epilogue) {
+      // The bias epilogue was offered but refused at run time: plan again without it.
+      destroy(plan);
+      plan = make_plan(c, /*allow_bias=*/false);
+      st = cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &beta, c.d, plan.d,
+                          c.d, plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_);
+    }
+    CUBLAS_CHECK(st);
+    return plan.bias_in_epilogue;
+  }
+
+  static void destroy(LtPlan& plan) {
+    if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.d) cublasLtMatrixLayoutDestroy(plan.d);
+    plan = LtPlan{};
+  }
+
+  LtPlan make_plan(const LtCall& c, bool allow_bias) {
+    LtPlan plan;
+    for (const bool with_bias : {true, false}) {
+      if (with_bias && (!c.bias || !allow_bias)) continue;
+      if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+      // fp32 accumulation (true fp32, not TF32, for F32 operands).
+      CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                  &c.op_a, sizeof(c.op_a)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                  &c.op_b, sizeof(c.op_b)));
+      if (with_bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &epi, sizeof(epi)));
+        const int32_t bt = static_cast<int32_t>(c.tbias);
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof(c.bias)));
+      }
+      if (!plan.a) {
+        const bool at = c.op_a == CUBLAS_OP_T, bt = c.op_b == CUBLAS_OP_T;
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, c.ta, at ? c.k : c.m, at ? c.m : c.k,
+                                                c.lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, c.tb, bt ? c.n : c.k, bt ? c.k : c.n,
+                                                c.ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, c.td, c.m, c.n, c.ldd));
+      }
+      cublasLtMatmulPreference_t pref = nullptr;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = kWorkspaceBytes;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      const uint32_t al_a = alignment(c.a), al_b = alignment(c.b), al_d = alignment(c.d);
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+      cublasLtMatmulHeuristicResult_t result{};
+      int count = 0;
+      cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+      if (c.algo_n > 0 && c.algo_n != c.n && c.op_b == CUBLAS_OP_N) {
+        // Choose for N = algo_n, then check the algorithm on the real problem.
+        cublasLtMatrixLayout_t qb = nullptr, qd = nullptr;
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&qb, c.tb, c.k, c.algo_n, c.ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&qd, c.td, c.m, c.algo_n, c.ldd));
+        st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, qb, qd, qd, pref, 1, &result,
+                                            &count);
+        cublasLtMatrixLayoutDestroy(qb);
+        cublasLtMatrixLayoutDestroy(qd);
+        if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
+          cublasLtMatmulHeuristicResult_t check{};
+          st = cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d,
+                                       &result.algo, &check);
+          if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize > kWorkspaceBytes) {
+            st = CUBLAS_STATUS_NOT_SUPPORTED;
+          }
+        }
+      }
+      if (st != CUBLAS_STATUS_SUCCESS || count == 0) {
+        st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
+                                            1, &result, &count);
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
+        plan.algo = result.algo;
+        plan.bias_in_epilogue = with_bias;
+        return plan;
+      }
+    }
+    std::fprintf(stderr,
+                 "blockspec: cuBLASLt found no algorithm for m=%lld n=%lld k=%lld (types %d %d "
+                 "%d)\n",
+                 static_cast<long long>(c.m), static_cast<long long>(c.n),
+                 static_cast<long long>(c.k), static_cast<int>(c.ta), static_cast<int>(c.tb),
+                 static_cast<int>(c.td));
+    std::abort();
+  }
+
+  using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int64_t,
+                             int64_t, int64_t, bool, bool, int, uint32_t, uint32_t, int64_t>;
+
+  int device_;
+  std::shared_ptr<DevicePool> pool_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  void* ring_ = nullptr;
+  size_t ring_off_ = 0;
+  cudaDeviceProp props_{};
+  GemvMode gemv_mode_ = GemvMode::kAuto;
+  std::map<PlanKey, LtPlan> plans_;
+};
+
+namespace {
+CudaBackend& as_cuda(Backend& backend) {
+  auto* c = dynamic_cast<CudaBackend*>(&backend);
+  BS_CHECK(c != nullptr && "not a CUDA backend");
+  return *c;
+}
+}  // namespace
+
+bool device_available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why) *why = std::string("no usable CUDA device: ") + cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky error state of a failed runtime init
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+struct EventTimer::Impl {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+};
+
+EventTimer::EventTimer(Backend& backend) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = as_cuda(backend).stream();
+  CUDA_CHECK(cudaEventCreate(&impl_->start));
+  CUDA_CHECK(cudaEventCreate(&impl_->stop));
+}
+EventTimer::~EventTimer() {
+  cudaEventDestroy(impl_->start);
+  cudaEventDestroy(impl_->stop);
+}
+void EventTimer::start() { CUDA_CHECK(cudaEventRecord(impl_->start, impl_->stream)); }
+double EventTimer::stop_ms() {
+  CUDA_CHECK(cudaEventRecord(impl_->stop, impl_->stream));
+  CUDA_CHECK(cudaEventSynchronize(impl_->stop));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, impl_->start, impl_->stop));
+  return ms;
+}
+
+double copy_bandwidth_gbs(Backend& backend, size_t bytes, int iters) {
+  CudaBackend& be = as_cuda(backend);
+  void *src = nullptr, *dst = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, bytes));
+  CUDA_CHECK(cudaMalloc(&dst, bytes));
+  CUDA_CHECK(cudaMemsetAsync(src, 0x5a, bytes, be.stream()));
+  EventTimer timer(backend);
+  std::vector<double> ms;
+  for (int i = 0; i < iters + 2; ++i) {
+    timer.start();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, be.stream()));
+    const double t = timer.stop_ms();
+    if (i >= 2) ms.push_back(t);
+  }
+  CUDA_CHECK(cudaFree(src));
+  CUDA_CHECK(cudaFree(dst));
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  return 2.0 * static_cast<double>(bytes) / (med * 1e-3) / 1e9;
+}
+
+std::string device_description(Backend& backend) {
+  const cudaDeviceProp& p = as_cuda(backend).props();
+  return fmt::format("{}, {} SMs, {:.1f} GiB, sm_{}{}, L2 {} MiB", p.name, p.multiProcessorCount,
+                     static_cast<double>(p.totalGlobalMem) / (1 << 30), p.major, p.minor,
+                     p.l2CacheSize >> 20);
+}
+
+void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
+
+}  // namespace bs::cuda

@@ -1,0 +1,115 @@
+// CUDA kernels of the CUDA backend, as plain launchers over raw device pointers and sizes (no
+// Tensor, no Backend), so that each can be tested or timed alone. Every launcher enqueues on
+// `stream` and returns the launch error (cudaSuccess when queued).
+//
+// Element types: activations are usually BF16, 1-D weights (norms, biases, inv_freq) F32; the
+// elementwise kernels accept any float type per operand (In / Out carry it) and compute in fp32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace bs::cuda {
+
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3 };
+
+int elem_size(Elem t);
+
+// A typed device pointer (read-only / writable).
+struct In {
+  const void* p = nullptr;
+  Elem t = Elem::kBF16;
+};
+struct Out {
+  void* p = nullptr;
+  Elem t = Elem::kBF16;
+};
+
+// dst[i] = src[i] with type conversion (fp8/f16/bf16/f32 -> f32/bf16/f16).
+cudaError_t convert(Out dst, In src, int64_t n, cudaStream_t s);
+
+// ---- Elementwise ----
+cudaError_t add(Out y, In a, In b, int64_t n, cudaStream_t s);
+cudaError_t mul(Out y, In a, In b, int64_t n, cudaStream_t s);
+cudaError_t axpby(Out y, float a, In x, float b, In z, int64_t n, cudaStream_t s);
+cudaError_t silu_mul(Out y, In gate, In up, int64_t n, cudaStream_t s);
+cudaError_t silu(Out y, In x, int64_t n, cudaStream_t s);
+cudaError_t gelu(Out y, In x, int64_t n, bool tanh_approx, cudaStream_t s);
+// y[r, i] += gate[i] * x[r, i].
+cudaError_t gated_add(Out y, In x, In gate, int64_t rows, int64_t d, cudaStream_t s);
+// y[r, i] = x[r, i] * (1 + scale[o + i]) + shift[o + i], o = per_row ? r * d : 0.
+cudaError_t modulate(Out y, In x, In shift, In scale, int64_t rows, int64_t d, bool per_row,
+                     cudaStream_t s);
+// y[r, :] += bias[:] (matmul bias when the GEMM epilogue cannot take it).
+cudaError_t add_bias(Out y, In bias, int64_t rows, int64_t m, cudaStream_t s);
+
+// ---- Normalisation (one block per row) ----
+cudaError_t rms_norm(Out y, In x, In w, int64_t rows, int64_t d, float eps, cudaStream_t s);
+// w.p / b.p may be null (no affine part).
+cudaError_t layer_norm(Out y, In x, In w, In b, int64_t rows, int64_t d, float eps,
+                       cudaStream_t s);
+// y[r, i] = base[i] + gate / sqrt(sum_e w[e] z[r, e]^2 + eps) * x[r, i].
+cudaError_t noise_combine(Out y, In base, In x, In z, In w, int64_t rows, int64_t d, int64_t e,
+                          float gate, float eps, cudaStream_t s);
+// y[r, :] = softmax(x[r, :] * scale), fp32 inside.
+cudaError_t softmax(Out y, In x, int64_t rows, int64_t v, float scale, cudaStream_t s);
+// out[r] = first index of the maximum of x[r, :].
+cudaError_t argmax(int32_t* out, In x, int64_t rows, int64_t v, cudaStream_t s);
+
+// ---- Indexing ----
+// y[i, :] = table[ids[i], :] (rows with an out-of-range id are zero).
+cudaError_t embedding(Out y, const int32_t* ids, In table, int64_t n, int64_t d, int64_t vocab,
+                      cudaStream_t s);
+// dst[r, off + c] = src[r, c] for c < d; dst rows have dst_cols elements (used both ways:
+// copy_columns and, with swapped roles, slice_columns via src_cols / src_off).
+cudaError_t copy_block(Out dst, int64_t dst_cols, int64_t dst_off, In src, int64_t src_cols,
+                       int64_t src_off, int64_t rows, int64_t d, cudaStream_t s);
+// dst[r, :] = fill; dst[r, ids[j]] = src[r, j].
+cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
+                            int64_t vs, float fill, cudaStream_t s);
+// Counter-based normals (backend.h seeded_normal).
+cudaError_t seeded_normal(Out out, const int32_t* positions, int64_t n, int64_t d, uint64_t seed,
+                          uint32_t stream_id, float scale, cudaStream_t s);
+
+// ---- Positions and attention ----
+// In-place neox RoPE on x[n, heads, hd]: angle = float(pos) * inv_freq[i] in fp32.
+cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads,
+                 int64_t hd, float attention_scaling, cudaStream_t s);
+// pool[slots[i] * row + c] = src[i * row + c] for k and v; slots outside [0, capacity) skipped.
+cudaError_t kv_write(Out k_pool, Out v_pool, In k, In v, const int32_t* slots, int64_t n,
+                     int64_t row, int64_t capacity, cudaStream_t s);
+
+struct AttentionArgs {
+  void* out = nullptr;           // [n, heads, hd]
+  const void* q = nullptr;       // [n, heads, hd]
+  const void* k = nullptr;       // paged pool [blocks, bs, kv_heads, hd] or dense [kv_len, ...]
+  const void* v = nullptr;
+  Elem t = Elem::kBF16;          // element type of out, q, k and v (all the same)
+  const int32_t* block_table = nullptr;  // null: dense k / v
+  int64_t block_size = 16;
+  int64_t n = 0, heads = 0, kv_heads = 0, hd = 0, kv_len = 0;
+  bool causal = true;
+  int64_t window = 0;
+  float scale = 1.0f;
+};
+// One block per (query row, head), a fixed number of warps; online softmax in fp32 over the
+// visible keys. hd <= 256. A row's result does not depend on the other rows of the launch.
+cudaError_t attention(const AttentionArgs& a, cudaStream_t s);
+
+// ---- Small-n matrix-vector products ----
+// CUDA-core GEMV (GemvMode::kSimt): y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]) for
+// r < n <= 4, BF16 x and w, k % 8 == 0, x and w 16-byte aligned. y BF16 or F32; bias F32 or null.
+bool gemv_supported(int64_t n, int64_t k, const void* x, const void* w);
+cudaError_t gemv(Out y, const void* x, const void* w, const float* bias, int64_t n, int64_t m,
+                 int64_t k, bool accumulate, int num_sms, cudaStream_t s);
+
+// Tensor-core skinny GEMM for 1..kSkinnyMaxRows rows (GemvMode::kMma): y[r, j] (+)= sum_c x[r, c]
+// w[j, c] (+ bias[j]) with BF16 x and w (any k and alignment; 16-byte loads when k % 8 == 0 and
+// x, w are 16-byte aligned), y BF16 or F32, bias F32 or null. Row r's result is bit-identical
+// whatever n is (1-row decode == row 0 of a 16-row verify).
+constexpr int64_t kSkinnyMaxRows = 16;
+cudaError_t skinny_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
+                        int64_t m, int64_t k, bool accumulate, cudaStream_t s);
+
+}  // namespace bs::cuda

@@ -1,0 +1,538 @@
+// `blockspec bench`: step times of the pieces of (speculative) decoding, medians after warm-up,
+// timed with CUDA events on the GPU and std::chrono on the CPU:
+//   decode    one token through the target + argmax + read back (plain decoding's step);
+//   verify    B tokens through the target with the drafter's taps + argmax of B rows;
+//   draft     one drafter proposal + argmax + read back;
+//   context   the drafter's context update (observe) for B committed positions;
+// plus the copy bandwidth of the device, the bytes a decode step must stream, end-to-end
+// plain / speculative generation rates, and with --kernels each op alone at the model's shapes.
+// On CUDA, --gemv all (default) times every few-row matmul mode. Also registers
+// `blockspec synth` (synth.cc). Results and method: docs/BENCHMARKS.md.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/generate.h"
+#include "engine/kv_cache.h"
+#include "models/drafter.h"
+#include "models/registry.h"
+#ifdef BLOCKSPEC_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace bs::cli {
+
+// synth.cc
+void register_synth(CLI::App& app);
+bool run_synth_if_parsed(int* rc);
+
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  std::string drafter;
+  std::string device = "auto";
+  int batch = 1;
+  int iters = 50;
+  int warmup = 5;
+  int64_t context = 512;
+  int64_t gen_tokens = 256;
+  int64_t copy_mb = 0;
+  int threads = 0;
+  std::string gemv = "all";
+  bool kernels = false;
+};
+
+BenchArgs g_args;
+CLI::App* g_cmd = nullptr;
+
+class Timer {
+ public:
+  virtual ~Timer() = default;
+  virtual void start() = 0;
+  virtual double stop_ms() = 0;
+};
+
+class WallTimer final : public Timer {
+ public:
+  explicit WallTimer(Backend& be) : be_(be) {}
+  void start() override {
+    be_.synchronize();
+    t0_ = std::chrono::steady_clock::now();
+  }
+  double stop_ms() override {
+    be_.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
+  }
+
+ private:
+  Backend& be_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+#ifdef BLOCKSPEC_HAS_CUDA
+class CudaTimer final : public Timer {
+ public:
+  explicit CudaTimer(Backend& be) : t_(be) {}
+  void start() override { t_.start(); }
+  double stop_ms() override { return t_.stop_ms(); }
+
+ private:
+  cuda::EventTimer t_;
+};
+#endif
+
+std::unique_ptr<Timer> make_timer(Backend& be) {
+#ifdef BLOCKSPEC_HAS_CUDA
+  if (be.device() == Device::kCuda) return std::make_unique<CudaTimer>(be);
+#endif
+  return std::make_unique<WallTimer>(be);
+}
+
+struct Stats {
+  double median = 0, p10 = 0, p90 = 0;
+  int n = 0;
+};
+
+// Runs f() warmup times, then iters timed times; f returns false on error.
+template <typename F>
+Result<Stats> time_it(Timer& timer, int warmup, int iters, F&& f) {
+  for (int i = 0; i < warmup; ++i) BS_RETURN_IF_ERROR(f());
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    timer.start();
+    BS_RETURN_IF_ERROR(f());
+    ms.push_back(timer.stop_ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  Stats s;
+  s.n = iters;
+  s.median = ms[ms.size() / 2];
+  s.p10 = ms[ms.size() / 10];
+  s.p90 = ms[ms.size() * 9 / 10];
+  return s;
+}
+
+double host_copy_bandwidth_gbs(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    a[i] = b[bytes - 1 - i];  // keep the copies observable
+  }
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+// Bytes one decode step must read: every matrix except the embedding table (one row of it),
+// plus the 1-D weights, in the backend's storage types.
+double decode_weight_bytes(const CausalLM& m) {
+  const auto& c = m.config();
+  const double mat = static_cast<double>(dtype_size(m.backend().activation_dtype()));
+  const double vec = 4.0;
+  const double h = static_cast<double>(c.hidden_size), hd = static_cast<double>(c.head_dim);
+  const double q = static_cast<double>(c.num_heads) * hd,
+               kv = static_cast<double>(c.num_kv_heads) * hd,
+               inter = static_cast<double>(c.intermediate_size);
+  const double per_layer = mat * (h * q + 2 * h * kv + q * h + 3 * h * inter) + vec * (2 * h + 2 * hd);
+  return per_layer * static_cast<double>(c.num_layers) +
+         mat * static_cast<double>(c.vocab_size) * h + vec * h;
+}
+
+void set_mode(Backend& be, const std::string& mode);
+
+// Per-op GPU/CPU times at the target's shapes, each op launched back to back `reps` times
+// between two timer marks (so launch gaps are included, host round trips are not). Matrices
+// rotate over disjoint slices of the LM head so that no repetition is served from L2.
+void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t rows,
+                      int64_t ctx, const std::vector<std::pair<std::string, std::string>>& modes) {
+  const auto& c = target.config();
+  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const Tensor lm = target.lm_head();
+  const Tensor flat = lm.view({V * H});
+  const int reps = 50;
+  auto time_op = [&](const std::function<void(int)>& f) {
+    for (int i = 0; i < 3; ++i) f(i);
+    timer.start();
+    for (int i = 0; i < reps; ++i) f(i);
+    return timer.stop_ms() * 1e3 / reps;
+  };
+  struct Mat {
+    const char* name;
+    int64_t m, k, per_layer;
+  };
+  const std::vector<Mat> mats = {{"q_proj", nh * hd, H, 1},   {"k/v_proj", nkv * hd, H, 2},
+                                 {"o_proj", H, nh * hd, 1},   {"gate/up_proj", I, H, 2},
+                                 {"down_proj", H, I, 1},      {"lm_head", V, H, 0}};
+  Tensor y = be.empty({rows, std::max<int64_t>(V, I)});
+  for (const int64_t n : {int64_t{1}, rows}) {
+    fmt::print("kernels, {} row{}:\n", n, n > 1 ? "s" : "");
+    for (const auto& [label, mode] : modes) {
+      set_mode(be, mode);
+      double layer_us = 0, head_us = 0;
+      std::string line;
+      for (const auto& mt : mats) {
+        const int64_t elems = mt.m * mt.k;
+        const int64_t slices = std::max<int64_t>(1, (V * H - n * mt.k) / elems);
+        const Tensor x = flat.rows(V * H - n * mt.k, n * mt.k).view({n, mt.k});
+        const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
+        const double us = time_op([&](int i) {
+          const Tensor w = mt.per_layer == 0 ? lm : flat.rows((i % slices) * elems, elems).view({mt.m, mt.k});
+          be.matmul(yv, x, w);
+        });
+        const double gbs = static_cast<double>(elems) * 2 / (us * 1e-6) / 1e9;
+        line += fmt::format(" {} {:.1f} us ({:.0f} GB/s);", mt.name, us, gbs);
+        if (mt.per_layer) layer_us += us * static_cast<double>(mt.per_layer); else head_us += us;
+      }
+      fmt::print("  matmul [{}]:{}\n", label.empty() ? "default" : label, line);
+      fmt::print("  matmul [{}] per token: {:.3f} ms ({} layers x {:.1f} us + head {:.1f} us)\n",
+                 label.empty() ? "default" : label, (layer_us * static_cast<double>(L) + head_us) / 1e3,
+                 L, layer_us, head_us);
+    }
+    set_mode(be, "auto");
+    // Small ops.
+    std::vector<float> ones(static_cast<size_t>(std::max(H, hd)), 1.0f);
+    const Tensor wn = be.upload_weight(DType::kF32, ones.data(), {H});
+    const Tensor wh = be.upload_weight(DType::kF32, ones.data(), {hd});
+    const Tensor x = be.empty({n, H}), xn = be.empty({n, H});
+    be.copy(x, flat.rows(0, n * H).view({n, H}));
+    const Tensor q = be.empty({n, nh, hd}), k = be.empty({n, nkv, hd}), o = be.empty({n, nh, hd});
+    be.copy(q, flat.rows(0, n * nh * hd).view({n, nh, hd}));
+    be.copy(k, flat.rows(0, n * nkv * hd).view({n, nkv, hd}));
+    const Tensor gate = be.empty({n, I}), up = be.empty({n, I});
+    be.copy(gate, flat.rows(0, n * I).view({n, I}));
+    be.copy(up, flat.rows(n * I, n * I).view({n, I}));
+    const int64_t blocks = (ctx + n) / kKvBlockSize + 2;
+    const Tensor kp = be.empty({blocks, kKvBlockSize, nkv, hd}), vp = be.empty({blocks, kKvBlockSize, nkv, hd});
+    be.copy(kp, flat.rows(0, kp.numel()).view({blocks, kKvBlockSize, nkv, hd}));
+    be.copy(vp, flat.rows(kp.numel(), kp.numel()).view({blocks, kKvBlockSize, nkv, hd}));
+    std::vector<int32_t> pos(n), slot(n), table(blocks);
+    for (int64_t i = 0; i < n; ++i) pos[i] = slot[i] = static_cast<int32_t>(ctx + i);
+    for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+    const Tensor pos_t = be.empty({n}, DType::kI32), slot_t = be.empty({n}, DType::kI32),
+                 table_t = be.empty({blocks}, DType::kI32), ids = be.empty({n}, DType::kI32);
+    be.copy_from_host(pos_t, pos.data());
+    be.copy_from_host(slot_t, slot.data());
+    be.copy_from_host(table_t, table.data());
+    std::vector<float> freq(static_cast<size_t>(hd / 2));
+    for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / hd);
+    const Tensor inv = be.upload_weight(DType::kF32, freq.data(), {hd / 2});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    struct Small {
+      const char* name;
+      int per_layer;
+      std::function<void(int)> f;
+    };
+    const std::vector<Small> smalls = {
+        {"rms_norm", 2, [&](int) { be.rms_norm(xn, x, wn, 1e-6f); }},
+        {"q_norm", 1, [&](int) { be.rms_norm(q, q, wh, 1e-6f); }},
+        {"k_norm", 1, [&](int) { be.rms_norm(k, k, wh, 1e-6f); }},
+        {"rope_q", 1, [&](int) { be.rope(q, pos_t, inv, 1.0f); }},
+        {"rope_k", 1, [&](int) { be.rope(k, pos_t, inv, 1.0f); }},
+        {"kv_write", 1, [&](int) { be.kv_write(kp, vp, k, k, slot_t); }},
+        {"attention", 1, [&](int) {
+           be.paged_attention(o, q, kp, vp, table_t, ctx + n, AttentionMask{}, scale);
+         }},
+        {"silu_mul", 1, [&](int) { be.silu_mul(gate, gate, up); }},
+        {"embedding", 0, [&](int) { be.embedding(xn, ids, target.embed_tokens()); }},
+        {"argmax", 0, [&](int) { be.argmax(ids, y.view({-1}).rows(0, n * V).view({n, V})); }},
+    };
+    double layer_us = 0, once_us = 0;
+    std::string line;
+    for (const auto& sm : smalls) {
+      const double us = time_op(sm.f);
+      line += fmt::format(" {} {:.1f};", sm.name, us);
+      if (sm.per_layer) layer_us += us * sm.per_layer; else once_us += us;
+    }
+    fmt::print("  small ops (us):{}\n", line);
+    fmt::print("  small ops per token: {:.3f} ms ({} layers x {:.1f} us + {:.1f} us; attention "
+               "over {} keys)\n",
+               (layer_us * static_cast<double>(L) + once_us) / 1e3, L, layer_us, once_us, ctx + n);
+  }
+}
+
+// Selects how the CUDA backend runs few-row matmuls ("auto", "mma", "simt", "cublaslt").
+void set_mode(Backend& be, const std::string& mode) {
+#ifdef BLOCKSPEC_HAS_CUDA
+  if (be.device() != Device::kCuda) return;
+  cuda::set_gemv_mode(be, mode == "cublaslt" ? cuda::GemvMode::kCublasLt
+                          : mode == "simt"   ? cuda::GemvMode::kSimt
+                          : mode == "mma"    ? cuda::GemvMode::kMma
+                                             : cuda::GemvMode::kAuto);
+#endif
+}
+
+std::string fmt_stats(const Stats& s) {
+  return fmt::format("{:.3f} ms (p10 {:.3f}, p90 {:.3f}, n={})", s.median, s.p10, s.p90, s.n);
+}
+
+int fail(const Status& st) {
+  fmt::print(stderr, "blockspec: error: {}\n", st.message());
+  return 1;
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.batch != 1) {
+    return fail(Unimplemented("--batch {}: only batch 1 is implemented (single-sequence engine)",
+                              a.batch));
+  }
+  auto backend_r = make_backend(a.device, a.threads);
+  if (!backend_r.ok()) return fail(backend_r.status());
+  Backend& be = **backend_r;
+  const bool cuda = be.device() == Device::kCuda;
+  std::string device_desc = be.name();
+#ifdef BLOCKSPEC_HAS_CUDA
+  if (cuda) device_desc = cuda::device_description(be);
+#endif
+  fmt::print("device: {}\n", device_desc);
+
+  // Copy bandwidth (the floor's yardstick).
+  const int64_t copy_mb = a.copy_mb > 0 ? a.copy_mb : (cuda ? 2048 : 256);
+  double copy_gbs = 0;
+#ifdef BLOCKSPEC_HAS_CUDA
+  if (cuda) copy_gbs = cuda::copy_bandwidth_gbs(be, static_cast<size_t>(copy_mb) << 20, 20);
+#endif
+  if (!cuda) copy_gbs = host_copy_bandwidth_gbs(static_cast<size_t>(copy_mb) << 20);
+  fmt::print("copy bandwidth: {:.0f} GB/s (read + write, {} MiB buffer, median)\n", copy_gbs,
+             copy_mb);
+
+  const auto t_load = std::chrono::steady_clock::now();
+  auto target_r = load_target(a.model, be);
+  if (!target_r.ok()) return fail(target_r.status());
+  CausalLM& target = **target_r;
+  const auto& cfg = target.config();
+  std::unique_ptr<Drafter> drafter;
+  if (!a.drafter.empty()) {
+    auto d = load_drafter(a.drafter, target, {});
+    if (!d.ok()) return fail(d.status());
+    drafter = std::move(*d);
+  }
+  be.synchronize();
+  fmt::print("load: {:.1f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+  const double wbytes = decode_weight_bytes(target);
+  fmt::print("model: {} ({} layers, hidden {}, heads {}/{}, vocab {}); decode streams {:.3f} GB "
+             "of weights per token\n",
+             a.model, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+             cfg.vocab_size, wbytes / 1e9);
+
+  const int64_t B = drafter ? drafter->block_size() : 16;
+  const int64_t max_pos = cfg.max_position_embeddings;
+  const int64_t ctx = std::max<int64_t>(2, std::min<int64_t>(a.context, max_pos - 2 * B - 2));
+  const int64_t blocks = (ctx + 2 * B) / kKvBlockSize + 4;
+  KvPool tpool = target.make_kv_pool(blocks);
+  KvPool dpool;
+  if (drafter) dpool = drafter->make_kv_pool(blocks);
+  BlockAllocator alloc(blocks);
+  SequenceKv seq(alloc, kKvBlockSize);
+  if (Status st = seq.reserve(ctx + 2 * B); !st.ok()) return fail(st);
+  std::vector<int> taps;
+  if (drafter) taps = drafter->target_layers();
+
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 30000) - 1));
+  std::vector<int32_t> prompt(ctx);
+  for (auto& t : prompt) t = tok(rng);
+
+  auto timer = make_timer(be);
+  ForwardResult res;
+  // Prefill the context once (timed once, for information).
+  timer->start();
+  if (Status st = target.forward({.tokens = prompt, .start_pos = 0,
+                                  .block_table = seq.block_table(), .num_logits = 1,
+                                  .tap_layers = taps},
+                                 tpool, &res);
+      !st.ok()) {
+    return fail(st);
+  }
+  if (drafter) {
+    if (Status st = drafter->observe(dpool, seq.block_table(), res.taps.rows(0, ctx - 1), 0);
+        !st.ok()) {
+      return fail(st);
+    }
+  }
+  fmt::print("prefill: {} tokens in {:.2f} ms{}\n", ctx, timer->stop_ms(),
+             drafter ? " (with the drafter's context update)" : "");
+  seq.set_length(ctx);
+
+  Tensor ids = be.empty({B}, DType::kI32);
+  std::vector<int32_t> host_ids(static_cast<size_t>(B));
+  const std::vector<int32_t> one = {prompt.back()};
+  std::vector<int32_t> block(static_cast<size_t>(B));
+  for (auto& t : block) t = tok(rng);
+
+  auto decode_step = [&]() -> Status {
+    BS_RETURN_IF_ERROR(target.forward({.tokens = one, .start_pos = ctx,
+                                       .block_table = seq.block_table(), .num_logits = 1,
+                                       .tap_layers = {}},
+                                      tpool, &res));
+    be.argmax(ids.rows(0, 1), res.logits);
+    be.copy_to_host(host_ids.data(), ids.rows(0, 1));
+    return Status::Ok();
+  };
+  auto verify_step = [&]() -> Status {
+    BS_RETURN_IF_ERROR(target.forward({.tokens = block, .start_pos = ctx,
+                                       .block_table = seq.block_table(), .num_logits = B,
+                                       .tap_layers = taps},
+                                      tpool, &res));
+    be.argmax(ids, res.logits);
+    be.copy_to_host(host_ids.data(), ids);
+    return Status::Ok();
+  };
+
+  std::vector<std::pair<std::string, std::string>> gemv_modes = {{"", "default"}};
+#ifdef BLOCKSPEC_HAS_CUDA
+  if (cuda && a.gemv == "all") {
+    gemv_modes = {{"pinned cuBLASLt", "auto"},
+                  {"skinny MMA", "mma"},
+                  {"SIMT GEMV", "simt"},
+                  {"cuBLASLt heuristic", "cublaslt"}};
+  }
+  if (cuda && a.gemv == "cublaslt") gemv_modes = {{"cuBLASLt heuristic", "cublaslt"}};
+  if (cuda && a.gemv == "simt") gemv_modes = {{"SIMT GEMV", "simt"}};
+  if (cuda && a.gemv == "mma") gemv_modes = {{"skinny MMA", "mma"}};
+  if (cuda && a.gemv == "auto") gemv_modes = {{"pinned cuBLASLt", "auto"}};
+#endif
+  if (a.kernels) kernel_breakdown(be, target, *timer, B, ctx, gemv_modes);
+  Stats decode{};
+  for (const auto& [label, mode] : gemv_modes) {
+    set_mode(be, mode);
+    auto s = time_it(*timer, a.warmup, a.iters, decode_step);
+    if (!s.ok()) return fail(s.status());
+    const double gbs = wbytes / (s->median * 1e-3) / 1e9;
+    fmt::print("decode step{}: {} -> {:.1f} tok/s, {:.0f} GB/s of weights = {:.1f}% of copy "
+               "bandwidth\n",
+               label.empty() ? "" : " (" + label + ")", fmt_stats(*s), 1e3 / s->median, gbs,
+               100.0 * gbs / copy_gbs);
+    if (decode.n == 0) decode = *s;  // ratios below use the default mode (listed first)
+  }
+  set_mode(be, "auto");
+  const double floor_ms = wbytes / (copy_gbs * 1e9) * 1e3;
+  fmt::print("decode floor (weight bytes / copy bandwidth): {:.3f} ms\n", floor_ms);
+
+  for (size_t i = 1; i < gemv_modes.size(); ++i) {  // the other modes, for comparison
+    set_mode(be, gemv_modes[i].second);
+    auto v = time_it(*timer, a.warmup, a.iters, verify_step);
+    if (!v.ok()) return fail(v.status());
+    fmt::print("verify step ({} rows, {}): {}\n", B, gemv_modes[i].first, fmt_stats(*v));
+  }
+  set_mode(be, "auto");
+  auto verify = time_it(*timer, a.warmup, a.iters, verify_step);
+  if (!verify.ok()) return fail(verify.status());
+  fmt::print("verify step ({} rows{}): {} = {:.2f}x decode\n", B, taps.empty() ? "" : ", taps",
+             fmt_stats(*verify), verify->median / decode.median);
+
+  if (drafter) {
+    const Tensor step_taps = res.taps;  // the last verify's taps [B, n_taps * hidden]
+    auto context_step = [&]() -> Status {
+      return drafter->observe(dpool, seq.block_table(), step_taps, ctx - 1);
+    };
+    auto ctxs = time_it(*timer, a.warmup, a.iters, context_step);
+    if (!ctxs.ok()) return fail(ctxs.status());
+    fmt::print("context update ({} positions): {} = {:.1f}% of decode\n", B, fmt_stats(*ctxs),
+               100.0 * ctxs->median / decode.median);
+    // Restore the drafter's context at [ctx-1, ...) is irrelevant for timing.
+    const int64_t nd = drafter->max_drafts();
+    auto draft_step = [&]() -> Status {
+      Tensor logits;
+      ProposeRequest req{.anchor = prompt.back(),
+                         .anchor_pos = ctx - 1,
+                         .block_table = seq.block_table(),
+                         .num_drafts = nd,
+                         .noise_seed = 5};
+      BS_RETURN_IF_ERROR(drafter->propose(dpool, req, &logits));
+      be.argmax(ids.rows(0, logits.dim(0)), logits);
+      be.copy_to_host(host_ids.data(), ids.rows(0, logits.dim(0)));
+      return Status::Ok();
+    };
+    auto draft = time_it(*timer, a.warmup, a.iters, draft_step);
+    if (!draft.ok()) return fail(draft.status());
+    fmt::print("draft step ({} drafts): {} = {:.1f}% of decode\n", nd, fmt_stats(*draft),
+               100.0 * draft->median / decode.median);
+    const double step = verify->median + draft->median + ctxs->median;
+    fmt::print("speculative step estimate (verify + draft + context): {:.3f} ms -> at "
+               "acceptance length {} {:.0f} tok/s, at 1 {:.0f} tok/s\n",
+               step, B, 1e3 * static_cast<double>(B) / step, 1e3 / step);
+  }
+
+  // End to end (engine loops, host round trips included).
+  const int64_t p_len = std::min<int64_t>(32, ctx);
+  const int64_t gen = std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2 * B - 2));
+  std::vector<int32_t> e2e_prompt(prompt.begin(), prompt.begin() + p_len);
+  GenerateOptions opt;
+  opt.max_tokens = gen;
+  opt.max_context = std::min<int64_t>(max_pos, p_len + gen + 2 * B + 16);
+  GenerateStats st;
+  auto plain = generate_plain(target, e2e_prompt, opt, nullptr, &st);
+  if (!plain.ok()) return fail(plain.status());
+  fmt::print("generate (plain): {} tokens in {:.3f} s -> {:.1f} tok/s\n", st.generated_tokens,
+             st.decode_seconds, static_cast<double>(st.generated_tokens) / st.decode_seconds);
+  if (drafter) {
+    // One untimed run first: plan creation and first-call allocations stay out of the numbers.
+    GenerateOptions warm = opt;
+    warm.max_tokens = std::min<int64_t>(opt.max_tokens, 4 * B);
+    if (auto w = generate_speculative(target, *drafter, e2e_prompt, warm, nullptr, &st); !w.ok()) {
+      return fail(w.status());
+    }
+    auto spec = generate_speculative(target, *drafter, e2e_prompt, opt, nullptr, &st);
+    if (!spec.ok()) return fail(spec.status());
+    const bool same = *spec == *plain;
+    fmt::print("generate (speculative): {} tokens in {:.3f} s -> {:.1f} tok/s; acceptance length "
+               "{:.2f} over {} steps, drafts accepted {}/{}; draft {:.1f} ms, verify {:.1f} ms, "
+               "context {:.1f} ms; output {} plain\n",
+               st.generated_tokens, st.decode_seconds,
+               static_cast<double>(st.generated_tokens) / st.decode_seconds,
+               st.acceptance_length(), st.steps, st.accepted, st.drafted, st.draft_seconds * 1e3, st.verify_seconds * 1e3,
+               st.observe_seconds * 1e3, same ? "==" : "!=");
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  g_cmd = app.add_subcommand("bench", "Time decode / verify / draft / context-update steps");
+  g_cmd->add_option("--model", g_args.model, "Target model folder")->required();
+  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
+  g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto");
+  g_cmd->add_option("--batch", g_args.batch, "Sequences per step (only 1 is implemented)");
+  g_cmd->add_option("--iters", g_args.iters, "Timed iterations per measurement")
+      ->check(CLI::PositiveNumber);
+  g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")
+      ->check(CLI::NonNegativeNumber);
+  g_cmd->add_option("--context", g_args.context, "Tokens in the KV cache while timing steps")
+      ->check(CLI::PositiveNumber);
+  g_cmd->add_option("--gen-tokens", g_args.gen_tokens, "Tokens for the end-to-end generation runs")
+      ->check(CLI::PositiveNumber);
+  g_cmd->add_option("--copy-mb", g_args.copy_mb,
+                    "Buffer for the copy-bandwidth measurement (default 2048 GPU, 256 CPU)");
+  g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)");
+  g_cmd->add_option("--gemv", g_args.gemv,
+                    "CUDA few-row matmuls to time: all, auto (skinny MMA), simt or cublaslt");
+  g_cmd->add_flag("--kernels", g_args.kernels, "Also time each op alone at the model's shapes");
+  register_synth(app);
+}
+
+int run_registered(CLI::App& app) {
+  int rc = 1;
+  if (run_synth_if_parsed(&rc)) return rc;
+  if (g_cmd && g_cmd->parsed()) return run_bench(g_args);
+  return 1;
+}
+
+}  // namespace bs::cli

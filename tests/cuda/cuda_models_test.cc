@@ -1,0 +1,267 @@
+// Whole models on the CUDA backend against the CPU reference: logits of stories260K and of the
+// tiny goldens' checkpoints (bf16 tolerance), greedy decoding of stories260K from BOS, drafter
+// proposals, and greedy speculative decoding on the GPU == plain decoding on the GPU. Skipped
+// without a GPU; drafter checks are skipped when their test data or family is absent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/kv_cache.h"
+#include "models/drafter.h"
+#include "models/registry.h"
+
+namespace bs {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kStories = std::string(BS_SOURCE_DIR) + "/models/stories260K";
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+int32_t argmax_row(const std::vector<float>& v, int64_t row, int64_t width) {
+  const float* p = v.data() + row * width;
+  return static_cast<int32_t>(std::max_element(p, p + width) - p);
+}
+
+// The gap between the best and second-best logit of a row.
+float top2_margin(const std::vector<float>& v, int64_t row, int64_t width) {
+  std::vector<float> r(v.begin() + row * width, v.begin() + (row + 1) * width);
+  std::partial_sort(r.begin(), r.begin() + 2, r.end(), std::greater<float>());
+  return r[0] - r[1];
+}
+
+class CudaModels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto be = make_backend("cuda");
+    if (!be.ok()) GTEST_SKIP() << "CUDA backend unavailable: " << be.status().message();
+    gpu_ = std::move(*be);
+    cpu_ = make_cpu_backend(0);
+  }
+  std::unique_ptr<Backend> gpu_, cpu_;
+};
+
+// Prefill `prompt`, then a verify-style chunk of 5 tokens on top of the cache; returns the
+// logits of every row of both forwards, concatenated.
+std::vector<float> run_forwards(CausalLM& m, const std::vector<int32_t>& prompt,
+                                const std::vector<int32_t>& chunk) {
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t C = static_cast<int64_t>(chunk.size());
+  const int64_t blocks = (P + C) / kKvBlockSize + 2;
+  KvPool pool = m.make_kv_pool(blocks);
+  BlockAllocator alloc(blocks);
+  SequenceKv seq(alloc, kKvBlockSize);
+  EXPECT_TRUE(seq.reserve(P + C).ok());
+  ForwardResult res;
+  EXPECT_TRUE(m.forward({.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
+                         .num_logits = P, .tap_layers = {}},
+                        pool, &res)
+                  .ok());
+  std::vector<float> out = m.backend().to_host_f32(res.logits);
+  seq.set_length(P);
+  EXPECT_TRUE(m.forward({.tokens = chunk, .start_pos = P, .block_table = seq.block_table(),
+                         .num_logits = C, .tap_layers = {}},
+                        pool, &res)
+                  .ok());
+  const auto more = m.backend().to_host_f32(res.logits);
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+void compare_target(Backend& gpu, Backend& cpu, const std::string& dir) {
+  auto g = load_target(dir, gpu);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(dir, cpu);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const int64_t V = (*c)->config().vocab_size;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> prompt(40), chunk(5);
+  for (auto& t : prompt) t = tok(rng);
+  if ((*c)->config().bos_token_id >= 0) prompt[0] = static_cast<int32_t>((*c)->config().bos_token_id);
+  for (auto& t : chunk) t = tok(rng);
+  const auto lg = run_forwards(**g, prompt, chunk);
+  const auto lc = run_forwards(**c, prompt, chunk);
+  ASSERT_EQ(lg.size(), lc.size());
+  const double e = rel_err(lg, lc);
+  EXPECT_LT(e, 3e-2) << dir << ": CUDA vs CPU logits";
+  // Argmax agreement wherever the CPU's top-2 margin is clear of bf16 noise.
+  const int64_t rows = static_cast<int64_t>(lc.size()) / V;
+  int disagree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (top2_margin(lc, r, V) > 0.05f && argmax_row(lg, r, V) != argmax_row(lc, r, V)) ++disagree;
+  }
+  EXPECT_EQ(disagree, 0) << dir << ": argmax differs on " << disagree << " of " << rows << " rows";
+  std::printf("[ %s: CUDA vs CPU logits rel err %.2e over %lld rows ]\n", dir.c_str(), e,
+              static_cast<long long>(rows));
+}
+
+TEST_F(CudaModels, Stories260KLogitsMatchCpu) { compare_target(*gpu_, *cpu_, kStories); }
+
+TEST_F(CudaModels, TinyGoldenCheckpointsMatchCpu) {
+  int found = 0;
+  const fs::path data = BS_TEST_DATA;
+  if (!fs::exists(data)) GTEST_SKIP() << "no " << data;
+  for (const auto& e : fs::directory_iterator(data)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("tiny-", 0) != 0 || !fs::exists(e.path() / "config.json")) continue;
+    ++found;
+    SCOPED_TRACE(name);
+    compare_target(*gpu_, *cpu_, e.path().string());
+  }
+  if (found == 0) GTEST_SKIP() << "no tests/data/tiny-* checkpoints";
+}
+
+std::vector<int32_t> greedy(CausalLM& m, int64_t n) {
+  GenerateOptions opt;
+  opt.max_tokens = n;
+  const std::vector<int32_t> prompt = {static_cast<int32_t>(m.config().bos_token_id)};
+  auto out = generate_plain(m, prompt, opt, nullptr, nullptr);
+  EXPECT_TRUE(out.ok()) << out.status().message();
+  return out.ok() ? *out : std::vector<int32_t>{};
+}
+
+TEST_F(CudaModels, Stories260KGreedy100TokensMatchCpu) {
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(kStories, *cpu_);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const auto tg = greedy(**g, 100), tc = greedy(**c, 100);
+  ASSERT_EQ(tc.size(), 100u);
+  size_t first_diff = 0;
+  while (first_diff < tc.size() && first_diff < tg.size() && tg[first_diff] == tc[first_diff]) {
+    ++first_diff;
+  }
+  EXPECT_EQ(tg, tc) << "first difference at token " << first_diff;
+  if (first_diff < tc.size()) {
+    // Diagnose: the CPU's margin at the diverging step (teacher-forced on the CPU prefix).
+    std::vector<int32_t> prefix = {1};
+    prefix.insert(prefix.end(), tc.begin(), tc.begin() + first_diff);
+    const auto lc = run_forwards(**c, prefix, {tc[first_diff]});
+    const int64_t V = (*c)->config().vocab_size;
+    std::printf("[ CPU top-2 logit margin at the diverging step: %.4f ]\n",
+                top2_margin(lc, static_cast<int64_t>(prefix.size()) - 1, V));
+  }
+}
+
+// Drafter data made by the drafter engineers (tests/data/<name>), against stories260K.
+const char* kDrafters[] = {"dflash-stories260K", "dflash-stories260K-swa", "flashmap-stories260K",
+                           "flashmap-stories260K-dv128"};
+
+struct DraftRun {
+  std::vector<float> logits;
+  bool ok = false;
+};
+
+// Prefill a prompt with the drafter's taps, observe it, propose once; returns draft logits.
+DraftRun draft_once(CausalLM& target, Drafter& drafter, const std::vector<int32_t>& prompt) {
+  DraftRun r;
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t B = drafter.block_size();
+  const int64_t blocks = (P + B) / kKvBlockSize + 2;
+  KvPool tpool = target.make_kv_pool(blocks);
+  KvPool dpool = drafter.make_kv_pool(blocks);
+  BlockAllocator alloc(blocks);
+  SequenceKv seq(alloc, kKvBlockSize);
+  if (!seq.reserve(P + B).ok()) return r;
+  ForwardResult res;
+  const auto& taps = drafter.target_layers();
+  // The anchor is the last prompt token: context = positions [0, P-1).
+  Status st = target.forward({.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
+                              .num_logits = 1, .tap_layers = taps},
+                             tpool, &res);
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (!st.ok()) return r;
+  Tensor ctx = res.taps.rows(0, P - 1);
+  st = drafter.observe(dpool, seq.block_table(), ctx, 0);
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (!st.ok()) return r;
+  Tensor logits;
+  ProposeRequest req{.anchor = prompt.back(),
+                     .anchor_pos = P - 1,
+                     .block_table = seq.block_table(),
+                     .num_drafts = drafter.max_drafts(),
+                     .noise_seed = 99};
+  st = drafter.propose(dpool, req, &logits);
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (!st.ok()) return r;
+  r.logits = target.backend().to_host_f32(logits);
+  r.ok = true;
+  return r;
+}
+
+class CudaDrafters : public CudaModels, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
+  const std::string dir = std::string(BS_TEST_DATA) + "/" + GetParam();
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(kStories, *cpu_);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto dg = load_drafter(dir, **g, {});
+  if (!dg.ok() && dg.status().code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << "drafter family not available yet: " << dg.status().message();
+  }
+  ASSERT_TRUE(dg.ok()) << dg.status().message();
+  auto dc = load_drafter(dir, **c, {});
+  ASSERT_TRUE(dc.ok()) << dc.status().message();
+
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> tok(3, 511);
+  std::vector<int32_t> prompt(30);
+  for (auto& t : prompt) t = tok(rng);
+  prompt[0] = 1;
+  const DraftRun rg = draft_once(**g, **dg, prompt), rc = draft_once(**c, **dc, prompt);
+  ASSERT_TRUE(rg.ok && rc.ok);
+  const double e = rel_err(rg.logits, rc.logits);
+  EXPECT_LT(e, 5e-2) << GetParam() << ": CUDA vs CPU draft logits";
+  std::printf("[ %s: CUDA vs CPU draft logits rel err %.2e ]\n", GetParam(), e);
+
+  // Greedy speculative decoding on the GPU must produce plain greedy decoding's tokens.
+  GenerateOptions opt;
+  opt.max_tokens = 100;
+  const std::vector<int32_t> bos = {1};
+  auto plain = generate_plain(**g, bos, opt, nullptr, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  GenerateStats st;
+  auto spec = generate_speculative(**g, **dg, bos, opt, nullptr, &st);
+  if (!spec.ok() && spec.status().code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << "speculative decoding not available yet: " << spec.status().message();
+  }
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(*spec, *plain) << GetParam() << ": speculative != plain on the GPU";
+  std::printf("[ %s on GPU: acceptance length %.2f over %lld steps ]\n", GetParam(),
+              st.acceptance_length(), static_cast<long long>(st.steps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace bs

@@ -1,0 +1,527 @@
+// Every backend op on the CUDA backend against the CPU reference backend, on random data across
+// shapes. Inputs are rounded to bf16 first so both backends see the same values; tolerances are
+// those of bf16 storage (outputs rounded to bf16, fp32 accumulation). Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#ifdef BLOCKSPEC_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace bs {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+Tensor make(Backend& be, const Shape& s, DType t) {
+  switch (s.size()) {
+    case 1: return be.empty({s[0]}, t);
+    case 2: return be.empty({s[0], s[1]}, t);
+    case 3: return be.empty({s[0], s[1], s[2]}, t);
+    default: return be.empty({s[0], s[1], s[2], s[3]}, t);
+  }
+}
+Tensor weight(Backend& be, const Shape& s, const std::vector<float>& v) {
+  switch (s.size()) {
+    case 1: return be.upload_weight(DType::kF32, v.data(), {s[0]});
+    case 2: return be.upload_weight(DType::kF32, v.data(), {s[0], s[1]});
+    default: return be.upload_weight(DType::kF32, v.data(), {s[0], s[1], s[2]});
+  }
+}
+
+// ‖a − b‖ / ‖b‖ over the finite entries; infinite entries must match exactly; NaN fails.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    if (std::isinf(b[i]) || std::isinf(a[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto be = make_backend("cuda");
+    if (!be.ok()) GTEST_SKIP() << "CUDA backend unavailable: " << be.status().message();
+    gpu_ = std::move(*be);
+    cpu_ = make_cpu_backend(2);
+  }
+
+  // Random values already rounded to bf16.
+  std::vector<float> rnd(int64_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = bf16_to_f32(f32_to_bf16(d(rng_)));
+    return v;
+  }
+  // An activation tensor holding `v` on the GPU (bf16 unless `t` says otherwise).
+  Tensor gpu_act(const Shape& s, const std::vector<float>& v, DType t = DType::kBF16) {
+    Tensor x = make(*gpu_, s, t);
+    if (t == DType::kBF16) {
+      std::vector<uint16_t> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+      gpu_->copy_from_host(x, h.data());
+    } else {
+      gpu_->copy_from_host(x, v.data());
+    }
+    return x;
+  }
+  Tensor cpu_act(const Shape& s, const std::vector<float>& v) {
+    Tensor x = make(*cpu_, s, DType::kF32);
+    cpu_->copy_from_host(x, v.data());
+    return x;
+  }
+  Tensor gpu_ints(const std::vector<int32_t>& v) {
+    Tensor t = gpu_->empty({static_cast<int64_t>(v.size())}, DType::kI32);
+    gpu_->copy_from_host(t, v.data());
+    return t;
+  }
+  Tensor cpu_ints(const std::vector<int32_t>& v) {
+    Tensor t = cpu_->empty({static_cast<int64_t>(v.size())}, DType::kI32);
+    cpu_->copy_from_host(t, v.data());
+    return t;
+  }
+  void expect_close(const Tensor& g, const Tensor& c, double tol, const std::string& what) {
+    const auto a = gpu_->to_host_f32(g);
+    const auto b = cpu_->to_host_f32(c);
+    const double e = rel_err(a, b);
+    EXPECT_LT(e, tol) << what;
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::mt19937 rng_{1234};
+};
+
+constexpr double kBf16Tol = 1e-2;
+
+TEST_F(CudaOps, MatmulShapesBiasAccumulate) {
+  struct Case {
+    int64_t n, k, m;
+  };
+  const std::vector<Case> cases = {
+      {1, 64, 172},  {1, 512, 384},  {2, 256, 100},   {3, 128, 64},     {4, 96, 80},
+      {5, 64, 172},  {16, 512, 1024}, {37, 172, 64},  {1, 4096, 1024},  {16, 4096, 512},
+      {1, 172, 64},  {9, 172, 33},   {8, 40, 17},     {15, 12288, 128}, {16, 100, 4100},
+      {17, 256, 64}, {12, 4104, 24}};
+#ifdef BLOCKSPEC_HAS_CUDA
+  for (const auto mode : {cuda::GemvMode::kAuto, cuda::GemvMode::kMma, cuda::GemvMode::kSimt,
+                          cuda::GemvMode::kCublasLt}) {
+    cuda::set_gemv_mode(*gpu_, mode);
+#else
+  {
+#endif
+    for (const auto& c : cases) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool with_bias = variant & 1, accumulate = variant & 2;
+        const auto xv = rnd(c.n * c.k), wv = rnd(c.m * c.k, 0.1f), bv = rnd(c.m),
+                   yv = rnd(c.n * c.m);
+        Tensor gx = gpu_act({c.n, c.k}, xv), cx = cpu_act({c.n, c.k}, xv);
+        Tensor gw = weight(*gpu_, {c.m, c.k}, wv), cw = weight(*cpu_, {c.m, c.k}, wv);
+        Tensor gb = weight(*gpu_, {c.m}, bv), cb = weight(*cpu_, {c.m}, bv);
+        Tensor gy = gpu_act({c.n, c.m}, yv), cy = cpu_act({c.n, c.m}, yv);
+        gpu_->matmul(gy, gx, gw, with_bias ? &gb : nullptr, accumulate);
+        cpu_->matmul(cy, cx, cw, with_bias ? &cb : nullptr, accumulate);
+        expect_close(gy, cy, kBf16Tol,
+                     "matmul n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                         " m=" + std::to_string(c.m) + " bias=" + std::to_string(with_bias) +
+                         " acc=" + std::to_string(accumulate));
+        // F32 output (logits kept in fp32 by a caller).
+        Tensor gy32 = gpu_act({c.n, c.m}, yv, DType::kF32);
+        Tensor cy32 = cpu_act({c.n, c.m}, yv);
+        gpu_->matmul(gy32, gx, gw, with_bias ? &gb : nullptr, accumulate);
+        cpu_->matmul(cy32, cx, cw, with_bias ? &cb : nullptr, accumulate);
+        expect_close(gy32, cy32, 2e-3, "matmul f32 out n=" + std::to_string(c.n));
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
+  // Row r of an n-row product must be bit-identical to the same row computed alone: that is
+  // what makes greedy speculative decoding reproduce plain decoding on the GPU. Holds for the
+  // default mode (pinned cuBLASLt algorithm) and the skinny MMA kernel.
+#ifdef BLOCKSPEC_HAS_CUDA
+  for (const auto mode : {cuda::GemvMode::kAuto, cuda::GemvMode::kMma}) {
+    cuda::set_gemv_mode(*gpu_, mode);
+#else
+  {
+#endif
+  for (const int64_t k : {64, 172, 4096}) {
+    const int64_t m = 300, n = 16;
+    const auto xv = rnd(n * k), wv = rnd(m * k, 0.1f);
+    Tensor gx = gpu_act({n, k}, xv), gw = weight(*gpu_, {m, k}, wv);
+    Tensor all = make(*gpu_, {n, m}, DType::kBF16);
+    gpu_->matmul(all, gx, gw);
+    const auto ref = gpu_->to_host_f32(all);
+    for (const int64_t rows : {1, 3, 8, 9, 16}) {
+      Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
+      gpu_->matmul(part, gx.rows(0, rows), gw);
+      const auto got = gpu_->to_host_f32(part);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
+          << "k=" << k << " rows=" << rows;
+    }
+  }
+  }
+#ifdef BLOCKSPEC_HAS_CUDA
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
+#endif
+}
+
+TEST_F(CudaOps, AttentionRowsAreIndependentOfRowCount) {
+  const int64_t heads = 8, kv_heads = 2, hd = 128, bs = 16, kv_len = 200, n = 16;
+  const int64_t blocks = kv_len / bs + 2;
+  std::vector<int32_t> table(blocks), slots(kv_len);
+  std::iota(table.begin(), table.end(), 0);
+  std::iota(slots.begin(), slots.end(), 0);
+  const auto kv = rnd(kv_len * kv_heads * hd), qv = rnd(n * heads * hd);
+  Tensor kp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
+  Tensor vp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
+  Tensor k = gpu_act({kv_len, kv_heads, hd}, kv);
+  gpu_->kv_write(kp, vp, k, k, gpu_ints(slots));
+  Tensor q = gpu_act({n, heads, hd}, qv);
+  const float scale = 0.088f;
+  // 16 verify rows at positions kv_len-16 .. kv_len-1 vs row 0 alone (decode at kv_len-15).
+  Tensor o16 = make(*gpu_, {n, heads, hd}, DType::kBF16), o1 = make(*gpu_, {1, heads, hd}, DType::kBF16);
+  gpu_->paged_attention(o16, q, kp, vp, gpu_ints(table), kv_len, {}, scale);
+  gpu_->paged_attention(o1, q.rows(0, 1), kp, vp, gpu_ints(table), kv_len - n + 1, {}, scale);
+  const auto a = gpu_->to_host_f32(o16), b = gpu_->to_host_f32(o1);
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), a.begin()));
+}
+
+TEST_F(CudaOps, MatmulInPlaceAccumulateOnRowView) {
+  // The decoder's residual update: x += attn . Wo^T on a row view of a larger scratch buffer.
+  const int64_t rows = 20, n = 3, k = 64, m = 48;
+  const auto xv = rnd(rows * m), av = rnd(rows * k), wv = rnd(m * k, 0.1f);
+  Tensor gx = gpu_act({rows, m}, xv), cx = cpu_act({rows, m}, xv);
+  Tensor ga = gpu_act({rows, k}, av), ca = cpu_act({rows, k}, av);
+  Tensor gw = weight(*gpu_, {m, k}, wv), cw = weight(*cpu_, {m, k}, wv);
+  gpu_->matmul(gx.rows(5, n), ga.rows(2, n), gw, nullptr, true);
+  cpu_->matmul(cx.rows(5, n), ca.rows(2, n), cw, nullptr, true);
+  expect_close(gx, cx, kBf16Tol, "row-view accumulate");
+}
+
+TEST_F(CudaOps, GemmTransposes) {
+  for (const DType t : {DType::kBF16, DType::kF32}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      const int64_t n = 7, k = 33, m = 21;
+      const Shape sa = ta ? Shape{k, n} : Shape{n, k};
+      const Shape sb = tb ? Shape{m, k} : Shape{k, m};
+      const auto av = rnd(n * k), bv = rnd(k * m);
+      Tensor ga = gpu_act(sa, av, t), ca = cpu_act(sa, av);
+      Tensor gb = gpu_act(sb, bv, t), cb = cpu_act(sb, bv);
+      Tensor gy = make(*gpu_, {n, m}, t), cy = make(*cpu_, {n, m}, DType::kF32);
+      gpu_->gemm(gy, ga, gb, ta, tb);
+      cpu_->gemm(cy, ca, cb, ta, tb);
+      expect_close(gy, cy, t == DType::kF32 ? 1e-5 : kBf16Tol,
+                   "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                       " dtype=" + std::string(dtype_name(t)));
+    }
+  }
+}
+
+TEST_F(CudaOps, Elementwise) {
+  const int64_t rows = 6, d = 300;
+  const auto av = rnd(rows * d), bv = rnd(rows * d), gv = rnd(d), yv = rnd(rows * d);
+  Tensor ga = gpu_act({rows, d}, av), ca = cpu_act({rows, d}, av);
+  Tensor gb = gpu_act({rows, d}, bv), cb = cpu_act({rows, d}, bv);
+  auto check = [&](const std::string& what, auto&& gpu_op, auto&& cpu_op) {
+    Tensor gy = gpu_act({rows, d}, yv), cy = cpu_act({rows, d}, yv);
+    gpu_op(gy);
+    cpu_op(cy);
+    expect_close(gy, cy, kBf16Tol, what);
+  };
+  check("add", [&](const Tensor& y) { gpu_->add(y, ga, gb); },
+        [&](const Tensor& y) { cpu_->add(y, ca, cb); });
+  check("mul", [&](const Tensor& y) { gpu_->mul(y, ga, gb); },
+        [&](const Tensor& y) { cpu_->mul(y, ca, cb); });
+  check("silu_mul", [&](const Tensor& y) { gpu_->silu_mul(y, ga, gb); },
+        [&](const Tensor& y) { cpu_->silu_mul(y, ca, cb); });
+  check("silu", [&](const Tensor& y) { gpu_->silu(y, ga); },
+        [&](const Tensor& y) { cpu_->silu(y, ca); });
+  check("gelu_tanh", [&](const Tensor& y) { gpu_->gelu(y, ga, true); },
+        [&](const Tensor& y) { cpu_->gelu(y, ca, true); });
+  check("gelu_erf", [&](const Tensor& y) { gpu_->gelu(y, ga, false); },
+        [&](const Tensor& y) { cpu_->gelu(y, ca, false); });
+  check("axpby", [&](const Tensor& y) { gpu_->axpby(y, 0.7f, ga, -1.3f, gb); },
+        [&](const Tensor& y) { cpu_->axpby(y, 0.7f, ca, -1.3f, cb); });
+  Tensor gg = weight(*gpu_, {d}, gv), cg = weight(*cpu_, {d}, gv);
+  check("gated_add", [&](const Tensor& y) { gpu_->gated_add(y, ga, gg); },
+        [&](const Tensor& y) { cpu_->gated_add(y, ca, cg); });
+  // In place: y = silu(y) * b (the decoder's silu_mul(gate, gate, up)).
+  check("silu_mul in place",
+        [&](const Tensor& y) { gpu_->silu_mul(y, y, gb); },
+        [&](const Tensor& y) { cpu_->silu_mul(y, y, cb); });
+  // modulate with shared [d] and per-row [rows, d] shift/scale.
+  const auto sv = rnd(d, 0.3f), tv = rnd(d, 0.3f);
+  Tensor gs = gpu_act({d}, sv), cs = cpu_act({d}, sv), gt = gpu_act({d}, tv), ct = cpu_act({d}, tv);
+  check("modulate shared", [&](const Tensor& y) { gpu_->modulate(y, ga, gs, gt); },
+        [&](const Tensor& y) { cpu_->modulate(y, ca, cs, ct); });
+  check("modulate per row", [&](const Tensor& y) { gpu_->modulate(y, ga, gb, ga); },
+        [&](const Tensor& y) { cpu_->modulate(y, ca, cb, ca); });
+}
+
+TEST_F(CudaOps, Norms) {
+  for (const int64_t d : {8, 64, 128, 300, 4096}) {
+    const int64_t rows = 5;
+    const auto xv = rnd(rows * d, 2.0f), wv = rnd(d), bv = rnd(d);
+    Tensor gx = gpu_act({rows, d}, xv), cx = cpu_act({rows, d}, xv);
+    Tensor gw = weight(*gpu_, {d}, wv), cw = weight(*cpu_, {d}, wv);
+    Tensor gb = weight(*gpu_, {d}, bv), cb = weight(*cpu_, {d}, bv);
+    Tensor gy = make(*gpu_, {rows, d}, DType::kBF16), cy = make(*cpu_, {rows, d}, DType::kF32);
+    gpu_->rms_norm(gy, gx, gw, 1e-6f);
+    cpu_->rms_norm(cy, cx, cw, 1e-6f);
+    expect_close(gy, cy, kBf16Tol, "rms_norm d=" + std::to_string(d));
+    gpu_->layer_norm(gy, gx, d, gw, gb, 1e-5f);
+    cpu_->layer_norm(cy, cx, d, cw, cb, 1e-5f);
+    expect_close(gy, cy, kBf16Tol, "layer_norm d=" + std::to_string(d));
+    gpu_->layer_norm(gy, gx, d, Tensor(), Tensor(), 1e-5f);
+    cpu_->layer_norm(cy, cx, d, Tensor(), Tensor(), 1e-5f);
+    expect_close(gy, cy, kBf16Tol, "layer_norm no affine d=" + std::to_string(d));
+    // In place, per head (rows of a wider tensor), as q/k norm does.
+    gpu_->rms_norm(gx, gx, gw, 1e-6f);
+    cpu_->rms_norm(cx, cx, cw, 1e-6f);
+    expect_close(gx, cx, kBf16Tol, "rms_norm in place d=" + std::to_string(d));
+  }
+}
+
+TEST_F(CudaOps, RopeMatchesAtLargePositions) {
+  for (const int64_t hd : {8, 64, 128}) {
+    const int64_t n = 5, heads = 3, half = hd / 2;
+    std::vector<float> freq(half);
+    for (int64_t i = 0; i < half; ++i) {
+      freq[i] = static_cast<float>(std::pow(1e6, -2.0 * i / hd));
+    }
+    const std::vector<int32_t> pos = {0, 1, 17, 4095, 40000};
+    const auto xv = rnd(n * heads * hd);
+    Tensor gx = gpu_act({n, heads, hd}, xv), cx = cpu_act({n, heads, hd}, xv);
+    Tensor gf = weight(*gpu_, {half}, freq), cf = weight(*cpu_, {half}, freq);
+    gpu_->rope(gx, gpu_ints(pos), gf, 1.0f);
+    cpu_->rope(cx, cpu_ints(pos), cf, 1.0f);
+    expect_close(gx, cx, kBf16Tol, "rope hd=" + std::to_string(hd));
+    gpu_->rope(gx, gpu_ints(pos), gf, 0.8f);
+    cpu_->rope(cx, cpu_ints(pos), cf, 0.8f);
+    expect_close(gx, cx, kBf16Tol, "rope scaled hd=" + std::to_string(hd));
+  }
+}
+
+TEST_F(CudaOps, EmbeddingIsExact) {
+  const int64_t vocab = 1000, d = 96;
+  const auto tv = rnd(vocab * d);
+  Tensor gt = weight(*gpu_, {vocab, d}, tv), ct = weight(*cpu_, {vocab, d}, tv);
+  const std::vector<int32_t> ids = {0, 999, 5, 5, 512};
+  Tensor gy = make(*gpu_, {5, d}, DType::kBF16), cy = make(*cpu_, {5, d}, DType::kF32);
+  gpu_->embedding(gy, gpu_ints(ids), gt);
+  cpu_->embedding(cy, cpu_ints(ids), ct);
+  EXPECT_EQ(gpu_->to_host_f32(gy), cpu_->to_host_f32(cy));
+}
+
+TEST_F(CudaOps, UploadWeightFromEveryDtype) {
+  const int64_t n = 257;
+  const auto v = rnd(n * 2, 3.0f);
+  std::vector<uint16_t> bf(v.size()), hf(v.size());
+  std::vector<uint8_t> f8(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    bf[i] = f32_to_bf16(v[i]);
+    hf[i] = f32_to_f16(v[i]);
+    f8[i] = f32_to_f8e4m3(v[i]);
+  }
+  struct Src {
+    DType t;
+    const void* p;
+  };
+  for (const Src s : {Src{DType::kF32, v.data()}, Src{DType::kBF16, bf.data()},
+                      Src{DType::kF16, hf.data()}, Src{DType::kF8E4M3, f8.data()}}) {
+    Tensor g2 = gpu_->upload_weight(s.t, s.p, {2, n});
+    Tensor c2 = cpu_->upload_weight(s.t, s.p, {2, n});
+    EXPECT_EQ(g2.dtype(), DType::kBF16);
+    expect_close(g2, c2, 4e-3, "upload 2-D from " + std::string(dtype_name(s.t)));
+    Tensor g1 = gpu_->upload_weight(s.t, s.p, {2 * n});
+    Tensor c1 = cpu_->upload_weight(s.t, s.p, {2 * n});
+    EXPECT_EQ(g1.dtype(), DType::kF32);
+    EXPECT_EQ(gpu_->to_host_f32(g1), cpu_->to_host_f32(c1))
+        << "upload 1-D from " << dtype_name(s.t);
+  }
+}
+
+struct AttnCase {
+  int64_t heads, kv_heads, hd, kv_len, n;
+  bool causal;
+  int64_t window;
+};
+
+TEST_F(CudaOps, PagedAttentionAllShapes) {
+  const std::vector<AttnCase> cases = {
+      {8, 4, 8, 1, 1, true, 0},       {8, 4, 8, 37, 1, true, 0},     {8, 4, 8, 37, 37, true, 0},
+      {32, 8, 128, 300, 1, true, 0},  {32, 8, 128, 300, 16, true, 0}, {32, 8, 128, 300, 16, false, 0},
+      {4, 2, 16, 100, 8, false, 0},   {4, 2, 64, 100, 8, true, 24},  {4, 2, 64, 100, 8, false, 24},
+      {6, 2, 8, 45, 5, true, 0},      {32, 8, 128, 1500, 1, true, 0}, {2, 2, 256, 50, 3, true, 0},
+      {4, 1, 96, 70, 70, true, 0}};
+  for (const auto& c : cases) {
+    const int64_t bs = 16, blocks = (c.kv_len + bs - 1) / bs + 3;
+    // A shuffled block table, so that logical order differs from physical.
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng_);
+    std::vector<int32_t> slots(c.kv_len);
+    for (int64_t p = 0; p < c.kv_len; ++p) {
+      slots[p] = static_cast<int32_t>(table[p / bs] * bs + p % bs);
+    }
+    const int64_t row = c.kv_heads * c.hd;
+    const auto kv = rnd(c.kv_len * row), vv = rnd(c.kv_len * row), qv = rnd(c.n * c.heads * c.hd);
+    Tensor gkp = make(*gpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kBF16);
+    Tensor gvp = make(*gpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kBF16);
+    Tensor ckp = make(*cpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kF32);
+    Tensor cvp = make(*cpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kF32);
+    Tensor gk = gpu_act({c.kv_len, c.kv_heads, c.hd}, kv), ck = cpu_act({c.kv_len, c.kv_heads, c.hd}, kv);
+    Tensor gv = gpu_act({c.kv_len, c.kv_heads, c.hd}, vv), cv = cpu_act({c.kv_len, c.kv_heads, c.hd}, vv);
+    gpu_->kv_write(gkp, gvp, gk, gv, gpu_ints(slots));
+    cpu_->kv_write(ckp, cvp, ck, cv, cpu_ints(slots));
+    EXPECT_EQ(gpu_->to_host_f32(gkp), cpu_->to_host_f32(ckp));
+    EXPECT_EQ(gpu_->to_host_f32(gvp), cpu_->to_host_f32(cvp));
+    Tensor gq = gpu_act({c.n, c.heads, c.hd}, qv), cq = cpu_act({c.n, c.heads, c.hd}, qv);
+    Tensor go = make(*gpu_, {c.n, c.heads, c.hd}, DType::kBF16);
+    Tensor co = make(*cpu_, {c.n, c.heads, c.hd}, DType::kF32);
+    const AttentionMask mask{.causal = c.causal, .window = c.window};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    gpu_->paged_attention(go, gq, gkp, gvp, gpu_ints(table), c.kv_len, mask, scale);
+    cpu_->paged_attention(co, cq, ckp, cvp, cpu_ints(table), c.kv_len, mask, scale);
+    const std::string what = "paged heads=" + std::to_string(c.heads) + "/" +
+                             std::to_string(c.kv_heads) + " hd=" + std::to_string(c.hd) +
+                             " kv_len=" + std::to_string(c.kv_len) + " n=" + std::to_string(c.n) +
+                             " causal=" + std::to_string(c.causal) +
+                             " window=" + std::to_string(c.window);
+    expect_close(go, co, kBf16Tol, what);
+    // Dense attention over the same keys.
+    Tensor gd = make(*gpu_, {c.n, c.heads, c.hd}, DType::kBF16);
+    Tensor cd = make(*cpu_, {c.n, c.heads, c.hd}, DType::kF32);
+    gpu_->attention(gd, gq, gk, gv, mask, scale);
+    cpu_->attention(cd, cq, ck, cv, mask, scale);
+    expect_close(gd, cd, kBf16Tol, "dense " + what);
+  }
+}
+
+TEST_F(CudaOps, ArgmaxFirstIndexOnTies) {
+  for (const int64_t v : {7, 1000, 151936}) {
+    const int64_t rows = 3;
+    auto xv = rnd(rows * v);
+    // Row 1: a tie for the maximum at two places; row 2: all equal.
+    xv[v + v / 3] = 100.0f;
+    xv[v + v / 2] = 100.0f;
+    std::fill(xv.begin() + 2 * v, xv.end(), -2.0f);
+    Tensor gx = gpu_act({rows, v}, xv), cx = cpu_act({rows, v}, xv);
+    Tensor go = gpu_->empty({rows}, DType::kI32), co = cpu_->empty({rows}, DType::kI32);
+    gpu_->argmax(go, gx);
+    cpu_->argmax(co, cx);
+    std::vector<int32_t> a(rows), b(rows);
+    gpu_->copy_to_host(a.data(), go);
+    cpu_->copy_to_host(b.data(), co);
+    EXPECT_EQ(a, b) << "v=" << v;
+  }
+}
+
+TEST_F(CudaOps, SoftmaxAndNoiseCombine) {
+  const int64_t rows = 4, v = 5000;
+  const auto xv = rnd(rows * v, 3.0f);
+  Tensor gx = gpu_act({rows, v}, xv), cx = cpu_act({rows, v}, xv);
+  Tensor gy = make(*gpu_, {rows, v}, DType::kF32), cy = make(*cpu_, {rows, v}, DType::kF32);
+  gpu_->softmax(gy, gx, 0.7f);
+  cpu_->softmax(cy, cx, 0.7f);
+  expect_close(gy, cy, 1e-4, "softmax f32 out");
+  Tensor gyb = make(*gpu_, {rows, v}, DType::kBF16);
+  gpu_->softmax(gyb, gx, 0.7f);
+  expect_close(gyb, cy, kBf16Tol, "softmax bf16 out");
+
+  const int64_t d = 64, e = 48;
+  const auto bv = rnd(d), xv2 = rnd(rows * d), zv = rnd(rows * e), wv = rnd(e);
+  std::vector<float> wpos(wv.size());
+  for (size_t i = 0; i < wv.size(); ++i) wpos[i] = std::abs(wv[i]);
+  Tensor gb = weight(*gpu_, {d}, bv), cb = weight(*cpu_, {d}, bv);
+  Tensor gx2 = gpu_act({rows, d}, xv2), cx2 = cpu_act({rows, d}, xv2);
+  Tensor gz = gpu_act({rows, e}, zv), cz = cpu_act({rows, e}, zv);
+  Tensor gw = weight(*gpu_, {e}, wpos), cw = weight(*cpu_, {e}, wpos);
+  Tensor go = make(*gpu_, {rows, d}, DType::kBF16), co = make(*cpu_, {rows, d}, DType::kF32);
+  gpu_->noise_combine(go, gb, gx2, gz, gw, 0.9f, 1e-6f);
+  cpu_->noise_combine(co, cb, cx2, cz, cw, 0.9f, 1e-6f);
+  expect_close(go, co, kBf16Tol, "noise_combine");
+}
+
+TEST_F(CudaOps, SeededNormalMatchesCpu) {
+  const std::vector<int32_t> pos = {0, 3, 100, 100000};
+  for (const int64_t d : {1, 7, 64}) {
+    const int64_t n = static_cast<int64_t>(pos.size());
+    Tensor go = make(*gpu_, {n, d}, DType::kF32), co = make(*cpu_, {n, d}, DType::kF32);
+    gpu_->seeded_normal(go, gpu_ints(pos), 42, 3, 0.5f);
+    cpu_->seeded_normal(co, cpu_ints(pos), 42, 3, 0.5f);
+    expect_close(go, co, 1e-6, "seeded_normal d=" + std::to_string(d));
+  }
+}
+
+TEST_F(CudaOps, ColumnsCopiesAndScatter) {
+  const int64_t n = 5, d = 24, big = 96;
+  const auto sv = rnd(n * d), bv = rnd(n * big);
+  Tensor gs = gpu_act({n, d}, sv), cs = cpu_act({n, d}, sv);
+  Tensor gb = gpu_act({n, big}, bv), cb = cpu_act({n, big}, bv);
+  gpu_->copy_columns(gb, 48, gs);
+  cpu_->copy_columns(cb, 48, cs);
+  EXPECT_EQ(gpu_->to_host_f32(gb), cpu_->to_host_f32(cb));
+  Tensor gd = make(*gpu_, {n, d}, DType::kBF16), cd = make(*cpu_, {n, d}, DType::kF32);
+  gpu_->slice_columns(gd, gb, 40);
+  cpu_->slice_columns(cd, cb, 40);
+  EXPECT_EQ(gpu_->to_host_f32(gd), cpu_->to_host_f32(cd));
+  // Mixed dtypes take the kernel path.
+  Tensor gd32 = make(*gpu_, {n, d}, DType::kF32);
+  gpu_->slice_columns(gd32, gb, 40);
+  EXPECT_EQ(gpu_->to_host_f32(gd32), cpu_->to_host_f32(cd));
+
+  const int64_t v = 300;
+  std::vector<int32_t> ids(d);
+  for (int64_t j = 0; j < d; ++j) ids[j] = static_cast<int32_t>((j * 37 + 11) % v);
+  Tensor gv = make(*gpu_, {n, v}, DType::kF32), cv = make(*cpu_, {n, v}, DType::kF32);
+  gpu_->scatter_columns(gv, gs, gpu_ints(ids), -INFINITY);
+  cpu_->scatter_columns(cv, cs, cpu_ints(ids), -INFINITY);
+  EXPECT_EQ(gpu_->to_host_f32(gv), cpu_->to_host_f32(cv));
+
+  Tensor gc = make(*gpu_, {n, d}, DType::kBF16);
+  gpu_->copy(gc, gs);
+  EXPECT_EQ(gpu_->to_host_f32(gc), gpu_->to_host_f32(gs));
+  gpu_->fill_zero(gc);
+  for (float x : gpu_->to_host_f32(gc)) ASSERT_EQ(x, 0.0f);
+}
+
+TEST_F(CudaOps, EmptyIsZeroAndPoolReuseIsSafe) {
+  for (int round = 0; round < 3; ++round) {
+    Tensor t = gpu_->empty({1000});
+    gpu_->copy_from_host(t, std::vector<uint16_t>(1000, f32_to_bf16(5.0f)).data());
+  }
+  Tensor t = gpu_->empty({1000});
+  for (float x : gpu_->to_host_f32(t)) ASSERT_EQ(x, 0.0f);
+  // Many small host copies wrap the pinned ring; each must land intact.
+  Tensor big = gpu_->empty({1 << 16}, DType::kI32);
+  std::vector<int32_t> h(1 << 16);
+  for (int round = 0; round < 200; ++round) {
+    for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<int32_t>(i * 7 + round);
+    gpu_->copy_from_host(big, h.data());
+  }
+  std::vector<int32_t> back(h.size());
+  gpu_->copy_to_host(back.data(), big);
+  EXPECT_EQ(back, h);
+}
+
+}  // namespace
+}  // namespace bs
