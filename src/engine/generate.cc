@@ -50,6 +50,7 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
 
   std::vector<int32_t> out;
   std::vector<float> logits;
+  const Tensor argmax_id = backend.empty({1}, DType::kI32);  // greedy: argmax on the device
   auto t0 = std::chrono::steady_clock::now();
   // Prefill: the whole prompt, logits of the last row only.
   std::vector<int32_t> step_tokens(prompt.begin(), prompt.end());
@@ -70,12 +71,18 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
     ForwardResult res;
     BS_RETURN_IF_ERROR(target.forward(req, pool, &res));
     seq.set_length(start + n);
-    logits = backend.to_host_f32(res.logits);
+    int32_t token = 0;
+    if (options.sampling.greedy()) {
+      backend.argmax(argmax_id, res.logits);
+      backend.copy_to_host(&token, argmax_id);
+    } else {
+      logits = backend.to_host_f32(res.logits);
+      token = sampler.sample(logits);
+    }
     if (start == 0) {
       st.prefill_seconds = seconds_since(t0);
       t0 = std::chrono::steady_clock::now();
     }
-    const int32_t token = sampler.sample(logits);
     out.push_back(token);
     const bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
                       options.stop_ids.end();

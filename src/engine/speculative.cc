@@ -126,6 +126,14 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   // ---- Decode steps. ----
   std::vector<int32_t> drafts, verify_tokens, target_argmax;
   std::vector<float> draft_logits, q, p;
+  // Greedy steps take the argmax on the device and read back only token ids.
+  const Tensor argmax_ids = backend.empty({std::max<int64_t>(B, draft_budget) + 1}, DType::kI32);
+  const auto device_argmax = [&](const Tensor& rows, std::vector<int32_t>* ids) {
+    const Tensor out = argmax_ids.rows(0, rows.dim(0));
+    backend.argmax(out, rows);
+    ids->resize(static_cast<size_t>(rows.dim(0)));
+    backend.copy_to_host(ids->data(), out);
+  };
   while (!done) {
     if (static_cast<int64_t>(out.size()) >= options.max_tokens) {
       st.finish = FinishReason::kLength;
@@ -155,14 +163,14 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                           .num_drafts = k,
                                           .noise_seed = options.sampling.seed.value_or(0)},
                                          &dl));
-      draft_logits = backend.to_host_f32(dl);
-      std::vector<float> row_q;
-      for (int64_t i = 0; i < k; ++i) {
-        const std::span<const float> row(draft_logits.data() + i * vocab,
-                                         static_cast<size_t>(vocab));
-        if (greedy) {
-          drafts.push_back(argmax(row));
-        } else {
+      if (greedy) {
+        device_argmax(dl.rows(0, k), &drafts);
+      } else {
+        draft_logits = backend.to_host_f32(dl);
+        std::vector<float> row_q;
+        for (int64_t i = 0; i < k; ++i) {
+          const std::span<const float> row(draft_logits.data() + i * vocab,
+                                           static_cast<size_t>(vocab));
           sampler.probs(row, &row_q);
           drafts.push_back(sampler.sample_from(row_q));
           q.insert(q.end(), row_q.begin(), row_q.end());
@@ -182,17 +190,16 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                        .tap_layers = taps_layers},
                                       target_kv, &res));
     seq.set_length(s + k + 1);
-    logits = backend.to_host_f32(res.logits);
+    if (greedy) {
+      device_argmax(res.logits, &target_argmax);
+    } else {
+      logits = backend.to_host_f32(res.logits);
+    }
     const double verify_s = seconds_since(t);
 
     // Accept.
     AcceptResult acc;
     if (greedy) {
-      target_argmax.resize(static_cast<size_t>(k + 1));
-      for (int64_t i = 0; i <= k; ++i) {
-        target_argmax[i] =
-            argmax(std::span<const float>(logits.data() + i * vocab, static_cast<size_t>(vocab)));
-      }
       acc = accept_greedy(drafts, target_argmax);
     } else {
       p.resize(static_cast<size_t>((k + 1) * vocab));
