@@ -8,9 +8,9 @@
 // plain / speculative generation rates, and with --kernels each op alone at the model's shapes.
 // On CUDA, --gemv all (default) times every few-row matmul mode. Also registers
 // `blockspec synth` (synth.cc). Results and method: docs/BENCHMARKS.md.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -148,7 +148,8 @@ double decode_weight_bytes(const CausalLM& m) {
   const double q = static_cast<double>(c.num_heads) * hd,
                kv = static_cast<double>(c.num_kv_heads) * hd,
                inter = static_cast<double>(c.intermediate_size);
-  const double per_layer = mat * (h * q + 2 * h * kv + q * h + 3 * h * inter) + vec * (2 * h + 2 * hd);
+  const double per_layer =
+      mat * (h * q + 2 * h * kv + q * h + 3 * h * inter) + vec * (2 * h + 2 * hd);
   return per_layer * static_cast<double>(c.num_layers) +
          mat * static_cast<double>(c.vocab_size) * h + vec * h;
 }
@@ -158,8 +159,8 @@ void set_mode(Backend& be, const std::string& mode);
 // Per-op GPU/CPU times at the target's shapes, each op launched back to back `reps` times
 // between two timer marks (so launch gaps are included, host round trips are not). Matrices
 // rotate over disjoint slices of the LM head so that no repetition is served from L2.
-void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t rows,
-                      int64_t ctx, const std::vector<std::pair<std::string, std::string>>& modes) {
+void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t rows, int64_t ctx,
+                      const std::vector<std::pair<std::string, std::string>>& modes) {
   const auto& c = target.config();
   const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   const int64_t I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
@@ -176,9 +177,9 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
     const char* name;
     int64_t m, k, per_layer;
   };
-  const std::vector<Mat> mats = {{"q_proj", nh * hd, H, 1},   {"k/v_proj", nkv * hd, H, 2},
-                                 {"o_proj", H, nh * hd, 1},   {"gate/up_proj", I, H, 2},
-                                 {"down_proj", H, I, 1},      {"lm_head", V, H, 0}};
+  const std::vector<Mat> mats = {{"q_proj", nh * hd, H, 1}, {"k/v_proj", nkv * hd, H, 2},
+                                 {"o_proj", H, nh * hd, 1}, {"gate/up_proj", I, H, 2},
+                                 {"down_proj", H, I, 1},    {"lm_head", V, H, 0}};
   Tensor y = be.empty({rows, std::max<int64_t>(V, I)});
   for (const int64_t n : {int64_t{1}, rows}) {
     fmt::print("kernels, {} row{}:\n", n, n > 1 ? "s" : "");
@@ -192,17 +193,21 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
         const Tensor x = flat.rows(V * H - n * mt.k, n * mt.k).view({n, mt.k});
         const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
         const double us = time_op([&](int i) {
-          const Tensor w = mt.per_layer == 0 ? lm : flat.rows((i % slices) * elems, elems).view({mt.m, mt.k});
+          const Tensor w =
+              mt.per_layer == 0 ? lm : flat.rows((i % slices) * elems, elems).view({mt.m, mt.k});
           be.matmul(yv, x, w);
         });
         const double gbs = static_cast<double>(elems) * 2 / (us * 1e-6) / 1e9;
         line += fmt::format(" {} {:.1f} us ({:.0f} GB/s);", mt.name, us, gbs);
-        if (mt.per_layer) layer_us += us * static_cast<double>(mt.per_layer); else head_us += us;
+        if (mt.per_layer)
+          layer_us += us * static_cast<double>(mt.per_layer);
+        else
+          head_us += us;
       }
       fmt::print("  matmul [{}]:{}\n", label.empty() ? "default" : label, line);
       fmt::print("  matmul [{}] per token: {:.3f} ms ({} layers x {:.1f} us + head {:.1f} us)\n",
-                 label.empty() ? "default" : label, (layer_us * static_cast<double>(L) + head_us) / 1e3,
-                 L, layer_us, head_us);
+                 label.empty() ? "default" : label,
+                 (layer_us * static_cast<double>(L) + head_us) / 1e3, L, layer_us, head_us);
     }
     set_mode(be, "auto");
     // Small ops.
@@ -218,7 +223,8 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
     be.copy(gate, flat.rows(0, n * I).view({n, I}));
     be.copy(up, flat.rows(n * I, n * I).view({n, I}));
     const int64_t blocks = (ctx + n) / kKvBlockSize + 2;
-    const Tensor kp = be.empty({blocks, kKvBlockSize, nkv, hd}), vp = be.empty({blocks, kKvBlockSize, nkv, hd});
+    const Tensor kp = be.empty({blocks, kKvBlockSize, nkv, hd}),
+                 vp = be.empty({blocks, kKvBlockSize, nkv, hd});
     be.copy(kp, flat.rows(0, kp.numel()).view({blocks, kKvBlockSize, nkv, hd}));
     be.copy(vp, flat.rows(kp.numel(), kp.numel()).view({blocks, kKvBlockSize, nkv, hd}));
     std::vector<int32_t> pos(n), slot(n), table(blocks);
@@ -245,24 +251,30 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
         {"rope_q", 1, [&](int) { be.rope(q, pos_t, inv, 1.0f); }},
         {"rope_k", 1, [&](int) { be.rope(k, pos_t, inv, 1.0f); }},
         {"kv_write", 1, [&](int) { be.kv_write(kp, vp, k, k, slot_t); }},
-        {"attention", 1, [&](int) {
-           be.paged_attention(o, q, kp, vp, table_t, ctx + n, AttentionMask{}, scale);
-         }},
+        {"attention", 1,
+         [&](int) { be.paged_attention(o, q, kp, vp, table_t, ctx + n, AttentionMask{}, scale); }},
         {"silu_mul", 1, [&](int) { be.silu_mul(gate, gate, up); }},
         {"embedding", 0, [&](int) { be.embedding(xn, ids, target.embed_tokens()); }},
-        {"argmax", 0, [&](int) { be.argmax(ids, y.view({-1}).rows(0, n * V).view({n, V})); }},
+        {"argmax", 0,
+         [&](int) {
+           be.argmax(ids, y.view({-1}).rows(0, n * V).view({n, V}));
+         }},
     };
     double layer_us = 0, once_us = 0;
     std::string line;
     for (const auto& sm : smalls) {
       const double us = time_op(sm.f);
       line += fmt::format(" {} {:.1f};", sm.name, us);
-      if (sm.per_layer) layer_us += us * sm.per_layer; else once_us += us;
+      if (sm.per_layer)
+        layer_us += us * sm.per_layer;
+      else
+        once_us += us;
     }
     fmt::print("  small ops (us):{}\n", line);
-    fmt::print("  small ops per token: {:.3f} ms ({} layers x {:.1f} us + {:.1f} us; attention "
-               "over {} keys)\n",
-               (layer_us * static_cast<double>(L) + once_us) / 1e3, L, layer_us, once_us, ctx + n);
+    fmt::print(
+        "  small ops per token: {:.3f} ms ({} layers x {:.1f} us + {:.1f} us; attention "
+        "over {} keys)\n",
+        (layer_us * static_cast<double>(L) + once_us) / 1e3, L, layer_us, once_us, ctx + n);
   }
 }
 
@@ -288,8 +300,8 @@ int fail(const Status& st) {
 
 int run_bench(const BenchArgs& a) {
   if (a.batch != 1) {
-    return fail(Unimplemented("--batch {}: only batch 1 is implemented (single-sequence engine)",
-                              a.batch));
+    return fail(
+        Unimplemented("--batch {}: only batch 1 is implemented (single-sequence engine)", a.batch));
   }
   auto backend_r = make_backend(a.device, a.threads);
   if (!backend_r.ok()) return fail(backend_r.status());
@@ -326,10 +338,11 @@ int run_bench(const BenchArgs& a) {
   fmt::print("load: {:.1f} s\n",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
   const double wbytes = decode_weight_bytes(target);
-  fmt::print("model: {} ({} layers, hidden {}, heads {}/{}, vocab {}); decode streams {:.3f} GB "
-             "of weights per token\n",
-             a.model, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-             cfg.vocab_size, wbytes / 1e9);
+  fmt::print(
+      "model: {} ({} layers, hidden {}, heads {}/{}, vocab {}); decode streams {:.3f} GB "
+      "of weights per token\n",
+      a.model, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
+      wbytes / 1e9);
 
   const int64_t B = drafter ? drafter->block_size() : 16;
   const int64_t max_pos = cfg.max_position_embeddings;
@@ -345,7 +358,8 @@ int run_bench(const BenchArgs& a) {
   if (drafter) taps = drafter->target_layers();
 
   std::mt19937 rng(11);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 30000) - 1));
+  std::uniform_int_distribution<int32_t> tok(
+      0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 30000) - 1));
   std::vector<int32_t> prompt(ctx);
   for (auto& t : prompt) t = tok(rng);
 
@@ -353,8 +367,10 @@ int run_bench(const BenchArgs& a) {
   ForwardResult res;
   // Prefill the context once (timed once, for information).
   timer->start();
-  if (Status st = target.forward({.tokens = prompt, .start_pos = 0,
-                                  .block_table = seq.block_table(), .num_logits = 1,
+  if (Status st = target.forward({.tokens = prompt,
+                                  .start_pos = 0,
+                                  .block_table = seq.block_table(),
+                                  .num_logits = 1,
                                   .tap_layers = taps},
                                  tpool, &res);
       !st.ok()) {
@@ -377,8 +393,10 @@ int run_bench(const BenchArgs& a) {
   for (auto& t : block) t = tok(rng);
 
   auto decode_step = [&]() -> Status {
-    BS_RETURN_IF_ERROR(target.forward({.tokens = one, .start_pos = ctx,
-                                       .block_table = seq.block_table(), .num_logits = 1,
+    BS_RETURN_IF_ERROR(target.forward({.tokens = one,
+                                       .start_pos = ctx,
+                                       .block_table = seq.block_table(),
+                                       .num_logits = 1,
                                        .tap_layers = {}},
                                       tpool, &res));
     be.argmax(ids.rows(0, 1), res.logits);
@@ -386,8 +404,10 @@ int run_bench(const BenchArgs& a) {
     return Status::Ok();
   };
   auto verify_step = [&]() -> Status {
-    BS_RETURN_IF_ERROR(target.forward({.tokens = block, .start_pos = ctx,
-                                       .block_table = seq.block_table(), .num_logits = B,
+    BS_RETURN_IF_ERROR(target.forward({.tokens = block,
+                                       .start_pos = ctx,
+                                       .block_table = seq.block_table(),
+                                       .num_logits = B,
                                        .tap_layers = taps},
                                       tpool, &res));
     be.argmax(ids, res.logits);
@@ -415,10 +435,11 @@ int run_bench(const BenchArgs& a) {
     auto s = time_it(*timer, a.warmup, a.iters, decode_step);
     if (!s.ok()) return fail(s.status());
     const double gbs = wbytes / (s->median * 1e-3) / 1e9;
-    fmt::print("decode step{}: {} -> {:.1f} tok/s, {:.0f} GB/s of weights = {:.1f}% of copy "
-               "bandwidth\n",
-               label.empty() ? "" : " (" + label + ")", fmt_stats(*s), 1e3 / s->median, gbs,
-               100.0 * gbs / copy_gbs);
+    fmt::print(
+        "decode step{}: {} -> {:.1f} tok/s, {:.0f} GB/s of weights = {:.1f}% of copy "
+        "bandwidth\n",
+        label.empty() ? "" : " (" + label + ")", fmt_stats(*s), 1e3 / s->median, gbs,
+        100.0 * gbs / copy_gbs);
     if (decode.n == 0) decode = *s;  // ratios below use the default mode (listed first)
   }
   set_mode(be, "auto");
@@ -465,14 +486,16 @@ int run_bench(const BenchArgs& a) {
     fmt::print("draft step ({} drafts): {} = {:.1f}% of decode\n", nd, fmt_stats(*draft),
                100.0 * draft->median / decode.median);
     const double step = verify->median + draft->median + ctxs->median;
-    fmt::print("speculative step estimate (verify + draft + context): {:.3f} ms -> at "
-               "acceptance length {} {:.0f} tok/s, at 1 {:.0f} tok/s\n",
-               step, B, 1e3 * static_cast<double>(B) / step, 1e3 / step);
+    fmt::print(
+        "speculative step estimate (verify + draft + context): {:.3f} ms -> at "
+        "acceptance length {} {:.0f} tok/s, at 1 {:.0f} tok/s\n",
+        step, B, 1e3 * static_cast<double>(B) / step, 1e3 / step);
   }
 
   // End to end (engine loops, host round trips included).
   const int64_t p_len = std::min<int64_t>(32, ctx);
-  const int64_t gen = std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2 * B - 2));
+  const int64_t gen =
+      std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2 * B - 2));
   std::vector<int32_t> e2e_prompt(prompt.begin(), prompt.begin() + p_len);
   GenerateOptions opt;
   opt.max_tokens = gen;
@@ -492,13 +515,14 @@ int run_bench(const BenchArgs& a) {
     auto spec = generate_speculative(target, *drafter, e2e_prompt, opt, nullptr, &st);
     if (!spec.ok()) return fail(spec.status());
     const bool same = *spec == *plain;
-    fmt::print("generate (speculative): {} tokens in {:.3f} s -> {:.1f} tok/s; acceptance length "
-               "{:.2f} over {} steps, drafts accepted {}/{}; draft {:.1f} ms, verify {:.1f} ms, "
-               "context {:.1f} ms; output {} plain\n",
-               st.generated_tokens, st.decode_seconds,
-               static_cast<double>(st.generated_tokens) / st.decode_seconds,
-               st.acceptance_length(), st.steps, st.accepted, st.drafted, st.draft_seconds * 1e3, st.verify_seconds * 1e3,
-               st.observe_seconds * 1e3, same ? "==" : "!=");
+    fmt::print(
+        "generate (speculative): {} tokens in {:.3f} s -> {:.1f} tok/s; acceptance length "
+        "{:.2f} over {} steps, drafts accepted {}/{}; draft {:.1f} ms, verify {:.1f} ms, "
+        "context {:.1f} ms; output {} plain\n",
+        st.generated_tokens, st.decode_seconds,
+        static_cast<double>(st.generated_tokens) / st.decode_seconds, st.acceptance_length(),
+        st.steps, st.accepted, st.drafted, st.draft_seconds * 1e3, st.verify_seconds * 1e3,
+        st.observe_seconds * 1e3, same ? "==" : "!=");
   }
   return 0;
 }

@@ -9,20 +9,19 @@
 // The target therefore always predicts kFavoured. A DFlash drafter built the same way with final
 // norm +e_j drafts kFavoured too (100% acceptance, tau = block size); with -e_j it drafts
 // kShunned (0% acceptance, tau = 1).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "io/safetensors.h"
@@ -33,10 +32,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int64_t kSpecialDim = 7;    // j
-constexpr float kConstant = 4.0f;     // C
-constexpr int32_t kFavoured = 1000;   // the target's (and the 100% drafter's) token
-constexpr int32_t kShunned = 2000;    // the 0% drafter's token
+constexpr int64_t kSpecialDim = 7;   // j
+constexpr float kConstant = 4.0f;    // C
+constexpr int32_t kFavoured = 1000;  // the target's (and the 100% drafter's) token
+constexpr int32_t kShunned = 2000;   // the 0% drafter's token
 
 struct Preset {
   std::string name;
@@ -49,7 +48,19 @@ struct Preset {
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e6, 5, 16, 151669,
+      {"qwen3-8b",
+       4096,
+       12288,
+       36,
+       32,
+       8,
+       128,
+       151936,
+       40960,
+       1e6,
+       5,
+       16,
+       151669,
        {1, 9, 17, 25, 33}},
       {"tiny", 256, 512, 6, 4, 2, 64, 4096, 4096, 1e6, 2, 16, 4095, {1, 3}},
   };
@@ -73,7 +84,8 @@ uint64_t hash_name(const std::string& s, uint64_t seed) {
 void fill_uniform(std::vector<uint16_t>& v, float center, float amp, uint64_t seed) {
   constexpr size_t kChunk = 1 << 20;
   const size_t chunks = (v.size() + kChunk - 1) / kChunk;
-  const unsigned threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 64));
+  const unsigned threads =
+      std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 64));
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
@@ -350,9 +362,9 @@ int run_synth(const SynthArgs& a) {
   }
   fmt::print("target: {} (preset {}, favoured token {})\n", a.out, p->name, kFavoured);
   if (!a.drafter.empty()) {
-    const std::string dir =
-        a.drafter_out.empty() ? fmt::format("{}-{}-acc{}", a.out, a.drafter, a.acceptance)
-                              : a.drafter_out;
+    const std::string dir = a.drafter_out.empty()
+                                ? fmt::format("{}-{}-acc{}", a.out, a.drafter, a.acceptance)
+                                : a.drafter_out;
     const Status st = write_dflash(*p, dir, a.seed, a.acceptance);
     if (!st.ok()) {
       fmt::print(stderr, "blockspec: error: {}\n", st.message());
@@ -373,7 +385,8 @@ void register_synth(CLI::App& app) {
   g_cmd->add_option("--drafter", g_args.drafter, "Also write a drafter: dflash-b16");
   g_cmd->add_option("--drafter-out", g_args.drafter_out,
                     "Drafter folder (default: OUT-DRAFTER-accN)");
-  g_cmd->add_option("--acceptance", g_args.acceptance, "Forced acceptance of the drafter: 100 or 0");
+  g_cmd->add_option("--acceptance", g_args.acceptance,
+                    "Forced acceptance of the drafter: 100 or 0");
   g_cmd->add_option("--seed", g_args.seed, "Random seed of the weights");
   g_cmd->add_flag("--force", g_args.force, "Rewrite the target even if OUT already holds it");
 }

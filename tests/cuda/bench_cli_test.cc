@@ -2,6 +2,7 @@
 // a tiny synthetic checkpoint with a forced-acceptance drafter, then the benchmark with
 // std::chrono timing. On a GPU machine the same bench also runs with --device cuda.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -10,8 +11,6 @@
 #include <regex>
 #include <sstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "backend/backend.h"
 
@@ -22,7 +21,8 @@ namespace fs = std::filesystem;
 
 // Runs a shell command; returns its exit status and stdout+stderr.
 int run(const std::string& cmd, std::string* output) {
-  const fs::path log = fs::temp_directory_path() / ("bs_bench_test_" + std::to_string(getpid()) + ".log");
+  const fs::path log =
+      fs::temp_directory_path() / ("bs_bench_test_" + std::to_string(getpid()) + ".log");
   const int rc = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
   std::ifstream f(log);
   std::stringstream ss;
@@ -37,9 +37,9 @@ class BenchCli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = (fs::temp_directory_path() / ("bs_synth_" + std::to_string(getpid()))).string();
     std::string out;
-    const int rc = run(bin() + " synth --preset tiny --out " + dir_ +
-                           " --drafter dflash-b16 --acceptance 100",
-                       &out);
+    const int rc =
+        run(bin() + " synth --preset tiny --out " + dir_ + " --drafter dflash-b16 --acceptance 100",
+            &out);
     ASSERT_EQ(rc, 0) << out;
   }
   static void TearDownTestSuite() {

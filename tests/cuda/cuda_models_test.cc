@@ -74,14 +74,20 @@ std::vector<float> run_forwards(CausalLM& m, const std::vector<int32_t>& prompt,
   SequenceKv seq(alloc, kKvBlockSize);
   EXPECT_TRUE(seq.reserve(P + C).ok());
   ForwardResult res;
-  EXPECT_TRUE(m.forward({.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
-                         .num_logits = P, .tap_layers = {}},
+  EXPECT_TRUE(m.forward({.tokens = prompt,
+                         .start_pos = 0,
+                         .block_table = seq.block_table(),
+                         .num_logits = P,
+                         .tap_layers = {}},
                         pool, &res)
                   .ok());
   std::vector<float> out = m.backend().to_host_f32(res.logits);
   seq.set_length(P);
-  EXPECT_TRUE(m.forward({.tokens = chunk, .start_pos = P, .block_table = seq.block_table(),
-                         .num_logits = C, .tap_layers = {}},
+  EXPECT_TRUE(m.forward({.tokens = chunk,
+                         .start_pos = P,
+                         .block_table = seq.block_table(),
+                         .num_logits = C,
+                         .tap_layers = {}},
                         pool, &res)
                   .ok());
   const auto more = m.backend().to_host_f32(res.logits);
@@ -99,7 +105,8 @@ void compare_target(Backend& gpu, Backend& cpu, const std::string& dir) {
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
   std::vector<int32_t> prompt(40), chunk(5);
   for (auto& t : prompt) t = tok(rng);
-  if ((*c)->config().bos_token_id >= 0) prompt[0] = static_cast<int32_t>((*c)->config().bos_token_id);
+  if ((*c)->config().bos_token_id >= 0)
+    prompt[0] = static_cast<int32_t>((*c)->config().bos_token_id);
   for (auto& t : chunk) t = tok(rng);
   const auto lg = run_forwards(**g, prompt, chunk);
   const auto lc = run_forwards(**c, prompt, chunk);
@@ -188,8 +195,11 @@ DraftRun draft_once(CausalLM& target, Drafter& drafter, const std::vector<int32_
   ForwardResult res;
   const auto& taps = drafter.target_layers();
   // The anchor is the last prompt token: context = positions [0, P-1).
-  Status st = target.forward({.tokens = prompt, .start_pos = 0, .block_table = seq.block_table(),
-                              .num_logits = 1, .tap_layers = taps},
+  Status st = target.forward({.tokens = prompt,
+                              .start_pos = 0,
+                              .block_table = seq.block_table(),
+                              .num_logits = 1,
+                              .tap_layers = taps},
                              tpool, &res);
   EXPECT_TRUE(st.ok()) << st.message();
   if (!st.ok()) return r;
@@ -256,12 +266,11 @@ TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
               st.acceptance_length(), static_cast<long long>(st.steps));
 }
 
-INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters), [](const auto& info) {
+  std::string s = info.param;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+});
 
 }  // namespace
 }  // namespace bs

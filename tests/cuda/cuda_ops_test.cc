@@ -23,17 +23,24 @@ using Shape = std::vector<int64_t>;
 
 Tensor make(Backend& be, const Shape& s, DType t) {
   switch (s.size()) {
-    case 1: return be.empty({s[0]}, t);
-    case 2: return be.empty({s[0], s[1]}, t);
-    case 3: return be.empty({s[0], s[1], s[2]}, t);
-    default: return be.empty({s[0], s[1], s[2], s[3]}, t);
+    case 1:
+      return be.empty({s[0]}, t);
+    case 2:
+      return be.empty({s[0], s[1]}, t);
+    case 3:
+      return be.empty({s[0], s[1], s[2]}, t);
+    default:
+      return be.empty({s[0], s[1], s[2], s[3]}, t);
   }
 }
 Tensor weight(Backend& be, const Shape& s, const std::vector<float>& v) {
   switch (s.size()) {
-    case 1: return be.upload_weight(DType::kF32, v.data(), {s[0]});
-    case 2: return be.upload_weight(DType::kF32, v.data(), {s[0], s[1]});
-    default: return be.upload_weight(DType::kF32, v.data(), {s[0], s[1], s[2]});
+    case 1:
+      return be.upload_weight(DType::kF32, v.data(), {s[0]});
+    case 2:
+      return be.upload_weight(DType::kF32, v.data(), {s[0], s[1]});
+    default:
+      return be.upload_weight(DType::kF32, v.data(), {s[0], s[1], s[2]});
   }
 }
 
@@ -114,9 +121,9 @@ TEST_F(CudaOps, MatmulShapesBiasAccumulate) {
     int64_t n, k, m;
   };
   const std::vector<Case> cases = {
-      {1, 64, 172},  {1, 512, 384},  {2, 256, 100},   {3, 128, 64},     {4, 96, 80},
-      {5, 64, 172},  {16, 512, 1024}, {37, 172, 64},  {1, 4096, 1024},  {16, 4096, 512},
-      {1, 172, 64},  {9, 172, 33},   {8, 40, 17},     {15, 12288, 128}, {16, 100, 4100},
+      {1, 64, 172},  {1, 512, 384},   {2, 256, 100}, {3, 128, 64},     {4, 96, 80},
+      {5, 64, 172},  {16, 512, 1024}, {37, 172, 64}, {1, 4096, 1024},  {16, 4096, 512},
+      {1, 172, 64},  {9, 172, 33},    {8, 40, 17},   {15, 12288, 128}, {16, 100, 4100},
       {17, 256, 64}, {12, 4104, 24}};
 #ifdef BLOCKSPEC_HAS_CUDA
   for (const auto mode : {cuda::GemvMode::kAuto, cuda::GemvMode::kMma, cuda::GemvMode::kSimt,
@@ -161,21 +168,21 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
 #else
   {
 #endif
-  for (const int64_t k : {64, 172, 4096}) {
-    const int64_t m = 300, n = 16;
-    const auto xv = rnd(n * k), wv = rnd(m * k, 0.1f);
-    Tensor gx = gpu_act({n, k}, xv), gw = weight(*gpu_, {m, k}, wv);
-    Tensor all = make(*gpu_, {n, m}, DType::kBF16);
-    gpu_->matmul(all, gx, gw);
-    const auto ref = gpu_->to_host_f32(all);
-    for (const int64_t rows : {1, 3, 8, 9, 16}) {
-      Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
-      gpu_->matmul(part, gx.rows(0, rows), gw);
-      const auto got = gpu_->to_host_f32(part);
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
-          << "k=" << k << " rows=" << rows;
+    for (const int64_t k : {64, 172, 4096}) {
+      const int64_t m = 300, n = 16;
+      const auto xv = rnd(n * k), wv = rnd(m * k, 0.1f);
+      Tensor gx = gpu_act({n, k}, xv), gw = weight(*gpu_, {m, k}, wv);
+      Tensor all = make(*gpu_, {n, m}, DType::kBF16);
+      gpu_->matmul(all, gx, gw);
+      const auto ref = gpu_->to_host_f32(all);
+      for (const int64_t rows : {1, 3, 8, 9, 16}) {
+        Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
+        gpu_->matmul(part, gx.rows(0, rows), gw);
+        const auto got = gpu_->to_host_f32(part);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
+            << "k=" << k << " rows=" << rows;
+      }
     }
-  }
   }
 #ifdef BLOCKSPEC_HAS_CUDA
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
@@ -196,7 +203,8 @@ TEST_F(CudaOps, AttentionRowsAreIndependentOfRowCount) {
   Tensor q = gpu_act({n, heads, hd}, qv);
   const float scale = 0.088f;
   // 16 verify rows at positions kv_len-16 .. kv_len-1 vs row 0 alone (decode at kv_len-15).
-  Tensor o16 = make(*gpu_, {n, heads, hd}, DType::kBF16), o1 = make(*gpu_, {1, heads, hd}, DType::kBF16);
+  Tensor o16 = make(*gpu_, {n, heads, hd}, DType::kBF16),
+         o1 = make(*gpu_, {1, heads, hd}, DType::kBF16);
   gpu_->paged_attention(o16, q, kp, vp, gpu_ints(table), kv_len, {}, scale);
   gpu_->paged_attention(o1, q.rows(0, 1), kp, vp, gpu_ints(table), kv_len - n + 1, {}, scale);
   const auto a = gpu_->to_host_f32(o16), b = gpu_->to_host_f32(o1);
@@ -246,34 +254,44 @@ TEST_F(CudaOps, Elementwise) {
     cpu_op(cy);
     expect_close(gy, cy, kBf16Tol, what);
   };
-  check("add", [&](const Tensor& y) { gpu_->add(y, ga, gb); },
-        [&](const Tensor& y) { cpu_->add(y, ca, cb); });
-  check("mul", [&](const Tensor& y) { gpu_->mul(y, ga, gb); },
-        [&](const Tensor& y) { cpu_->mul(y, ca, cb); });
-  check("silu_mul", [&](const Tensor& y) { gpu_->silu_mul(y, ga, gb); },
-        [&](const Tensor& y) { cpu_->silu_mul(y, ca, cb); });
-  check("silu", [&](const Tensor& y) { gpu_->silu(y, ga); },
-        [&](const Tensor& y) { cpu_->silu(y, ca); });
-  check("gelu_tanh", [&](const Tensor& y) { gpu_->gelu(y, ga, true); },
-        [&](const Tensor& y) { cpu_->gelu(y, ca, true); });
-  check("gelu_erf", [&](const Tensor& y) { gpu_->gelu(y, ga, false); },
-        [&](const Tensor& y) { cpu_->gelu(y, ca, false); });
-  check("axpby", [&](const Tensor& y) { gpu_->axpby(y, 0.7f, ga, -1.3f, gb); },
-        [&](const Tensor& y) { cpu_->axpby(y, 0.7f, ca, -1.3f, cb); });
+  check(
+      "add", [&](const Tensor& y) { gpu_->add(y, ga, gb); },
+      [&](const Tensor& y) { cpu_->add(y, ca, cb); });
+  check(
+      "mul", [&](const Tensor& y) { gpu_->mul(y, ga, gb); },
+      [&](const Tensor& y) { cpu_->mul(y, ca, cb); });
+  check(
+      "silu_mul", [&](const Tensor& y) { gpu_->silu_mul(y, ga, gb); },
+      [&](const Tensor& y) { cpu_->silu_mul(y, ca, cb); });
+  check(
+      "silu", [&](const Tensor& y) { gpu_->silu(y, ga); },
+      [&](const Tensor& y) { cpu_->silu(y, ca); });
+  check(
+      "gelu_tanh", [&](const Tensor& y) { gpu_->gelu(y, ga, true); },
+      [&](const Tensor& y) { cpu_->gelu(y, ca, true); });
+  check(
+      "gelu_erf", [&](const Tensor& y) { gpu_->gelu(y, ga, false); },
+      [&](const Tensor& y) { cpu_->gelu(y, ca, false); });
+  check(
+      "axpby", [&](const Tensor& y) { gpu_->axpby(y, 0.7f, ga, -1.3f, gb); },
+      [&](const Tensor& y) { cpu_->axpby(y, 0.7f, ca, -1.3f, cb); });
   Tensor gg = weight(*gpu_, {d}, gv), cg = weight(*cpu_, {d}, gv);
-  check("gated_add", [&](const Tensor& y) { gpu_->gated_add(y, ga, gg); },
-        [&](const Tensor& y) { cpu_->gated_add(y, ca, cg); });
+  check(
+      "gated_add", [&](const Tensor& y) { gpu_->gated_add(y, ga, gg); },
+      [&](const Tensor& y) { cpu_->gated_add(y, ca, cg); });
   // In place: y = silu(y) * b (the decoder's silu_mul(gate, gate, up)).
-  check("silu_mul in place",
-        [&](const Tensor& y) { gpu_->silu_mul(y, y, gb); },
-        [&](const Tensor& y) { cpu_->silu_mul(y, y, cb); });
+  check(
+      "silu_mul in place", [&](const Tensor& y) { gpu_->silu_mul(y, y, gb); },
+      [&](const Tensor& y) { cpu_->silu_mul(y, y, cb); });
   // modulate with shared [d] and per-row [rows, d] shift/scale.
   const auto sv = rnd(d, 0.3f), tv = rnd(d, 0.3f);
   Tensor gs = gpu_act({d}, sv), cs = cpu_act({d}, sv), gt = gpu_act({d}, tv), ct = cpu_act({d}, tv);
-  check("modulate shared", [&](const Tensor& y) { gpu_->modulate(y, ga, gs, gt); },
-        [&](const Tensor& y) { cpu_->modulate(y, ca, cs, ct); });
-  check("modulate per row", [&](const Tensor& y) { gpu_->modulate(y, ga, gb, ga); },
-        [&](const Tensor& y) { cpu_->modulate(y, ca, cb, ca); });
+  check(
+      "modulate shared", [&](const Tensor& y) { gpu_->modulate(y, ga, gs, gt); },
+      [&](const Tensor& y) { cpu_->modulate(y, ca, cs, ct); });
+  check(
+      "modulate per row", [&](const Tensor& y) { gpu_->modulate(y, ga, gb, ga); },
+      [&](const Tensor& y) { cpu_->modulate(y, ca, cb, ca); });
 }
 
 TEST_F(CudaOps, Norms) {
@@ -367,10 +385,12 @@ struct AttnCase {
 
 TEST_F(CudaOps, PagedAttentionAllShapes) {
   const std::vector<AttnCase> cases = {
-      {8, 4, 8, 1, 1, true, 0},       {8, 4, 8, 37, 1, true, 0},     {8, 4, 8, 37, 37, true, 0},
-      {32, 8, 128, 300, 1, true, 0},  {32, 8, 128, 300, 16, true, 0}, {32, 8, 128, 300, 16, false, 0},
-      {4, 2, 16, 100, 8, false, 0},   {4, 2, 64, 100, 8, true, 24},  {4, 2, 64, 100, 8, false, 24},
-      {6, 2, 8, 45, 5, true, 0},      {32, 8, 128, 1500, 1, true, 0}, {2, 2, 256, 50, 3, true, 0},
+      {8, 4, 8, 1, 1, true, 0},       {8, 4, 8, 37, 1, true, 0},
+      {8, 4, 8, 37, 37, true, 0},     {32, 8, 128, 300, 1, true, 0},
+      {32, 8, 128, 300, 16, true, 0}, {32, 8, 128, 300, 16, false, 0},
+      {4, 2, 16, 100, 8, false, 0},   {4, 2, 64, 100, 8, true, 24},
+      {4, 2, 64, 100, 8, false, 24},  {6, 2, 8, 45, 5, true, 0},
+      {32, 8, 128, 1500, 1, true, 0}, {2, 2, 256, 50, 3, true, 0},
       {4, 1, 96, 70, 70, true, 0}};
   for (const auto& c : cases) {
     const int64_t bs = 16, blocks = (c.kv_len + bs - 1) / bs + 3;
@@ -388,8 +408,10 @@ TEST_F(CudaOps, PagedAttentionAllShapes) {
     Tensor gvp = make(*gpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kBF16);
     Tensor ckp = make(*cpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kF32);
     Tensor cvp = make(*cpu_, {blocks, bs, c.kv_heads, c.hd}, DType::kF32);
-    Tensor gk = gpu_act({c.kv_len, c.kv_heads, c.hd}, kv), ck = cpu_act({c.kv_len, c.kv_heads, c.hd}, kv);
-    Tensor gv = gpu_act({c.kv_len, c.kv_heads, c.hd}, vv), cv = cpu_act({c.kv_len, c.kv_heads, c.hd}, vv);
+    Tensor gk = gpu_act({c.kv_len, c.kv_heads, c.hd}, kv),
+           ck = cpu_act({c.kv_len, c.kv_heads, c.hd}, kv);
+    Tensor gv = gpu_act({c.kv_len, c.kv_heads, c.hd}, vv),
+           cv = cpu_act({c.kv_len, c.kv_heads, c.hd}, vv);
     gpu_->kv_write(gkp, gvp, gk, gv, gpu_ints(slots));
     cpu_->kv_write(ckp, cvp, ck, cv, cpu_ints(slots));
     EXPECT_EQ(gpu_->to_host_f32(gkp), cpu_->to_host_f32(ckp));

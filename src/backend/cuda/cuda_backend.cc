@@ -18,24 +18,24 @@
 #include "backend/cuda/kernels.h"
 #include "core/check.h"
 
-#define CUDA_CHECK(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t bs_err_ = (expr);                                                   \
-    if (bs_err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "blockspec: CUDA error '%s' at %s:%d: %s\n",                   \
-                   cudaGetErrorString(bs_err_), __FILE__, __LINE__, #expr);               \
-      std::abort();                                                                       \
-    }                                                                                     \
+#define CUDA_CHECK(expr)                                                    \
+  do {                                                                      \
+    const cudaError_t bs_err_ = (expr);                                     \
+    if (bs_err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "blockspec: CUDA error '%s' at %s:%d: %s\n",     \
+                   cudaGetErrorString(bs_err_), __FILE__, __LINE__, #expr); \
+      std::abort();                                                         \
+    }                                                                       \
   } while (0)
 
-#define CUBLAS_CHECK(expr)                                                                \
-  do {                                                                                    \
-    const cublasStatus_t bs_st_ = (expr);                                                 \
-    if (bs_st_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      std::fprintf(stderr, "blockspec: cuBLASLt error %d at %s:%d: %s\n",                 \
-                   static_cast<int>(bs_st_), __FILE__, __LINE__, #expr);                  \
-      std::abort();                                                                       \
-    }                                                                                     \
+#define CUBLAS_CHECK(expr)                                                \
+  do {                                                                    \
+    const cublasStatus_t bs_st_ = (expr);                                 \
+    if (bs_st_ != CUBLAS_STATUS_SUCCESS) {                                \
+      std::fprintf(stderr, "blockspec: cuBLASLt error %d at %s:%d: %s\n", \
+                   static_cast<int>(bs_st_), __FILE__, __LINE__, #expr);  \
+      std::abort();                                                       \
+    }                                                                     \
   } while (0)
 
 namespace bs::cuda {
@@ -47,10 +47,14 @@ constexpr size_t kPoolMaxBytes = 32u << 20;  // larger buffers are not cached
 
 Elem elem(DType t) {
   switch (t) {
-    case DType::kF32: return Elem::kF32;
-    case DType::kF16: return Elem::kF16;
-    case DType::kBF16: return Elem::kBF16;
-    case DType::kF8E4M3: return Elem::kF8E4M3;
+    case DType::kF32:
+      return Elem::kF32;
+    case DType::kF16:
+      return Elem::kF16;
+    case DType::kBF16:
+      return Elem::kBF16;
+    case DType::kF8E4M3:
+      return Elem::kF8E4M3;
     default:
       std::fprintf(stderr, "blockspec: CUDA backend: dtype %s is not a float type\n",
                    std::string(dtype_name(t)).c_str());
@@ -64,10 +68,14 @@ In in_opt(const Tensor& t) { return t.defined() ? in(t) : In{nullptr, Elem::kF32
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kBF16: return CUDA_R_16BF;
-    default: BS_CHECK(false && "unsupported GEMM dtype");
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      BS_CHECK(false && "unsupported GEMM dtype");
   }
   return CUDA_R_32F;
 }
@@ -79,9 +87,7 @@ uint32_t alignment(const void* p) {
   return a;
 }
 
-void check_cuda_tensor(const Tensor& t) {
-  BS_CHECK(t.defined() && t.device() == Device::kCuda);
-}
+void check_cuda_tensor(const Tensor& t) { BS_CHECK(t.defined() && t.device() == Device::kCuda); }
 
 // Caching allocator for activation buffers: power-of-two bins up to kPoolMaxBytes, reused
 // without synchronisation (every use is ordered on the backend's single stream). Shared with
@@ -231,11 +237,10 @@ class CudaBackend final : public Backend {
       for (int64_t off = 0; off < n; off += chunk) {
         const int64_t cnt = std::min<int64_t>(chunk, n - off);
         CUDA_CHECK(cudaMemcpyAsync(stage, static_cast<const char*>(src) + off * es,
-                                   static_cast<size_t>(cnt) * es, cudaMemcpyHostToDevice,
-                                   stream_));
-        CUDA_CHECK(convert(Out{static_cast<char*>(p) + off * dtype_size(dst_dtype),
-                               elem(dst_dtype)},
-                           In{stage, elem(src_dtype)}, cnt, stream_));
+                                   static_cast<size_t>(cnt) * es, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(
+            convert(Out{static_cast<char*>(p) + off * dtype_size(dst_dtype), elem(dst_dtype)},
+                    In{stage, elem(src_dtype)}, cnt, stream_));
       }
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       pool_->release(stage, cap);
@@ -273,8 +278,8 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& dst, const Tensor& src) override {
     BS_CHECK(dst.nbytes() == src.nbytes());
     if (dst.nbytes() == 0 || dst.data() == src.data()) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
-                               stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
   void fill_zero(const Tensor& t) override {
     if (t.nbytes() == 0) return;
@@ -298,8 +303,8 @@ class CudaBackend final : public Backend {
     if (dst.dtype() == src.dtype()) {
       const size_t es = dtype_size(dst.dtype());
       CUDA_CHECK(cudaMemcpy2DAsync(dst.data(), d * es,
-                                   static_cast<const char*>(src.data()) + col_offset * es,
-                                   big * es, d * es, n, cudaMemcpyDeviceToDevice, stream_));
+                                   static_cast<const char*>(src.data()) + col_offset * es, big * es,
+                                   d * es, n, cudaMemcpyDeviceToDevice, stream_));
     } else {
       CUDA_CHECK(copy_block(out(dst), d, 0, in(src), big, col_offset, n, d, stream_));
     }
@@ -384,10 +389,9 @@ class CudaBackend final : public Backend {
                 const Tensor& scale) override {
     const int64_t d = x.dim(-1), rows = d ? x.numel() / d : 0;
     const bool per_row = shift.numel() == x.numel() && rows > 1;
-    BS_CHECK((shift.numel() == x.numel() || shift.numel() == d) &&
-             scale.numel() == shift.numel() && y.numel() == x.numel());
-    CUDA_CHECK(
-        bs::cuda::modulate(out(y), in(x), in(shift), in(scale), rows, d, per_row, stream_));
+    BS_CHECK((shift.numel() == x.numel() || shift.numel() == d) && scale.numel() == shift.numel() &&
+             y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::modulate(out(y), in(x), in(shift), in(scale), rows, d, per_row, stream_));
   }
 
   // ---- Activations ----
@@ -408,8 +412,7 @@ class CudaBackend final : public Backend {
   void embedding(const Tensor& y, const Tensor& ids, const Tensor& table) override {
     const int64_t n = ids.numel(), d = table.dim(-1), vocab = table.dim(0);
     BS_CHECK(ids.dtype() == DType::kI32 && y.numel() == n * d);
-    CUDA_CHECK(
-        bs::cuda::embedding(out(y), ids.as<int32_t>(), in(table), n, d, vocab, stream_));
+    CUDA_CHECK(bs::cuda::embedding(out(y), ids.as<int32_t>(), in(table), n, d, vocab, stream_));
   }
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
             float attention_scaling) override {
@@ -431,12 +434,11 @@ class CudaBackend final : public Backend {
                                   row, capacity, stream_));
   }
 
-  void paged_attention(const Tensor& o, const Tensor& q, const Tensor& k_pool,
-                       const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
-                       AttentionMask mask, float scale) override {
+  void paged_attention(const Tensor& o, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                       const Tensor& block_table, int64_t kv_len, AttentionMask mask,
+                       float scale) override {
     const int64_t block_size = k_pool.dim(1);
-    BS_CHECK(block_table.dtype() == DType::kI32 &&
-             block_table.numel() * block_size >= kv_len);
+    BS_CHECK(block_table.dtype() == DType::kI32 && block_table.numel() * block_size >= kv_len);
     run_attention(o, q, k_pool, v_pool, block_table.as<int32_t>(), block_size, k_pool.dim(2),
                   k_pool.dim(3), kv_len, mask, scale);
   }
@@ -457,8 +459,8 @@ class CudaBackend final : public Backend {
                        float fill) override {
     const int64_t n = dst.dim(0), v = dst.row_numel(), vs = src.row_numel();
     BS_CHECK(src.dim(0) == n && ids.numel() == vs && ids.dtype() == DType::kI32);
-    CUDA_CHECK(bs::cuda::scatter_columns(out(dst), in(src), ids.as<int32_t>(), n, v, vs, fill,
-                                         stream_));
+    CUDA_CHECK(
+        bs::cuda::scatter_columns(out(dst), in(src), ids.as<int32_t>(), n, v, vs, fill, stream_));
   }
   void gated_add(const Tensor& y, const Tensor& x, const Tensor& gate) override {
     const int64_t d = gate.numel(), rows = d ? x.numel() / d : 0;
@@ -478,15 +480,15 @@ class CudaBackend final : public Backend {
                      const Tensor& w, float gate, float eps) override {
     const int64_t d = base.numel(), e = w.numel(), rows = d ? x.numel() / d : 0;
     BS_CHECK(rows * d == x.numel() && y.numel() == x.numel() && z.numel() == rows * e);
-    CUDA_CHECK(bs::cuda::noise_combine(out(y), in(base), in(x), in(z), in(w), rows, d, e, gate,
-                                       eps, stream_));
+    CUDA_CHECK(bs::cuda::noise_combine(out(y), in(base), in(x), in(z), in(w), rows, d, e, gate, eps,
+                                       stream_));
   }
   void seeded_normal(const Tensor& o, const Tensor& positions, uint64_t seed, uint32_t stream,
                      float scale) override {
     const int64_t n = positions.numel(), d = o.numel() / std::max<int64_t>(1, n);
     BS_CHECK(o.numel() == n * d && positions.dtype() == DType::kI32);
-    CUDA_CHECK(bs::cuda::seeded_normal(out(o), positions.as<int32_t>(), n, d, seed, stream,
-                                       scale, stream_));
+    CUDA_CHECK(bs::cuda::seeded_normal(out(o), positions.as<int32_t>(), n, d, seed, stream, scale,
+                                       stream_));
   }
 
  private:
@@ -535,8 +537,8 @@ class CudaBackend final : public Backend {
                 int64_t algo_n) {
     BS_CHECK(y.dtype() == DType::kBF16 || y.dtype() == DType::kF32);
     // Operand types: all-F32 runs in fp32; otherwise operands are BF16 (converted if needed).
-    const bool all_f32 = a.dtype() == DType::kF32 && b.dtype() == DType::kF32 &&
-                         y.dtype() == DType::kF32;
+    const bool all_f32 =
+        a.dtype() == DType::kF32 && b.dtype() == DType::kF32 && y.dtype() == DType::kF32;
     const DType op_t = all_f32 ? DType::kF32 : DType::kBF16;
     const Tensor aa = as_dtype(a, op_t), bb = as_dtype(b, op_t);
     LtCall c;
@@ -581,9 +583,9 @@ class CudaBackend final : public Backend {
   // Runs the GEMM; returns whether the bias (if any) went through the epilogue.
   bool run_lt(const LtCall& c) {
     const auto key = std::make_tuple(
-        static_cast<int>(c.op_a), static_cast<int>(c.op_b), c.m, c.n, c.k,
-        static_cast<int>(c.ta), static_cast<int>(c.tb), static_cast<int>(c.td), c.lda, c.ldb,
-        c.ldd, c.accumulate, c.bias != nullptr, static_cast<int>(c.tbias),
+        static_cast<int>(c.op_a), static_cast<int>(c.op_b), c.m, c.n, c.k, static_cast<int>(c.ta),
+        static_cast<int>(c.tb), static_cast<int>(c.td), c.lda, c.ldb, c.ldd, c.accumulate,
+        c.bias != nullptr, static_cast<int>(c.tbias),
         std::min(alignment(c.a), alignment(c.b)) * 1000 + std::min(alignment(c.d), 256u),
         c.bias ? alignment(c.bias) : 0u, c.algo_n);
     auto it = plans_.find(key);
@@ -601,8 +603,8 @@ class CudaBackend final : public Backend {
       // The bias epilogue was offered but refused at run time: plan again without it.
       destroy(plan);
       plan = make_plan(c, /*allow_bias=*/false);
-      st = cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &beta, c.d, plan.d,
-                          c.d, plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_);
+      st = cublasLtMatmul(lt_, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &beta, c.d, plan.d, c.d,
+                          plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream_);
     }
     CUBLAS_CHECK(st);
     return plan.bias_in_epilogue;
@@ -623,26 +625,26 @@ class CudaBackend final : public Backend {
       if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
       // fp32 accumulation (true fp32, not TF32, for F32 operands).
       CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                  &c.op_a, sizeof(c.op_a)));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                  &c.op_b, sizeof(c.op_b)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &c.op_a,
+                                                  sizeof(c.op_a)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &c.op_b,
+                                                  sizeof(c.op_b)));
       if (with_bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                    &epi, sizeof(epi)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                    sizeof(epi)));
         const int32_t bt = static_cast<int32_t>(c.tbias);
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof(c.bias)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bt, sizeof(bt)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &c.bias, sizeof(c.bias)));
       }
       if (!plan.a) {
         const bool at = c.op_a == CUBLAS_OP_T, bt = c.op_b == CUBLAS_OP_T;
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, c.ta, at ? c.k : c.m, at ? c.m : c.k,
-                                                c.lda));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, c.tb, bt ? c.n : c.k, bt ? c.k : c.n,
-                                                c.ldb));
+        CUBLAS_CHECK(
+            cublasLtMatrixLayoutCreate(&plan.a, c.ta, at ? c.k : c.m, at ? c.m : c.k, c.lda));
+        CUBLAS_CHECK(
+            cublasLtMatrixLayoutCreate(&plan.b, c.tb, bt ? c.n : c.k, bt ? c.k : c.n, c.ldb));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, c.td, c.m, c.n, c.ldd));
       }
       cublasLtMatmulPreference_t pref = nullptr;
@@ -673,16 +675,16 @@ class CudaBackend final : public Backend {
         cublasLtMatrixLayoutDestroy(qd);
         if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
           cublasLtMatmulHeuristicResult_t check{};
-          st = cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d,
-                                       &result.algo, &check);
+          st = cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, &result.algo,
+                                       &check);
           if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize > kWorkspaceBytes) {
             st = CUBLAS_STATUS_NOT_SUPPORTED;
           }
         }
       }
       if (st != CUBLAS_STATUS_SUCCESS || count == 0) {
-        st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref,
-                                            1, &result, &count);
+        st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
+                                            &result, &count);
       }
       cublasLtMatmulPreferenceDestroy(pref);
       if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
@@ -700,8 +702,8 @@ class CudaBackend final : public Backend {
     std::abort();
   }
 
-  using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int64_t,
-                             int64_t, int64_t, bool, bool, int, uint32_t, uint32_t, int64_t>;
+  using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t,
+                             int64_t, bool, bool, int, uint32_t, uint32_t, int64_t>;
 
   int device_;
   std::shared_ptr<DevicePool> pool_;

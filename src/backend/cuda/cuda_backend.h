@@ -1,7 +1,7 @@
 // The CUDA backend (NVIDIA GPUs; tuned for Hopper): BF16 activations and matrices, F32 1-D
 // weights (norms, biases, RoPE frequencies), fp32 accumulation everywhere. GEMMs go through
-// cuBLASLt (its algorithm pinned for 1-16 rows, see GemvMode); every other op is a kernel of kernels.h. One stream,
-// one cuBLASLt handle and workspace per backend object.
+// cuBLASLt (its algorithm pinned for 1-16 rows, see GemvMode); every other op is a kernel of
+// kernels.h. One stream, one cuBLASLt handle and workspace per backend object.
 //
 // This header has no CUDA includes, so host code (CLI, tests) can use it freely; it exists only
 // in builds with BLOCKSPEC_HAS_CUDA.

@@ -14,10 +14,14 @@ namespace bs::cuda {
 
 int elem_size(Elem t) {
   switch (t) {
-    case Elem::kF32: return 4;
-    case Elem::kF16: return 2;
-    case Elem::kBF16: return 2;
-    case Elem::kF8E4M3: return 1;
+    case Elem::kF32:
+      return 4;
+    case Elem::kF16:
+      return 2;
+    case Elem::kBF16:
+      return 2;
+    case Elem::kF8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -28,9 +32,12 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float ld(const void* p, Elem t, int64_t i) {
   switch (t) {
-    case Elem::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case Elem::kF32: return static_cast<const float*>(p)[i];
-    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case Elem::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case Elem::kF32:
+      return static_cast<const float*>(p)[i];
+    case Elem::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
     default: {
       __nv_fp8_e4m3 v;
       v.__x = static_cast<const __nv_fp8_storage_t*>(p)[i];
@@ -42,9 +49,15 @@ __device__ __forceinline__ float ld(In a, int64_t i) { return ld(a.p, a.t, i); }
 
 __device__ __forceinline__ void st(Out a, int64_t i, float v) {
   switch (a.t) {
-    case Elem::kBF16: static_cast<__nv_bfloat16*>(a.p)[i] = __float2bfloat16_rn(v); break;
-    case Elem::kF32: static_cast<float*>(a.p)[i] = v; break;
-    case Elem::kF16: static_cast<__half*>(a.p)[i] = __float2half_rn(v); break;
+    case Elem::kBF16:
+      static_cast<__nv_bfloat16*>(a.p)[i] = __float2bfloat16_rn(v);
+      break;
+    case Elem::kF32:
+      static_cast<float*>(a.p)[i] = v;
+      break;
+    case Elem::kF16:
+      static_cast<__half*>(a.p)[i] = __float2half_rn(v);
+      break;
     default: {
       __nv_fp8_e4m3 q(v);
       static_cast<__nv_fp8_storage_t*>(a.p)[i] = q.__x;
@@ -95,7 +108,7 @@ inline int grid_for(int64_t n) {
 }
 inline int row_threads(int64_t d) { return d >= 2048 ? 512 : (d > 128 ? 256 : 128); }
 
-#define GRID_STRIDE(i, n)                                                          \
+#define GRID_STRIDE(i, n)                                                                \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -107,17 +120,28 @@ __global__ void unary_binary_kernel(Out y, In a, In b, int64_t n, Op op) {
     const float x = ld(a, i);
     float r;
     switch (op) {
-      case Op::kAdd: r = x + ld(b, i); break;
-      case Op::kMul: r = x * ld(b, i); break;
-      case Op::kSiluMul: r = silu_f(x) * ld(b, i); break;
-      case Op::kSilu: r = silu_f(x); break;
+      case Op::kAdd:
+        r = x + ld(b, i);
+        break;
+      case Op::kMul:
+        r = x * ld(b, i);
+        break;
+      case Op::kSiluMul:
+        r = silu_f(x) * ld(b, i);
+        break;
+      case Op::kSilu:
+        r = silu_f(x);
+        break;
       case Op::kGeluTanh: {
         const float c = 0.7978845608028654f;
         r = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
         break;
       }
-      case Op::kGeluErf: r = 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); break;
-      default: r = x;
+      case Op::kGeluErf:
+        r = 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+        break;
+      default:
+        r = x;
     }
     st(y, i, r);
   }
@@ -270,8 +294,8 @@ __global__ void copy_block_kernel(Out dst, int64_t dst_cols, int64_t dst_off, In
   }
 }
 
-__global__ void scatter_columns_kernel(Out dst, In src, const int32_t* ids, int64_t v,
-                                       int64_t vs, float fill) {
+__global__ void scatter_columns_kernel(Out dst, In src, const int32_t* ids, int64_t v, int64_t vs,
+                                       float fill) {
   const int64_t r = blockIdx.x;
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) st(dst, r * v + i, fill);
   __syncthreads();
@@ -306,8 +330,8 @@ __global__ void seeded_normal_kernel(Out out, const int32_t* positions, int64_t 
 }
 
 // ---- RoPE and KV ----
-__global__ void rope_kernel(Out x, const int32_t* positions, In inv_freq, int64_t heads,
-                            int64_t hd, float scaling) {
+__global__ void rope_kernel(Out x, const int32_t* positions, In inv_freq, int64_t heads, int64_t hd,
+                            float scaling) {
   const int64_t t = blockIdx.x / heads, half = hd / 2, base = blockIdx.x * hd;
   const float pos = static_cast<float>(positions[t]);
   const In xi{x.p, x.t};
@@ -487,9 +511,9 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // One warp per output feature j (grid-stride); each lane streams 16-byte weight vectors, 4 in
 // flight, and dots them with the matching x vectors (L1-resident).
 template <int NR, typename TY>
-__global__ void __launch_bounds__(256) gemv_kernel(TY* y, const uint4* x, const uint4* w,
-                                                    const float* bias, int64_t m, int64_t k,
-                                                    bool accumulate) {
+__global__ void __launch_bounds__(256)
+    gemv_kernel(TY* y, const uint4* x, const uint4* w, const float* bias, int64_t m, int64_t k,
+                bool accumulate) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t per_block = blockDim.x >> 5;
   const int64_t kv = k / 8;  // 16-byte vectors per row
@@ -546,7 +570,6 @@ cudaError_t launch_gemv(Out y, const void* x, const void* w, const float* bias, 
   return cudaGetLastError();
 }
 
-
 // ---- Skinny GEMM on tensor cores (n <= 16 rows) ----
 // y[r, j] = sum_c x[r, c] w[j, c] for r < n <= 16 with mma.sync m16n8k16 (bf16 in, fp32
 // accumulate). A block owns 16 output features; its 8 warps split k into interleaved 32-wide
@@ -590,9 +613,9 @@ __device__ __forceinline__ uint4 load8(const __nv_bfloat16* base, int64_t row, i
 }
 
 template <int NT, bool VEC, typename TY>
-__global__ void __launch_bounds__(kSkinnyWarps * 32) skinny_gemm_kernel(
-    TY* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, int n, int64_t m,
-    int64_t k, bool accumulate) {
+__global__ void __launch_bounds__(kSkinnyWarps * 32)
+    skinny_gemm_kernel(TY* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias,
+                       int n, int64_t m, int64_t k, bool accumulate) {
   constexpr int U = kSkinnyUnroll, W = kSkinnyWarps;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -650,8 +673,8 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) skinny_gemm_kernel(
 }
 
 template <int NT, bool VEC>
-cudaError_t launch_skinny(Out y, const void* x, const void* w, const float* bias, int n,
-                          int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+cudaError_t launch_skinny(Out y, const void* x, const void* w, const float* bias, int n, int64_t m,
+                          int64_t k, bool accumulate, cudaStream_t s) {
   const unsigned blocks = static_cast<unsigned>((m + 15) / 16);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
@@ -736,8 +759,8 @@ cudaError_t noise_combine(Out y, In base, In x, In z, In w, int64_t rows, int64_
 }
 cudaError_t softmax(Out y, In x, int64_t rows, int64_t v, float scale, cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
-  softmax_kernel<<<static_cast<unsigned>(rows), v >= 4096 ? 1024 : row_threads(v), 0, s>>>(
-      y, x, v, scale);
+  softmax_kernel<<<static_cast<unsigned>(rows), v >= 4096 ? 1024 : row_threads(v), 0, s>>>(y, x, v,
+                                                                                           scale);
   return cudaGetLastError();
 }
 cudaError_t argmax(int32_t* out, In x, int64_t rows, int64_t v, cudaStream_t s) {
@@ -755,8 +778,8 @@ cudaError_t embedding(Out y, const int32_t* ids, In table, int64_t n, int64_t d,
 cudaError_t copy_block(Out dst, int64_t dst_cols, int64_t dst_off, In src, int64_t src_cols,
                        int64_t src_off, int64_t rows, int64_t d, cudaStream_t s) {
   if (rows * d <= 0) return cudaSuccess;
-  copy_block_kernel<<<grid_for(rows * d), kThreads, 0, s>>>(dst, dst_cols, dst_off, src,
-                                                            src_cols, src_off, rows, d);
+  copy_block_kernel<<<grid_for(rows * d), kThreads, 0, s>>>(dst, dst_cols, dst_off, src, src_cols,
+                                                            src_off, rows, d);
   return cudaGetLastError();
 }
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
@@ -769,13 +792,13 @@ cudaError_t seeded_normal(Out out, const int32_t* positions, int64_t n, int64_t 
                           uint32_t stream_id, float scale, cudaStream_t s) {
   const int64_t total = n * ((d + 1) / 2);
   if (total <= 0) return cudaSuccess;
-  seeded_normal_kernel<<<grid_for(total), kThreads, 0, s>>>(out, positions, n, d, seed,
-                                                            stream_id, scale);
+  seeded_normal_kernel<<<grid_for(total), kThreads, 0, s>>>(out, positions, n, d, seed, stream_id,
+                                                            scale);
   return cudaGetLastError();
 }
 
-cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads,
-                 int64_t hd, float attention_scaling, cudaStream_t s) {
+cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads, int64_t hd,
+                 float attention_scaling, cudaStream_t s) {
   if (n * heads <= 0) return cudaSuccess;
   const int threads = hd / 2 >= 128 ? 128 : (hd / 2 >= 64 ? 64 : 32);
   rope_kernel<<<static_cast<unsigned>(n * heads), threads, 0, s>>>(x, positions, inv_freq, heads,
@@ -801,19 +824,24 @@ cudaError_t attention(const AttentionArgs& a, cudaStream_t s) {
 }
 
 bool gemv_supported(int64_t n, int64_t k, const void* x, const void* w) {
-  return n >= 1 && n <= 4 && k % 8 == 0 && k > 0 &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return n >= 1 && n <= 4 && k % 8 == 0 && k > 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
 cudaError_t gemv(Out y, const void* x, const void* w, const float* bias, int64_t n, int64_t m,
                  int64_t k, bool accumulate, int num_sms, cudaStream_t s) {
   if (m <= 0) return cudaSuccess;
   switch (n) {
-    case 1: return launch_gemv<1>(y, x, w, bias, m, k, accumulate, num_sms, s);
-    case 2: return launch_gemv<2>(y, x, w, bias, m, k, accumulate, num_sms, s);
-    case 3: return launch_gemv<3>(y, x, w, bias, m, k, accumulate, num_sms, s);
-    case 4: return launch_gemv<4>(y, x, w, bias, m, k, accumulate, num_sms, s);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return launch_gemv<1>(y, x, w, bias, m, k, accumulate, num_sms, s);
+    case 2:
+      return launch_gemv<2>(y, x, w, bias, m, k, accumulate, num_sms, s);
+    case 3:
+      return launch_gemv<3>(y, x, w, bias, m, k, accumulate, num_sms, s);
+    case 4:
+      return launch_gemv<4>(y, x, w, bias, m, k, accumulate, num_sms, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -47,8 +47,7 @@ cudaError_t add_bias(Out y, In bias, int64_t rows, int64_t m, cudaStream_t s);
 // ---- Normalisation (one block per row) ----
 cudaError_t rms_norm(Out y, In x, In w, int64_t rows, int64_t d, float eps, cudaStream_t s);
 // w.p / b.p may be null (no affine part).
-cudaError_t layer_norm(Out y, In x, In w, In b, int64_t rows, int64_t d, float eps,
-                       cudaStream_t s);
+cudaError_t layer_norm(Out y, In x, In w, In b, int64_t rows, int64_t d, float eps, cudaStream_t s);
 // y[r, i] = base[i] + gate / sqrt(sum_e w[e] z[r, e]^2 + eps) * x[r, i].
 cudaError_t noise_combine(Out y, In base, In x, In z, In w, int64_t rows, int64_t d, int64_t e,
                           float gate, float eps, cudaStream_t s);
@@ -74,18 +73,18 @@ cudaError_t seeded_normal(Out out, const int32_t* positions, int64_t n, int64_t 
 
 // ---- Positions and attention ----
 // In-place neox RoPE on x[n, heads, hd]: angle = float(pos) * inv_freq[i] in fp32.
-cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads,
-                 int64_t hd, float attention_scaling, cudaStream_t s);
+cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads, int64_t hd,
+                 float attention_scaling, cudaStream_t s);
 // pool[slots[i] * row + c] = src[i * row + c] for k and v; slots outside [0, capacity) skipped.
 cudaError_t kv_write(Out k_pool, Out v_pool, In k, In v, const int32_t* slots, int64_t n,
                      int64_t row, int64_t capacity, cudaStream_t s);
 
 struct AttentionArgs {
-  void* out = nullptr;           // [n, heads, hd]
-  const void* q = nullptr;       // [n, heads, hd]
-  const void* k = nullptr;       // paged pool [blocks, bs, kv_heads, hd] or dense [kv_len, ...]
+  void* out = nullptr;      // [n, heads, hd]
+  const void* q = nullptr;  // [n, heads, hd]
+  const void* k = nullptr;  // paged pool [blocks, bs, kv_heads, hd] or dense [kv_len, ...]
   const void* v = nullptr;
-  Elem t = Elem::kBF16;          // element type of out, q, k and v (all the same)
+  Elem t = Elem::kBF16;                  // element type of out, q, k and v (all the same)
   const int32_t* block_table = nullptr;  // null: dense k / v
   int64_t block_size = 16;
   int64_t n = 0, heads = 0, kv_heads = 0, hd = 0, kv_len = 0;
