@@ -202,6 +202,23 @@ class Writer {
 
 void write_json(const fs::path& path, const json& j) { std::ofstream(path) << j.dump(2) << "\n"; }
 
+// One Qwen3 decoder layer's tensors under `pre` (target and DFlash drafter share the layout);
+// the residual-writing projections keep row j zero so the forced dimension survives.
+void write_decoder_layer(Writer& w, const Preset& p, const std::string& pre) {
+  const int64_t h = p.hidden, q = p.heads * p.head_dim, kv = p.kv_heads * p.head_dim;
+  w.norm(pre + "input_layernorm.weight", h);
+  w.norm(pre + "post_attention_layernorm.weight", h);
+  w.linear(pre + "self_attn.q_proj.weight", q, h, false);
+  w.linear(pre + "self_attn.k_proj.weight", kv, h, false);
+  w.linear(pre + "self_attn.v_proj.weight", kv, h, false);
+  w.linear(pre + "self_attn.o_proj.weight", h, q, true);
+  w.norm(pre + "self_attn.q_norm.weight", p.head_dim);
+  w.norm(pre + "self_attn.k_norm.weight", p.head_dim);
+  w.linear(pre + "mlp.gate_proj.weight", p.inter, h, false);
+  w.linear(pre + "mlp.up_proj.weight", p.inter, h, false);
+  w.linear(pre + "mlp.down_proj.weight", h, p.inter, true);
+}
+
 json target_config(const Preset& p, uint64_t seed) {
   return {{"architectures", {"Qwen3ForCausalLM"}},
           {"model_type", "qwen3"},
@@ -229,24 +246,14 @@ json target_config(const Preset& p, uint64_t seed) {
 Status write_target(const Preset& p, const std::string& dir, uint64_t seed) {
   fs::create_directories(dir);
   Writer w(dir, seed);
-  const int64_t h = p.hidden, q = p.heads * p.head_dim, kv = p.kv_heads * p.head_dim;
+  const int64_t h = p.hidden;
   w.embedding("model.embed_tokens.weight", p.vocab, h);
   w.unit_norm("model.norm.weight", h, 1.0f);
   w.lm_head("lm_head.weight", p.vocab, h);
   BS_RETURN_IF_ERROR(w.flush());
   for (int64_t i = 0; i < p.layers; ++i) {
     const std::string pre = fmt::format("model.layers.{}.", i);
-    w.norm(pre + "input_layernorm.weight", h);
-    w.norm(pre + "post_attention_layernorm.weight", h);
-    w.linear(pre + "self_attn.q_proj.weight", q, h, false);
-    w.linear(pre + "self_attn.k_proj.weight", kv, h, false);
-    w.linear(pre + "self_attn.v_proj.weight", kv, h, false);
-    w.linear(pre + "self_attn.o_proj.weight", h, q, true);
-    w.norm(pre + "self_attn.q_norm.weight", p.head_dim);
-    w.norm(pre + "self_attn.k_norm.weight", p.head_dim);
-    w.linear(pre + "mlp.gate_proj.weight", p.inter, h, false);
-    w.linear(pre + "mlp.up_proj.weight", p.inter, h, false);
-    w.linear(pre + "mlp.down_proj.weight", h, p.inter, true);
+    write_decoder_layer(w, p, pre);
     BS_RETURN_IF_ERROR(w.flush(2'000'000'000ull));
   }
   BS_RETURN_IF_ERROR(w.finish());
@@ -257,23 +264,13 @@ Status write_target(const Preset& p, const std::string& dir, uint64_t seed) {
 Status write_dflash(const Preset& p, const std::string& dir, uint64_t seed, int acceptance) {
   fs::create_directories(dir);
   Writer w(dir, seed ^ 0xD1F1A5Full);
-  const int64_t h = p.hidden, q = p.heads * p.head_dim, kv = p.kv_heads * p.head_dim;
+  const int64_t h = p.hidden;
   w.linear("fc.weight", h, h * static_cast<int64_t>(p.taps.size()), false);
   w.norm("hidden_norm.weight", h);
   w.unit_norm("norm.weight", h, acceptance == 0 ? -1.0f : 1.0f);
   for (int64_t i = 0; i < p.d_layers; ++i) {
     const std::string pre = fmt::format("layers.{}.", i);
-    w.norm(pre + "input_layernorm.weight", h);
-    w.norm(pre + "post_attention_layernorm.weight", h);
-    w.linear(pre + "self_attn.q_proj.weight", q, h, false);
-    w.linear(pre + "self_attn.k_proj.weight", kv, h, false);
-    w.linear(pre + "self_attn.v_proj.weight", kv, h, false);
-    w.linear(pre + "self_attn.o_proj.weight", h, q, true);
-    w.norm(pre + "self_attn.q_norm.weight", p.head_dim);
-    w.norm(pre + "self_attn.k_norm.weight", p.head_dim);
-    w.linear(pre + "mlp.gate_proj.weight", p.inter, h, false);
-    w.linear(pre + "mlp.up_proj.weight", p.inter, h, false);
-    w.linear(pre + "mlp.down_proj.weight", h, p.inter, true);
+    write_decoder_layer(w, p, pre);
   }
   BS_RETURN_IF_ERROR(w.finish());
   json cfg = {{"architectures", {"DFlashDraftModel"}},

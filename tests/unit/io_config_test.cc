@@ -9,6 +9,7 @@
 
 #include "io/hf_config.h"
 #include "io/json_file.h"
+#include "test_util.h"
 
 namespace bs::io {
 namespace {
@@ -18,27 +19,7 @@ using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    static int counter = 0;
-    path_ =
-        fs::temp_directory_path() / fmt::format("bs_cfg_{}_{}_{}_{}", getpid(),
-                                                info->test_suite_name(), info->name(), counter++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using bs::test_util::TempDir;
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace bs::io {
 namespace {
@@ -20,28 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    static int counter = 0;
-    path_ =
-        fs::temp_directory_path() / fmt::format("bs_io_{}_{}_{}_{}", getpid(),
-                                                info->test_suite_name(), info->name(), counter++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using bs::test_util::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
