@@ -6,6 +6,7 @@
 // an op over the last dimension d are numel / d.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -22,6 +23,17 @@ namespace bs {
 struct AttentionMask {
   bool causal = true;
   int64_t window = 0;  // 0: no sliding window
+};
+
+// How many cached positions an attention call sees: `max` on the host, or, when `device` is set
+// (an I32 [1] tensor on the backend), the value stored there, which must not exceed `max`. The
+// device form lets a captured op sequence (Backend::run_captured) serve every step of a
+// sequence; `max` then only bounds the work launched.
+struct KvLength {
+  KvLength(int64_t n) : max(n) {}  // NOLINT(google-explicit-constructor): a plain length
+  KvLength(int64_t upper_bound, const Tensor* on_device) : max(upper_bound), device(on_device) {}
+  int64_t max = 0;
+  const Tensor* device = nullptr;
 };
 
 class Backend {
@@ -51,6 +63,15 @@ class Backend {
   // Waits for queued work (no-op on the CPU).
   virtual void synchronize() {}
 
+  // ---- Captured op sequences ----
+  // Runs `ops`: op calls whose tensors, shapes and scalar arguments are the same every time
+  // `key` is used, so that only tensor contents change between calls (index uploads happen
+  // before, outside `ops`; nothing inside may copy to or from the host). The CUDA backend
+  // captures the sequence into a CUDA graph on a key's first use and replays the graph after
+  // that; other backends just run it. A caller that reallocates a tensor used inside must use a
+  // new key.
+  virtual void run_captured(const std::string& key, const std::function<void()>& ops) { ops(); }
+
   // ---- Dense algebra ----
   // y[n,m] = x[n,k] · w[m,k]ᵀ (+ bias[m]); with accumulate, y += that.
   virtual void matmul(const Tensor& y, const Tensor& x, const Tensor& w,
@@ -75,6 +96,8 @@ class Backend {
   // ---- Activations ----
   // y[n,i] = silu(gate[n,i]) * up[n,i].
   virtual void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) = 0;
+  // The same on a fused gate/up projection: y[n,i] = silu(gate_up[n,c]) * gate_up[n,i+c].
+  virtual void swiglu(const Tensor& y, const Tensor& gate_up) = 0;
   // y = gelu(x); tanh approximation or exact erf.
   virtual void gelu(const Tensor& y, const Tensor& x, bool tanh_approx) = 0;
   // y = silu(x).
@@ -93,11 +116,24 @@ class Backend {
   // head_dim] at slots[n] (I32, slot = block * block_size + offset).
   virtual void kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
                         const Tensor& v, const Tensor& slots) = 0;
+  // The attention prologue of a decoder layer, from the fused projection
+  // qkv[n, (heads + 2 kv_heads) * head_dim] (q columns, then k, then v):
+  //   q_out[n, heads, head_dim] = rope(rms_norm(q, q_norm)),
+  //   k = rope(rms_norm(k, k_norm)) and v written to the paged pools at slots[n] (as kv_write),
+  // with rms_norm over each head (eps) skipped when q_norm / k_norm are undefined, and rope as
+  // rope() at positions[n]. heads and head_dim come from q_out, kv_heads from the pools.
+  virtual void attention_prologue(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
+                                  const Tensor& k_norm, float eps, const Tensor& positions,
+                                  const Tensor& inv_freq, float attention_scaling,
+                                  const Tensor& k_pool, const Tensor& v_pool,
+                                  const Tensor& slots) = 0;
   // out[n, heads, head_dim] = softmax(q kᵀ * scale) v over the first kv_len positions of one
-  // sequence's paged cache (block_table I32 [>= ceil(kv_len / block_size)]), masked per `mask`.
-  // GQA: query head h reads kv head h / (heads / kv_heads).
+  // sequence's paged cache (block_table I32 [>= ceil(kv_len.max / block_size)]), masked per
+  // `mask`. GQA: query head h reads kv head h / (heads / kv_heads). A query row's result does not
+  // depend on the other rows of the call or on kv_len.max (a verify row equals the decode of
+  // the same position bit for bit).
   virtual void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
-                               const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
+                               const Tensor& v_pool, const Tensor& block_table, KvLength kv_len,
                                AttentionMask mask, float scale) = 0;
   // Dense attention: q[n, heads, d] over k/v[m, kv_heads, d], same mask rule with kv_len = m.
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,

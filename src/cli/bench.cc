@@ -177,10 +177,13 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
     const char* name;
     int64_t m, k, per_layer;
   };
-  const std::vector<Mat> mats = {{"q_proj", nh * hd, H, 1}, {"k/v_proj", nkv * hd, H, 2},
-                                 {"o_proj", H, nh * hd, 1}, {"gate/up_proj", I, H, 2},
-                                 {"down_proj", H, I, 1},    {"lm_head", V, H, 0}};
-  Tensor y = be.empty({rows, std::max<int64_t>(V, I)});
+  // The decoder's fused projections (models/decoder.cc).
+  const std::vector<Mat> mats = {{"qkv_proj", (nh + 2 * nkv) * hd, H, 1},
+                                 {"o_proj", H, nh * hd, 1},
+                                 {"gate_up_proj", 2 * I, H, 1},
+                                 {"down_proj", H, I, 1},
+                                 {"lm_head", V, H, 0}};
+  Tensor y = be.empty({rows, std::max<int64_t>(V, 2 * I)});
   for (const int64_t n : {int64_t{1}, rows}) {
     fmt::print("kernels, {} row{}:\n", n, n > 1 ? "s" : "");
     for (const auto& [label, mode] : modes) {
@@ -216,12 +219,12 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
     const Tensor wh = be.upload_weight(DType::kF32, ones.data(), {hd});
     const Tensor x = be.empty({n, H}), xn = be.empty({n, H});
     be.copy(x, flat.rows(0, n * H).view({n, H}));
-    const Tensor q = be.empty({n, nh, hd}), k = be.empty({n, nkv, hd}), o = be.empty({n, nh, hd});
+    const Tensor q = be.empty({n, nh, hd}), o = be.empty({n, nh, hd});
     be.copy(q, flat.rows(0, n * nh * hd).view({n, nh, hd}));
-    be.copy(k, flat.rows(0, n * nkv * hd).view({n, nkv, hd}));
-    const Tensor gate = be.empty({n, I}), up = be.empty({n, I});
-    be.copy(gate, flat.rows(0, n * I).view({n, I}));
-    be.copy(up, flat.rows(n * I, n * I).view({n, I}));
+    const Tensor gate_up = be.empty({n, 2 * I}), act = be.empty({n, I});
+    be.copy(gate_up, flat.rows(0, 2 * n * I).view({n, 2 * I}));
+    const Tensor qkv = be.empty({n, (nh + 2 * nkv) * hd});
+    be.copy(qkv, flat.rows(0, qkv.numel()).view({n, (nh + 2 * nkv) * hd}));
     const int64_t blocks = (ctx + n) / kKvBlockSize + 2;
     const Tensor kp = be.empty({blocks, kKvBlockSize, nkv, hd}),
                  vp = be.empty({blocks, kKvBlockSize, nkv, hd});
@@ -246,14 +249,13 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
     };
     const std::vector<Small> smalls = {
         {"rms_norm", 2, [&](int) { be.rms_norm(xn, x, wn, 1e-6f); }},
-        {"q_norm", 1, [&](int) { be.rms_norm(q, q, wh, 1e-6f); }},
-        {"k_norm", 1, [&](int) { be.rms_norm(k, k, wh, 1e-6f); }},
-        {"rope_q", 1, [&](int) { be.rope(q, pos_t, inv, 1.0f); }},
-        {"rope_k", 1, [&](int) { be.rope(k, pos_t, inv, 1.0f); }},
-        {"kv_write", 1, [&](int) { be.kv_write(kp, vp, k, k, slot_t); }},
+        {"qk_norm+rope+kv_write", 1,
+         [&](int) {
+           be.attention_prologue(q, qkv, wh, wh, 1e-6f, pos_t, inv, 1.0f, kp, vp, slot_t);
+         }},
         {"attention", 1,
          [&](int) { be.paged_attention(o, q, kp, vp, table_t, ctx + n, AttentionMask{}, scale); }},
-        {"silu_mul", 1, [&](int) { be.silu_mul(gate, gate, up); }},
+        {"swiglu", 1, [&](int) { be.swiglu(act, gate_up); }},
         {"embedding", 0, [&](int) { be.embedding(xn, ids, target.embed_tokens()); }},
         {"argmax", 0,
          [&](int) {

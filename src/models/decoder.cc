@@ -1,5 +1,7 @@
 // The decoder-only transformer shared by the Llama and Qwen3 families, and the registry that
 // picks a family from config.json.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <filesystem>
 
@@ -11,26 +13,32 @@
 namespace bs {
 namespace {
 
+// Projections are stored fused: q/k/v rows stacked in one matrix and gate/up rows in another,
+// so each takes one GEMM (one weight stream instead of three or two).
 struct Layer {
-  Tensor input_norm;            // [hidden]
-  Tensor wq, wk, wv, wo;        // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
-  Tensor bq, bk, bv, bo;        // biases or undefined
-  Tensor q_norm, k_norm;        // [hd] (qk_norm families)
-  Tensor post_norm;             // [hidden]
-  Tensor w_gate, w_up, w_down;  // [inter, hidden] x2, [hidden, inter]
-  Tensor b_gate, b_up, b_down;  // biases or undefined
+  Tensor input_norm;         // [hidden]
+  Tensor w_qkv, wo;          // [(heads + 2 kv) * hd, hidden], [hidden, heads * hd]
+  Tensor b_qkv, bo;          // biases or undefined
+  Tensor q_norm, k_norm;     // [hd] (qk_norm families)
+  Tensor post_norm;          // [hidden]
+  Tensor w_gate_up;          // [2 * inter, hidden]: gate rows, then up rows
+  Tensor w_down;             // [hidden, inter]
+  Tensor b_gate_up, b_down;  // biases or undefined
 };
 
 // Activation buffers sized for up to `rows` tokens per forward.
 struct Scratch {
   int64_t rows = 0;
+  int64_t generation = 0;        // bumped on every reallocation (keys of captured forwards)
   Tensor ids, positions, slots;  // I32 [rows]
+  Tensor kv_len;                 // I32 [1]: start_pos + n of the current forward
   Tensor block_table;            // I32 [capacity in blocks]
   Tensor x, xn;                  // [rows, hidden]
+  Tensor qkv;                    // [rows, (heads + 2 kv_heads) * hd]
   Tensor q;                      // [rows, heads, hd]
-  Tensor k, v;                   // [rows, kv_heads, hd]
   Tensor attn;                   // [rows, heads, hd]
-  Tensor gate, up;               // [rows, inter]
+  Tensor gate_up;                // [rows, 2 * inter]
+  Tensor act;                    // [rows, inter]
   Tensor logits;                 // [rows, vocab]
   Tensor taps;                   // [rows, n_taps * hidden]
   int64_t tap_cols = 0;
@@ -63,27 +71,29 @@ class DecoderLM final : public CausalLM {
       const std::string p = "layers." + std::to_string(i) + ".";
       BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
       BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.wq, w.load(p + "self_attn.q_proj.weight", {q_dim, h}));
-      BS_ASSIGN_OR_RETURN(L.wk, w.load(p + "self_attn.k_proj.weight", {kv_dim, h}));
-      BS_ASSIGN_OR_RETURN(L.wv, w.load(p + "self_attn.v_proj.weight", {kv_dim, h}));
-      BS_ASSIGN_OR_RETURN(L.wo, w.load(p + "self_attn.o_proj.weight", {h, q_dim}));
+      const std::string a = p + "self_attn.", m = p + "mlp.";
+      BS_ASSIGN_OR_RETURN(
+          L.w_qkv, w.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                  {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
+      BS_ASSIGN_OR_RETURN(L.wo, w.load(a + "o_proj.weight", {h, q_dim}));
       if (spec_.attention_bias) {
-        BS_ASSIGN_OR_RETURN(L.bq, w.load(p + "self_attn.q_proj.bias", {q_dim}));
-        BS_ASSIGN_OR_RETURN(L.bk, w.load(p + "self_attn.k_proj.bias", {kv_dim}));
-        BS_ASSIGN_OR_RETURN(L.bv, w.load(p + "self_attn.v_proj.bias", {kv_dim}));
-        BS_ASSIGN_OR_RETURN(L.bo, w.load_optional(p + "self_attn.o_proj.bias", {h}));
+        BS_ASSIGN_OR_RETURN(
+            L.b_qkv, w.load_stacked({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
+                                    {{q_dim}, {kv_dim}, {kv_dim}}));
+        BS_ASSIGN_OR_RETURN(L.bo, w.load_optional(a + "o_proj.bias", {h}));
       }
       if (spec_.qk_norm) {
-        BS_ASSIGN_OR_RETURN(L.q_norm, w.load(p + "self_attn.q_norm.weight", {hd}));
-        BS_ASSIGN_OR_RETURN(L.k_norm, w.load(p + "self_attn.k_norm.weight", {hd}));
+        BS_ASSIGN_OR_RETURN(L.q_norm, w.load(a + "q_norm.weight", {hd}));
+        BS_ASSIGN_OR_RETURN(L.k_norm, w.load(a + "k_norm.weight", {hd}));
       }
-      BS_ASSIGN_OR_RETURN(L.w_gate, w.load(p + "mlp.gate_proj.weight", {inter, h}));
-      BS_ASSIGN_OR_RETURN(L.w_up, w.load(p + "mlp.up_proj.weight", {inter, h}));
-      BS_ASSIGN_OR_RETURN(L.w_down, w.load(p + "mlp.down_proj.weight", {h, inter}));
+      BS_ASSIGN_OR_RETURN(
+          L.w_gate_up,
+          w.load_stacked({m + "gate_proj.weight", m + "up_proj.weight"}, {{inter, h}, {inter, h}}));
+      BS_ASSIGN_OR_RETURN(L.w_down, w.load(m + "down_proj.weight", {h, inter}));
       if (spec_.mlp_bias) {
-        BS_ASSIGN_OR_RETURN(L.b_gate, w.load(p + "mlp.gate_proj.bias", {inter}));
-        BS_ASSIGN_OR_RETURN(L.b_up, w.load(p + "mlp.up_proj.bias", {inter}));
-        BS_ASSIGN_OR_RETURN(L.b_down, w.load(p + "mlp.down_proj.bias", {h}));
+        BS_ASSIGN_OR_RETURN(L.b_gate_up, w.load_stacked({m + "gate_proj.bias", m + "up_proj.bias"},
+                                                        {{inter}, {inter}}));
+        BS_ASSIGN_OR_RETURN(L.b_down, w.load(m + "down_proj.bias", {h}));
       }
     }
     const RopeTable rope = compute_rope(c.rope, hd, c.max_position_embeddings);
@@ -142,7 +152,7 @@ class DecoderLM final : public CausalLM {
     const int64_t tap_cols = static_cast<int64_t>(req.tap_layers.size()) * c.hidden_size;
     ensure_scratch(n, static_cast<int64_t>(req.block_table.size()), tap_cols);
 
-    // Host-side index tensors for this step.
+    // Host-side index tensors for this step, uploaded before the captured layer stack.
     std::vector<int32_t>& positions = positions_host_;
     std::vector<int32_t>& slots = slots_host_;
     positions.resize(n);
@@ -153,89 +163,106 @@ class DecoderLM final : public CausalLM {
       slots[i] = static_cast<int32_t>(req.block_table[pos / kv.block_size] * kv.block_size +
                                       pos % kv.block_size);
     }
-    const Tensor ids = s_.ids.rows(0, n), pos_t = s_.positions.rows(0, n),
-                 slot_t = s_.slots.rows(0, n);
-    const Tensor table = s_.block_table.rows(0, static_cast<int64_t>(req.block_table.size()));
-    backend_.copy_from_host(ids, req.tokens.data());
-    backend_.copy_from_host(pos_t, positions.data());
-    backend_.copy_from_host(slot_t, slots.data());
-    backend_.copy_from_host(table, req.block_table.data());
+    const int32_t kv_len32 = static_cast<int32_t>(kv_len);
+    backend_.copy_from_host(s_.ids.rows(0, n), req.tokens.data());
+    backend_.copy_from_host(s_.positions.rows(0, n), positions.data());
+    backend_.copy_from_host(s_.slots.rows(0, n), slots.data());
+    backend_.copy_from_host(s_.block_table.rows(0, static_cast<int64_t>(req.block_table.size())),
+                            req.block_table.data());
+    backend_.copy_from_host(s_.kv_len, &kv_len32);
 
-    const Tensor x = s_.x.rows(0, n), xn = s_.xn.rows(0, n);
-    backend_.embedding(x, ids, embed_);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const AttentionMask causal{.causal = true, .window = 0};
-    const Tensor q = s_.q.rows(0, n), k = s_.k.rows(0, n), v = s_.v.rows(0, n),
-                 attn = s_.attn.rows(0, n), gate = s_.gate.rows(0, n), up = s_.up.rows(0, n);
-    const Tensor taps = tap_cols ? s_.taps.rows(0, n) : Tensor();
+    // Everything below depends on the step only through the uploaded tensors, so a backend may
+    // capture it once per (rows, logits, taps, cache capacity) and replay it.
+    uintptr_t pools = 0;  // identifies the KV pool tensors
     for (int64_t li = 0; li < c.num_layers; ++li) {
-      const Layer& L = layers_[li];
-      // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
-      backend_.rms_norm(xn, x, L.input_norm, c.rms_norm_eps);
-      backend_.matmul(q, xn, L.wq, opt(L.bq));
-      backend_.matmul(k, xn, L.wk, opt(L.bk));
-      backend_.matmul(v, xn, L.wv, opt(L.bv));
-      if (spec_.qk_norm) {
-        backend_.rms_norm(q, q, L.q_norm, c.rms_norm_eps);
-        backend_.rms_norm(k, k, L.k_norm, c.rms_norm_eps);
-      }
-      backend_.rope(q, pos_t, inv_freq_, attention_scaling_);
-      backend_.rope(k, pos_t, inv_freq_, attention_scaling_);
-      backend_.kv_write(kv.k[li], kv.v[li], k, v, slot_t);
-      backend_.paged_attention(attn, q, kv.k[li], kv.v[li], table, kv_len, causal, scale);
-      backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
-      // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(xn, x, L.post_norm, c.rms_norm_eps);
-      backend_.matmul(gate, xn, L.w_gate, opt(L.b_gate));
-      backend_.matmul(up, xn, L.w_up, opt(L.b_up));
-      backend_.silu_mul(gate, gate, up);
-      backend_.matmul(x, gate, L.w_down, opt(L.b_down), /*accumulate=*/true);
-      for (size_t t = 0; t < req.tap_layers.size(); ++t) {
-        if (req.tap_layers[t] == li) {
-          backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);
-        }
-      }
+      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
+      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
     }
-    out->taps = taps;
-    out->logits = Tensor();
-    if (req.num_logits > 0) {
-      const Tensor last = x.rows(n - req.num_logits, req.num_logits);
-      const Tensor last_n = xn.rows(0, req.num_logits);
-      backend_.rms_norm(last_n, last, final_norm_, c.rms_norm_eps);
-      out->logits = s_.logits.rows(0, req.num_logits);
-      backend_.matmul(out->logits, last_n, lm_head_);
-    }
+    std::string key = fmt::format("decoder:{}:{}:{}:{}:{:x}:{}", s_.generation, n, req.num_logits,
+                                  s_.block_table.numel(), pools, tap_cols);
+    for (int layer : req.tap_layers) key += fmt::format(",{}", layer);
+    backend_.run_captured(key, [&] { layers(n, req, kv); });
+    out->taps = tap_cols ? s_.taps.rows(0, n) : Tensor();
+    out->logits = req.num_logits > 0 ? s_.logits.rows(0, req.num_logits) : Tensor();
     return Status::Ok();
   }
 
  private:
   static const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
 
+  // The layer stack of one forward over n uploaded tokens: reads ids / positions / slots /
+  // block_table / kv_len from scratch, writes logits and taps there.
+  void layers(int64_t n, const ForwardRequest& req, KvPool& kv) {
+    const auto& c = config_;
+    const int64_t tap_cols = static_cast<int64_t>(req.tap_layers.size()) * c.hidden_size;
+    const Tensor ids = s_.ids.rows(0, n), pos_t = s_.positions.rows(0, n),
+                 slot_t = s_.slots.rows(0, n);
+    // The whole table: the attention reads only the blocks covering kv_len.
+    const Tensor& table = s_.block_table;
+    const KvLength kv_len(table.numel() * kv.block_size, &s_.kv_len);
+    const Tensor x = s_.x.rows(0, n), xn = s_.xn.rows(0, n);
+    backend_.embedding(x, ids, embed_);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const AttentionMask causal{.causal = true, .window = 0};
+    const Tensor qkv = s_.qkv.rows(0, n), q = s_.q.rows(0, n), attn = s_.attn.rows(0, n),
+                 gate_up = s_.gate_up.rows(0, n), act = s_.act.rows(0, n);
+    const Tensor taps = tap_cols ? s_.taps.rows(0, n) : Tensor();
+    for (int64_t li = 0; li < c.num_layers; ++li) {
+      const Layer& L = layers_[li];
+      // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
+      backend_.rms_norm(xn, x, L.input_norm, c.rms_norm_eps);
+      backend_.matmul(qkv, xn, L.w_qkv, opt(L.b_qkv));
+      backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
+                                  attention_scaling_, kv.k[li], kv.v[li], slot_t);
+      backend_.paged_attention(attn, q, kv.k[li], kv.v[li], table, kv_len, causal, scale);
+      backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
+      // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
+      backend_.rms_norm(xn, x, L.post_norm, c.rms_norm_eps);
+      backend_.matmul(gate_up, xn, L.w_gate_up, opt(L.b_gate_up));
+      backend_.swiglu(act, gate_up);
+      backend_.matmul(x, act, L.w_down, opt(L.b_down), /*accumulate=*/true);
+      for (size_t t = 0; t < req.tap_layers.size(); ++t) {
+        if (req.tap_layers[t] == li) {
+          backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);
+        }
+      }
+    }
+    if (req.num_logits > 0) {
+      const Tensor last = x.rows(n - req.num_logits, req.num_logits);
+      const Tensor last_n = xn.rows(0, req.num_logits);
+      backend_.rms_norm(last_n, last, final_norm_, c.rms_norm_eps);
+      backend_.matmul(s_.logits.rows(0, req.num_logits), last_n, lm_head_);
+    }
+  }
+
   void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols) {
     const auto& c = config_;
     if (rows > s_.rows) {
       const int64_t r = std::max<int64_t>(rows, 16);
       s_.rows = r;
+      ++s_.generation;
       s_.ids = backend_.empty({r}, DType::kI32);
+      s_.kv_len = backend_.empty({1}, DType::kI32);
       s_.positions = backend_.empty({r}, DType::kI32);
       s_.slots = backend_.empty({r}, DType::kI32);
       s_.x = backend_.empty({r, c.hidden_size});
       s_.xn = backend_.empty({r, c.hidden_size});
+      s_.qkv = backend_.empty({r, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim});
       s_.q = backend_.empty({r, c.num_heads, c.head_dim});
-      s_.k = backend_.empty({r, c.num_kv_heads, c.head_dim});
-      s_.v = backend_.empty({r, c.num_kv_heads, c.head_dim});
       s_.attn = backend_.empty({r, c.num_heads, c.head_dim});
-      s_.gate = backend_.empty({r, c.intermediate_size});
-      s_.up = backend_.empty({r, c.intermediate_size});
+      s_.gate_up = backend_.empty({r, 2 * c.intermediate_size});
+      s_.act = backend_.empty({r, c.intermediate_size});
       s_.logits = backend_.empty({r, c.vocab_size});
       s_.tap_cols = 0;
     }
     if (tap_cols > 0 && (tap_cols != s_.tap_cols || s_.taps.dim(0) < s_.rows)) {
       s_.taps = backend_.empty({s_.rows, tap_cols});
       s_.tap_cols = tap_cols;
+      ++s_.generation;
     }
     if (!s_.block_table.defined() || s_.block_table.numel() < table_blocks) {
       s_.block_table = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
+      ++s_.generation;
     }
   }
 

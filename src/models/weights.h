@@ -19,6 +19,11 @@ class WeightLoader {
   Result<Tensor> load(const std::string& name, std::vector<int64_t> shape) const;
   // Like load, but an absent tensor yields an undefined Tensor.
   Result<Tensor> load_optional(const std::string& name, std::vector<int64_t> shape) const;
+  // Loads several tensors stacked along dim 0 as one weight (fused projections: q/k/v rows in
+  // one matrix, so one GEMM computes all three). Each part must have exactly its shape in
+  // `shapes`; every shape must agree past dim 0.
+  Result<Tensor> load_stacked(const std::vector<std::string>& names,
+                              const std::vector<std::vector<int64_t>>& shapes) const;
   bool has(const std::string& name) const { return ckpt_.has(prefix_ + name); }
   const io::Checkpoint& checkpoint() const { return ckpt_; }
 

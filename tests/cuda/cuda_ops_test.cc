@@ -545,5 +545,94 @@ TEST_F(CudaOps, EmptyIsZeroAndPoolReuseIsSafe) {
   EXPECT_EQ(back, h);
 }
 
+TEST_F(CudaOps, AttentionRowsIgnoreTheLaunchBoundAndADeviceLength) {
+  // The captured decoder reads kv_len from a device tensor and launches for the whole table:
+  // rows must equal the host-length call bit for bit, for decode (1 row) and verify (16 rows).
+  const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
+  for (const int64_t kv_len : {1, 63, 64, 65, 300}) {
+    for (const int64_t n : {int64_t{1}, int64_t{16}}) {
+      if (n > kv_len) continue;
+      const int64_t blocks = 40;  // launch bound 640 keys
+      std::vector<int32_t> table(blocks), slots(kv_len);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng_);
+      for (int64_t p = 0; p < kv_len; ++p) slots[p] = table[p / bs] * bs + p % bs;
+      const auto kv = rnd(kv_len * kv_heads * hd), qv = rnd(n * heads * hd);
+      Tensor kp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
+      Tensor vp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
+      Tensor k = gpu_act({kv_len, kv_heads, hd}, kv);
+      gpu_->kv_write(kp, vp, k, k, gpu_ints(slots));
+      Tensor q = gpu_act({n, heads, hd}, qv);
+      Tensor a = make(*gpu_, {n, heads, hd}, DType::kBF16),
+             b = make(*gpu_, {n, heads, hd}, DType::kBF16);
+      const Tensor tt = gpu_ints(table), len = gpu_ints({static_cast<int32_t>(kv_len)});
+      gpu_->paged_attention(a, q, kp, vp, tt, kv_len, {}, 0.088f);
+      gpu_->paged_attention(b, q, kp, vp, tt, KvLength(blocks * bs, &len), {}, 0.088f);
+      EXPECT_EQ(gpu_->to_host_f32(a), gpu_->to_host_f32(b)) << "kv_len " << kv_len << " n " << n;
+    }
+  }
+}
+
+TEST_F(CudaOps, AttentionPrologueMatchesCpu) {
+  for (const bool with_norm : {true, false}) {
+    const int64_t n = 5, heads = 8, kvh = 2, hd = 128, bs = 16, blocks = 3;
+    const int64_t width = (heads + 2 * kvh) * hd;
+    const auto xv = rnd(n * width), qnv = rnd(hd), knv = rnd(hd);
+    std::vector<float> freq(hd / 2);
+    for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / hd);
+    const std::vector<int32_t> pos{0, 1, 500, 4000, 32000}, slots{0, 17, 33, 47, 5};
+    Tensor gq = make(*gpu_, {n, heads, hd}, DType::kBF16),
+           cq = make(*cpu_, {n, heads, hd}, DType::kF32);
+    Tensor gkp = make(*gpu_, {blocks, bs, kvh, hd}, DType::kBF16),
+           gvp = make(*gpu_, {blocks, bs, kvh, hd}, DType::kBF16);
+    Tensor ckp = make(*cpu_, {blocks, bs, kvh, hd}, DType::kF32),
+           cvp = make(*cpu_, {blocks, bs, kvh, hd}, DType::kF32);
+    const Tensor gqn = with_norm ? weight(*gpu_, {hd}, qnv) : Tensor(),
+                 gkn = with_norm ? weight(*gpu_, {hd}, knv) : Tensor();
+    const Tensor cqn = with_norm ? weight(*cpu_, {hd}, qnv) : Tensor(),
+                 ckn = with_norm ? weight(*cpu_, {hd}, knv) : Tensor();
+    gpu_->attention_prologue(gq, gpu_act({n, width}, xv), gqn, gkn, 1e-6f, gpu_ints(pos),
+                             weight(*gpu_, {hd / 2}, freq), 1.1f, gkp, gvp, gpu_ints(slots));
+    cpu_->attention_prologue(cq, cpu_act({n, width}, xv), cqn, ckn, 1e-6f, cpu_ints(pos),
+                             weight(*cpu_, {hd / 2}, freq), 1.1f, ckp, cvp, cpu_ints(slots));
+    const std::string what = with_norm ? "with q/k norm" : "without norm";
+    expect_close(gq, cq, kBf16Tol, "q " + what);
+    expect_close(gkp, ckp, kBf16Tol, "k pool " + what);
+    EXPECT_EQ(gpu_->to_host_f32(gvp), cpu_->to_host_f32(cvp)) << "v pool " << what;
+  }
+}
+
+TEST_F(CudaOps, SwigluMatchesCpu) {
+  const int64_t n = 3, i_dim = 1000;
+  const auto v = rnd(n * 2 * i_dim, 2.0f);
+  Tensor gy = make(*gpu_, {n, i_dim}, DType::kBF16), cy = make(*cpu_, {n, i_dim}, DType::kF32);
+  gpu_->swiglu(gy, gpu_act({n, 2 * i_dim}, v));
+  cpu_->swiglu(cy, cpu_act({n, 2 * i_dim}, v));
+  expect_close(gy, cy, kBf16Tol, "swiglu");
+}
+
+TEST_F(CudaOps, CapturedSequencesReplayWithNewContents) {
+  // run_captured: first call eager, second captures, later ones replay; each must compute on
+  // the current contents of its tensors.
+  const int64_t n = 4, d = 256;
+  Tensor a = make(*gpu_, {n, d}, DType::kBF16), b = make(*gpu_, {n, d}, DType::kBF16);
+  Tensor y = make(*gpu_, {n, d}, DType::kBF16), w = make(*gpu_, {d}, DType::kF32);
+  for (int round = 0; round < 4; ++round) {
+    const auto av = rnd(n * d), bv = rnd(n * d), wv = rnd(d);
+    Tensor ga = gpu_act({n, d}, av), gb = gpu_act({n, d}, bv);
+    gpu_->copy(a, ga);
+    gpu_->copy(b, gb);
+    gpu_->copy_from_host(w, wv.data());
+    gpu_->run_captured("test:add-norm", [&] {
+      gpu_->add(y, a, b);
+      gpu_->rms_norm(y, y, w, 1e-6f);
+    });
+    Tensor cy = make(*cpu_, {n, d}, DType::kF32);
+    cpu_->add(cy, cpu_act({n, d}, av), cpu_act({n, d}, bv));
+    cpu_->rms_norm(cy, cy, weight(*cpu_, {d}, wv), 1e-6f);
+    expect_close(y, cy, kBf16Tol, "round " + std::to_string(round));
+  }
+}
+
 }  // namespace
 }  // namespace bs

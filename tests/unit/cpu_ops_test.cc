@@ -200,5 +200,64 @@ TEST_F(CpuOps, UploadConvertsCheckpointDtypes) {
   EXPECT_EQ(t.as<float>()[2], std::ldexp(1.0f, -9));  // smallest subnormal
 }
 
+TEST_F(CpuOps, AttentionPrologueEqualsSeparateOps) {
+  // The fused prologue against rms_norm per head + rope + kv_write on the split projection.
+  const int64_t n = 3, heads = 4, kvh = 2, hd = 8, bs = 4, width = (heads + 2 * kvh) * hd;
+  Tensor qkv = random({n, width}), qn = random({hd}), kn = random({hd});
+  std::vector<float> freq(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(100.0f, -2.0f * i / hd);
+  Tensor inv_freq = be_->upload_weight(DType::kF32, freq.data(), {hd / 2});
+  const Tensor pos = ints({7, 8, 9}), slots = ints({5, 0, 11});
+  for (const bool with_norm : {true, false}) {
+    Tensor q = be_->empty({n, heads, hd});
+    Tensor kp = be_->empty({3, bs, kvh, hd}), vp = be_->empty({3, bs, kvh, hd});
+    be_->attention_prologue(q, qkv, with_norm ? qn : Tensor(), with_norm ? kn : Tensor(), 1e-6f,
+                            pos, inv_freq, 0.9f, kp, vp, slots);
+    Tensor rq = be_->empty({n, heads, hd}), rk = be_->empty({n, kvh, hd}),
+           rv = be_->empty({n, kvh, hd});
+    be_->slice_columns(rq.view({n, heads * hd}), qkv, 0);
+    be_->slice_columns(rk.view({n, kvh * hd}), qkv, heads * hd);
+    be_->slice_columns(rv.view({n, kvh * hd}), qkv, (heads + kvh) * hd);
+    if (with_norm) {
+      be_->rms_norm(rq, rq, qn, 1e-6f);
+      be_->rms_norm(rk, rk, kn, 1e-6f);
+    }
+    be_->rope(rq, pos, inv_freq, 0.9f);
+    be_->rope(rk, pos, inv_freq, 0.9f);
+    Tensor rkp = be_->empty({3, bs, kvh, hd}), rvp = be_->empty({3, bs, kvh, hd});
+    be_->kv_write(rkp, rvp, rk, rv, slots);
+    EXPECT_EQ(be_->to_host_f32(q), be_->to_host_f32(rq)) << "norm " << with_norm;
+    EXPECT_EQ(be_->to_host_f32(kp), be_->to_host_f32(rkp)) << "norm " << with_norm;
+    EXPECT_EQ(be_->to_host_f32(vp), be_->to_host_f32(rvp)) << "norm " << with_norm;
+  }
+}
+
+TEST_F(CpuOps, SwigluOnFusedGateUp) {
+  const int64_t n = 3, i_dim = 10;
+  Tensor gu = random({n, 2 * i_dim}), y = be_->empty({n, i_dim});
+  be_->swiglu(y, gu);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < i_dim; ++c) {
+      const double g = gu.as<float>()[r * 2 * i_dim + c],
+                   u = gu.as<float>()[r * 2 * i_dim + i_dim + c];
+      ASSERT_NEAR(y.as<float>()[r * i_dim + c], g / (1 + std::exp(-g)) * u, 1e-5);
+    }
+  }
+}
+
+TEST_F(CpuOps, PagedAttentionReadsTheLengthFromATensor) {
+  const int64_t m = 20, n = 2, heads = 2, kvh = 1, hd = 8, bs = 4;
+  Tensor q = random({n, heads, hd}), k = random({m, kvh, hd}), v = random({m, kvh, hd});
+  Tensor kp = be_->empty({8, bs, kvh, hd}), vp = be_->empty({8, bs, kvh, hd});
+  std::vector<int32_t> table{3, 1, 4, 0, 7, 2, 6, 5}, slots(m);
+  for (int64_t p = 0; p < m; ++p) slots[p] = table[p / bs] * bs + p % bs;
+  be_->kv_write(kp, vp, k, v, ints(slots));
+  Tensor a = be_->empty({n, heads, hd}), b = be_->empty({n, heads, hd});
+  be_->paged_attention(a, q, kp, vp, ints(table), 13, {}, 0.3f);
+  const Tensor len = ints({13});
+  be_->paged_attention(b, q, kp, vp, ints(table), KvLength(32, &len), {}, 0.3f);
+  EXPECT_EQ(be_->to_host_f32(a), be_->to_host_f32(b));
+}
+
 }  // namespace
 }  // namespace bs

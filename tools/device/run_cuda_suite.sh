@@ -36,4 +36,7 @@ for acc in 100 0; do
   X=""; [ $acc = 100 ] && X="--kernels"; [ $acc = 0 ] && X="--gemv auto"; timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc$acc --device cuda --iters $it --context 512 --gen-tokens $G $X > $OUT/bench_qwen3_8b_acc$acc.txt 2>&1
   echo "qwen3-8b acc$acc bench rc=$?"; cat $OUT/bench_qwen3_8b_acc$acc.txt
 done
+# The same forced-100% bench without CUDA graphs (every op launched from the host).
+BLOCKSPEC_CUDA_GRAPHS=0 timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 30 --context 512 --gen-tokens 256 > $OUT/bench_qwen3_8b_acc100_nographs.txt 2>&1
+echo "qwen3-8b acc100 no-graphs bench rc=$?"; cat $OUT/bench_qwen3_8b_acc100_nographs.txt
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv

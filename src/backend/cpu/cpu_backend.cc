@@ -82,6 +82,34 @@ BS_CPU_CLONES void attend_row(const float* q, const float* const* keys, const fl
   for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
 }
 
+// y[d] = x[d] / sqrt(mean(x²) + eps) * w[d] (y may alias x).
+void rms_norm_row(float* y, const float* x, const float* w, int64_t d, float eps) {
+  const float inv = 1.0f / std::sqrt(dot(x, x, d) / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) y[i] = x[i] * inv * w[i];
+}
+
+// cos/sin of position `pos` for every frequency, scaled by attention_scaling.
+void rope_angles(float pos, const float* inv_freq, int64_t half, float attention_scaling,
+                 float* cos_t, float* sin_t) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = pos * inv_freq[i];  // fp32 product, as the reference computes it
+    cos_t[i] = std::cos(angle) * attention_scaling;
+    sin_t[i] = std::sin(angle) * attention_scaling;
+  }
+}
+
+// In-place neox rotation of `heads` vectors of hd at v.
+void rope_heads(float* v, int64_t heads, int64_t hd, const float* cos_t, const float* sin_t) {
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h, v += hd) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * cos_t[i] - b * sin_t[i];
+      v[i + half] = b * cos_t[i] + a * sin_t[i];
+    }
+  }
+}
+
 void check_f32(const Tensor& t) {
   BS_CHECK(t.dtype() == DType::kF32 && t.device() == Device::kCpu);
 }
@@ -173,12 +201,7 @@ class CpuBackend final : public Backend {
     BS_CHECK(rows * d == x.numel() && y.numel() == x.numel());
     const float *xp = x.as<float>(), *wp = w.as<float>();
     float* yp = y.as<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = xp + r * d;
-      float* yr = yp + r * d;
-      const float inv = 1.0f / std::sqrt(dot(xr, xr, d) / static_cast<float>(d) + eps);
-      for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * wp[i];
-    }
+    for (int64_t r = 0; r < rows; ++r) rms_norm_row(yp + r * d, xp + r * d, wp, d, eps);
   }
 
   void layer_norm(const Tensor& y, const Tensor& x, int64_t d, const Tensor& w, const Tensor& b,
@@ -229,6 +252,16 @@ class CpuBackend final : public Backend {
     float* yp = y.as<float>();
     for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
+  void swiglu(const Tensor& y, const Tensor& gate_up) override {
+    const int64_t i_dim = y.dim(-1), n = y.numel() / i_dim;
+    BS_CHECK(gate_up.numel() == 2 * y.numel());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* g = gate_up.as<float>() + r * 2 * i_dim;
+      const float* u = g + i_dim;
+      float* yr = y.as<float>() + r * i_dim;
+      for (int64_t c = 0; c < i_dim; ++c) yr[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c];
+    }
+  }
   void silu(const Tensor& y, const Tensor& x) override {
     const float* xp = x.as<float>();
     float* yp = y.as<float>();
@@ -265,20 +298,43 @@ class CpuBackend final : public Backend {
     const float* freq = inv_freq.as<float>();
     std::vector<float> cos_t(half), sin_t(half);
     for (int64_t t = 0; t < n; ++t) {
-      const float pos = static_cast<float>(positions.as<int32_t>()[t]);
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = pos * freq[i];  // fp32 product, as the reference computes it
-        cos_t[i] = std::cos(angle) * attention_scaling;
-        sin_t[i] = std::sin(angle) * attention_scaling;
+      rope_angles(static_cast<float>(positions.as<int32_t>()[t]), freq, half, attention_scaling,
+                  cos_t.data(), sin_t.data());
+      rope_heads(x.as<float>() + t * heads * hd, heads, hd, cos_t.data(), sin_t.data());
+    }
+  }
+
+  void attention_prologue(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
+                          const Tensor& k_norm, float eps, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_scaling, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& slots) override {
+    const int64_t n = q_out.dim(0), heads = q_out.dim(1), hd = q_out.dim(2), half = hd / 2;
+    const int64_t kv_heads = k_pool.dim(2), q_dim = heads * hd, kv_dim = kv_heads * hd;
+    const int64_t width = q_dim + 2 * kv_dim, capacity = k_pool.dim(0) * k_pool.dim(1);
+    BS_CHECK(k_pool.dim(3) == hd && qkv.numel() == n * width && positions.numel() == n &&
+             slots.numel() == n && inv_freq.numel() == half);
+    std::vector<float> cos_t(half), sin_t(half);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* src = qkv.as<float>() + t * width;
+      float* q = q_out.as<float>() + t * q_dim;
+      const int64_t slot = slots.as<int32_t>()[t];
+      BS_CHECK(slot >= 0 && slot < capacity);
+      float* k = k_pool.as<float>() + slot * kv_dim;
+      std::memcpy(q, src, q_dim * sizeof(float));
+      std::memcpy(k, src + q_dim, kv_dim * sizeof(float));
+      std::memcpy(v_pool.as<float>() + slot * kv_dim, src + q_dim + kv_dim, kv_dim * sizeof(float));
+      if (q_norm.defined()) {
+        for (int64_t h = 0; h < heads; ++h)
+          rms_norm_row(q + h * hd, q + h * hd, q_norm.as<float>(), hd, eps);
       }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = x.as<float>() + (t * heads + h) * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * cos_t[i] - b * sin_t[i];
-          v[i + half] = b * cos_t[i] + a * sin_t[i];
-        }
+      if (k_norm.defined()) {
+        for (int64_t h = 0; h < kv_heads; ++h)
+          rms_norm_row(k + h * hd, k + h * hd, k_norm.as<float>(), hd, eps);
       }
+      rope_angles(static_cast<float>(positions.as<int32_t>()[t]), inv_freq.as<float>(), half,
+                  attention_scaling, cos_t.data(), sin_t.data());
+      rope_heads(q, heads, hd, cos_t.data(), sin_t.data());
+      rope_heads(k, kv_heads, hd, cos_t.data(), sin_t.data());
     }
   }
 
@@ -296,8 +352,10 @@ class CpuBackend final : public Backend {
   }
 
   void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
-                       const Tensor& v_pool, const Tensor& block_table, int64_t kv_len,
+                       const Tensor& v_pool, const Tensor& block_table, KvLength length,
                        AttentionMask mask, float scale) override {
+    const int64_t kv_len = length.device ? length.device->as<int32_t>()[0] : length.max;
+    BS_CHECK(kv_len <= length.max);
     const int64_t block_size = k_pool.dim(1), row = k_pool.dim(2) * k_pool.dim(3);
     const int32_t* table = block_table.as<int32_t>();
     BS_CHECK(block_table.numel() * block_size >= kv_len);

@@ -181,10 +181,17 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "simt") == 0) gemv_mode_ = GemvMode::kSimt;
       if (std::strcmp(env, "mma") == 0) gemv_mode_ = GemvMode::kMma;
     }
+    if (const char* env = std::getenv("BLOCKSPEC_CUDA_GRAPHS")) {
+      graphs_enabled_ = std::strcmp(env, "0") != 0;
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     for (auto& [key, plan] : plans_) destroy(plan);
+    for (auto& [key, c] : graphs_) {
+      if (c.exec) cudaGraphExecDestroy(c.exec);
+    }
+    if (attn_ws_) cudaFree(attn_ws_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFreeHost(ring_);
@@ -197,7 +204,10 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return stream_; }
   const cudaDeviceProp& props() const { return props_; }
-  void set_gemv_mode(GemvMode mode) { gemv_mode_ = mode; }
+  void set_gemv_mode(GemvMode mode) {
+    gemv_mode_ = mode;
+    ++capture_generation_;  // captured graphs hold the old mode's kernels
+  }
 
   // ---- Memory ----
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
@@ -323,6 +333,39 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  // First use of a key runs eagerly (lazy plans, workspaces and kernel attributes get set up
+  // outside any capture); the second captures a graph and launches it; later uses replay it. A
+  // graph is captured again after capture_generation_ changed (a workspace it uses was
+  // reallocated, or the GEMV mode changed).
+  void run_captured(const std::string& key, const std::function<void()>& ops) override {
+    if (!graphs_enabled_) {
+      ops();
+      return;
+    }
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      graphs_.emplace(key, Captured{});
+      ops();
+      return;
+    }
+    Captured& c = it->second;
+    if (c.exec == nullptr || c.generation != capture_generation_) {
+      if (c.exec != nullptr) CUDA_CHECK(cudaGraphExecDestroy(c.exec));
+      c.exec = nullptr;
+      cudaGraph_t graph = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      const uint64_t before = capture_generation_;
+      ops();
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      BS_CHECK(capture_generation_ == before && "a workspace grew during graph capture");
+      CUDA_CHECK(cudaGraphInstantiate(&c.exec, graph, 0));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      c.generation = capture_generation_;
+    }
+    CUDA_CHECK(cudaGraphLaunch(c.exec, stream_));
+  }
+  void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
+
   // ---- Dense algebra ----
   void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
               bool accumulate) override {
@@ -399,6 +442,19 @@ class CudaBackend final : public Backend {
     BS_CHECK(gate.numel() == up.numel() && y.numel() == up.numel());
     CUDA_CHECK(bs::cuda::silu_mul(out(y), in(gate), in(up), y.numel(), stream_));
   }
+  void swiglu(const Tensor& y, const Tensor& gate_up) override {
+    const int64_t i_dim = y.dim(-1), rows = i_dim ? y.numel() / i_dim : 0;
+    BS_CHECK(gate_up.numel() == 2 * y.numel());
+    if (y.dtype() == DType::kBF16 && gate_up.dtype() == DType::kBF16) {
+      CUDA_CHECK(bs::cuda::swiglu(y.data(), gate_up.data(), rows, i_dim, stream_));
+      return;
+    }
+    const Tensor g = empty({rows, i_dim}, gate_up.dtype()),
+                 u = empty({rows, i_dim}, gate_up.dtype());
+    slice_columns(g, gate_up.view({rows, 2 * i_dim}), 0);
+    slice_columns(u, gate_up.view({rows, 2 * i_dim}), i_dim);
+    silu_mul(y, g, u);
+  }
   void gelu(const Tensor& y, const Tensor& x, bool tanh_approx) override {
     BS_CHECK(y.numel() == x.numel());
     CUDA_CHECK(bs::cuda::gelu(out(y), in(x), y.numel(), tanh_approx, stream_));
@@ -435,12 +491,79 @@ class CudaBackend final : public Backend {
   }
 
   void paged_attention(const Tensor& o, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
-                       const Tensor& block_table, int64_t kv_len, AttentionMask mask,
+                       const Tensor& block_table, KvLength kv_len, AttentionMask mask,
                        float scale) override {
-    const int64_t block_size = k_pool.dim(1);
-    BS_CHECK(block_table.dtype() == DType::kI32 && block_table.numel() * block_size >= kv_len);
+    const int64_t block_size = k_pool.dim(1), n = q.dim(0), heads = q.dim(1), hd = q.dim(2);
+    BS_CHECK(block_table.dtype() == DType::kI32 && block_table.numel() * block_size >= kv_len.max);
+    AttentionArgs a;
+    a.out = o.data();
+    a.q = q.data();
+    a.k = k_pool.data();
+    a.v = v_pool.data();
+    a.t = q.dtype() == DType::kBF16 && o.dtype() == DType::kBF16 &&
+                  k_pool.dtype() == DType::kBF16 && v_pool.dtype() == DType::kBF16
+              ? Elem::kBF16
+              : Elem::kF32;
+    a.block_table = block_table.as<int32_t>();
+    a.block_size = block_size;
+    a.n = n;
+    a.heads = heads;
+    a.kv_heads = k_pool.dim(2);
+    a.hd = hd;
+    a.kv_len = kv_len.max;
+    a.causal = mask.causal;
+    a.window = mask.window;
+    a.scale = scale;
+    BS_CHECK(k_pool.dim(3) == hd && o.numel() == q.numel());
+    const int32_t* kv_len_dev = nullptr;
+    if (kv_len.device) {
+      BS_CHECK(kv_len.device->dtype() == DType::kI32 && kv_len.device->numel() >= 1);
+      kv_len_dev = kv_len.device->as<int32_t>();
+    }
+    if (split_attention_supported(a)) {
+      void* ws = attention_workspace(split_attention_workspace(n, heads, hd, kv_len.max));
+      CUDA_CHECK(split_attention(a, kv_len_dev, ws, stream_));
+      return;
+    }
+    BS_CHECK(kv_len_dev == nullptr && "a device kv length needs BF16 tensors and hd % 8 == 0");
     run_attention(o, q, k_pool, v_pool, block_table.as<int32_t>(), block_size, k_pool.dim(2),
-                  k_pool.dim(3), kv_len, mask, scale);
+                  k_pool.dim(3), kv_len.max, mask, scale);
+  }
+
+  void attention_prologue(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
+                          const Tensor& k_norm, float eps, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_scaling, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& slots) override {
+    PrologueArgs a;
+    a.n = q_out.dim(0);
+    a.heads = q_out.dim(1);
+    a.hd = q_out.dim(2);
+    a.kv_heads = k_pool.dim(2);
+    a.capacity = k_pool.dim(0) * k_pool.dim(1);
+    BS_CHECK(q_out.dtype() == DType::kBF16 && qkv.dtype() == DType::kBF16 &&
+             k_pool.dtype() == DType::kBF16 && v_pool.dtype() == DType::kBF16);
+    BS_CHECK(qkv.numel() == a.n * (a.heads + 2 * a.kv_heads) * a.hd && k_pool.dim(3) == a.hd);
+    BS_CHECK(positions.dtype() == DType::kI32 && slots.dtype() == DType::kI32 &&
+             positions.numel() == a.n && slots.numel() == a.n);
+    BS_CHECK(inv_freq.dtype() == DType::kF32 && inv_freq.numel() == a.hd / 2);
+    a.qkv = static_cast<const __nv_bfloat16*>(qkv.data());
+    a.q_out = static_cast<__nv_bfloat16*>(q_out.data());
+    a.k_pool = static_cast<__nv_bfloat16*>(k_pool.data());
+    a.v_pool = static_cast<__nv_bfloat16*>(v_pool.data());
+    if (q_norm.defined()) {
+      BS_CHECK(q_norm.dtype() == DType::kF32 && q_norm.numel() == a.hd);
+      a.q_norm = q_norm.as<float>();
+    }
+    if (k_norm.defined()) {
+      BS_CHECK(k_norm.dtype() == DType::kF32 && k_norm.numel() == a.hd);
+      a.k_norm = k_norm.as<float>();
+    }
+    a.inv_freq = inv_freq.as<float>();
+    a.positions = positions.as<int32_t>();
+    a.slots = slots.as<int32_t>();
+    a.eps = eps;
+    a.attention_scaling = attention_scaling;
+    CUDA_CHECK(bs::cuda::attention_prologue(a, stream_));
   }
   void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
                  AttentionMask mask, float scale) override {
@@ -498,6 +621,20 @@ class CudaBackend final : public Backend {
     Tensor s = empty({t.numel()}, dtype);
     CUDA_CHECK(convert(out(s), in(t), t.numel(), stream_));
     return s;
+  }
+
+  void* attention_workspace(size_t bytes) {
+    if (bytes > attn_ws_bytes_) {
+      if (attn_ws_) {
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaFree(attn_ws_));
+      }
+      bytes = std::max(bytes * 5 / 4, size_t{1} << 20);
+      CUDA_CHECK(cudaMalloc(&attn_ws_, bytes));
+      attn_ws_bytes_ = bytes;
+      ++capture_generation_;
+    }
+    return attn_ws_;
   }
 
   void run_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -715,6 +852,17 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   GemvMode gemv_mode_ = GemvMode::kAuto;
   std::map<PlanKey, LtPlan> plans_;
+  // Split-KV attention partials. Reallocating them (or changing the GEMV mode) bumps
+  // capture_generation_, which makes run_captured capture its graphs again.
+  void* attn_ws_ = nullptr;
+  size_t attn_ws_bytes_ = 0;
+  uint64_t capture_generation_ = 0;
+  struct Captured {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0;
+  };
+  std::map<std::string, Captured> graphs_;
+  bool graphs_enabled_ = true;
 };
 
 namespace {
@@ -796,5 +944,7 @@ std::string device_description(Backend& backend) {
 }
 
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
+
+void set_graphs_enabled(Backend& backend, bool on) { as_cuda(backend).set_graphs_enabled(on); }
 
 }  // namespace bs::cuda

@@ -6,6 +6,7 @@
 // elementwise kernels accept any float type per operand (In / Out carry it) and compute in fp32.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -95,6 +96,35 @@ struct AttentionArgs {
 // One block per (query row, head), a fixed number of warps; online softmax in fp32 over the
 // visible keys. hd <= 256. A row's result does not depend on the other rows of the launch.
 cudaError_t attention(const AttentionArgs& a, cudaStream_t s);
+
+// Split-KV paged attention (paged_attention.cu) for BF16 q / out / pools with a block table and
+// hd % 8 == 0, hd <= 256: one block per (64-key chunk, kv head, tile of 16 query vectors), then
+// a combine pass. a.kv_len bounds the launch; when kv_len_dev is set the kernels read the
+// actual length there (<= a.kv_len). `workspace` holds split_attention_workspace() bytes. A
+// query row's result does not depend on n, on a.kv_len or on the other rows.
+bool split_attention_supported(const AttentionArgs& a);
+size_t split_attention_workspace(int64_t n, int64_t heads, int64_t hd, int64_t max_kv_len);
+cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
+                            cudaStream_t s);
+
+// The decoder-layer attention prologue (Backend::attention_prologue), BF16 activations and
+// pools, F32 norms (null: none) and inv_freq.
+struct PrologueArgs {
+  const __nv_bfloat16* qkv = nullptr;  // [n, (heads + 2 kv_heads) * hd]
+  __nv_bfloat16* q_out = nullptr;      // [n, heads, hd]
+  __nv_bfloat16* k_pool = nullptr;     // [capacity, kv_heads, hd]
+  __nv_bfloat16* v_pool = nullptr;
+  const float* q_norm = nullptr;  // [hd]
+  const float* k_norm = nullptr;
+  const float* inv_freq = nullptr;  // [hd / 2]
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  int64_t n = 0, heads = 0, kv_heads = 0, hd = 0, capacity = 0;
+  float eps = 1e-6f, attention_scaling = 1.0f;
+};
+cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s);
+// y[r, c] = silu(gate_up[r, c]) * gate_up[r, i_dim + c], BF16.
+cudaError_t swiglu(void* y, const void* gate_up, int64_t rows, int64_t i_dim, cudaStream_t s);
 
 // ---- Small-n matrix-vector products ----
 // CUDA-core GEMV (GemvMode::kSimt): y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]) for

@@ -2,6 +2,8 @@
 // non-causal block forward). Math: specs/dflash.md §1.3; engine practice: serving.md §0, §1.3.
 #include "models/drafters/dflash.h"
 
+#include <fmt/format.h>
+
 #include <cfenv>
 #include <cmath>
 #include <filesystem>
@@ -18,11 +20,10 @@ using nlohmann::json;
 
 struct Layer {
   Tensor input_norm, post_norm;  // [H]
-  Tensor wq;                     // [heads*hd, H]
-  Tensor wk, wv;                 // [kv*hd, H]: row views of the fused K/V matrix
+  Tensor w_qkv;                  // [(heads + 2 kv) * hd, H]: q, k, v rows (one propose GEMM)
   Tensor wo;                     // [H, heads*hd]
   Tensor q_norm, k_norm;         // [hd]
-  Tensor w_gate, w_up;           // [I, H]
+  Tensor w_gate_up;              // [2I, H]: gate rows, then up rows
   Tensor w_down;                 // [H, I]
   AttentionMask mask;
 };
@@ -40,10 +41,12 @@ struct ObserveScratch {
 
 struct ProposeScratch {
   Tensor ids, positions, slots;  // I32 [B]
+  Tensor kv_len;                 // I32 [1]: anchor_pos + B
   Tensor x, xn;                  // [B, H]
+  Tensor qkv;                    // [B, (heads + 2 kv) * hd]
   Tensor q, attn;                // [B, heads, hd]
-  Tensor k, v;                   // [B, kv, hd]
-  Tensor gate, up;               // [B, I]
+  Tensor gate_up;                // [B, 2I]
+  Tensor act;                    // [B, I]
   Tensor logits;                 // [B-1, V]
 };
 
@@ -89,28 +92,27 @@ class DFlashDrafter final : public Drafter {
       const std::string p = "layers." + std::to_string(i) + ".";
       BS_ASSIGN_OR_RETURN(L.input_norm, load(p + "input_layernorm.weight", {h}));
       BS_ASSIGN_OR_RETURN(L.post_norm, load(p + "post_attention_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.wq, load(p + "self_attn.q_proj.weight", {q_dim, h}));
-      BS_ASSIGN_OR_RETURN(L.wk, load(p + "self_attn.k_proj.weight", {kv_dim, h}));
-      BS_ASSIGN_OR_RETURN(L.wv, load(p + "self_attn.v_proj.weight", {kv_dim, h}));
-      BS_ASSIGN_OR_RETURN(L.wo, load(p + "self_attn.o_proj.weight", {h, q_dim}));
-      BS_ASSIGN_OR_RETURN(L.q_norm, load(p + "self_attn.q_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(L.k_norm, load(p + "self_attn.k_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(L.w_gate, load(p + "mlp.gate_proj.weight", {inter, h}));
-      BS_ASSIGN_OR_RETURN(L.w_up, load(p + "mlp.up_proj.weight", {inter, h}));
-      BS_ASSIGN_OR_RETURN(L.w_down, load(p + "mlp.down_proj.weight", {h, inter}));
+      const std::string a = p + "self_attn.", f = p + "mlp.";
+      BS_ASSIGN_OR_RETURN(const std::string qn, name(a + "q_proj.weight"));
+      BS_ASSIGN_OR_RETURN(const std::string kn, name(a + "k_proj.weight"));
+      BS_ASSIGN_OR_RETURN(const std::string vn, name(a + "v_proj.weight"));
+      BS_ASSIGN_OR_RETURN(L.w_qkv,
+                          w.load_stacked({qn, kn, vn}, {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
+      BS_ASSIGN_OR_RETURN(L.wo, load(a + "o_proj.weight", {h, q_dim}));
+      BS_ASSIGN_OR_RETURN(L.q_norm, load(a + "q_norm.weight", {hd}));
+      BS_ASSIGN_OR_RETURN(L.k_norm, load(a + "k_norm.weight", {hd}));
+      BS_ASSIGN_OR_RETURN(const std::string gn, name(f + "gate_proj.weight"));
+      BS_ASSIGN_OR_RETURN(const std::string un, name(f + "up_proj.weight"));
+      BS_ASSIGN_OR_RETURN(L.w_gate_up, w.load_stacked({gn, un}, {{inter, h}, {inter, h}}));
+      BS_ASSIGN_OR_RETURN(L.w_down, load(f + "down_proj.weight", {h, inter}));
       L.mask = c_.layer_masks[i];
     }
     // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
-    // layer with a single matmul; each layer's k_proj / v_proj becomes a row view of it.
-    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].wk.dtype());
+    // layer with a single matmul (a copy of the k / v rows of each layer's fused projection).
+    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.dtype());
     for (int64_t i = 0; i < n_layers; ++i) {
-      Layer& L = layers_[i];
-      const Tensor k_rows = kv_fused_.rows((2 * i) * kv_dim, kv_dim);
-      const Tensor v_rows = kv_fused_.rows((2 * i + 1) * kv_dim, kv_dim);
-      backend_.copy(k_rows, L.wk);
-      backend_.copy(v_rows, L.wv);
-      L.wk = k_rows;
-      L.wv = v_rows;
+      const Layer& L = layers_[i];
+      backend_.copy(kv_fused_.rows(2 * i * kv_dim, 2 * kv_dim), L.w_qkv.rows(q_dim, 2 * kv_dim));
     }
 
     // Embedding and LM head: the drafter's own when it ships them, else the target's.
@@ -220,7 +222,6 @@ class DFlashDrafter final : public Drafter {
   // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
   // cached context [0, s) and to the whole block; logits of rows 1 .. num_drafts.
   Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) override {
-    const auto& m = c_.model;
     const int64_t B = c_.block_size, s = req.anchor_pos;
     if (req.num_drafts < 1 || req.num_drafts > B - 1) {
       return InvalidArgument("dflash propose: num_drafts {} out of range [1, {}]", req.num_drafts,
@@ -246,44 +247,58 @@ class DFlashDrafter final : public Drafter {
     backend_.copy_from_host(p.ids, ids.data());
     backend_.copy_from_host(p.positions, positions.data());
     backend_.copy_from_host(p.slots, slots.data());
-    const Tensor table = table_.rows(0, static_cast<int64_t>(req.block_table.size()));
-    backend_.copy_from_host(table, req.block_table.data());
+    backend_.copy_from_host(table_.rows(0, static_cast<int64_t>(req.block_table.size())),
+                            req.block_table.data());
 
-    const float eps = static_cast<float>(m.rms_norm_eps);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-    backend_.embedding(p.x, p.ids, embed_);
+    const int32_t kv_len = static_cast<int32_t>(s + B);
+    backend_.copy_from_host(p.kv_len, &kv_len);
+
+    // The block forward depends on the call only through the uploaded tensors: a backend may
+    // capture it once per draft count and table capacity and replay it.
+    uintptr_t pools = 0;
     for (size_t li = 0; li < layers_.size(); ++li) {
-      const Layer& L = layers_[li];
-      // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
-      backend_.rms_norm(p.xn, p.x, L.input_norm, eps);
-      backend_.matmul(p.q, p.xn, L.wq);
-      backend_.matmul(p.k, p.xn, L.wk);
-      backend_.matmul(p.v, p.xn, L.wv);
-      backend_.rms_norm(p.q, p.q, L.q_norm, eps);
-      backend_.rms_norm(p.k, p.k, L.k_norm, eps);
-      backend_.rope(p.q, p.positions, inv_freq_, attention_scaling_);
-      backend_.rope(p.k, p.positions, inv_freq_, attention_scaling_);
-      // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
-      backend_.kv_write(kv.k[li], kv.v[li], p.k, p.v, p.slots);
-      backend_.paged_attention(p.attn, p.q, kv.k[li], kv.v[li], table, s + B, L.mask, scale);
-      backend_.matmul(p.x, p.attn, L.wo, nullptr, /*accumulate=*/true);
-      // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(p.xn, p.x, L.post_norm, eps);
-      backend_.matmul(p.gate, p.xn, L.w_gate);
-      backend_.matmul(p.up, p.xn, L.w_up);
-      backend_.silu_mul(p.gate, p.gate, p.up);
-      backend_.matmul(p.x, p.gate, L.w_down, nullptr, /*accumulate=*/true);
+      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
+      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
     }
-    // Row 0 echoes the anchor; row j predicts position s + j.
-    const int64_t nd = req.num_drafts;
-    const Tensor normed = p.xn.rows(0, nd);
-    backend_.rms_norm(normed, p.x.rows(1, nd), final_norm_, eps);
-    *logits = p.logits.rows(0, nd);
-    backend_.matmul(*logits, normed, lm_head_);
+    const std::string key = fmt::format("dflash:{}:{}:{}:{:x}", table_generation_, req.num_drafts,
+                                        table_.numel(), pools);
+    backend_.run_captured(key, [&] { block_forward(kv, req.num_drafts); });
+    *logits = p.logits.rows(0, req.num_drafts);
     return Status::Ok();
   }
 
  private:
+  // Block rows through every layer (ids / positions / slots / table / kv_len uploaded), then
+  // the logits of rows 1 .. nd into p.logits.
+  void block_forward(KvPool& kv, int64_t nd) {
+    const auto& m = c_.model;
+    ProposeScratch& p = prop_;
+    const float eps = static_cast<float>(m.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+    const KvLength kv_len(table_.numel() * kv.block_size, &p.kv_len);
+    backend_.embedding(p.x, p.ids, embed_);
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& L = layers_[li];
+      // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
+      // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
+      backend_.rms_norm(p.xn, p.x, L.input_norm, eps);
+      backend_.matmul(p.qkv, p.xn, L.w_qkv);
+      backend_.attention_prologue(p.q, p.qkv, L.q_norm, L.k_norm, eps, p.positions, inv_freq_,
+                                  attention_scaling_, kv.k[li], kv.v[li], p.slots);
+      backend_.paged_attention(p.attn, p.q, kv.k[li], kv.v[li], table_, kv_len, L.mask, scale);
+      backend_.matmul(p.x, p.attn, L.wo, nullptr, /*accumulate=*/true);
+      // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
+      backend_.rms_norm(p.xn, p.x, L.post_norm, eps);
+      backend_.matmul(p.gate_up, p.xn, L.w_gate_up);
+      backend_.swiglu(p.act, p.gate_up);
+      backend_.matmul(p.x, p.act, L.w_down, nullptr, /*accumulate=*/true);
+    }
+    // Row 0 echoes the anchor; row j predicts position s + j.
+    const Tensor normed = p.xn.rows(0, nd);
+    backend_.rms_norm(normed, p.x.rows(1, nd), final_norm_, eps);
+    backend_.matmul(p.logits.rows(0, nd), normed, lm_head_);
+  }
+
   static int32_t slot_of(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
     return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
   }
@@ -331,16 +346,17 @@ class DFlashDrafter final : public Drafter {
       prop_.slots = backend_.empty({B}, DType::kI32);
       prop_.x = backend_.empty({B, m.hidden_size});
       prop_.xn = backend_.empty({B, m.hidden_size});
+      prop_.kv_len = backend_.empty({1}, DType::kI32);
+      prop_.qkv = backend_.empty({B, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim});
       prop_.q = backend_.empty({B, m.num_heads, m.head_dim});
       prop_.attn = backend_.empty({B, m.num_heads, m.head_dim});
-      prop_.k = backend_.empty({B, m.num_kv_heads, m.head_dim});
-      prop_.v = backend_.empty({B, m.num_kv_heads, m.head_dim});
-      prop_.gate = backend_.empty({B, m.intermediate_size});
-      prop_.up = backend_.empty({B, m.intermediate_size});
+      prop_.gate_up = backend_.empty({B, 2 * m.intermediate_size});
+      prop_.act = backend_.empty({B, m.intermediate_size});
       prop_.logits = backend_.empty({B - 1, vocab_});
     }
     if (!table_.defined() || table_.numel() < table_blocks) {
       table_ = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
+      ++table_generation_;
     }
   }
 
@@ -358,7 +374,8 @@ class DFlashDrafter final : public Drafter {
   float attention_scaling_ = 1.0f;
   ObserveScratch obs_;
   ProposeScratch prop_;
-  Tensor table_;  // I32 block table of the current call
+  Tensor table_;                  // I32 block table of the current call
+  int64_t table_generation_ = 0;  // bumped when table_ is reallocated
 };
 
 // dflash_config when present (an object), else an empty object.

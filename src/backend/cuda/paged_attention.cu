@@ -1,0 +1,344 @@
+// Split-KV paged attention and the fused decoder-layer prologue (kernels.h).
+//
+// Paged attention works in two launches. The split pass gives each thread block one kv head, one
+// chunk of kSplitKeys consecutive key positions and a tile of up to kTileQueries query vectors
+// (query rows x the heads that share the kv head, GQA), so a K/V chunk is read once per tile and
+// not once per query head. Each block writes an unnormalised partial result with its running
+// maximum and sum; the combine pass merges the splits of a (row, head) in split order.
+//
+// Row invariance: the chunk boundaries are absolute key positions, every (query, key) score and
+// every per-query reduction runs the same instruction sequence whichever tile slot the query
+// has, and a split that a query cannot see contributes exactly nothing to the combine. So a
+// query row's output does not depend on how many rows share the launch, on the launch's key
+// count bound, or on the split count: a 16-row verify reproduces the decode of each position.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend/cuda/kernels.h"
+
+namespace bs::cuda {
+namespace {
+
+constexpr int kSplitKeys = 64;      // keys per split (absolute chunks [s*64, s*64+64))
+constexpr int kTileQueries = 16;    // most query vectors per block
+constexpr int kSplitThreads = 128;  // 4 warps: two groups of 64 threads (one per key / column pair)
+
+__device__ __forceinline__ float warp_sum32(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max32(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ int64_t kv_length(const AttentionArgs& a, const int32_t* kv_len_dev) {
+  return kv_len_dev ? static_cast<int64_t>(*kv_len_dev) : a.kv_len;
+}
+
+__device__ __forceinline__ bool key_visible(bool causal, int64_t window, int64_t qpos, int64_t j) {
+  bool vis = !(causal && j > qpos);
+  if (window > 0) vis = vis && qpos - j < window && (causal || j - qpos < window);
+  return vis;
+}
+
+// Shared memory of one split block, for head dim hd (even): K with a 2-element pad per row
+// (32-bit reads by key are bank-conflict free), V, the query tile in fp32, and the scores.
+__host__ __device__ inline size_t split_smem_bytes(int64_t hd) {
+  return static_cast<size_t>(kSplitKeys) * (hd + 2) * 2 + static_cast<size_t>(kSplitKeys) * hd * 2 +
+         static_cast<size_t>(kTileQueries) * hd * 4 +
+         static_cast<size_t>(kTileQueries) * kSplitKeys * 4;
+}
+
+// grid (splits, kv_heads, query tiles), kSplitThreads threads; a tile holds 2 * QPT query
+// vectors, each thread QPT of them (QPT only sets how the work is spread: every query's
+// arithmetic is the same sequence for any QPT).
+// part_o [splits, n, heads, hd] fp32, part_ml [splits, n, heads, 2] fp32 (max, sum).
+template <int QPT>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_kernel(AttentionArgs a, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int hd = static_cast<int>(a.hd), half = hd / 2, kstride = half + 1;  // 32-bit words
+  uint32_t* Ks = reinterpret_cast<uint32_t*>(smem);                          // [64][hd/2 + 1]
+  uint32_t* Vs = Ks + kSplitKeys * kstride;                                  // [64][hd/2]
+  float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * half);              // [16][hd]
+  float* S = Qs + kTileQueries * hd;                                         // [16][64]
+
+  const int64_t kv_len = kv_length(a, kv_len_dev);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
+  if (j0 >= kv_len) return;  // beyond the sequence: the combine never reads this split
+  const int kvh = blockIdx.y, group = static_cast<int>(a.heads / a.kv_heads);
+  constexpr int kTile = 2 * QPT;
+  const int64_t total_q = a.n * group, q_begin = static_cast<int64_t>(blockIdx.z) * kTile;
+  const int nq = static_cast<int>(total_q - q_begin < kTile ? total_q - q_begin : kTile);
+  const int tid = threadIdx.x;
+
+  // Query tile -> fp32 shared memory. Tile slot t is query vector q_begin + t = (row, g).
+  const __nv_bfloat16* Q = static_cast<const __nv_bfloat16*>(a.q);
+  for (int i = tid; i < nq * hd; i += kSplitThreads) {
+    const int t = i / hd, c = i - t * hd;
+    const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
+    Qs[t * hd + c] = __bfloat162float(Q[(row * a.heads + h) * a.hd + c]);
+  }
+  // K / V chunk -> shared memory (16-byte global loads; rows past kv_len are zero).
+  const int vec_per_row = hd / 8;
+  const int bs = static_cast<int>(a.block_size);
+  for (int i = tid; i < kSplitKeys * vec_per_row; i += kSplitThreads) {
+    const int j = i / vec_per_row, c8 = i - j * vec_per_row;
+    const int64_t key = j0 + j;
+    uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+    if (key < kv_len) {
+      const int blk = static_cast<int>(key) / bs, in_blk = static_cast<int>(key) - blk * bs;
+      const int64_t slot = static_cast<int64_t>(a.block_table[blk]) * bs + in_blk;
+      const int64_t off = (slot * a.kv_heads + kvh) * a.hd + c8 * 8;
+      kw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.k) + off);
+      vw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.v) + off);
+    }
+    uint32_t* kr = Ks + j * kstride + c8 * 4;
+    kr[0] = kw.x, kr[1] = kw.y, kr[2] = kw.z, kr[3] = kw.w;
+    *reinterpret_cast<uint4*>(Vs + j * half + c8 * 4) = vw;
+  }
+  __syncthreads();
+
+  // Scores: thread = (key j, half of the tile's queries).
+  {
+    const int j = tid % kSplitKeys, t0 = (tid / kSplitKeys) * QPT;
+    float acc[QPT];
+    const int mine = nq - t0;  // valid queries of this thread (may be <= 0)
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) acc[u] = 0.0f;
+    const uint32_t* kr = Ks + j * kstride;
+    for (int w = 0; w < half && mine > 0; ++w) {
+      const uint32_t kw = kr[w];
+      const float k0 = __uint_as_float(kw << 16), k1 = __uint_as_float(kw & 0xffff0000u);
+#pragma unroll
+      for (int u = 0; u < QPT; ++u) {
+        const float2 qv = *reinterpret_cast<const float2*>(Qs + (t0 + u) * hd + 2 * w);
+        acc[u] = fmaf(qv.x, k0, acc[u]);
+        acc[u] = fmaf(qv.y, k1, acc[u]);
+      }
+    }
+    const int64_t key = j0 + j;
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) {
+      const int t = t0 + u;
+      if (t >= nq) break;
+      const int64_t row = (q_begin + t) / group, qpos = kv_len - a.n + row;
+      const bool vis = key < kv_len && key_visible(a.causal, a.window, qpos, key);
+      S[t * kSplitKeys + j] = vis ? acc[u] * a.scale : -INFINITY;
+    }
+  }
+  __syncthreads();
+
+  // Per-query max and sum over the chunk (warp w takes queries w, w + 4, ...); S becomes p.
+  __shared__ float sm_max[kTileQueries], sm_sum[kTileQueries];
+  {
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int t = warp; t < nq; t += kSplitThreads / 32) {
+      float* s = S + t * kSplitKeys;
+      const float a0 = s[lane], a1 = s[lane + 32];
+      const float m = warp_max32(fmaxf(a0, a1));
+      float p0 = 0.0f, p1 = 0.0f;
+      if (m != -INFINITY) {
+        p0 = a0 == -INFINITY ? 0.0f : __expf(a0 - m);
+        p1 = a1 == -INFINITY ? 0.0f : __expf(a1 - m);
+      }
+      s[lane] = p0;
+      s[lane + 32] = p1;
+      const float l = warp_sum32(p0 + p1);
+      if (lane == 0) sm_max[t] = m, sm_sum[t] = l;
+    }
+  }
+  __syncthreads();
+
+  // P . V: thread = (pair of head-dim columns, half of the queries).
+  const int t0 = (tid / kSplitKeys) * QPT;
+  for (int w = tid % kSplitKeys; w < half && t0 < nq; w += kSplitKeys) {
+    float acc0[QPT], acc1[QPT];
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) acc0[u] = acc1[u] = 0.0f;
+    for (int j = 0; j < kSplitKeys; ++j) {
+      const uint32_t vw = Vs[j * half + w];
+      const float v0 = __uint_as_float(vw << 16), v1 = __uint_as_float(vw & 0xffff0000u);
+#pragma unroll
+      for (int u = 0; u < QPT; ++u) {
+        const float p = S[(t0 + u) * kSplitKeys + j];
+        acc0[u] = fmaf(p, v0, acc0[u]);
+        acc1[u] = fmaf(p, v1, acc1[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) {
+      const int t = t0 + u;
+      if (t >= nq) break;
+      const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
+      const int64_t idx = (static_cast<int64_t>(blockIdx.x) * a.n + row) * a.heads + h;
+      *reinterpret_cast<float2*>(part_o + idx * a.hd + 2 * w) = make_float2(acc0[u], acc1[u]);
+      if (w == 0) {
+        part_ml[idx * 2] = sm_max[t];
+        part_ml[idx * 2 + 1] = sm_sum[t];
+      }
+    }
+  }
+}
+
+// grid (n * heads), threads over hd: merges the splits of one (row, head) in split order.
+__global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
+                               const float* part_ml) {
+  const int64_t rh = blockIdx.x;  // row * heads + head
+  const int64_t kv_len = kv_length(a, kv_len_dev);
+  const int64_t splits = (kv_len + kSplitKeys - 1) / kSplitKeys;
+  const int64_t stride = a.n * a.heads;
+  float M = -INFINITY;
+  for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(s * stride + rh) * 2]);
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) + rh * a.hd;
+  for (int64_t c = threadIdx.x; c < a.hd; c += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    if (M != -INFINITY) {
+      for (int64_t s = 0; s < splits; ++s) {
+        const float m = part_ml[(s * stride + rh) * 2];
+        if (m == -INFINITY) continue;
+        const float f = __expf(m - M);
+        num += f * part_o[(s * stride + rh) * a.hd + c];
+        den += f * part_ml[(s * stride + rh) * 2 + 1];
+      }
+    }
+    out[c] = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+  }
+}
+
+// ---- Attention prologue ----
+// grid (n, heads + 2 kv_heads), hd / 2 threads: block = one head of one row; thread i holds
+// the rotate-half pair (i, i + hd/2).
+__global__ void prologue_kernel(PrologueArgs a) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, half = static_cast<int>(a.hd / 2), i = threadIdx.x;
+  const int64_t width = (a.heads + 2 * a.kv_heads) * a.hd;
+  const __nv_bfloat16* src = a.qkv + t * width + h * a.hd;
+  float x0 = __bfloat162float(src[i]), x1 = __bfloat162float(src[i + half]);
+  const int64_t slot = a.slots[t];
+  const int64_t capacity_ok = slot >= 0 && slot < a.capacity;
+  if (h >= a.heads + a.kv_heads) {  // v: straight into the pool
+    if (!capacity_ok) return;
+    __nv_bfloat16* dst = a.v_pool + (slot * a.kv_heads + (h - a.heads - a.kv_heads)) * a.hd;
+    dst[i] = src[i];
+    dst[i + half] = src[i + half];
+    return;
+  }
+  const bool is_q = h < a.heads;
+  const float* norm = is_q ? a.q_norm : a.k_norm;
+  if (norm) {
+    __shared__ float partial[8];
+    float ss = x0 * x0 + x1 * x1;
+    ss = warp_sum32(ss);
+    const int warp = i >> 5, nw = (half + 31) >> 5;
+    if ((i & 31) == 0) partial[warp] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < nw; ++w) total += partial[w];
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(a.hd) + a.eps);
+    x0 = x0 * inv * norm[i];
+    x1 = x1 * inv * norm[i + half];
+  }
+  const float angle = static_cast<float>(a.positions[t]) * a.inv_freq[i];
+  float sn, cs;
+  sincosf(angle, &sn, &cs);
+  cs *= a.attention_scaling;
+  sn *= a.attention_scaling;
+  const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+  __nv_bfloat16* dst;
+  if (is_q) {
+    dst = a.q_out + (t * a.heads + h) * a.hd;
+  } else {
+    if (!capacity_ok) return;
+    dst = a.k_pool + (slot * a.kv_heads + (h - a.heads)) * a.hd;
+  }
+  dst[i] = __float2bfloat16_rn(y0);
+  dst[i + half] = __float2bfloat16_rn(y1);
+}
+
+// y[r, c] = silu(gu[r, c]) * gu[r, i + c].
+__global__ void swiglu_kernel(__nv_bfloat16* y, const __nv_bfloat16* gu, int64_t rows,
+                              int64_t i_dim) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < rows * i_dim;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / i_dim, c = e - r * i_dim;
+    const float g = __bfloat162float(gu[r * 2 * i_dim + c]);
+    const float u = __bfloat162float(gu[r * 2 * i_dim + i_dim + c]);
+    y[e] = __float2bfloat16_rn(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+}  // namespace
+
+bool split_attention_supported(const AttentionArgs& a) {
+  return a.t == Elem::kBF16 && a.block_table != nullptr && a.hd % 8 == 0 && a.hd <= 256 &&
+         a.kv_heads > 0 && a.heads % a.kv_heads == 0;
+}
+
+size_t split_attention_workspace(int64_t n, int64_t heads, int64_t hd, int64_t max_kv_len) {
+  const int64_t splits = (max_kv_len + kSplitKeys - 1) / kSplitKeys;
+  return static_cast<size_t>(splits * n * heads) * (hd + 2) * sizeof(float);
+}
+
+cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
+                            cudaStream_t s) {
+  if (a.n <= 0 || a.heads <= 0) return cudaSuccess;
+  if (!split_attention_supported(a)) return cudaErrorInvalidValue;
+  const int64_t splits = (a.kv_len + kSplitKeys - 1) / kSplitKeys;
+  if (splits <= 0) return cudaSuccess;
+  const int64_t group = a.heads / a.kv_heads;
+  // Queries per thread: small tiles (more blocks, shorter chains) for decode and verify rows.
+  const int64_t total_q = a.n * group;
+  const int qpt = total_q <= 4 ? 2 : (total_q <= 64 ? 4 : 8);
+  const int64_t tiles = (total_q + 2 * qpt - 1) / (2 * qpt);
+  float* part_o = static_cast<float*>(workspace);
+  float* part_ml = part_o + splits * a.n * a.heads * a.hd;
+  const size_t smem = split_smem_bytes(a.hd);
+  static bool configured = false;  // the attribute is per function, set once per process
+  if (!configured) {
+    for (const void* f : {reinterpret_cast<const void*>(split_kernel<2>),
+                          reinterpret_cast<const void*>(split_kernel<4>),
+                          reinterpret_cast<const void*>(split_kernel<8>)}) {
+      const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 int(split_smem_bytes(256)));
+      if (e != cudaSuccess) return e;
+    }
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.kv_heads),
+                  static_cast<unsigned>(tiles));
+  if (qpt == 2) {
+    split_kernel<2><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
+  } else if (qpt == 4) {
+    split_kernel<4><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
+  } else {
+    split_kernel<8><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
+  }
+  const int threads = a.hd >= 128 ? 128 : 64;
+  combine_kernel<<<static_cast<unsigned>(a.n * a.heads), threads, 0, s>>>(a, kv_len_dev, part_o,
+                                                                          part_ml);
+  return cudaGetLastError();
+}
+
+cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s) {
+  if (a.n <= 0) return cudaSuccess;
+  if (a.hd % 2 != 0 || a.hd / 2 > 256 || a.hd / 2 < 1) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 2 * a.kv_heads));
+  prologue_kernel<<<grid, static_cast<unsigned>(a.hd / 2), 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(void* y, const void* gate_up, int64_t rows, int64_t i_dim, cudaStream_t s) {
+  const int64_t total = rows * i_dim;
+  if (total <= 0) return cudaSuccess;
+  const int64_t blocks = (total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536;
+  swiglu_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(
+      static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(gate_up), rows, i_dim);
+  return cudaGetLastError();
+}
+
+}  // namespace bs::cuda
