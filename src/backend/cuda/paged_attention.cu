@@ -76,30 +76,82 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int nq = static_cast<int>(total_q - q_begin < kTile ? total_q - q_begin : kTile);
   const int tid = threadIdx.x;
 
-  // Query tile -> fp32 shared memory. Tile slot t is query vector q_begin + t = (row, g).
-  const __nv_bfloat16* Q = static_cast<const __nv_bfloat16*>(a.q);
-  for (int i = tid; i < nq * hd; i += kSplitThreads) {
-    const int t = i / hd, c = i - t * hd;
-    const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
-    Qs[t * hd + c] = __bfloat162float(Q[(row * a.heads + h) * a.hd + c]);
+  // Query tile -> fp32 shared memory, 16-byte loads all issued before the first store. Tile
+  // slot t is query vector q_begin + t = (row, g). At most 16 * 256 / 8 / 128 = 4 per thread.
+  {
+    const __nv_bfloat16* Q = static_cast<const __nv_bfloat16*>(a.q);
+    const int vec_per_q = hd / 8, total = nq * vec_per_q;
+    uint4 qw[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = tid + u * kSplitThreads;
+      if (i < total) {
+        const int t = i / vec_per_q, c8 = i - t * vec_per_q;
+        const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
+        qw[u] = __ldg(reinterpret_cast<const uint4*>(Q + (row * a.heads + h) * a.hd) + c8);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = tid + u * kSplitThreads;
+      if (i < total) {
+        const int t = i / vec_per_q, c8 = i - t * vec_per_q;
+        const uint32_t w[4] = {qw[u].x, qw[u].y, qw[u].z, qw[u].w};
+        float* dst = Qs + t * hd + c8 * 8;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dst[2 * e] = __uint_as_float(w[e] << 16);
+          dst[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        }
+      }
+    }
   }
-  // K / V chunk -> shared memory (16-byte global loads; rows past kv_len are zero).
-  const int vec_per_row = hd / 8;
-  const int bs = static_cast<int>(a.block_size);
-  for (int i = tid; i < kSplitKeys * vec_per_row; i += kSplitThreads) {
-    const int j = i / vec_per_row, c8 = i - j * vec_per_row;
-    const int64_t key = j0 + j;
-    uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+  // The chunk's slots first (one block-table read per key), so that the K / V loads below do
+  // not wait on a dependent table load each.
+  __shared__ int64_t slot_of[kSplitKeys];
+  if (tid < kSplitKeys) {
+    const int64_t key = j0 + tid;
+    const int bs = static_cast<int>(a.block_size);
+    int64_t slot = -1;
     if (key < kv_len) {
       const int blk = static_cast<int>(key) / bs, in_blk = static_cast<int>(key) - blk * bs;
-      const int64_t slot = static_cast<int64_t>(a.block_table[blk]) * bs + in_blk;
-      const int64_t off = (slot * a.kv_heads + kvh) * a.hd + c8 * 8;
-      kw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.k) + off);
-      vw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.v) + off);
+      slot = static_cast<int64_t>(a.block_table[blk]) * bs + in_blk;
     }
-    uint32_t* kr = Ks + j * kstride + c8 * 4;
-    kr[0] = kw.x, kr[1] = kw.y, kr[2] = kw.z, kr[3] = kw.w;
-    *reinterpret_cast<uint4*>(Vs + j * half + c8 * 4) = vw;
+    slot_of[tid] = slot;
+  }
+  __syncthreads();
+  // K / V chunk -> shared memory: 16-byte global loads, kBatch of them in flight per thread
+  // before any is stored; rows past kv_len are zero.
+  constexpr int kBatch = 8;
+  const int vec_per_row = hd / 8, total_vec = kSplitKeys * vec_per_row;
+  const __nv_bfloat16* Kg = static_cast<const __nv_bfloat16*>(a.k);
+  const __nv_bfloat16* Vg = static_cast<const __nv_bfloat16*>(a.v);
+  for (int base = tid; base < total_vec; base += kBatch * kSplitThreads) {
+    uint4 kw[kBatch], vw[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kSplitThreads;
+      kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
+      if (i < total_vec) {
+        const int j = i / vec_per_row, c8 = i - j * vec_per_row;
+        const int64_t slot = slot_of[j];
+        if (slot >= 0) {
+          const int64_t off = (slot * a.kv_heads + kvh) * a.hd + c8 * 8;
+          kw[u] = __ldg(reinterpret_cast<const uint4*>(Kg + off));
+          vw[u] = __ldg(reinterpret_cast<const uint4*>(Vg + off));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kSplitThreads;
+      if (i < total_vec) {
+        const int j = i / vec_per_row, c8 = i - j * vec_per_row;
+        uint32_t* kr = Ks + j * kstride + c8 * 4;
+        kr[0] = kw[u].x, kr[1] = kw[u].y, kr[2] = kw[u].z, kr[3] = kw[u].w;
+        *reinterpret_cast<uint4*>(Vs + j * half + c8 * 4) = vw[u];
+      }
+    }
   }
   __syncthreads();
 
@@ -185,28 +237,49 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
-// grid (n * heads), threads over hd: merges the splits of one (row, head) in split order.
+// grid (n * heads), threads over hd, dynamic shared memory 2 floats per split of the launch
+// bound: merges the splits of one (row, head) in split order. The split statistics are loaded
+// into shared memory together (one memory latency, not one per split); the per-split weights
+// f_s = exp(m_s - M) are computed once.
 __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
                                const float* part_ml) {
+  extern __shared__ float weight_of[];  // [splits]: f_s (0 for a split the query cannot see)
+  float* sum_of = weight_of + (a.kv_len + kSplitKeys - 1) / kSplitKeys;  // [splits]: l_s
+  __shared__ float inv_den;
   const int64_t rh = blockIdx.x;  // row * heads + head
   const int64_t kv_len = kv_length(a, kv_len_dev);
-  const int64_t splits = (kv_len + kSplitKeys - 1) / kSplitKeys;
+  const int splits = static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys);
   const int64_t stride = a.n * a.heads;
-  float M = -INFINITY;
-  for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, part_ml[(s * stride + rh) * 2]);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    weight_of[s] = part_ml[(s * stride + rh) * 2];
+    sum_of[s] = part_ml[(s * stride + rh) * 2 + 1];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, weight_of[s]);
+    float den = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float f = weight_of[s] == -INFINITY ? 0.0f : __expf(weight_of[s] - M);
+      weight_of[s] = f;
+      den += f * sum_of[s];
+    }
+    inv_den = den > 0.0f ? 1.0f / den : 0.0f;
+  }
+  __syncthreads();
   __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) + rh * a.hd;
   for (int64_t c = threadIdx.x; c < a.hd; c += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    if (M != -INFINITY) {
-      for (int64_t s = 0; s < splits; ++s) {
-        const float m = part_ml[(s * stride + rh) * 2];
-        if (m == -INFINITY) continue;
-        const float f = __expf(m - M);
-        num += f * part_o[(s * stride + rh) * a.hd + c];
-        den += f * part_ml[(s * stride + rh) * 2 + 1];
-      }
+    float num = 0.0f;
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {  // four independent loads in flight
+      float o[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) o[u] = part_o[((s + u) * stride + rh) * a.hd + c];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) num += weight_of[s + u] * o[u];
     }
-    out[c] = __float2bfloat16_rn(den > 0.0f ? num / den : 0.0f);
+    for (; s < splits; ++s) num += weight_of[s] * part_o[(s * stride + rh) * a.hd + c];
+    out[c] = __float2bfloat16_rn(num * inv_den);
   }
 }
 
@@ -275,8 +348,10 @@ __global__ void swiglu_kernel(__nv_bfloat16* y, const __nv_bfloat16* gu, int64_t
 }  // namespace
 
 bool split_attention_supported(const AttentionArgs& a) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return a.t == Elem::kBF16 && a.block_table != nullptr && a.hd % 8 == 0 && a.hd <= 256 &&
-         a.kv_heads > 0 && a.heads % a.kv_heads == 0;
+         a.kv_heads > 0 && a.heads % a.kv_heads == 0 && aligned(a.q) && aligned(a.k) &&
+         aligned(a.v);
 }
 
 size_t split_attention_workspace(int64_t n, int64_t heads, int64_t hd, int64_t max_kv_len) {
@@ -319,8 +394,9 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
     split_kernel<8><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
   }
   const int threads = a.hd >= 128 ? 128 : 64;
-  combine_kernel<<<static_cast<unsigned>(a.n * a.heads), threads, 0, s>>>(a, kv_len_dev, part_o,
-                                                                          part_ml);
+  const size_t combine_smem = static_cast<size_t>(splits) * 2 * sizeof(float);
+  combine_kernel<<<static_cast<unsigned>(a.n * a.heads), threads, combine_smem, s>>>(
+      a, kv_len_dev, part_o, part_ml);
   return cudaGetLastError();
 }
 
