@@ -439,13 +439,18 @@ TEST_F(CudaOps, PagedAttentionAllShapes) {
 }
 
 TEST_F(CudaOps, ArgmaxFirstIndexOnTies) {
-  for (const int64_t v : {7, 1000, 151936}) {
-    const int64_t rows = 3;
+  // Long rows take the two-pass (chunked) kernel: ties across chunks, a maximum in the last,
+  // partial chunk, all-equal and all -inf rows.
+  for (const int64_t v : {7, 1000, 16385, 151936}) {
+    const int64_t rows = 5;
     auto xv = rnd(rows * v);
-    // Row 1: a tie for the maximum at two places; row 2: all equal.
+    // Row 1: a tie for the maximum at two places; row 2: all equal; row 3: the maximum is the
+    // last element; row 4: all -inf.
     xv[v + v / 3] = 100.0f;
     xv[v + v / 2] = 100.0f;
-    std::fill(xv.begin() + 2 * v, xv.end(), -2.0f);
+    std::fill(xv.begin() + 2 * v, xv.begin() + 3 * v, -2.0f);
+    xv[4 * v - 1] = 50.0f;
+    std::fill(xv.begin() + 4 * v, xv.end(), -INFINITY);
     Tensor gx = gpu_act({rows, v}, xv), cx = cpu_act({rows, v}, xv);
     Tensor go = gpu_->empty({rows}, DType::kI32), co = cpu_->empty({rows}, DType::kI32);
     gpu_->argmax(go, gx);

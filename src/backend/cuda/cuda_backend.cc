@@ -174,6 +174,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&lt_));
     CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    CUDA_CHECK(cudaMalloc(&argmax_keys_, kArgmaxKeys * sizeof(uint64_t)));
     CUDA_CHECK(cudaHostAlloc(&ring_, kPinnedRingBytes, cudaHostAllocDefault));
     CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
     if (const char* env = std::getenv("BLOCKSPEC_GEMV")) {
@@ -194,6 +195,7 @@ class CudaBackend final : public Backend {
     if (attn_ws_) cudaFree(attn_ws_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
+    cudaFree(argmax_keys_);
     cudaFreeHost(ring_);
     cudaStreamDestroy(stream_);
   }
@@ -574,7 +576,7 @@ class CudaBackend final : public Backend {
   void argmax(const Tensor& o, const Tensor& x) override {
     const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0;
     BS_CHECK(o.dtype() == DType::kI32 && o.numel() >= n);
-    CUDA_CHECK(bs::cuda::argmax(o.as<int32_t>(), in(x), n, v, stream_));
+    CUDA_CHECK(bs::cuda::argmax(o.as<int32_t>(), in(x), n, v, stream_, argmax_keys_, kArgmaxKeys));
   }
 
   // ---- FlashMap ops ----
@@ -863,6 +865,9 @@ class CudaBackend final : public Backend {
   };
   std::map<std::string, Captured> graphs_;
   bool graphs_enabled_ = true;
+  // Per-(row, chunk) partial results of the two-pass argmax (fixed size: never reallocated).
+  static constexpr int64_t kArgmaxKeys = 1 << 16;
+  uint64_t* argmax_keys_ = nullptr;
 };
 
 namespace {

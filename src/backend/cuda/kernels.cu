@@ -276,6 +276,89 @@ __global__ void argmax_kernel(int32_t* out, In x, int64_t v) {
   }
 }
 
+// Two-pass argmax for long rows: pass 1 gives each (row, chunk) block its best (value, index)
+// packed into one ordered 64-bit key (larger value first, then smaller index), pass 2 takes the
+// maximum key of each row. Same result as argmax_kernel, first index on ties.
+__device__ __forceinline__ uint64_t argmax_key(float best, int bi) {
+  const uint32_t u = __float_as_uint(best);
+  const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(bi));
+}
+
+__global__ void argmax_chunk_kernel(uint64_t* keys, In x, int64_t v, int64_t chunk) {
+  const int64_t row = blockIdx.y, c0 = blockIdx.x * chunk;
+  const int64_t c1 = c0 + chunk < v ? c0 + chunk : v;
+  float best = -INFINITY;
+  int bi = INT_MAX;
+  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+    better(best, bi, ld(x, row * v + i), static_cast<int>(i));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    better(best, bi, ob, oi);
+  }
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if (lane == 0) {
+    sb[w] = best;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < nw; ++k) better(best, bi, sb[k], si[k]);
+    keys[row * gridDim.x + blockIdx.x] = argmax_key(best, bi);
+  }
+}
+
+__global__ void argmax_reduce_kernel(int32_t* out, const uint64_t* keys, int chunks) {
+  const int64_t row = blockIdx.x;
+  uint64_t k = 0;
+  for (int c = threadIdx.x; c < chunks; c += 32) {
+    const uint64_t o = keys[row * chunks + c];
+    k = o > k ? o : k;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t ok = __shfl_xor_sync(0xffffffffu, k, o);
+    k = ok > k ? ok : k;
+  }
+  if (threadIdx.x == 0) {
+    const uint32_t bi = 0xFFFFFFFFu - static_cast<uint32_t>(k & 0xFFFFFFFFu);
+    out[row] = bi == static_cast<uint32_t>(INT_MAX) ? 0 : static_cast<int32_t>(bi);
+  }
+}
+
+// RMSNorm for BF16 rows with d % 8 == 0 and d / 8 threads (<= 1024): each thread loads its 8
+// elements once (one 16-byte load), the row's sum of squares is one block reduction.
+__global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
+                                     int64_t d, float eps) {
+  const int64_t base = blockIdx.x * d + threadIdx.x * 8;
+  const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[2 * e] = __uint_as_float(words[e] << 16);
+    v[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+  }
+  for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+  const float* wr = w + threadIdx.x * 8;
+  uint32_t packed[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const __nv_bfloat162 pair =
+        __floats2bfloat162_rn(v[2 * e] * inv * wr[2 * e], v[2 * e + 1] * inv * wr[2 * e + 1]);
+    packed[e] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  *reinterpret_cast<uint4*>(y + base) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 // ---- Indexing ----
 __global__ void embedding_kernel(Out y, const int32_t* ids, In table, int64_t d, int64_t vocab) {
   const int64_t r = blockIdx.x;
@@ -741,6 +824,14 @@ cudaError_t add_bias(Out y, In bias, int64_t rows, int64_t m, cudaStream_t s) {
 
 cudaError_t rms_norm(Out y, In x, In w, int64_t rows, int64_t d, float eps, cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (y.t == Elem::kBF16 && x.t == Elem::kBF16 && w.t == Elem::kF32 && d % 8 == 0 &&
+      (d / 8) % 32 == 0 && d / 8 <= 1024 && aligned(y.p) && aligned(x.p)) {
+    rms_norm_bf16_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(d / 8), 0, s>>>(
+        static_cast<__nv_bfloat16*>(y.p), static_cast<const __nv_bfloat16*>(x.p),
+        static_cast<const float*>(w.p), d, eps);
+    return cudaGetLastError();
+  }
   rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(d), 0, s>>>(y, x, w, d, eps);
   return cudaGetLastError();
 }
@@ -763,8 +854,19 @@ cudaError_t softmax(Out y, In x, int64_t rows, int64_t v, float scale, cudaStrea
                                                                                            scale);
   return cudaGetLastError();
 }
-cudaError_t argmax(int32_t* out, In x, int64_t rows, int64_t v, cudaStream_t s) {
+cudaError_t argmax(int32_t* out, In x, int64_t rows, int64_t v, cudaStream_t s, uint64_t* scratch,
+                   int64_t scratch_keys) {
   if (rows <= 0) return cudaSuccess;
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (v + kChunk - 1) / kChunk;
+  if (chunks >= 4 && chunks <= 1024 && rows <= 65535 && scratch != nullptr &&
+      rows * chunks <= scratch_keys) {
+    argmax_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)), 256, 0,
+                          s>>>(scratch, x, v, kChunk);
+    argmax_reduce_kernel<<<static_cast<unsigned>(rows), 32, 0, s>>>(out, scratch,
+                                                                    static_cast<int>(chunks));
+    return cudaGetLastError();
+  }
   argmax_kernel<<<static_cast<unsigned>(rows), v >= 4096 ? 1024 : 256, 0, s>>>(out, x, v);
   return cudaGetLastError();
 }

@@ -54,8 +54,10 @@ cudaError_t noise_combine(Out y, In base, In x, In z, In w, int64_t rows, int64_
                           float gate, float eps, cudaStream_t s);
 // y[r, :] = softmax(x[r, :] * scale), fp32 inside.
 cudaError_t softmax(Out y, In x, int64_t rows, int64_t v, float scale, cudaStream_t s);
-// out[r] = first index of the maximum of x[r, :].
-cudaError_t argmax(int32_t* out, In x, int64_t rows, int64_t v, cudaStream_t s);
+// out[r] = first index of the maximum of x[r, :]. Long rows split into 4096-element chunks
+// over many blocks when `scratch` holds rows * chunks keys; one block per row otherwise.
+cudaError_t argmax(int32_t* out, In x, int64_t rows, int64_t v, cudaStream_t s,
+                   uint64_t* scratch = nullptr, int64_t scratch_keys = 0);
 
 // ---- Indexing ----
 // y[i, :] = table[ids[i], :] (rows with an out-of-range id are zero).

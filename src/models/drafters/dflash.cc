@@ -168,7 +168,7 @@ class DFlashDrafter final : public Drafter {
     }
     if (start_pos < 0) return InvalidArgument("dflash observe: negative start_pos {}", start_pos);
     BS_RETURN_IF_ERROR(check_table(kv, block_table, start_pos + n, "observe"));
-    const int64_t n_layers = m.num_layers, kv_dim = m.num_kv_heads * m.head_dim;
+    const int64_t n_layers = m.num_layers;
     ensure_observe(n);
     ObserveScratch& s = obs_;
 
@@ -195,6 +195,22 @@ class DFlashDrafter final : public Drafter {
     backend_.copy_from_host(pos_t, positions.data());
     backend_.copy_from_host(slot_t, slots.data());
 
+    // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
+    const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_generation_, n,
+                                        static_cast<const void*>(taps.data()), pool_id(kv));
+    backend_.run_captured(key, [&] { context_kv(kv, taps, n); });
+    return Status::Ok();
+  }
+
+  // observe's device work for n uploaded context rows: fc + hidden_norm, one fused K/V GEMM,
+  // k_norm, RoPE and the paged writes of every layer.
+  void context_kv(KvPool& kv, const Tensor& taps, int64_t n) {
+    const auto& m = c_.model;
+    const int64_t n_layers = m.num_layers, kv_dim = m.num_kv_heads * m.head_dim;
+    ObserveScratch& s = obs_;
+    const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
+    const Tensor pos_t = s.positions.rows(0, n_layers * n);
+    const Tensor slot_t = s.slots.rows(0, n);
     const Tensor ctx = s.ctx.rows(0, n);
     backend_.matmul(ctx, taps, fc_);
     backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(m.rms_norm_eps));
@@ -216,7 +232,16 @@ class DFlashDrafter final : public Drafter {
       const Tensor v_l = kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
       backend_.kv_write(kv.k[l], kv.v[l], k_l, v_l, slot_t);
     }
-    return Status::Ok();
+  }
+
+  // Identifies the KV pool tensors (part of the keys of captured sequences).
+  static uintptr_t pool_id(const KvPool& kv) {
+    uintptr_t id = 0;
+    for (size_t li = 0; li < kv.k.size(); ++li) {
+      id = id * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
+      id = id * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
+    }
+    return id;
   }
 
   // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
@@ -255,11 +280,7 @@ class DFlashDrafter final : public Drafter {
 
     // The block forward depends on the call only through the uploaded tensors: a backend may
     // capture it once per draft count and table capacity and replay it.
-    uintptr_t pools = 0;
-    for (size_t li = 0; li < layers_.size(); ++li) {
-      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
-      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
-    }
+    const uintptr_t pools = pool_id(kv);
     const std::string key = fmt::format("dflash:{}:{}:{}:{:x}", table_generation_, req.num_drafts,
                                         table_.numel(), pools);
     backend_.run_captured(key, [&] { block_forward(kv, req.num_drafts); });
@@ -329,6 +350,7 @@ class DFlashDrafter final : public Drafter {
     const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
                   kv_dim = m.num_kv_heads * m.head_dim;
     obs_.rows = r;
+    ++obs_generation_;
     obs_.ctx = backend_.empty({r, m.hidden_size});
     obs_.fused = backend_.empty({r, L * 2 * kv_dim});
     obs_.kv = backend_.empty({2 * L * r, kv_dim});
@@ -376,6 +398,7 @@ class DFlashDrafter final : public Drafter {
   ProposeScratch prop_;
   Tensor table_;                  // I32 block table of the current call
   int64_t table_generation_ = 0;  // bumped when table_ is reallocated
+  int64_t obs_generation_ = 0;    // bumped when the observe scratch is reallocated
 };
 
 // dflash_config when present (an object), else an empty object.
