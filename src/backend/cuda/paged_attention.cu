@@ -76,6 +76,15 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int nq = static_cast<int>(total_q - q_begin < kTile ? total_q - q_begin : kTile);
   const int tid = threadIdx.x;
 
+  // The block-table reads of the chunk's keys (so that the K / V loads below do not each wait
+  // on a dependent table read) and the query loads are in flight together.
+  __shared__ int64_t slot_of[kSplitKeys];
+  int64_t my_slot = -1;
+  if (tid < kSplitKeys && j0 + tid < kv_len) {
+    const int bs = static_cast<int>(a.block_size), key = static_cast<int>(j0 + tid);
+    const int blk = key / bs, in_blk = key - blk * bs;
+    my_slot = static_cast<int64_t>(a.block_table[blk]) * bs + in_blk;
+  }
   // Query tile -> fp32 shared memory, 16-byte loads all issued before the first store. Tile
   // slot t is query vector q_begin + t = (row, g). At most 16 * 256 / 8 / 128 = 4 per thread.
   {
@@ -106,19 +115,7 @@ __global__ void __launch_bounds__(kSplitThreads)
       }
     }
   }
-  // The chunk's slots first (one block-table read per key), so that the K / V loads below do
-  // not wait on a dependent table load each.
-  __shared__ int64_t slot_of[kSplitKeys];
-  if (tid < kSplitKeys) {
-    const int64_t key = j0 + tid;
-    const int bs = static_cast<int>(a.block_size);
-    int64_t slot = -1;
-    if (key < kv_len) {
-      const int blk = static_cast<int>(key) / bs, in_blk = static_cast<int>(key) - blk * bs;
-      slot = static_cast<int64_t>(a.block_table[blk]) * bs + in_blk;
-    }
-    slot_of[tid] = slot;
-  }
+  if (tid < kSplitKeys) slot_of[tid] = my_slot;
   __syncthreads();
   // K / V chunk -> shared memory: 16-byte global loads, kBatch of them in flight per thread
   // before any is stored; rows past kv_len are zero.
@@ -163,7 +160,8 @@ __global__ void __launch_bounds__(kSplitThreads)
 #pragma unroll
     for (int u = 0; u < QPT; ++u) acc[u] = 0.0f;
     const uint32_t* kr = Ks + j * kstride;
-    for (int w = 0; w < half && mine > 0; ++w) {
+#pragma unroll 4
+    for (int w = 0; w < (mine > 0 ? half : 0); ++w) {
       const uint32_t kw = kr[w];
       const float k0 = __uint_as_float(kw << 16), k1 = __uint_as_float(kw & 0xffff0000u);
 #pragma unroll
@@ -212,6 +210,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     float acc0[QPT], acc1[QPT];
 #pragma unroll
     for (int u = 0; u < QPT; ++u) acc0[u] = acc1[u] = 0.0f;
+#pragma unroll 4
     for (int j = 0; j < kSplitKeys; ++j) {
       const uint32_t vw = Vs[j * half + w];
       const float v0 = __uint_as_float(vw << 16), v1 = __uint_as_float(vw & 0xffff0000u);
@@ -368,7 +367,7 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
   const int64_t group = a.heads / a.kv_heads;
   // Queries per thread: small tiles (more blocks, shorter chains) for decode and verify rows.
   const int64_t total_q = a.n * group;
-  const int qpt = total_q <= 4 ? 2 : (total_q <= 64 ? 4 : 8);
+  const int qpt = total_q <= 4 ? 2 : (total_q <= 16 ? 4 : 8);
   const int64_t tiles = (total_q + 2 * qpt - 1) / (2 * qpt);
   float* part_o = static_cast<float*>(workspace);
   float* part_ml = part_o + splits * a.n * a.heads * a.hd;
