@@ -4,6 +4,7 @@
 //
 //   eval_acceptance --model DIR --drafter DIR --prompts FILE [--n 32] [--max-new 192]
 //                   [--temperature 0] [--seed 0] [--flashmap-steps N] [--noise-scale S]
+//                   [--device cpu|cuda|auto]
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -16,7 +17,7 @@
 #include "models/registry.h"
 
 int main(int argc, char** argv) {
-  std::string model, drafter_dir, prompts_path;
+  std::string model, drafter_dir, prompts_path, device = "cpu";
   int n = 32, max_new = 192, threads = 1, flashmap_steps = 0;
   float temperature = 0, noise_scale = 1;
   uint64_t seed = 0;
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", temperature);
   app.add_option("--seed", seed);
   app.add_option("--threads", threads);
+  app.add_option("--device", device, "cpu (default), cuda or auto");
   app.add_option("--flashmap-steps", flashmap_steps);
   app.add_option("--noise-scale", noise_scale);
   CLI11_PARSE(app, argc, argv);
@@ -37,7 +39,9 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: {}\n", s.message());
     return 1;
   };
-  auto backend = bs::make_cpu_backend(threads);
+  auto made = bs::make_backend(device, threads);
+  if (!made.ok()) return fail(made.status());
+  auto backend = std::move(*made);
   auto target = bs::load_target(model, *backend);
   if (!target.ok()) return fail(target.status());
   auto drafter =

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace bs::cuda {
 
@@ -335,6 +336,7 @@ __global__ void argmax_reduce_kernel(int32_t* out, const uint64_t* keys, int chu
 // elements once (one 16-byte load), the row's sum of squares is one block reduction.
 __global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
                                      int64_t d, float eps) {
+  griddep_wait();
   const int64_t base = blockIdx.x * d + threadIdx.x * 8;
   const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -827,10 +829,10 @@ cudaError_t rms_norm(Out y, In x, In w, int64_t rows, int64_t d, float eps, cuda
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (y.t == Elem::kBF16 && x.t == Elem::kBF16 && w.t == Elem::kF32 && d % 8 == 0 &&
       (d / 8) % 32 == 0 && d / 8 <= 1024 && aligned(y.p) && aligned(x.p)) {
-    rms_norm_bf16_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(d / 8), 0, s>>>(
-        static_cast<__nv_bfloat16*>(y.p), static_cast<const __nv_bfloat16*>(x.p),
-        static_cast<const float*>(w.p), d, eps);
-    return cudaGetLastError();
+    return launch_pdl(rms_norm_bf16_kernel, dim3(static_cast<unsigned>(rows)),
+                      dim3(static_cast<unsigned>(d / 8)), 0, s, static_cast<__nv_bfloat16*>(y.p),
+                      static_cast<const __nv_bfloat16*>(x.p), static_cast<const float*>(w.p), d,
+                      eps);
   }
   rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(d), 0, s>>>(y, x, w, d, eps);
   return cudaGetLastError();

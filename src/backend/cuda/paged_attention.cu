@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace bs::cuda {
 namespace {
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   uint32_t* Vs = Ks + kSplitKeys * kstride;                                  // [64][hd/2]
   float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * half);              // [16][hd]
   float* S = Qs + kTileQueries * hd;                                         // [16][64]
+  griddep_wait();
 
   const int64_t kv_len = kv_length(a, kv_len_dev);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
@@ -245,6 +247,7 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
   extern __shared__ float weight_of[];  // [splits]: f_s (0 for a split the query cannot see)
   float* sum_of = weight_of + (a.kv_len + kSplitKeys - 1) / kSplitKeys;  // [splits]: l_s
   __shared__ float inv_den;
+  griddep_wait();
   const int64_t rh = blockIdx.x;  // row * heads + head
   const int64_t kv_len = kv_length(a, kv_len_dev);
   const int splits = static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys);
@@ -286,6 +289,7 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
 // grid (n, heads + 2 kv_heads), hd / 2 threads: block = one head of one row; thread i holds
 // the rotate-half pair (i, i + hd/2).
 __global__ void prologue_kernel(PrologueArgs a) {
+  griddep_wait();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, half = static_cast<int>(a.hd / 2), i = threadIdx.x;
   const int64_t width = (a.heads + 2 * a.kv_heads) * a.hd;
@@ -335,6 +339,7 @@ __global__ void prologue_kernel(PrologueArgs a) {
 // y[r, c] = silu(gu[r, c]) * gu[r, i + c].
 __global__ void swiglu_kernel(__nv_bfloat16* y, const __nv_bfloat16* gu, int64_t rows,
                               int64_t i_dim) {
+  griddep_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < rows * i_dim;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / i_dim, c = e - r * i_dim;
@@ -385,35 +390,38 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
   }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.kv_heads),
                   static_cast<unsigned>(tiles));
+  cudaError_t err;
   if (qpt == 2) {
-    split_kernel<2><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
+    err = launch_pdl(split_kernel<2>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
+                     part_ml);
   } else if (qpt == 4) {
-    split_kernel<4><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
+    err = launch_pdl(split_kernel<4>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
+                     part_ml);
   } else {
-    split_kernel<8><<<grid, kSplitThreads, smem, s>>>(a, kv_len_dev, part_o, part_ml);
+    err = launch_pdl(split_kernel<8>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
+                     part_ml);
   }
   const int threads = a.hd >= 128 ? 128 : 64;
   const size_t combine_smem = static_cast<size_t>(splits) * 2 * sizeof(float);
-  combine_kernel<<<static_cast<unsigned>(a.n * a.heads), threads, combine_smem, s>>>(
-      a, kv_len_dev, part_o, part_ml);
-  return cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(a.n * a.heads)), dim3(threads),
+                    combine_smem, s, a, kv_len_dev, part_o, part_ml);
 }
 
 cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s) {
   if (a.n <= 0) return cudaSuccess;
   if (a.hd % 2 != 0 || a.hd / 2 > 256 || a.hd / 2 < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 2 * a.kv_heads));
-  prologue_kernel<<<grid, static_cast<unsigned>(a.hd / 2), 0, s>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(prologue_kernel, grid, dim3(static_cast<unsigned>(a.hd / 2)), 0, s, a);
 }
 
 cudaError_t swiglu(void* y, const void* gate_up, int64_t rows, int64_t i_dim, cudaStream_t s) {
   const int64_t total = rows * i_dim;
   if (total <= 0) return cudaSuccess;
   const int64_t blocks = (total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536;
-  swiglu_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(
-      static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(gate_up), rows, i_dim);
-  return cudaGetLastError();
+  return launch_pdl(swiglu_kernel, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, s,
+                    static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(gate_up),
+                    rows, i_dim);
 }
 
 }  // namespace bs::cuda
