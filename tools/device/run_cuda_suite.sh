@@ -39,4 +39,9 @@ done
 # The same forced-100% bench without CUDA graphs (every op launched from the host).
 BLOCKSPEC_CUDA_GRAPHS=0 timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 30 --context 512 --gen-tokens 256 > $OUT/bench_qwen3_8b_acc100_nographs.txt 2>&1
 echo "qwen3-8b acc100 no-graphs bench rc=$?"; cat $OUT/bench_qwen3_8b_acc100_nographs.txt
+# The shipped trained drafters on the GPU: acceptance and speed on the 32 held-out prompts.
+for d in dflash flashmap; do
+  $D/eval_acceptance --model models/stories260K --drafter models/stories260K-$d --prompts tools/train/eval_prompts.json --device cuda > $OUT/eval_$d.txt 2>&1
+  echo "eval $d rc=$?"; cat $OUT/eval_$d.txt
+done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv
