@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/launch.cuh"
+#include "backend/cuda/device_util.cuh"
 
 namespace bs::cuda {
 
@@ -71,16 +71,6 @@ __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ void from_f(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void from_f(float* p, float v) { *p = v; }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 // Sum over the block; every thread gets the total. Safe to call repeatedly.
 __device__ float block_sum(float v) {
   __shared__ float sh[32];

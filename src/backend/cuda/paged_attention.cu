@@ -15,8 +15,8 @@
 
 #include <cmath>
 
+#include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/launch.cuh"
 
 namespace bs::cuda {
 namespace {
@@ -24,17 +24,6 @@ namespace {
 constexpr int kSplitKeys = 64;      // keys per split (absolute chunks [s*64, s*64+64))
 constexpr int kTileQueries = 16;    // most query vectors per block
 constexpr int kSplitThreads = 128;  // 4 warps: two groups of 64 threads (one per key / column pair)
-
-__device__ __forceinline__ float warp_sum32(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max32(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 __device__ __forceinline__ int64_t kv_length(const AttentionArgs& a, const int32_t* kv_len_dev) {
   return kv_len_dev ? static_cast<int64_t>(*kv_len_dev) : a.kv_len;
@@ -192,7 +181,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int t = warp; t < nq; t += kSplitThreads / 32) {
       float* s = S + t * kSplitKeys;
       const float a0 = s[lane], a1 = s[lane + 32];
-      const float m = warp_max32(fmaxf(a0, a1));
+      const float m = warp_max(fmaxf(a0, a1));
       float p0 = 0.0f, p1 = 0.0f;
       if (m != -INFINITY) {
         p0 = a0 == -INFINITY ? 0.0f : __expf(a0 - m);
@@ -200,7 +189,7 @@ __global__ void __launch_bounds__(kSplitThreads)
       }
       s[lane] = p0;
       s[lane + 32] = p1;
-      const float l = warp_sum32(p0 + p1);
+      const float l = warp_sum(p0 + p1);
       if (lane == 0) sm_max[t] = m, sm_sum[t] = l;
     }
   }
@@ -309,7 +298,7 @@ __global__ void prologue_kernel(PrologueArgs a) {
   if (norm) {
     __shared__ float partial[8];
     float ss = x0 * x0 + x1 * x1;
-    ss = warp_sum32(ss);
+    ss = warp_sum(ss);
     const int warp = i >> 5, nw = (half + 31) >> 5;
     if ((i & 31) == 0) partial[warp] = ss;
     __syncthreads();

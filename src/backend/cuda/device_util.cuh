@@ -1,3 +1,5 @@
+// Device helpers shared by the kernel files: warp reductions and programmatic dependent launch.
+//
 // Programmatic dependent launch (Hopper): a kernel launched with launch_pdl may be scheduled
 // while the kernel before it in the stream is still finishing, so its launch latency overlaps
 // that kernel's tail. Every such kernel calls griddep_wait() before it touches global memory;
@@ -8,6 +10,18 @@
 #include <cuda_runtime.h>
 
 namespace bs::cuda {
+
+// Sum / maximum over the 32 lanes of a full warp; every lane gets the result.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
