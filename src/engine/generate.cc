@@ -1,17 +1,55 @@
 #include "engine/generate.h"
 
-#include <chrono>
+#include <algorithm>
 
+#include "engine/generation_common.h"
 #include "engine/kv_cache.h"
 
 namespace bs {
-namespace {
+namespace detail {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-}  // namespace
+int64_t context_window(const CausalLM& target, const GenerateOptions& options) {
+  return options.max_context > 0 ? options.max_context : target.config().max_position_embeddings;
+}
+
+Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
+                        const GenerateOptions& options, int64_t max_context, GenerateStats& stats) {
+  BS_RETURN_IF_ERROR(options.sampling.validate());
+  BS_RETURN_IF_ERROR(validate_prompt(target, prompt, max_context));
+  stats = GenerateStats{};
+  stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+  stats.finish = FinishReason::kLength;
+  return Status::Ok();
+}
+
+bool CommittedTokens::commit(int32_t token) {
+  tokens_.push_back(token);
+  const bool stop = std::find(options_.stop_ids.begin(), options_.stop_ids.end(), token) !=
+                    options_.stop_ids.end();
+  if (on_token_ && !on_token_(token)) {
+    stats_.finish = FinishReason::kCancelled;
+    return true;
+  }
+  if (stop) {
+    stats_.finish = FinishReason::kStop;
+    return true;
+  }
+  return false;
+}
+
+std::vector<int32_t> CommittedTokens::finish() {
+  stats_.generated_tokens = static_cast<int64_t>(tokens_.size());
+  return std::move(tokens_);
+}
+
+}  // namespace detail
+
+using detail::Clock;
+using detail::seconds_since;
 
 Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,
                        int64_t max_context) {
@@ -32,14 +70,10 @@ Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,
 Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const int32_t> prompt,
                                             const GenerateOptions& options,
                                             const TokenCallback& on_token, GenerateStats* stats) {
-  BS_RETURN_IF_ERROR(options.sampling.validate());
-  const int64_t max_context =
-      options.max_context > 0 ? options.max_context : target.config().max_position_embeddings;
-  BS_RETURN_IF_ERROR(validate_prompt(target, prompt, max_context));
+  const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
-  st = GenerateStats{};
-  st.prompt_tokens = static_cast<int64_t>(prompt.size());
+  BS_RETURN_IF_ERROR(detail::begin_generation(target, prompt, options, max_context, st));
 
   const int64_t num_blocks = (max_context + kKvBlockSize - 1) / kKvBlockSize;
   KvPool pool = target.make_kv_pool(num_blocks);
@@ -48,14 +82,13 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
   Sampler sampler(options.sampling);
   Backend& backend = target.backend();
 
-  std::vector<int32_t> out;
+  detail::CommittedTokens out(options, on_token, st);
   std::vector<float> logits;
   const Tensor argmax_id = backend.empty({1}, DType::kI32);  // greedy: argmax on the device
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = Clock::now();
   // Prefill: the whole prompt, logits of the last row only.
   std::vector<int32_t> step_tokens(prompt.begin(), prompt.end());
-  st.finish = FinishReason::kLength;
-  while (static_cast<int64_t>(out.size()) < options.max_tokens) {
+  while (out.size() < options.max_tokens) {
     const int64_t start = seq.length();
     const int64_t n = static_cast<int64_t>(step_tokens.size());
     if (start + n > max_context) {
@@ -81,24 +114,13 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
     }
     if (start == 0) {
       st.prefill_seconds = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
+      t0 = Clock::now();
     }
-    out.push_back(token);
-    const bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
-                      options.stop_ids.end();
-    if (on_token && !on_token(token)) {
-      st.finish = FinishReason::kCancelled;
-      break;
-    }
-    if (stop) {
-      st.finish = FinishReason::kStop;
-      break;
-    }
+    if (out.commit(token)) break;
     step_tokens.assign(1, token);
   }
   st.decode_seconds = seconds_since(t0);
-  st.generated_tokens = static_cast<int64_t>(out.size());
-  return out;
+  return out.finish();
 }
 
 }  // namespace bs

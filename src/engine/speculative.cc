@@ -18,42 +18,32 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/generate.h"
+#include "engine/generation_common.h"
 #include "engine/kv_cache.h"
 #include "engine/speculative_accept.h"
 
 namespace bs {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
+using detail::Clock;
+using detail::seconds_since;
 
 Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& drafter,
                                                   std::span<const int32_t> prompt,
                                                   const GenerateOptions& options,
                                                   const TokenCallback& on_token,
                                                   GenerateStats* stats) {
-  BS_RETURN_IF_ERROR(options.sampling.validate());
-  const int64_t max_context =
-      options.max_context > 0 ? options.max_context : target.config().max_position_embeddings;
-  BS_RETURN_IF_ERROR(validate_prompt(target, prompt, max_context));
+  const int64_t max_context = detail::context_window(target, options);
+  GenerateStats local;
+  GenerateStats& st = stats ? *stats : local;
+  BS_RETURN_IF_ERROR(detail::begin_generation(target, prompt, options, max_context, st));
   if (options.draft_tokens < 0 || options.draft_tokens > drafter.max_drafts()) {
     return InvalidArgument("draft_tokens {} out of range [0, {}] (0: the drafter's maximum, {})",
                            options.draft_tokens, drafter.max_drafts(), drafter.max_drafts());
   }
   const int64_t draft_budget =
       options.draft_tokens > 0 ? options.draft_tokens : drafter.max_drafts();
-  GenerateStats local;
-  GenerateStats& st = stats ? *stats : local;
-  st = GenerateStats{};
-  st.prompt_tokens = static_cast<int64_t>(prompt.size());
   st.position_offered.assign(static_cast<size_t>(draft_budget), 0);
   st.position_accepted.assign(static_cast<size_t>(draft_budget), 0);
-  st.finish = FinishReason::kLength;
 
   std::ofstream trace;
   if (!options.trace_path.empty()) {
@@ -61,11 +51,11 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     if (!trace) return InvalidArgument("cannot open trace file '{}'", options.trace_path);
   }
 
-  std::vector<int32_t> out;
+  detail::CommittedTokens out(options, on_token, st);
   auto t0 = Clock::now();
   if (options.max_tokens <= 0) {  // generate_plain runs nothing either
     st.decode_seconds = seconds_since(t0);
-    return out;
+    return out.finish();
   }
 
   // One block table per sequence serves both caches. propose writes block K/V up to s + B - 1
@@ -82,21 +72,6 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   const int64_t vocab = target.config().vocab_size;
   const bool greedy = options.sampling.greedy();
 
-  // Commits one token; true when generation ends with it (stop token or cancellation).
-  auto commit = [&](int32_t token) {
-    out.push_back(token);
-    const bool stop = std::find(options.stop_ids.begin(), options.stop_ids.end(), token) !=
-                      options.stop_ids.end();
-    if (on_token && !on_token(token)) {
-      st.finish = FinishReason::kCancelled;
-      return true;
-    }
-    if (stop) {
-      st.finish = FinishReason::kStop;
-      return true;
-    }
-    return false;
-  };
   auto observe = [&](const Tensor& taps, int64_t start) -> Status {
     const auto t = Clock::now();
     BS_RETURN_IF_ERROR(drafter.observe(draft_kv, seq.block_table(), taps, start));
@@ -121,7 +96,7 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   BS_RETURN_IF_ERROR(observe(res.taps, 0));
   st.prefill_seconds = seconds_since(t0);
   t0 = Clock::now();
-  bool done = commit(sampler.sample(logits));
+  bool done = out.commit(sampler.sample(logits));
 
   // ---- Decode steps. ----
   std::vector<int32_t> drafts, verify_tokens, target_argmax;
@@ -135,7 +110,7 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     backend.copy_to_host(ids->data(), out);
   };
   while (!done) {
-    if (static_cast<int64_t>(out.size()) >= options.max_tokens) {
+    if (out.size() >= options.max_tokens) {
       st.finish = FinishReason::kLength;
       break;
     }
@@ -145,8 +120,7 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
       break;
     }
     const int64_t k =
-        std::min({draft_budget, options.max_tokens - static_cast<int64_t>(out.size()) - 1,
-                  max_context - s - 1});
+        std::min({draft_budget, options.max_tokens - out.size() - 1, max_context - s - 1});
     const int32_t anchor = out.back();
     BS_RETURN_IF_ERROR(seq.reserve(s + std::max(B, k + 1)));
 
@@ -220,8 +194,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
 
     // Commit d_1..d_a and the target's token; the cache keeps the anchor and accepted drafts.
     seq.truncate(s + a + 1);
-    for (int64_t i = 0; i < a && !done; ++i) done = commit(drafts[i]);
-    if (!done) done = commit(acc.next);
+    for (int64_t i = 0; i < a && !done; ++i) done = out.commit(drafts[i]);
+    if (!done) done = out.commit(acc.next);
 
     // The drafter's context grows by positions s..s+a (taps rows 0..a of the verify pass).
     const double observe_before = st.observe_seconds;
@@ -244,12 +218,11 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     }
   }
   st.decode_seconds = seconds_since(t0);
-  st.generated_tokens = static_cast<int64_t>(out.size());
   if (trace.is_open()) {
     trace.flush();
     if (!trace) return InvalidArgument("writing trace file '{}' failed", options.trace_path);
   }
-  return out;
+  return out.finish();
 }
 
 }  // namespace bs
