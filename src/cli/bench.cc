@@ -295,16 +295,106 @@ std::string fmt_stats(const Stats& s) {
   return fmt::format("{:.3f} ms (p10 {:.3f}, p90 {:.3f}, n={})", s.median, s.p10, s.p90, s.n);
 }
 
+// "<what>: <stats> -> tok/s, GB/s of weights = % of copy bandwidth" for a step that streams the
+// weights once and yields `tokens` tokens.
+void print_decode(const std::string& what, const Stats& s, int64_t tokens, double weight_bytes,
+                  double copy_gbs) {
+  const double gbs = weight_bytes / (s.median * 1e-3) / 1e9;
+  fmt::print("{}: {} -> {:.1f} tok/s, {:.0f} GB/s of weights = {:.1f}% of copy bandwidth\n", what,
+             fmt_stats(s), static_cast<double>(tokens) * 1e3 / s.median, gbs,
+             100.0 * gbs / copy_gbs);
+}
+
 int fail(const Status& st) {
   fmt::print(stderr, "blockspec: error: {}\n", st.message());
   return 1;
 }
 
-int run_bench(const BenchArgs& a) {
-  if (a.batch != 1) {
-    return fail(
-        Unimplemented("--batch {}: only batch 1 is implemented (single-sequence engine)", a.batch));
+// --batch N > 1: N sequences with `context` cached tokens each decode one token per step in one
+// batched forward (CausalLM::forward_batch); then batched plain generation end to end. Batched
+// speculative decoding is not implemented, so a drafter is not used here.
+int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, double copy_gbs,
+                    double wbytes) {
+  const auto& cfg = target.config();
+  const int64_t N = a.batch, max_pos = cfg.max_position_embeddings;
+  const int64_t ctx = std::max<int64_t>(2, std::min<int64_t>(a.context, max_pos - 4));
+  const int64_t per_seq = (ctx + 2 + kKvBlockSize - 1) / kKvBlockSize + 1;
+  KvPool pool = target.make_kv_pool(N * per_seq);
+  BlockAllocator alloc(N * per_seq);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(
+      0, static_cast<int32_t>(std::min<int64_t>(cfg.vocab_size, 30000) - 1));
+  std::vector<std::unique_ptr<SequenceKv>> seqs;
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(N));
+  std::vector<int32_t> last(static_cast<size_t>(N));
+  auto timer = make_timer(be);
+  timer->start();
+  for (int64_t i = 0; i < N; ++i) {
+    seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
+    if (Status st = seqs[i]->reserve(ctx + 1); !st.ok()) return fail(st);
+    for (int64_t j = 0; j < ctx; ++j) prompts[i].push_back(tok(rng));
+    ForwardResult res;
+    if (Status st = target.forward({.tokens = prompts[i],
+                                    .start_pos = 0,
+                                    .block_table = seqs[i]->block_table(),
+                                    .num_logits = 0,
+                                    .tap_layers = {}},
+                                   pool, &res);
+        !st.ok()) {
+      return fail(st);
+    }
+    seqs[i]->set_length(ctx);
+    last[i] = prompts[i].back();
   }
+  fmt::print("prefill: {} sequences x {} tokens in {:.2f} ms\n", N, ctx, timer->stop_ms());
+  if (!a.drafter.empty()) {
+    fmt::print("note: batched speculative decoding is not implemented; the drafter is unused\n");
+  }
+  const Tensor ids = be.empty({N}, DType::kI32);
+  std::vector<int32_t> host_ids(static_cast<size_t>(N));
+  std::vector<ForwardRequest> reqs;
+  for (int64_t i = 0; i < N; ++i) {
+    reqs.push_back({.tokens = std::span<const int32_t>(&last[i], 1),
+                    .start_pos = ctx,
+                    .block_table = seqs[i]->block_table(),
+                    .num_logits = 1,
+                    .tap_layers = {}});
+  }
+  BatchForwardResult res;
+  auto step = [&]() -> Status {
+    BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
+    be.argmax(ids, res.logits);
+    be.copy_to_host(host_ids.data(), ids);
+    return Status::Ok();
+  };
+  auto s = time_it(*timer, a.warmup, a.iters, step);
+  if (!s.ok()) return fail(s.status());
+  print_decode(fmt::format("batch decode step ({} sequences x 1 token)", N), *s, N, wbytes,
+               copy_gbs);
+
+  // End to end: N prompts generated together.
+  const int64_t p_len = std::min<int64_t>(32, ctx);
+  GenerateOptions opt;
+  opt.max_tokens = std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2));
+  opt.max_context = std::min<int64_t>(max_pos, p_len + opt.max_tokens + 16);
+  for (auto& p : prompts) p.resize(static_cast<size_t>(p_len));
+  std::vector<GenerateStats> stats;
+  GenerateOptions warm = opt;
+  warm.max_tokens = std::min<int64_t>(opt.max_tokens, 8);
+  if (auto w = generate_plain_batch(target, prompts, warm, &stats); !w.ok()) {
+    return fail(w.status());
+  }
+  auto out = generate_plain_batch(target, prompts, opt, &stats);
+  if (!out.ok()) return fail(out.status());
+  int64_t total = 0;
+  for (const auto& st : stats) total += st.generated_tokens;
+  fmt::print("generate (plain, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s\n", N, total,
+             stats[0].decode_seconds, static_cast<double>(total) / stats[0].decode_seconds);
+  return 0;
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.batch < 1) return fail(InvalidArgument("--batch {}: must be at least 1", a.batch));
   auto backend_r = make_backend(a.device, a.threads);
   if (!backend_r.ok()) return fail(backend_r.status());
   Backend& be = **backend_r;
@@ -345,6 +435,8 @@ int run_bench(const BenchArgs& a) {
       "of weights per token\n",
       a.model, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
       wbytes / 1e9);
+
+  if (a.batch > 1) return run_batch_bench(a, be, target, copy_gbs, wbytes);
 
   const int64_t B = drafter ? drafter->block_size() : 16;
   const int64_t max_pos = cfg.max_position_embeddings;
@@ -436,12 +528,8 @@ int run_bench(const BenchArgs& a) {
     set_mode(be, mode);
     auto s = time_it(*timer, a.warmup, a.iters, decode_step);
     if (!s.ok()) return fail(s.status());
-    const double gbs = wbytes / (s->median * 1e-3) / 1e9;
-    fmt::print(
-        "decode step{}: {} -> {:.1f} tok/s, {:.0f} GB/s of weights = {:.1f}% of copy "
-        "bandwidth\n",
-        label.empty() ? "" : " (" + label + ")", fmt_stats(*s), 1e3 / s->median, gbs,
-        100.0 * gbs / copy_gbs);
+    print_decode(label.empty() ? "decode step" : "decode step (" + label + ")", *s, 1, wbytes,
+                 copy_gbs);
     if (decode.n == 0) decode = *s;  // ratios below use the default mode (listed first)
   }
   set_mode(be, "auto");
@@ -536,7 +624,8 @@ void register_bench(CLI::App& app) {
   g_cmd->add_option("--model", g_args.model, "Target model folder")->required();
   g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
   g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto");
-  g_cmd->add_option("--batch", g_args.batch, "Sequences per step (only 1 is implemented)");
+  g_cmd->add_option("--batch", g_args.batch,
+                    "Sequences decoded together (> 1: batched plain decoding only)");
   g_cmd->add_option("--iters", g_args.iters, "Timed iterations per measurement")
       ->check(CLI::PositiveNumber);
   g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")

@@ -60,6 +60,15 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                                   const TokenCallback& on_token,
                                                   GenerateStats* stats);
 
+// Plain decoding of several prompts in lockstep: every step runs one batched target forward
+// (CausalLM::forward_batch) over the sequences still generating. Each output is what
+// generate_plain gives for that prompt alone with the same options (same stops; sampling
+// draws from a sampler seeded as generate_plain's). (*stats)[i] describes prompt i; the timing
+// fields are those of the whole batch.
+Result<std::vector<std::vector<int32_t>>> generate_plain_batch(
+    CausalLM& target, std::span<const std::vector<int32_t>> prompts, const GenerateOptions& options,
+    std::vector<GenerateStats>* stats);
+
 // Shared checks: non-empty prompt, prompt shorter than the context window, ids in vocab.
 Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,
                        int64_t max_context);

@@ -27,6 +27,11 @@ struct ForwardResult {
   Tensor taps;    // [n, tap_layers.size() * hidden], tap j at columns j*hidden; or undefined
 };
 
+struct BatchForwardResult {
+  std::vector<ForwardResult> seqs;  // per request, in request order
+  Tensor logits;  // [sum of num_logits, vocab]: every request's logit rows back to back
+};
+
 // Family-specific switches of the shared decoder (TargetSpec) (set by models/target/<family>.cc).
 struct TargetSpec {
   std::string family;           // "llama", "qwen3"
@@ -44,6 +49,14 @@ class CausalLM {
   // Allocates KV pools for num_blocks blocks of kKvBlockSize positions, for every layer.
   virtual KvPool make_kv_pool(int64_t num_blocks) = 0;
   virtual Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) = 0;
+  // Several sequences in one pass (batched decoding): the rows of all requests go through the
+  // projections and MLPs together, attention runs per sequence over its own block table. All
+  // requests must tap the same layers. (*out)[i] belongs to reqs[i]; its tensors are views of
+  // model scratch valid until the next forward. A row's result is that of forward() on its
+  // sequence alone (bit for bit on the CPU; on CUDA while the batch has at most 16 rows, the
+  // range where matmuls pin one algorithm).
+  virtual Status forward_batch(std::span<const ForwardRequest> reqs, KvPool& kv,
+                               BatchForwardResult* out) = 0;
   // Shared with drafters.
   virtual const Tensor& embed_tokens() const = 0;  // [vocab, hidden]
   virtual const Tensor& lm_head() const = 0;       // [vocab, hidden]

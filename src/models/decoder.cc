@@ -31,9 +31,11 @@ struct Scratch {
   int64_t rows = 0;
   int64_t generation = 0;        // bumped on every reallocation (keys of captured forwards)
   Tensor ids, positions, slots;  // I32 [rows]
-  Tensor kv_len;                 // I32 [1]: start_pos + n of the current forward
-  Tensor block_table;            // I32 [capacity in blocks]
+  Tensor kv_len;                 // I32 [seqs]: start_pos + n of each sequence of the forward
+  Tensor block_table;            // I32 [seqs, capacity in blocks]
+  Tensor logit_rows;             // I32 [rows]: rows whose logits a batched forward wants
   Tensor x, xn;                  // [rows, hidden]
+  Tensor gathered;               // [rows, hidden]: logit rows of a batch, gathered
   Tensor qkv;                    // [rows, (heads + 2 kv_heads) * hd]
   Tensor q;                      // [rows, heads, hd]
   Tensor attn;                   // [rows, heads, hd]
@@ -127,6 +129,102 @@ class DecoderLM final : public CausalLM {
   }
 
   Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) override {
+    BatchForwardResult result;
+    BS_RETURN_IF_ERROR(forward_batch({&req, 1}, kv, &result));
+    *out = result.seqs[0];
+    return Status::Ok();
+  }
+
+  Status forward_batch(std::span<const ForwardRequest> reqs, KvPool& kv,
+                       BatchForwardResult* out) override {
+    const auto& c = config_;
+    if (reqs.empty()) return InvalidArgument("forward: no sequences");
+    int64_t rows = 0, logit_rows = 0, table_blocks = 0;
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      BS_RETURN_IF_ERROR(validate(reqs[r], kv)
+                             .with_context(reqs.size() > 1
+                                               ? fmt::format("sequence {} of the batch", r)
+                                               : std::string()));
+      if (!std::equal(reqs[r].tap_layers.begin(), reqs[r].tap_layers.end(),
+                      reqs[0].tap_layers.begin(), reqs[0].tap_layers.end())) {
+        return InvalidArgument("forward: the sequences of a batch must tap the same layers");
+      }
+      rows += static_cast<int64_t>(reqs[r].tokens.size());
+      logit_rows += reqs[r].num_logits;
+      table_blocks = std::max(table_blocks, static_cast<int64_t>(reqs[r].block_table.size()));
+    }
+    const int64_t num_seqs = static_cast<int64_t>(reqs.size());
+    const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
+    ensure_scratch(rows, table_blocks, tap_cols, num_seqs);
+    const int64_t capacity = s_.block_table.dim(1);
+
+    // Host-side index tensors for this step, uploaded before the captured layer stack: rows of
+    // all sequences back to back; per sequence its block table row and KV length; the rows
+    // whose logits are wanted (the last num_logits rows of each sequence).
+    ids_host_.clear();
+    positions_host_.clear();
+    slots_host_.clear();
+    logit_rows_host_.clear();
+    kv_len_host_.clear();
+    std::string shape;  // rows / logits per sequence, part of the capture key
+    for (const ForwardRequest& req : reqs) {
+      const int64_t n = static_cast<int64_t>(req.tokens.size()), first = ids_host_.size();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = req.start_pos + i;
+        ids_host_.push_back(req.tokens[i]);
+        positions_host_.push_back(static_cast<int32_t>(pos));
+        slots_host_.push_back(static_cast<int32_t>(
+            req.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size));
+      }
+      for (int64_t i = n - req.num_logits; i < n; ++i) {
+        logit_rows_host_.push_back(static_cast<int32_t>(first + i));
+      }
+      kv_len_host_.push_back(static_cast<int32_t>(req.start_pos + n));
+      shape += fmt::format("{}/{},", n, req.num_logits);
+    }
+    backend_.copy_from_host(s_.ids.rows(0, rows), ids_host_.data());
+    backend_.copy_from_host(s_.positions.rows(0, rows), positions_host_.data());
+    backend_.copy_from_host(s_.slots.rows(0, rows), slots_host_.data());
+    if (num_seqs > 1 && logit_rows > 0) {
+      backend_.copy_from_host(s_.logit_rows.rows(0, logit_rows), logit_rows_host_.data());
+    }
+    for (int64_t r = 0; r < num_seqs; ++r) {
+      backend_.copy_from_host(
+          table_row(r).rows(0, static_cast<int64_t>(reqs[r].block_table.size())),
+          reqs[r].block_table.data());
+    }
+    backend_.copy_from_host(s_.kv_len.rows(0, num_seqs), kv_len_host_.data());
+
+    // Everything below depends on the step only through the uploaded tensors, so a backend may
+    // capture it once per (sequence shapes, taps, cache capacity, KV pools) and replay it.
+    uintptr_t pools = 0;  // identifies the KV pool tensors
+    for (int64_t li = 0; li < c.num_layers; ++li) {
+      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
+      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
+    }
+    std::string key =
+        fmt::format("decoder:{}:{}:{}:{:x}:{}", s_.generation, shape, capacity, pools, tap_cols);
+    for (int layer : reqs[0].tap_layers) key += fmt::format(",{}", layer);
+    backend_.run_captured(key, [&] { layers(reqs, rows, logit_rows, kv); });
+
+    out->seqs.assign(reqs.size(), ForwardResult{});
+    out->logits = logit_rows > 0 ? s_.logits.rows(0, logit_rows) : Tensor();
+    int64_t row = 0, logit_row = 0;
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
+      out->seqs[r].taps = tap_cols ? s_.taps.rows(row, n) : Tensor();
+      out->seqs[r].logits =
+          reqs[r].num_logits > 0 ? s_.logits.rows(logit_row, reqs[r].num_logits) : Tensor();
+      row += n;
+      logit_row += reqs[r].num_logits;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
+
+  Status validate(const ForwardRequest& req, const KvPool& kv) const {
     const auto& c = config_;
     const int64_t n = static_cast<int64_t>(req.tokens.size());
     if (n == 0) return InvalidArgument("forward: no tokens");
@@ -149,64 +247,37 @@ class DecoderLM final : public CausalLM {
       return InvalidArgument("forward: block table has {} blocks, {} positions need {}",
                              req.block_table.size(), kv_len, blocks_needed);
     }
-    const int64_t tap_cols = static_cast<int64_t>(req.tap_layers.size()) * c.hidden_size;
-    ensure_scratch(n, static_cast<int64_t>(req.block_table.size()), tap_cols);
-
-    // Host-side index tensors for this step, uploaded before the captured layer stack.
-    std::vector<int32_t>& positions = positions_host_;
-    std::vector<int32_t>& slots = slots_host_;
-    positions.resize(n);
-    slots.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = req.start_pos + i;
-      positions[i] = static_cast<int32_t>(pos);
-      slots[i] = static_cast<int32_t>(req.block_table[pos / kv.block_size] * kv.block_size +
-                                      pos % kv.block_size);
-    }
-    const int32_t kv_len32 = static_cast<int32_t>(kv_len);
-    backend_.copy_from_host(s_.ids.rows(0, n), req.tokens.data());
-    backend_.copy_from_host(s_.positions.rows(0, n), positions.data());
-    backend_.copy_from_host(s_.slots.rows(0, n), slots.data());
-    backend_.copy_from_host(s_.block_table.rows(0, static_cast<int64_t>(req.block_table.size())),
-                            req.block_table.data());
-    backend_.copy_from_host(s_.kv_len, &kv_len32);
-
-    // Everything below depends on the step only through the uploaded tensors, so a backend may
-    // capture it once per (rows, logits, taps, cache capacity) and replay it.
-    uintptr_t pools = 0;  // identifies the KV pool tensors
-    for (int64_t li = 0; li < c.num_layers; ++li) {
-      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
-      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
-    }
-    std::string key = fmt::format("decoder:{}:{}:{}:{}:{:x}:{}", s_.generation, n, req.num_logits,
-                                  s_.block_table.numel(), pools, tap_cols);
-    for (int layer : req.tap_layers) key += fmt::format(",{}", layer);
-    backend_.run_captured(key, [&] { layers(n, req, kv); });
-    out->taps = tap_cols ? s_.taps.rows(0, n) : Tensor();
-    out->logits = req.num_logits > 0 ? s_.logits.rows(0, req.num_logits) : Tensor();
     return Status::Ok();
   }
 
- private:
-  static const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
+  // Sequence r's row of the block-table scratch: I32 [capacity].
+  Tensor table_row(int64_t r) const {
+    return s_.block_table.rows(r, 1).view({s_.block_table.dim(1)});
+  }
 
-  // The layer stack of one forward over n uploaded tokens: reads ids / positions / slots /
-  // block_table / kv_len from scratch, writes logits and taps there.
-  void layers(int64_t n, const ForwardRequest& req, KvPool& kv) {
+  // The layer stack of one forward over the uploaded rows of all sequences (ids / positions /
+  // slots / block tables / kv lengths in scratch): projections and MLPs run over all rows at
+  // once, attention per sequence over its own cache; writes logits and taps to scratch.
+  void layers(std::span<const ForwardRequest> reqs, int64_t rows, int64_t logit_rows, KvPool& kv) {
     const auto& c = config_;
-    const int64_t tap_cols = static_cast<int64_t>(req.tap_layers.size()) * c.hidden_size;
-    const Tensor ids = s_.ids.rows(0, n), pos_t = s_.positions.rows(0, n),
-                 slot_t = s_.slots.rows(0, n);
-    // The whole table: the attention reads only the blocks covering kv_len.
-    const Tensor& table = s_.block_table;
-    const KvLength kv_len(table.numel() * kv.block_size, &s_.kv_len);
-    const Tensor x = s_.x.rows(0, n), xn = s_.xn.rows(0, n);
+    const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
+    const Tensor ids = s_.ids.rows(0, rows), pos_t = s_.positions.rows(0, rows),
+                 slot_t = s_.slots.rows(0, rows);
+    const Tensor x = s_.x.rows(0, rows), xn = s_.xn.rows(0, rows);
     backend_.embedding(x, ids, embed_);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     const AttentionMask causal{.causal = true, .window = 0};
-    const Tensor qkv = s_.qkv.rows(0, n), q = s_.q.rows(0, n), attn = s_.attn.rows(0, n),
-                 gate_up = s_.gate_up.rows(0, n), act = s_.act.rows(0, n);
-    const Tensor taps = tap_cols ? s_.taps.rows(0, n) : Tensor();
+    const Tensor qkv = s_.qkv.rows(0, rows), q = s_.q.rows(0, rows), attn = s_.attn.rows(0, rows),
+                 gate_up = s_.gate_up.rows(0, rows), act = s_.act.rows(0, rows);
+    const Tensor taps = tap_cols ? s_.taps.rows(0, rows) : Tensor();
+    // The whole table row of each sequence: the attention reads only the blocks covering its
+    // kv length (read on the device).
+    const int64_t capacity = s_.block_table.dim(1);
+    std::vector<Tensor> tables, kv_lens;
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      tables.push_back(table_row(static_cast<int64_t>(r)));
+      kv_lens.push_back(s_.kv_len.rows(static_cast<int64_t>(r), 1));
+    }
     for (int64_t li = 0; li < c.num_layers; ++li) {
       const Layer& L = layers_[li];
       // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
@@ -214,39 +285,52 @@ class DecoderLM final : public CausalLM {
       backend_.matmul(qkv, xn, L.w_qkv, opt(L.b_qkv));
       backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
                                   attention_scaling_, kv.k[li], kv.v[li], slot_t);
-      backend_.paged_attention(attn, q, kv.k[li], kv.v[li], table, kv_len, causal, scale);
+      for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].tokens.size(), ++r) {
+        const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
+        const int64_t r0 = static_cast<int64_t>(row);
+        backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
+                                 KvLength(capacity * kv.block_size, &kv_lens[r]), causal, scale);
+      }
       backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
       // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
       backend_.rms_norm(xn, x, L.post_norm, c.rms_norm_eps);
       backend_.matmul(gate_up, xn, L.w_gate_up, opt(L.b_gate_up));
       backend_.swiglu(act, gate_up);
       backend_.matmul(x, act, L.w_down, opt(L.b_down), /*accumulate=*/true);
-      for (size_t t = 0; t < req.tap_layers.size(); ++t) {
-        if (req.tap_layers[t] == li) {
+      for (size_t t = 0; t < reqs[0].tap_layers.size(); ++t) {
+        if (reqs[0].tap_layers[t] == li) {
           backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);
         }
       }
     }
-    if (req.num_logits > 0) {
-      const Tensor last = x.rows(n - req.num_logits, req.num_logits);
-      const Tensor last_n = xn.rows(0, req.num_logits);
+    if (logit_rows > 0) {
+      // One sequence: its last rows are contiguous; several: gather them first.
+      Tensor last;
+      if (reqs.size() == 1) {
+        last = x.rows(rows - logit_rows, logit_rows);
+      } else {
+        last = s_.gathered.rows(0, logit_rows);
+        backend_.embedding(last, s_.logit_rows.rows(0, logit_rows), x);
+      }
+      const Tensor last_n = xn.rows(0, logit_rows);
       backend_.rms_norm(last_n, last, final_norm_, c.rms_norm_eps);
-      backend_.matmul(s_.logits.rows(0, req.num_logits), last_n, lm_head_);
+      backend_.matmul(s_.logits.rows(0, logit_rows), last_n, lm_head_);
     }
   }
 
-  void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols) {
+  void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols, int64_t num_seqs) {
     const auto& c = config_;
     if (rows > s_.rows) {
       const int64_t r = std::max<int64_t>(rows, 16);
       s_.rows = r;
       ++s_.generation;
       s_.ids = backend_.empty({r}, DType::kI32);
-      s_.kv_len = backend_.empty({1}, DType::kI32);
+      s_.logit_rows = backend_.empty({r}, DType::kI32);
       s_.positions = backend_.empty({r}, DType::kI32);
       s_.slots = backend_.empty({r}, DType::kI32);
       s_.x = backend_.empty({r, c.hidden_size});
       s_.xn = backend_.empty({r, c.hidden_size});
+      s_.gathered = backend_.empty({r, c.hidden_size});
       s_.qkv = backend_.empty({r, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim});
       s_.q = backend_.empty({r, c.num_heads, c.head_dim});
       s_.attn = backend_.empty({r, c.num_heads, c.head_dim});
@@ -260,8 +344,16 @@ class DecoderLM final : public CausalLM {
       s_.tap_cols = tap_cols;
       ++s_.generation;
     }
-    if (!s_.block_table.defined() || s_.block_table.numel() < table_blocks) {
-      s_.block_table = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
+    // Block tables: one row per sequence; the capacity only grows (graphs bind it).
+    const int64_t seqs = std::max<int64_t>(num_seqs, 1);
+    if (!s_.block_table.defined() || s_.block_table.dim(1) < table_blocks ||
+        s_.block_table.dim(0) < seqs) {
+      const int64_t cap = std::max<int64_t>(
+          {table_blocks, 64, s_.block_table.defined() ? s_.block_table.dim(1) : 0});
+      const int64_t rows_needed =
+          std::max(seqs, s_.block_table.defined() ? s_.block_table.dim(0) : int64_t{1});
+      s_.block_table = backend_.empty({rows_needed, cap}, DType::kI32);
+      s_.kv_len = backend_.empty({rows_needed}, DType::kI32);
       ++s_.generation;
     }
   }
@@ -275,7 +367,8 @@ class DecoderLM final : public CausalLM {
   float attention_scaling_ = 1.0f;
   int64_t weight_bytes_ = 0;
   Scratch s_;
-  std::vector<int32_t> positions_host_, slots_host_;  // [rows] staging for index uploads
+  // Staging for the index uploads: [rows] ids / positions / slots, [logit rows], [seqs].
+  std::vector<int32_t> ids_host_, positions_host_, slots_host_, logit_rows_host_, kv_len_host_;
 };
 
 }  // namespace

@@ -64,6 +64,21 @@ TEST_F(BenchCli, PlainBenchOnCpu) {
   EXPECT_NE(out.find("generate (plain)"), std::string::npos) << out;
 }
 
+TEST_F(BenchCli, BatchedDecodeBenchOnCpu) {
+  std::string out;
+  const int rc = run(bin() + " bench --model " + dir_ +
+                         " --device cpu --threads 2 --batch 4 --context 40 --iters 3 --warmup 1 "
+                         "--gen-tokens 8 --copy-mb 16",
+                     &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("batch decode step (4 sequences x 1 token)"), std::string::npos) << out;
+  // 4 sequences x 8 tokens, all generated (no stop tokens in the options).
+  EXPECT_NE(out.find("generate (plain, batch 4): 32 tokens"), std::string::npos) << out;
+  // Bad values are refused with a message.
+  ASSERT_NE(run(bin() + " bench --model " + dir_ + " --device cpu --batch 0", &out), 0);
+  EXPECT_NE(out.find("--batch 0"), std::string::npos) << out;
+}
+
 TEST_F(BenchCli, SpeculativeBenchWithForcedAcceptance) {
   std::string out;
   const int rc = run(bin() + " bench --model " + dir_ + " --drafter " + dir_ +
