@@ -348,8 +348,11 @@ class DecoderLM final : public CausalLM {
     const int64_t seqs = std::max<int64_t>(num_seqs, 1);
     if (!s_.block_table.defined() || s_.block_table.dim(1) < table_blocks ||
         s_.block_table.dim(0) < seqs) {
-      const int64_t cap = std::max<int64_t>(
-          {table_blocks, 64, s_.block_table.defined() ? s_.block_table.dim(1) : 0});
+      // Capacity doubles when outgrown, so a long generation re-captures its graphs only
+      // log2(length) times.
+      const int64_t old_cap = s_.block_table.defined() ? s_.block_table.dim(1) : 0;
+      const int64_t cap =
+          std::max<int64_t>({table_blocks, 64, table_blocks > old_cap ? 2 * old_cap : old_cap});
       const int64_t rows_needed =
           std::max(seqs, s_.block_table.defined() ? s_.block_table.dim(0) : int64_t{1});
       s_.block_table = backend_.empty({rows_needed, cap}, DType::kI32);

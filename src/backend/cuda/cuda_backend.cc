@@ -345,6 +345,16 @@ class CudaBackend final : public Backend {
       return;
     }
     auto it = graphs_.find(key);
+    if (it == graphs_.end() && graphs_.size() >= kMaxGraphs) {
+      // Keys of reallocated scratch are never used again; rather than track them, drop every
+      // graph once there are many (live keys are captured again on their next uses).
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (auto& [k, c] : graphs_) {
+        if (c.exec) CUDA_CHECK(cudaGraphExecDestroy(c.exec));
+      }
+      graphs_.clear();
+      it = graphs_.end();
+    }
     if (it == graphs_.end()) {
       graphs_.emplace(key, Captured{});
       ops();
@@ -864,6 +874,7 @@ class CudaBackend final : public Backend {
     uint64_t generation = 0;
   };
   std::map<std::string, Captured> graphs_;
+  static constexpr size_t kMaxGraphs = 256;
   bool graphs_enabled_ = true;
   // Per-(row, chunk) partial results of the two-pass argmax (fixed size: never reallocated).
   static constexpr int64_t kArgmaxKeys = 1 << 16;

@@ -377,7 +377,9 @@ class DFlashDrafter final : public Drafter {
       prop_.logits = backend_.empty({B - 1, vocab_});
     }
     if (!table_.defined() || table_.numel() < table_blocks) {
-      table_ = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
+      // Doubling, so that captured proposes are re-captured only log2(length) times.
+      const int64_t old_cap = table_.defined() ? table_.numel() : 0;
+      table_ = backend_.empty({std::max<int64_t>({table_blocks, 64, 2 * old_cap})}, DType::kI32);
       ++table_generation_;
     }
   }
