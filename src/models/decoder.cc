@@ -197,13 +197,8 @@ class DecoderLM final : public CausalLM {
 
     // Everything below depends on the step only through the uploaded tensors, so a backend may
     // capture it once per (sequence shapes, taps, cache capacity, KV pools) and replay it.
-    uintptr_t pools = 0;  // identifies the KV pool tensors
-    for (int64_t li = 0; li < c.num_layers; ++li) {
-      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
-      pools = pools * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
-    }
-    std::string key =
-        fmt::format("decoder:{}:{}:{}:{:x}:{}", s_.generation, shape, capacity, pools, tap_cols);
+    std::string key = fmt::format("decoder:{}:{}:{}:{:x}:{}", s_.generation, shape, capacity,
+                                  kv_pool_id(kv), tap_cols);
     for (int layer : reqs[0].tap_layers) key += fmt::format(",{}", layer);
     backend_.run_captured(key, [&] { layers(reqs, rows, logit_rows, kv); });
 

@@ -3,6 +3,7 @@
 // sequence's block table.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "backend/tensor.h"
@@ -17,5 +18,15 @@ struct KvPool {
   std::vector<Tensor> k;  // per layer [num_blocks, block_size, kv_heads, head_dim]
   std::vector<Tensor> v;  // per layer [num_blocks, block_size, kv_heads, head_dim]
 };
+
+// Identifies a pool's tensors (for the keys of captured op sequences, Backend::run_captured).
+inline uintptr_t kv_pool_id(const KvPool& kv) {
+  uintptr_t id = 0;
+  for (size_t i = 0; i < kv.k.size(); ++i) {
+    id = id * 1000003u + reinterpret_cast<uintptr_t>(kv.k[i].data());
+    id = id * 1000003u + reinterpret_cast<uintptr_t>(kv.v[i].data());
+  }
+  return id;
+}
 
 }  // namespace bs

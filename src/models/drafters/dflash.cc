@@ -197,7 +197,7 @@ class DFlashDrafter final : public Drafter {
 
     // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
     const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_generation_, n,
-                                        static_cast<const void*>(taps.data()), pool_id(kv));
+                                        static_cast<const void*>(taps.data()), kv_pool_id(kv));
     backend_.run_captured(key, [&] { context_kv(kv, taps, n); });
     return Status::Ok();
   }
@@ -232,16 +232,6 @@ class DFlashDrafter final : public Drafter {
       const Tensor v_l = kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
       backend_.kv_write(kv.k[l], kv.v[l], k_l, v_l, slot_t);
     }
-  }
-
-  // Identifies the KV pool tensors (part of the keys of captured sequences).
-  static uintptr_t pool_id(const KvPool& kv) {
-    uintptr_t id = 0;
-    for (size_t li = 0; li < kv.k.size(); ++li) {
-      id = id * 1000003u + reinterpret_cast<uintptr_t>(kv.k[li].data());
-      id = id * 1000003u + reinterpret_cast<uintptr_t>(kv.v[li].data());
-    }
-    return id;
   }
 
   // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
@@ -280,9 +270,8 @@ class DFlashDrafter final : public Drafter {
 
     // The block forward depends on the call only through the uploaded tensors: a backend may
     // capture it once per draft count and table capacity and replay it.
-    const uintptr_t pools = pool_id(kv);
     const std::string key = fmt::format("dflash:{}:{}:{}:{:x}", table_generation_, req.num_drafts,
-                                        table_.numel(), pools);
+                                        table_.numel(), kv_pool_id(kv));
     backend_.run_captured(key, [&] { block_forward(kv, req.num_drafts); });
     *logits = p.logits.rows(0, req.num_drafts);
     return Status::Ok();
