@@ -8,8 +8,8 @@
 #include <climits>
 #include <cmath>
 
-#include "backend/cuda/kernels.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/kernels.h"
 
 namespace bs::cuda {
 
