@@ -376,7 +376,6 @@ class CudaBackend final : public Backend {
     }
     CUDA_CHECK(cudaGraphLaunch(c.exec, stream_));
   }
-  void set_graphs_enabled(bool on) { graphs_enabled_ = on; }
 
   // ---- Dense algebra ----
   void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
@@ -505,41 +504,15 @@ class CudaBackend final : public Backend {
   void paged_attention(const Tensor& o, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                        const Tensor& block_table, KvLength kv_len, AttentionMask mask,
                        float scale) override {
-    const int64_t block_size = k_pool.dim(1), n = q.dim(0), heads = q.dim(1), hd = q.dim(2);
+    const int64_t block_size = k_pool.dim(1);
     BS_CHECK(block_table.dtype() == DType::kI32 && block_table.numel() * block_size >= kv_len.max);
-    AttentionArgs a;
-    a.out = o.data();
-    a.q = q.data();
-    a.k = k_pool.data();
-    a.v = v_pool.data();
-    a.t = q.dtype() == DType::kBF16 && o.dtype() == DType::kBF16 &&
-                  k_pool.dtype() == DType::kBF16 && v_pool.dtype() == DType::kBF16
-              ? Elem::kBF16
-              : Elem::kF32;
-    a.block_table = block_table.as<int32_t>();
-    a.block_size = block_size;
-    a.n = n;
-    a.heads = heads;
-    a.kv_heads = k_pool.dim(2);
-    a.hd = hd;
-    a.kv_len = kv_len.max;
-    a.causal = mask.causal;
-    a.window = mask.window;
-    a.scale = scale;
-    BS_CHECK(k_pool.dim(3) == hd && o.numel() == q.numel());
     const int32_t* kv_len_dev = nullptr;
     if (kv_len.device) {
       BS_CHECK(kv_len.device->dtype() == DType::kI32 && kv_len.device->numel() >= 1);
       kv_len_dev = kv_len.device->as<int32_t>();
     }
-    if (split_attention_supported(a)) {
-      void* ws = attention_workspace(split_attention_workspace(n, heads, hd, kv_len.max));
-      CUDA_CHECK(split_attention(a, kv_len_dev, ws, stream_));
-      return;
-    }
-    BS_CHECK(kv_len_dev == nullptr && "a device kv length needs BF16 tensors and hd % 8 == 0");
     run_attention(o, q, k_pool, v_pool, block_table.as<int32_t>(), block_size, k_pool.dim(2),
-                  k_pool.dim(3), kv_len.max, mask, scale);
+                  k_pool.dim(3), kv_len.max, kv_len_dev, mask, scale);
   }
 
   void attention_prologue(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
@@ -579,7 +552,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
                  AttentionMask mask, float scale) override {
-    run_attention(o, q, k, v, nullptr, 0, k.dim(1), k.dim(2), k.dim(0), mask, scale);
+    run_attention(o, q, k, v, nullptr, 0, k.dim(1), k.dim(2), k.dim(0), nullptr, mask, scale);
   }
 
   // ---- Reductions ----
@@ -649,9 +622,12 @@ class CudaBackend final : public Backend {
     return attn_ws_;
   }
 
+  // Paged (table set) or dense attention. BF16 paged calls take the split-KV kernels (which can
+  // read the length from kv_len_dev, kv_len then bounding the launch); everything else the
+  // one-block-per-row kernel, with operands converted to the K/V dtype.
   void run_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
                      const int32_t* table, int64_t block_size, int64_t kv_heads, int64_t hd,
-                     int64_t kv_len, AttentionMask mask, float scale) {
+                     int64_t kv_len, const int32_t* kv_len_dev, AttentionMask mask, float scale) {
     const int64_t n = q.dim(0), heads = q.dim(1);
     BS_CHECK(q.dim(2) == hd && kv_heads > 0 && heads % kv_heads == 0 && n <= kv_len);
     BS_CHECK(o.numel() == q.numel() && k.dtype() == v.dtype());
@@ -676,6 +652,12 @@ class CudaBackend final : public Backend {
     a.causal = mask.causal;
     a.window = mask.window;
     a.scale = scale;
+    if (q.dtype() == kvt && o.dtype() == kvt && split_attention_supported(a)) {
+      void* ws = attention_workspace(split_attention_workspace(n, heads, hd, kv_len));
+      CUDA_CHECK(split_attention(a, kv_len_dev, ws, stream_));
+      return;
+    }
+    BS_CHECK(kv_len_dev == nullptr && "a device kv length needs BF16 tensors and hd % 8 == 0");
     CUDA_CHECK(bs::cuda::attention(a, stream_));
     if (oo.data() != o.data()) CUDA_CHECK(convert(out(o), in(oo), o.numel(), stream_));
   }
@@ -960,7 +942,5 @@ std::string device_description(Backend& backend) {
 }
 
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
-
-void set_graphs_enabled(Backend& backend, bool on) { as_cuda(backend).set_graphs_enabled(on); }
 
 }  // namespace bs::cuda

@@ -54,8 +54,4 @@ std::string device_description(Backend& backend);
 enum class GemvMode { kAuto, kMma, kSimt, kCublasLt };
 void set_gemv_mode(Backend& backend, GemvMode mode);
 
-// Whether Backend::run_captured uses CUDA graphs (default on; BLOCKSPEC_CUDA_GRAPHS=0 turns
-// them off at startup). Off, captured sequences run as ordinary launches.
-void set_graphs_enabled(Backend& backend, bool on);
-
 }  // namespace bs::cuda

@@ -233,11 +233,12 @@ __device__ __forceinline__ void better(float& best, int& bi, float v, int i) {
   }
 }
 
-__global__ void argmax_kernel(int32_t* out, In x, int64_t v) {
-  const int64_t base = blockIdx.x * v;
-  float best = -INFINITY;
-  int bi = INT_MAX;
-  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+// Best (value, index) of x[base + i] over i in [lo, hi) across the block, first index on ties
+// (indices are i); the result is valid in thread 0. Every thread of the block must call it.
+__device__ void block_argmax(In x, int64_t base, int64_t lo, int64_t hi, float& best, int& bi) {
+  best = -INFINITY;
+  bi = INT_MAX;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     better(best, bi, ld(x, base + i), static_cast<int>(i));
   }
 #pragma unroll
@@ -263,8 +264,14 @@ __global__ void argmax_kernel(int32_t* out, In x, int64_t v) {
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       better(best, bi, ob, oi);
     }
-    if (lane == 0) out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
   }
+}
+
+__global__ void argmax_kernel(int32_t* out, In x, int64_t v) {
+  float best;
+  int bi;
+  block_argmax(x, blockIdx.x * v, 0, v, best, bi);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
 }
 
 // Two-pass argmax for long rows: pass 1 gives each (row, chunk) block its best (value, index)
@@ -278,30 +285,10 @@ __device__ __forceinline__ uint64_t argmax_key(float best, int bi) {
 
 __global__ void argmax_chunk_kernel(uint64_t* keys, In x, int64_t v, int64_t chunk) {
   const int64_t row = blockIdx.y, c0 = blockIdx.x * chunk;
-  const int64_t c1 = c0 + chunk < v ? c0 + chunk : v;
-  float best = -INFINITY;
-  int bi = INT_MAX;
-  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
-    better(best, bi, ld(x, row * v + i), static_cast<int>(i));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    better(best, bi, ob, oi);
-  }
-  __shared__ float sb[32];
-  __shared__ int si[32];
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  if (lane == 0) {
-    sb[w] = best;
-    si[w] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < nw; ++k) better(best, bi, sb[k], si[k]);
-    keys[row * gridDim.x + blockIdx.x] = argmax_key(best, bi);
-  }
+  float best;
+  int bi;
+  block_argmax(x, row * v, c0, c0 + chunk < v ? c0 + chunk : v, best, bi);
+  if (threadIdx.x == 0) keys[row * gridDim.x + blockIdx.x] = argmax_key(best, bi);
 }
 
 __global__ void argmax_reduce_kernel(int32_t* out, const uint64_t* keys, int chunks) {
