@@ -103,6 +103,24 @@ class CudaOps : public ::testing::Test {
     cpu_->copy_from_host(t, v.data());
     return t;
   }
+  // Paged BF16 pools of `blocks` blocks of 16 holding random keys (values = keys) for positions
+  // [0, kv_len), laid out through the returned block table (shuffled when asked).
+  struct PagedKv {
+    Tensor k_pool, v_pool, table;
+  };
+  PagedKv random_paged_kv(int64_t blocks, int64_t kv_len, int64_t kv_heads, int64_t hd,
+                          bool shuffle) {
+    const int64_t bs = 16;
+    std::vector<int32_t> table(blocks), slots(kv_len);
+    std::iota(table.begin(), table.end(), 0);
+    if (shuffle) std::shuffle(table.begin(), table.end(), rng_);
+    for (int64_t p = 0; p < kv_len; ++p) slots[p] = table[p / bs] * bs + p % bs;
+    PagedKv kv{make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16),
+               make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16), gpu_ints(table)};
+    const Tensor k = gpu_act({kv_len, kv_heads, hd}, rnd(kv_len * kv_heads * hd));
+    gpu_->kv_write(kv.k_pool, kv.v_pool, k, k, gpu_ints(slots));
+    return kv;
+  }
   void expect_close(const Tensor& g, const Tensor& c, double tol, const std::string& what) {
     const auto a = gpu_->to_host_f32(g);
     const auto b = cpu_->to_host_f32(c);
@@ -190,23 +208,16 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
 }
 
 TEST_F(CudaOps, AttentionRowsAreIndependentOfRowCount) {
-  const int64_t heads = 8, kv_heads = 2, hd = 128, bs = 16, kv_len = 200, n = 16;
-  const int64_t blocks = kv_len / bs + 2;
-  std::vector<int32_t> table(blocks), slots(kv_len);
-  std::iota(table.begin(), table.end(), 0);
-  std::iota(slots.begin(), slots.end(), 0);
-  const auto kv = rnd(kv_len * kv_heads * hd), qv = rnd(n * heads * hd);
-  Tensor kp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
-  Tensor vp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
-  Tensor k = gpu_act({kv_len, kv_heads, hd}, kv);
-  gpu_->kv_write(kp, vp, k, k, gpu_ints(slots));
-  Tensor q = gpu_act({n, heads, hd}, qv);
+  const int64_t heads = 8, kv_heads = 2, hd = 128, kv_len = 200, n = 16;
+  const PagedKv kv = random_paged_kv(kv_len / 16 + 2, kv_len, kv_heads, hd, /*shuffle=*/false);
+  Tensor q = gpu_act({n, heads, hd}, rnd(n * heads * hd));
   const float scale = 0.088f;
   // 16 verify rows at positions kv_len-16 .. kv_len-1 vs row 0 alone (decode at kv_len-15).
   Tensor o16 = make(*gpu_, {n, heads, hd}, DType::kBF16),
          o1 = make(*gpu_, {1, heads, hd}, DType::kBF16);
-  gpu_->paged_attention(o16, q, kp, vp, gpu_ints(table), kv_len, {}, scale);
-  gpu_->paged_attention(o1, q.rows(0, 1), kp, vp, gpu_ints(table), kv_len - n + 1, {}, scale);
+  gpu_->paged_attention(o16, q, kv.k_pool, kv.v_pool, kv.table, kv_len, {}, scale);
+  gpu_->paged_attention(o1, q.rows(0, 1), kv.k_pool, kv.v_pool, kv.table, kv_len - n + 1, {},
+                        scale);
   const auto a = gpu_->to_host_f32(o16), b = gpu_->to_host_f32(o1);
   EXPECT_TRUE(std::equal(b.begin(), b.end(), a.begin()));
 }
@@ -553,26 +564,18 @@ TEST_F(CudaOps, EmptyIsZeroAndPoolReuseIsSafe) {
 TEST_F(CudaOps, AttentionRowsIgnoreTheLaunchBoundAndADeviceLength) {
   // The captured decoder reads kv_len from a device tensor and launches for the whole table:
   // rows must equal the host-length call bit for bit, for decode (1 row) and verify (16 rows).
-  const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
+  const int64_t heads = 32, kv_heads = 8, hd = 128, blocks = 40;  // launch bound 640 keys
   for (const int64_t kv_len : {1, 63, 64, 65, 300}) {
     for (const int64_t n : {int64_t{1}, int64_t{16}}) {
       if (n > kv_len) continue;
-      const int64_t blocks = 40;  // launch bound 640 keys
-      std::vector<int32_t> table(blocks), slots(kv_len);
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng_);
-      for (int64_t p = 0; p < kv_len; ++p) slots[p] = table[p / bs] * bs + p % bs;
-      const auto kv = rnd(kv_len * kv_heads * hd), qv = rnd(n * heads * hd);
-      Tensor kp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
-      Tensor vp = make(*gpu_, {blocks, bs, kv_heads, hd}, DType::kBF16);
-      Tensor k = gpu_act({kv_len, kv_heads, hd}, kv);
-      gpu_->kv_write(kp, vp, k, k, gpu_ints(slots));
-      Tensor q = gpu_act({n, heads, hd}, qv);
+      const PagedKv kv = random_paged_kv(blocks, kv_len, kv_heads, hd, /*shuffle=*/true);
+      Tensor q = gpu_act({n, heads, hd}, rnd(n * heads * hd));
       Tensor a = make(*gpu_, {n, heads, hd}, DType::kBF16),
              b = make(*gpu_, {n, heads, hd}, DType::kBF16);
-      const Tensor tt = gpu_ints(table), len = gpu_ints({static_cast<int32_t>(kv_len)});
-      gpu_->paged_attention(a, q, kp, vp, tt, kv_len, {}, 0.088f);
-      gpu_->paged_attention(b, q, kp, vp, tt, KvLength(blocks * bs, &len), {}, 0.088f);
+      const Tensor len = gpu_ints({static_cast<int32_t>(kv_len)});
+      gpu_->paged_attention(a, q, kv.k_pool, kv.v_pool, kv.table, kv_len, {}, 0.088f);
+      gpu_->paged_attention(b, q, kv.k_pool, kv.v_pool, kv.table, KvLength(blocks * 16, &len), {},
+                            0.088f);
       EXPECT_EQ(gpu_->to_host_f32(a), gpu_->to_host_f32(b)) << "kv_len " << kv_len << " n " << n;
     }
   }
