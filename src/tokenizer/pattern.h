@@ -20,6 +20,7 @@ class Pattern {
   static Result<Pattern> from_regex(std::string_view source);
 
   std::vector<Regex::Span> find_all(std::string_view text) const;
+  // Replaces every match with `replacement` (taken literally).
   std::string replace_all(std::string_view text, std::string_view replacement) const;
 
  private:

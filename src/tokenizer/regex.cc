@@ -253,16 +253,4 @@ std::vector<Regex::Span> Regex::find_all(std::string_view text) const {
   return spans;
 }
 
-std::string Regex::replace_all(std::string_view text, std::string_view replacement) const {
-  std::string out;
-  out.reserve(text.size());
-  size_t prev = 0;
-  for (const auto& [b, e] : find_all(text)) {
-    out.append(text.substr(prev, b - prev)).append(replacement);
-    prev = e;
-  }
-  out.append(text.substr(prev));
-  return out;
-}
-
 }  // namespace bs

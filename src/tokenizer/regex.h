@@ -30,9 +30,6 @@ class Regex {
   // the search by one character.
   std::vector<Span> find_all(std::string_view text) const;
 
-  // Replaces every match with `replacement` (taken literally).
-  std::string replace_all(std::string_view text, std::string_view replacement) const;
-
   const std::string& pattern() const { return pattern_; }
 
  private:
