@@ -135,6 +135,19 @@ class Backend {
   virtual void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
                                const Tensor& v_pool, const Tensor& block_table, KvLength kv_len,
                                AttentionMask mask, float scale) = 0;
+  // paged_attention for S sequences of n query rows each in one call (batched decode / verify):
+  //   out, q:       [S * n, heads, head_dim]; sequence s owns rows [s * n, (s + 1) * n)
+  //   block_tables: I32 [S, capacity]; row s is sequence s's block table
+  //   kv_lens:      I32 [S] on the backend; sequence s sees its first kv_lens[s] positions
+  //                 (n <= kv_lens[s] <= max_kv_len; max_kv_len, like KvLength::max, only bounds
+  //                 the work launched, so one captured call serves steps of any length)
+  // Every output row is bit-identical to the row that paged_attention(out rows of s, q rows of
+  // s, k_pool, v_pool, table row s, kv_lens[s], mask, scale) writes: the same arithmetic per
+  // row. That keeps batched generation equal to per-sequence generation (lossless batching).
+  virtual void paged_attention_batch(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                                     const Tensor& v_pool, const Tensor& block_tables,
+                                     const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
+                                     float scale) = 0;
   // Dense attention: q[n, heads, d] over k/v[m, kv_heads, d], same mask rule with kv_len = m.
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          AttentionMask mask, float scale) = 0;

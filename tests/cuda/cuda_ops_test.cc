@@ -581,6 +581,39 @@ TEST_F(CudaOps, AttentionRowsIgnoreTheLaunchBoundAndADeviceLength) {
   }
 }
 
+TEST_F(CudaOps, PagedAttentionBatchRowsEqualSingleSequenceCalls) {
+  // Batched decode / verify: S sequences in one launch, each with its own block-table row and
+  // device length (below the launch bound, not multiples of 64, one of 1), must give every row
+  // the single-sequence call's bits.
+  const int64_t heads = 32, kv_heads = 8, hd = 128, capacity = 20;  // launch bound 320 keys
+  const std::vector<int32_t> lengths{1, 63, 300, 65, 64};
+  for (const int64_t num_seqs : {3, 5}) {
+    for (const int64_t n : {1, 4, 16}) {
+      const int64_t blocks = num_seqs * capacity;
+      const PagedKv kv = random_paged_kv(blocks, blocks * 16, kv_heads, hd, /*shuffle=*/true);
+      const Tensor tables = kv.table.view({num_seqs, capacity});  // [S, capacity]
+      std::vector<int32_t> lens(num_seqs);
+      for (int64_t s = 0; s < num_seqs; ++s)
+        lens[s] = std::max(lengths[s], static_cast<int32_t>(n));
+      const Tensor kv_lens = gpu_ints(lens);  // [S]
+      Tensor q = gpu_act({num_seqs * n, heads, hd}, rnd(num_seqs * n * heads * hd));
+      Tensor out = make(*gpu_, {num_seqs * n, heads, hd}, DType::kBF16);
+      gpu_->paged_attention_batch(out, q, kv.k_pool, kv.v_pool, tables, kv_lens, capacity * 16, {},
+                                  0.088f);
+      const auto batched = gpu_->to_host_f32(out);
+      for (int64_t s = 0; s < num_seqs; ++s) {
+        Tensor single = make(*gpu_, {n, heads, hd}, DType::kBF16);
+        gpu_->paged_attention(single, q.rows(s * n, n), kv.k_pool, kv.v_pool,
+                              tables.rows(s, 1).view({capacity}), lens[s], {}, 0.088f);
+        const auto want = gpu_->to_host_f32(single);
+        const auto begin = batched.begin() + s * n * heads * hd;
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), begin))
+            << "S " << num_seqs << " n " << n << " sequence " << s << " kv_len " << lens[s];
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, AttentionPrologueMatchesCpu) {
   for (const bool with_norm : {true, false}) {
     const int64_t n = 5, heads = 8, kvh = 2, hd = 128, bs = 16, blocks = 3;

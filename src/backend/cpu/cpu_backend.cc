@@ -369,6 +369,24 @@ class CpuBackend final : public Backend {
     attend(out, q, kv_len, k_pool.dim(2), k_pool.dim(3), mask, scale);
   }
 
+  // One single-sequence call per sequence: the same code path, so rows match bit for bit.
+  void paged_attention_batch(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                             const Tensor& v_pool, const Tensor& block_tables,
+                             const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
+                             float scale) override {
+    const int64_t num_seqs = block_tables.dim(0), capacity = block_tables.dim(1);
+    BS_CHECK(block_tables.ndim() == 2 && block_tables.dtype() == DType::kI32);
+    BS_CHECK(kv_lens.dtype() == DType::kI32 && kv_lens.numel() == num_seqs);
+    BS_CHECK(num_seqs > 0 && q.dim(0) % num_seqs == 0 && out.dim(0) == q.dim(0));
+    const int64_t n = q.dim(0) / num_seqs;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const Tensor kv_len = kv_lens.rows(s, 1);  // [1]
+      paged_attention(out.rows(s * n, n), q.rows(s * n, n), k_pool, v_pool,
+                      block_tables.rows(s, 1).view({capacity}), KvLength(max_kv_len, &kv_len), mask,
+                      scale);
+    }
+  }
+
   void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                  AttentionMask mask, float scale) override {
     const int64_t m = k.dim(0), row = k.dim(1) * k.dim(2);

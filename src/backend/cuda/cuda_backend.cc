@@ -511,8 +511,26 @@ class CudaBackend final : public Backend {
       BS_CHECK(kv_len.device->dtype() == DType::kI32 && kv_len.device->numel() >= 1);
       kv_len_dev = kv_len.device->as<int32_t>();
     }
-    run_attention(o, q, k_pool, v_pool, block_table.as<int32_t>(), block_size, k_pool.dim(2),
-                  k_pool.dim(3), kv_len.max, kv_len_dev, mask, scale);
+    run_attention(o, q, k_pool, v_pool, Paging{block_table.as<int32_t>(), block_size},
+                  k_pool.dim(2), k_pool.dim(3), kv_len.max, kv_len_dev, mask, scale);
+  }
+
+  // All sequences in one split-KV launch (+ one combine launch). The lengths are on the device,
+  // which only the split-KV kernels read, so like a single call with a device KvLength this needs
+  // BF16 tensors and hd % 8 == 0 (the row kernel fallback takes host lengths only).
+  void paged_attention_batch(const Tensor& o, const Tensor& q, const Tensor& k_pool,
+                             const Tensor& v_pool, const Tensor& block_tables,
+                             const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
+                             float scale) override {
+    const int64_t block_size = k_pool.dim(1);
+    const int64_t num_seqs = block_tables.dim(0), capacity = block_tables.dim(1);
+    BS_CHECK(block_tables.ndim() == 2 && block_tables.dtype() == DType::kI32 &&
+             capacity * block_size >= max_kv_len);
+    BS_CHECK(kv_lens.dtype() == DType::kI32 && kv_lens.numel() == num_seqs);
+    BS_CHECK(num_seqs > 0 && q.dim(0) % num_seqs == 0);
+    run_attention(o, q, k_pool, v_pool,
+                  Paging{block_tables.as<int32_t>(), block_size, num_seqs, capacity}, k_pool.dim(2),
+                  k_pool.dim(3), max_kv_len, kv_lens.as<int32_t>(), mask, scale);
   }
 
   void attention_prologue(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
@@ -552,7 +570,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
                  AttentionMask mask, float scale) override {
-    run_attention(o, q, k, v, nullptr, 0, k.dim(1), k.dim(2), k.dim(0), nullptr, mask, scale);
+    run_attention(o, q, k, v, Paging{}, k.dim(1), k.dim(2), k.dim(0), nullptr, mask, scale);
   }
 
   // ---- Reductions ----
@@ -622,13 +640,22 @@ class CudaBackend final : public Backend {
     return attn_ws_;
   }
 
-  // Paged (table set) or dense attention. BF16 paged calls take the split-KV kernels (which can
-  // read the length from kv_len_dev, kv_len then bounding the launch); everything else the
-  // one-block-per-row kernel, with operands converted to the K/V dtype.
+  // Where the keys of an attention call live: dense k / v (no table), or paged pools read through
+  // the block tables of num_seqs sequences, sequence s's table at table + s * table_stride.
+  struct Paging {
+    const int32_t* table = nullptr;  // [num_seqs, table_stride]
+    int64_t block_size = 0;
+    int64_t num_seqs = 1, table_stride = 0;
+  };
+
+  // Paged (table set) or dense attention over q / o [num_seqs * n, heads, hd]. BF16 paged calls
+  // take the split-KV kernels (which can read the lengths from kv_len_dev [num_seqs], kv_len then
+  // bounding the launch); everything else the one-block-per-row kernel, with operands converted
+  // to the K/V dtype.
   void run_attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const int32_t* table, int64_t block_size, int64_t kv_heads, int64_t hd,
-                     int64_t kv_len, const int32_t* kv_len_dev, AttentionMask mask, float scale) {
-    const int64_t n = q.dim(0), heads = q.dim(1);
+                     const Paging& paging, int64_t kv_heads, int64_t hd, int64_t kv_len,
+                     const int32_t* kv_len_dev, AttentionMask mask, float scale) {
+    const int64_t rows = q.dim(0), heads = q.dim(1), n = rows / paging.num_seqs;
     BS_CHECK(q.dim(2) == hd && kv_heads > 0 && heads % kv_heads == 0 && n <= kv_len);
     BS_CHECK(o.numel() == q.numel() && k.dtype() == v.dtype());
     BS_CHECK(hd <= 256);
@@ -642,8 +669,10 @@ class CudaBackend final : public Backend {
     a.k = k.data();
     a.v = v.data();
     a.t = elem(kvt);
-    a.block_table = table;
-    a.block_size = block_size;
+    a.block_table = paging.table;
+    a.block_size = paging.block_size;
+    a.num_seqs = paging.num_seqs;
+    a.table_stride = paging.table_stride;
     a.n = n;
     a.heads = heads;
     a.kv_heads = kv_heads;
@@ -653,7 +682,7 @@ class CudaBackend final : public Backend {
     a.window = mask.window;
     a.scale = scale;
     if (q.dtype() == kvt && o.dtype() == kvt && split_attention_supported(a)) {
-      void* ws = attention_workspace(split_attention_workspace(n, heads, hd, kv_len));
+      void* ws = attention_workspace(split_attention_workspace(rows, heads, hd, kv_len));
       CUDA_CHECK(split_attention(a, kv_len_dev, ws, stream_));
       return;
     }

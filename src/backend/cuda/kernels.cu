@@ -896,7 +896,7 @@ cudaError_t kv_write(Out k_pool, Out v_pool, In k, In v, const int32_t* slots, i
 
 cudaError_t attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.n <= 0 || a.heads <= 0) return cudaSuccess;
-  if (a.hd > kMaxHeadDim || a.kv_heads <= 0 || a.heads % a.kv_heads != 0) {
+  if (a.hd > kMaxHeadDim || a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.num_seqs != 1) {
     return cudaErrorInvalidValue;
   }
   if (a.t == Elem::kBF16) return launch_attention<__nv_bfloat16>(a, s);

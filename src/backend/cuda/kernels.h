@@ -83,29 +83,36 @@ cudaError_t kv_write(Out k_pool, Out v_pool, In k, In v, const int32_t* slots, i
                      int64_t row, int64_t capacity, cudaStream_t s);
 
 struct AttentionArgs {
-  void* out = nullptr;      // [n, heads, hd]
-  const void* q = nullptr;  // [n, heads, hd]
+  void* out = nullptr;      // [num_seqs * n, heads, hd]
+  const void* q = nullptr;  // [num_seqs * n, heads, hd]
   const void* k = nullptr;  // paged pool [blocks, bs, kv_heads, hd] or dense [kv_len, ...]
   const void* v = nullptr;
   Elem t = Elem::kBF16;                  // element type of out, q, k and v (all the same)
-  const int32_t* block_table = nullptr;  // null: dense k / v
+  const int32_t* block_table = nullptr;  // [num_seqs, table_stride]; null: dense k / v
   int64_t block_size = 16;
-  int64_t n = 0, heads = 0, kv_heads = 0, hd = 0, kv_len = 0;
+  int64_t n = 0, heads = 0, kv_heads = 0, hd = 0, kv_len = 0;  // n: query rows per sequence
+  // Sequences of one launch (split-KV kernels only; the row kernel takes 1): sequence s has the
+  // query / output rows [s * n, (s + 1) * n), the block table block_table + s * table_stride
+  // and, with a device length, the length kv_len_dev[s].
+  int64_t num_seqs = 1, table_stride = 0;
   bool causal = true;
   int64_t window = 0;
   float scale = 1.0f;
 };
 // One block per (query row, head), a fixed number of warps; online softmax in fp32 over the
-// visible keys. hd <= 256. A row's result does not depend on the other rows of the launch.
+// visible keys. hd <= 256, num_seqs == 1 (a batch of sequences comes with device lengths, which
+// only the split-KV kernels read). A row's result does not depend on the other rows of the launch.
 cudaError_t attention(const AttentionArgs& a, cudaStream_t s);
 
 // Split-KV paged attention (paged_attention.cu) for BF16 q / out / pools with a block table and
-// hd % 8 == 0, hd <= 256: one block per (64-key chunk, kv head, tile of 16 query vectors), then
-// a combine pass. a.kv_len bounds the launch; when kv_len_dev is set the kernels read the
-// actual length there (<= a.kv_len). `workspace` holds split_attention_workspace() bytes. A
-// query row's result does not depend on n, on a.kv_len or on the other rows.
+// hd % 8 == 0, hd <= 256: one block per (64-key chunk, kv head, sequence, tile of 16 query
+// vectors), then a combine pass; all a.num_seqs sequences in these two launches. a.kv_len
+// bounds the launch; when kv_len_dev ([num_seqs]) is set the kernels read each sequence's
+// actual length there (<= a.kv_len), else every sequence has a.kv_len. `workspace` holds
+// split_attention_workspace(num_seqs * n, ...) bytes. A query row's result does not depend on
+// n, on a.kv_len, on the other rows or on the other sequences of the launch.
 bool split_attention_supported(const AttentionArgs& a);
-size_t split_attention_workspace(int64_t n, int64_t heads, int64_t hd, int64_t max_kv_len);
+size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_t max_kv_len);
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
                             cudaStream_t s);
 

@@ -1,16 +1,20 @@
 // Split-KV paged attention and the fused decoder-layer prologue (kernels.h).
 //
 // Paged attention works in two launches. The split pass gives each thread block one kv head, one
-// chunk of kSplitKeys consecutive key positions and a tile of up to kTileQueries query vectors
-// (query rows x the heads that share the kv head, GQA), so a K/V chunk is read once per tile and
-// not once per query head. Each block writes an unnormalised partial result with its running
-// maximum and sum; the combine pass merges the splits of a (row, head) in split order.
+// chunk of kSplitKeys consecutive key positions, one sequence and a tile of up to kTileQueries
+// query vectors of it (query rows x the heads that share the kv head, GQA), so a K/V chunk is
+// read once per tile and not once per query head. Each block writes an unnormalised partial
+// result with its running maximum and sum; the combine pass merges the splits of a (row, head) in
+// split order. A batch of sequences (AttentionArgs::num_seqs) shares both launches; a sequence
+// only picks its own rows, block table and length, so its blocks run exactly the single-sequence
+// work.
 //
 // Row invariance: the chunk boundaries are absolute key positions, every (query, key) score and
 // every per-query reduction runs the same instruction sequence whichever tile slot the query
 // has, and a split that a query cannot see contributes exactly nothing to the combine. So a
 // query row's output does not depend on how many rows share the launch, on the launch's key
-// count bound, or on the split count: a 16-row verify reproduces the decode of each position.
+// count bound, or on the split count: a 16-row verify reproduces the decode of each position, and
+// a batched call reproduces the call of each sequence alone.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -25,8 +29,10 @@ constexpr int kSplitKeys = 64;      // keys per split (absolute chunks [s*64, s*
 constexpr int kTileQueries = 16;    // most query vectors per block
 constexpr int kSplitThreads = 128;  // 4 warps: two groups of 64 threads (one per key / column pair)
 
-__device__ __forceinline__ int64_t kv_length(const AttentionArgs& a, const int32_t* kv_len_dev) {
-  return kv_len_dev ? static_cast<int64_t>(*kv_len_dev) : a.kv_len;
+// Keys sequence `seq` attends over.
+__device__ __forceinline__ int64_t kv_length(const AttentionArgs& a, const int32_t* kv_len_dev,
+                                             int64_t seq) {
+  return kv_len_dev ? static_cast<int64_t>(kv_len_dev[seq]) : a.kv_len;
 }
 
 __device__ __forceinline__ bool key_visible(bool causal, int64_t window, int64_t qpos, int64_t j) {
@@ -43,10 +49,11 @@ __host__ __device__ inline size_t split_smem_bytes(int64_t hd) {
          static_cast<size_t>(kTileQueries) * kSplitKeys * 4;
 }
 
-// grid (splits, kv_heads, query tiles), kSplitThreads threads; a tile holds 2 * QPT query
-// vectors, each thread QPT of them (QPT only sets how the work is spread: every query's
-// arithmetic is the same sequence for any QPT).
-// part_o [splits, n, heads, hd] fp32, part_ml [splits, n, heads, 2] fp32 (max, sum).
+// grid (splits, kv_heads, num_seqs * query tiles per sequence), kSplitThreads threads; a tile
+// holds 2 * QPT query vectors of one sequence, each thread QPT of them (QPT only sets how the
+// work is spread: every query's arithmetic is the same sequence for any QPT).
+// part_o [splits, num_seqs * n, heads, hd] fp32, part_ml [splits, num_seqs * n, heads, 2] fp32
+// (max, sum).
 template <int QPT>
 __global__ void __launch_bounds__(kSplitThreads)
     split_kernel(AttentionArgs a, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
@@ -58,12 +65,15 @@ __global__ void __launch_bounds__(kSplitThreads)
   float* S = Qs + kTileQueries * hd;                                         // [16][64]
   griddep_wait();
 
-  const int64_t kv_len = kv_length(a, kv_len_dev);
+  const int64_t tiles = gridDim.z / a.num_seqs;
+  const int64_t seq = blockIdx.z / tiles, tile = blockIdx.z - seq * tiles;
+  const int64_t kv_len = kv_length(a, kv_len_dev, seq);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
   if (j0 >= kv_len) return;  // beyond the sequence: the combine never reads this split
   const int kvh = blockIdx.y, group = static_cast<int>(a.heads / a.kv_heads);
   constexpr int kTile = 2 * QPT;
-  const int64_t total_q = a.n * group, q_begin = static_cast<int64_t>(blockIdx.z) * kTile;
+  const int64_t total_q = a.n * group, q_begin = tile * kTile;
+  const int64_t seq_row0 = seq * a.n;  // the sequence's first row of q / out / the partials
   const int nq = static_cast<int>(total_q - q_begin < kTile ? total_q - q_begin : kTile);
   const int tid = threadIdx.x;
 
@@ -74,7 +84,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   if (tid < kSplitKeys && j0 + tid < kv_len) {
     const int bs = static_cast<int>(a.block_size), key = static_cast<int>(j0 + tid);
     const int blk = key / bs, in_blk = key - blk * bs;
-    my_slot = static_cast<int64_t>(a.block_table[blk]) * bs + in_blk;
+    my_slot = static_cast<int64_t>(a.block_table[seq * a.table_stride + blk]) * bs + in_blk;
   }
   // Query tile -> fp32 shared memory, 16-byte loads all issued before the first store. Tile
   // slot t is query vector q_begin + t = (row, g). At most 16 * 256 / 8 / 128 = 4 per thread.
@@ -88,7 +98,8 @@ __global__ void __launch_bounds__(kSplitThreads)
       if (i < total) {
         const int t = i / vec_per_q, c8 = i - t * vec_per_q;
         const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
-        qw[u] = __ldg(reinterpret_cast<const uint4*>(Q + (row * a.heads + h) * a.hd) + c8);
+        qw[u] =
+            __ldg(reinterpret_cast<const uint4*>(Q + ((seq_row0 + row) * a.heads + h) * a.hd) + c8);
       }
     }
 #pragma unroll
@@ -217,7 +228,8 @@ __global__ void __launch_bounds__(kSplitThreads)
       const int t = t0 + u;
       if (t >= nq) break;
       const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
-      const int64_t idx = (static_cast<int64_t>(blockIdx.x) * a.n + row) * a.heads + h;
+      const int64_t idx =
+          (static_cast<int64_t>(blockIdx.x) * a.num_seqs * a.n + seq_row0 + row) * a.heads + h;
       *reinterpret_cast<float2*>(part_o + idx * a.hd + 2 * w) = make_float2(acc0[u], acc1[u]);
       if (w == 0) {
         part_ml[idx * 2] = sm_max[t];
@@ -227,9 +239,9 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
-// grid (n * heads), threads over hd, dynamic shared memory 2 floats per split of the launch
-// bound: merges the splits of one (row, head) in split order. The split statistics are loaded
-// into shared memory together (one memory latency, not one per split); the per-split weights
+// grid (num_seqs * n * heads), threads over hd, dynamic shared memory 2 floats per split of the
+// launch bound: merges the splits of one (row, head) in split order. The split statistics are
+// loaded into shared memory together (one memory latency, not one per split); the per-split weights
 // f_s = exp(m_s - M) are computed once.
 __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
                                const float* part_ml) {
@@ -237,10 +249,10 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
   float* sum_of = weight_of + (a.kv_len + kSplitKeys - 1) / kSplitKeys;  // [splits]: l_s
   __shared__ float inv_den;
   griddep_wait();
-  const int64_t rh = blockIdx.x;  // row * heads + head
-  const int64_t kv_len = kv_length(a, kv_len_dev);
+  const int64_t rh = blockIdx.x;  // row * heads + head, row over all sequences
+  const int64_t kv_len = kv_length(a, kv_len_dev, rh / (a.n * a.heads));
   const int splits = static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys);
-  const int64_t stride = a.n * a.heads;
+  const int64_t stride = a.num_seqs * a.n * a.heads;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     weight_of[s] = part_ml[(s * stride + rh) * 2];
     sum_of[s] = part_ml[(s * stride + rh) * 2 + 1];
@@ -343,13 +355,13 @@ __global__ void swiglu_kernel(__nv_bfloat16* y, const __nv_bfloat16* gu, int64_t
 bool split_attention_supported(const AttentionArgs& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return a.t == Elem::kBF16 && a.block_table != nullptr && a.hd % 8 == 0 && a.hd <= 256 &&
-         a.kv_heads > 0 && a.heads % a.kv_heads == 0 && aligned(a.q) && aligned(a.k) &&
-         aligned(a.v);
+         a.kv_heads > 0 && a.heads % a.kv_heads == 0 && a.num_seqs >= 1 && aligned(a.q) &&
+         aligned(a.k) && aligned(a.v);
 }
 
-size_t split_attention_workspace(int64_t n, int64_t heads, int64_t hd, int64_t max_kv_len) {
+size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_t max_kv_len) {
   const int64_t splits = (max_kv_len + kSplitKeys - 1) / kSplitKeys;
-  return static_cast<size_t>(splits * n * heads) * (hd + 2) * sizeof(float);
+  return static_cast<size_t>(splits * rows * heads) * (hd + 2) * sizeof(float);
 }
 
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
@@ -363,8 +375,10 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
   const int64_t total_q = a.n * group;
   const int qpt = total_q <= 4 ? 2 : (total_q <= 16 ? 4 : 8);
   const int64_t tiles = (total_q + 2 * qpt - 1) / (2 * qpt);
+  if (tiles * a.num_seqs > 65535) return cudaErrorInvalidValue;  // gridDim.z limit
+  const int64_t rows = a.num_seqs * a.n;
   float* part_o = static_cast<float*>(workspace);
-  float* part_ml = part_o + splits * a.n * a.heads * a.hd;
+  float* part_ml = part_o + splits * rows * a.heads * a.hd;
   const size_t smem = split_smem_bytes(a.hd);
   static bool configured = false;  // the attribute is per function, set once per process
   if (!configured) {
@@ -378,7 +392,7 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.kv_heads),
-                  static_cast<unsigned>(tiles));
+                  static_cast<unsigned>(a.num_seqs * tiles));
   cudaError_t err;
   if (qpt == 2) {
     err = launch_pdl(split_kernel<2>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
@@ -393,7 +407,7 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
   const int threads = a.hd >= 128 ? 128 : 64;
   const size_t combine_smem = static_cast<size_t>(splits) * 2 * sizeof(float);
   if (err != cudaSuccess) return err;
-  return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(a.n * a.heads)), dim3(threads),
+  return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
                     combine_smem, s, a, kv_len_dev, part_o, part_ml);
 }
 
