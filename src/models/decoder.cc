@@ -2,6 +2,7 @@
 // picks a family from config.json.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -252,7 +253,8 @@ class DecoderLM final : public CausalLM {
 
   // The layer stack of one forward over the uploaded rows of all sequences (ids / positions /
   // slots / block tables / kv lengths in scratch): projections and MLPs run over all rows at
-  // once, attention per sequence over its own cache; writes logits and taps to scratch.
+  // once, attention per sequence over its own cache (in one batched call when the sequences have
+  // equally many rows); writes logits and taps to scratch.
   void layers(std::span<const ForwardRequest> reqs, int64_t rows, int64_t logit_rows, KvPool& kv) {
     const auto& c = config_;
     const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
@@ -267,11 +269,20 @@ class DecoderLM final : public CausalLM {
     const Tensor taps = tap_cols ? s_.taps.rows(0, rows) : Tensor();
     // The whole table row of each sequence: the attention reads only the blocks covering its
     // kv length (read on the device).
-    const int64_t capacity = s_.block_table.dim(1);
+    const int64_t capacity = s_.block_table.dim(1), max_kv_len = capacity * kv.block_size;
+    const int64_t num_seqs = static_cast<int64_t>(reqs.size());
+    // Equally many rows per sequence (batched decode, or verify blocks of one size): one attention
+    // call for the whole batch, each row bit-identical to its per-sequence call.
+    const bool batched_attention =
+        num_seqs > 1 && std::all_of(reqs.begin(), reqs.end(), [&](const ForwardRequest& req) {
+          return req.tokens.size() == reqs[0].tokens.size();
+        });
+    const Tensor all_tables = s_.block_table.rows(0, num_seqs);  // [num_seqs, capacity]
+    const Tensor all_kv_lens = s_.kv_len.rows(0, num_seqs);      // [num_seqs]
     std::vector<Tensor> tables, kv_lens;
-    for (size_t r = 0; r < reqs.size(); ++r) {
-      tables.push_back(table_row(static_cast<int64_t>(r)));
-      kv_lens.push_back(s_.kv_len.rows(static_cast<int64_t>(r), 1));
+    for (int64_t r = 0; r < num_seqs && !batched_attention; ++r) {
+      tables.push_back(table_row(r));
+      kv_lens.push_back(s_.kv_len.rows(r, 1));
     }
     for (int64_t li = 0; li < c.num_layers; ++li) {
       const Layer& L = layers_[li];
@@ -280,11 +291,16 @@ class DecoderLM final : public CausalLM {
       backend_.matmul(qkv, xn, L.w_qkv, opt(L.b_qkv));
       backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
                                   attention_scaling_, kv.k[li], kv.v[li], slot_t);
-      for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].tokens.size(), ++r) {
-        const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
-        const int64_t r0 = static_cast<int64_t>(row);
-        backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
-                                 KvLength(capacity * kv.block_size, &kv_lens[r]), causal, scale);
+      if (batched_attention) {
+        backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], all_tables, all_kv_lens,
+                                       max_kv_len, causal, scale);
+      } else {
+        for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].tokens.size(), ++r) {
+          const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
+          const int64_t r0 = static_cast<int64_t>(row);
+          backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
+                                   KvLength(max_kv_len, &kv_lens[r]), causal, scale);
+        }
       }
       backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
       // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
