@@ -532,7 +532,8 @@ int run_bench(const BenchArgs& a) {
                  copy_gbs);
     if (decode.n == 0) decode = *s;  // ratios below use the default mode (listed first)
   }
-  set_mode(be, "auto");
+  const std::string main_mode = gemv_modes[0].second;  // verify, draft and end to end use it
+  set_mode(be, main_mode);
   const double floor_ms = wbytes / (copy_gbs * 1e9) * 1e3;
   fmt::print("decode floor (weight bytes / copy bandwidth): {:.3f} ms\n", floor_ms);
 
@@ -542,7 +543,7 @@ int run_bench(const BenchArgs& a) {
     if (!v.ok()) return fail(v.status());
     fmt::print("verify step ({} rows, {}): {}\n", B, gemv_modes[i].first, fmt_stats(*v));
   }
-  set_mode(be, "auto");
+  set_mode(be, main_mode);
   auto verify = time_it(*timer, a.warmup, a.iters, verify_step);
   if (!verify.ok()) return fail(verify.status());
   fmt::print("verify step ({} rows{}): {} = {:.2f}x decode\n", B, taps.empty() ? "" : ", taps",
