@@ -39,6 +39,11 @@ done
 # The same forced-100% bench without CUDA graphs (every op launched from the host).
 BLOCKSPEC_CUDA_GRAPHS=0 timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 30 --context 512 --gen-tokens 256 > $OUT/bench_qwen3_8b_acc100_nographs.txt 2>&1
 echo "qwen3-8b acc100 no-graphs bench rc=$?"; cat $OUT/bench_qwen3_8b_acc100_nographs.txt
+# Batched plain decoding: 8 and 32 sequences, one weight stream per step.
+for b in 8 32; do
+  timeout 200 $B bench --model $S/qwen3-8b --device cuda --iters 10 --context 512 --gen-tokens 64 --batch $b > $OUT/bench_qwen3_8b_batch$b.txt 2>&1
+  echo "qwen3-8b batch $b bench rc=$?"; tail -3 $OUT/bench_qwen3_8b_batch$b.txt
+done
 # The shipped trained drafters on the GPU: acceptance and speed on the 32 held-out prompts.
 for d in dflash flashmap; do
   $D/eval_acceptance --model models/stories260K --drafter models/stories260K-$d --prompts tools/train/eval_prompts.json --device cuda > $OUT/eval_$d.txt 2>&1

@@ -221,7 +221,11 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
     std::shared_ptr<DevicePool> pool = pool_;
     std::shared_ptr<void> storage(p, [pool, cap](void* q) { pool->release(q, cap); });
-    return Tensor(std::move(storage), p, dtype, Device::kCuda, shape);
+    Tensor t(std::move(storage), p, dtype, Device::kCuda, shape);
+    // A buffer taken while capturing (an op's temporary) is baked into the graph: it lives as
+    // long as the graph, or a later owner of the memory would be overwritten by every replay.
+    if (capture_keep_) capture_keep_->push_back(t);
+    return t;
   }
 
   // Matrices (rank >= 2) become BF16, vectors (norm weights, biases, RoPE frequencies) F32.
@@ -364,10 +368,13 @@ class CudaBackend final : public Backend {
     if (c.exec == nullptr || c.generation != capture_generation_) {
       if (c.exec != nullptr) CUDA_CHECK(cudaGraphExecDestroy(c.exec));
       c.exec = nullptr;
+      c.keep.clear();
       cudaGraph_t graph = nullptr;
       CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       const uint64_t before = capture_generation_;
+      capture_keep_ = &c.keep;
       ops();
+      capture_keep_ = nullptr;
       CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       BS_CHECK(capture_generation_ == before && "a workspace grew during graph capture");
       CUDA_CHECK(cudaGraphInstantiate(&c.exec, graph, 0));
@@ -883,9 +890,11 @@ class CudaBackend final : public Backend {
   struct Captured {
     cudaGraphExec_t exec = nullptr;
     uint64_t generation = 0;
+    std::vector<Tensor> keep;  // temporaries the graph uses
   };
   std::map<std::string, Captured> graphs_;
   static constexpr size_t kMaxGraphs = 256;
+  std::vector<Tensor>* capture_keep_ = nullptr;  // set while a graph is being captured
   bool graphs_enabled_ = true;
   // Per-(row, chunk) partial results of the two-pass argmax (fixed size: never reallocated).
   static constexpr int64_t kArgmaxKeys = 1 << 16;

@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "models/drafters/flashmap_conventions.h"
 #include "models/drafters/flashmap_fold.h"
+#include "models/kv_pool.h"
 #include "models/rope.h"
 #include "models/weights.h"
 
@@ -330,7 +331,12 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
                         const Tensor& v);
   // The DiT on h [B, D] (modified in place) for one jump; writes the final AdaLN output to out.
   void dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv, const Tensor& table,
-           int64_t kv_len);
+           KvLength kv_len);
+  // propose's device work after the uploads: anchor row, noise, jumps, head logits of nd rows.
+  Status propose_block(KvPool& kv, const Tensor& table, KvLength kv_len, int64_t nd,
+                       uint64_t noise_seed);
+  // observe's device work after the uploads, for n context rows.
+  void observe_rows(KvPool& kv, const Tensor& taps, int64_t n);
   // Starting noise [B, cols] for the slots at p+1.. into `out`.
   Status draw_noise(const Tensor& out, uint64_t seed, uint32_t stream);
 
@@ -368,6 +374,7 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   // Propose scratch (B rows).
   struct {
     Tensor ids, anchor_pos, anchor_slot;  // I32 [1]
+    Tensor kv_len;                        // I32 [1]: p + 1, the context the block attends to
     Tensor slot_pos;                      // I32 [B]: p+1 .. p+B
     Tensor block_table;                   // I32 [capacity]
     Tensor anchor_emb;                    // [1, Ht]
@@ -426,6 +433,7 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   p_.ids = backend_.empty({1}, DType::kI32);
   p_.anchor_pos = backend_.empty({1}, DType::kI32);
   p_.anchor_slot = backend_.empty({1}, DType::kI32);
+  p_.kv_len = backend_.empty({1}, DType::kI32);
   p_.slot_pos = backend_.empty({B}, DType::kI32);
   p_.anchor_emb = backend_.empty({1, Ht});
   p_.anchor_row = backend_.empty({1, D});
@@ -813,16 +821,25 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
   const Tensor pos_t = o_.positions.rows(0, n), slot_t = o_.slots.rows(0, n);
   backend_.copy_from_host(pos_t, pos.data());
   backend_.copy_from_host(slot_t, slots.data());
+  // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
+  const std::string key =
+      fmt::format("flashmap-observe:{}:{}:{}:{:x}", n, static_cast<const void*>(o_.ctx.data()),
+                  static_cast<const void*>(taps.data()), kv_pool_id(kv));
+  backend_.run_captured(key, [&] { observe_rows(kv, taps, n); });
+  return Status::Ok();
+}
+
+void FlashMapDrafterImpl::observe_rows(KvPool& kv, const Tensor& taps, int64_t n) {
   // Context rows: hidden_norm(fc(concat taps)).
   const Tensor ctx = o_.ctx.rows(0, n);
   backend_.matmul(ctx, taps, fc_);
   backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(kv, ctx, o_.fused.rows(0, n), pos_t, slot_t, o_.k.rows(0, n), o_.v.rows(0, n));
-  return Status::Ok();
+  write_context_kv(kv, ctx, o_.fused.rows(0, n), o_.positions.rows(0, n), o_.slots.rows(0, n),
+                   o_.k.rows(0, n), o_.v.rows(0, n));
 }
 
 void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv,
-                              const Tensor& table, int64_t kv_len) {
+                              const Tensor& table, KvLength kv_len) {
   const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), H = c_.heads, hd = c_.head_dim;
   const float ln_eps = static_cast<float>(c_.adaln_eps),
               qk_eps = static_cast<float>(c_.qk_norm_eps);
@@ -852,13 +869,14 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
     backend_.matmul(tmp, p_.attn, L.self_o);
     backend_.gated_add(h, tmp, mod(j, 3 * l + kSelf, 2));
     // Cross-attention over the cached context positions 0..p (non-causal). The paged op takes at
-    // most kv_len query rows per call, so short contexts are processed in row chunks.
+    // most kv_len query rows per call, so short contexts (host lengths only) go in row chunks.
     modulated(3 * l + kCross);
     backend_.matmul(p_.q, n, L.cross_q);
     backend_.rms_norm(p_.q, p_.q, L.cross_q_norm, qk_eps);
     backend_.rope(heads(p_.q), pos, inv_freq_, 1.0f);
-    for (int64_t r0 = 0; r0 < B; r0 += kv_len) {
-      const int64_t rows = std::min(kv_len, B - r0);
+    const int64_t chunk = kv_len.device ? B : kv_len.max;
+    for (int64_t r0 = 0; r0 < B; r0 += chunk) {
+      const int64_t rows = std::min(chunk, B - r0);
       backend_.paged_attention(heads(p_.attn).rows(r0, rows), heads(p_.q).rows(r0, rows), kv.k[l],
                                kv.v[l], table, kv_len, AttentionMask{.causal = false, .window = 0},
                                scale);
@@ -926,7 +944,32 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
   backend_.copy_from_host(p_.anchor_pos, &anchor_pos);
   backend_.copy_from_host(p_.anchor_slot, &anchor_slot);
   backend_.copy_from_host(p_.slot_pos, slot_pos.data());
+  const int32_t kv_len = static_cast<int32_t>(p + 1);
+  backend_.copy_from_host(p_.kv_len, &kv_len);
 
+  // The block's device work depends on the call only through the uploaded tensors (the whole
+  // table, the device context length) and the noise seed: captured per draft count, table
+  // buffer, pools and seed. Injected noise (an upload) and contexts shorter than the block (row
+  // chunks sized on the host) run uncaptured.
+  if (injected_ || kv_len < B) {
+    BS_RETURN_IF_ERROR(propose_block(kv, table, KvLength(kv_len), nd, req.noise_seed));
+  } else {
+    const KvLength device_len(p_.block_table.numel() * kv.block_size, &p_.kv_len);
+    const std::string key = fmt::format("flashmap:{}:{}:{}:{:x}:{}", nd, p_.block_table.numel(),
+                                        static_cast<const void*>(p_.block_table.data()),
+                                        kv_pool_id(kv), req.noise_seed);
+    Status status = Status::Ok();
+    backend_.run_captured(
+        key, [&] { status = propose_block(kv, p_.block_table, device_len, nd, req.noise_seed); });
+    BS_RETURN_IF_ERROR(status);
+  }
+  *logits = p_.logits.rows(0, nd);
+  return Status::Ok();
+}
+
+Status FlashMapDrafterImpl::propose_block(KvPool& kv, const Tensor& table, KvLength kv_len,
+                                          int64_t nd, uint64_t noise_seed) {
+  const int64_t B = c_.block_size;
   // Anchor row at p: anchor_norm(anchor_proj(E[x_p])), its K/V through the fused weight. It stands
   // in for the anchor's unknown target features until observe overwrites the slot.
   backend_.embedding(p_.anchor_emb, p_.ids, embed_);
@@ -935,11 +978,10 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
                     static_cast<float>(c_.rms_norm_eps));
   write_context_kv(kv, p_.anchor_row, p_.anchor_fused, p_.anchor_pos, p_.anchor_slot, p_.anchor_k,
                    p_.anchor_v);
-  const int64_t kv_len = p + 1;
 
   if (folded_) {
     // One jump, folded: hidden = first_hidden + g_0 rsqrt(Σ eig z² + eps) (z · noise_embedᵀ).
-    BS_RETURN_IF_ERROR(draw_noise(p_.z, req.noise_seed, conv_.eigen_noise_stream));
+    BS_RETURN_IF_ERROR(draw_noise(p_.z, noise_seed, conv_.eigen_noise_stream));
     backend_.matmul(p_.noise_proj, p_.z, noise_embed_);
     backend_.noise_combine(p_.h, first_hidden_, p_.noise_proj, p_.z, noise_eig_,
                            jumps_[0].noise_gate, static_cast<float>(c_.rms_norm_eps));
@@ -948,7 +990,7 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
     // The exact algorithm with a vocabulary-sized fp32 state (specs/flashmap.md §3.7).
     const Tensor post = p_.pair.rows(0, B), state = p_.pair.rows(B, B);
     const Tensor post_emb = p_.pair_emb.rows(0, B), state_emb = p_.pair_emb.rows(B, B);
-    BS_RETURN_IF_ERROR(draw_noise(state, req.noise_seed, conv_.state_noise_stream));
+    BS_RETURN_IF_ERROR(draw_noise(state, noise_seed, conv_.state_noise_stream));
     const Tensor e = embed_.rows(0, c_.vocab_size);
     for (size_t n = 0; n < jumps_.size(); ++n) {
       const Jump& j = jumps_[n];
@@ -978,7 +1020,6 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
   } else {
     backend_.matmul(result, out_rows, head_w_, &head_b_);
   }
-  *logits = result;
   return Status::Ok();
 }
 
