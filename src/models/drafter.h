@@ -59,6 +59,16 @@ class Drafter {
   // *logits = [num_drafts, vocab] (a view of drafter scratch valid until the next call; rows of
   // a restricted draft vocabulary put -inf outside it).
   virtual Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) = 0;
+  // Proposals for several sequences in one pass (each request as in propose, with its own block
+  // table): *logits = [reqs.size() * nd, vocab], nd = the largest num_drafts; rows
+  // [i * nd, i * nd + reqs[i].num_drafts) are request i's and equal what propose gives it alone.
+  // Drafters without a batched pass return Unimplemented (callers propose one at a time).
+  virtual Status propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs, Tensor* logits) {
+    (void)kv;
+    (void)reqs;
+    (void)logits;
+    return Unimplemented("{} drafter: no batched propose", family());
+  }
 };
 
 // Detects the drafter family from dir/config.json and loads it against `target` (shared

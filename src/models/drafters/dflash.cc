@@ -39,15 +39,19 @@ struct ObserveScratch {
   Tensor slots;       // I32 [rows]
 };
 
+// Rows of `seqs` blocks of B (one block per sequence of a propose_batch).
 struct ProposeScratch {
-  Tensor ids, positions, slots;  // I32 [B]
-  Tensor kv_len;                 // I32 [1]: anchor_pos + B
-  Tensor x, xn;                  // [B, H]
-  Tensor qkv;                    // [B, (heads + 2 kv) * hd]
-  Tensor q, attn;                // [B, heads, hd]
-  Tensor gate_up;                // [B, 2I]
-  Tensor act;                    // [B, I]
-  Tensor logits;                 // [B-1, V]
+  int64_t seqs = 0;
+  Tensor ids, positions, slots;  // I32 [seqs * B]
+  Tensor kv_len;                 // I32 [seqs]: anchor_pos + B of each sequence
+  Tensor logit_rows;             // I32 [seqs * (B-1)]: block rows whose logits are wanted
+  Tensor x, xn;                  // [seqs * B, H]
+  Tensor qkv;                    // [seqs * B, (heads + 2 kv) * hd]
+  Tensor q, attn;                // [seqs * B, heads, hd]
+  Tensor gate_up;                // [seqs * B, 2I]
+  Tensor act;                    // [seqs * B, I]
+  Tensor last, last_n;           // [seqs * (B-1), H]: the gathered rows, normed
+  Tensor logits;                 // [seqs * (B-1), V]
 };
 
 class DFlashDrafter final : public Drafter {
@@ -237,76 +241,110 @@ class DFlashDrafter final : public Drafter {
   // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
   // cached context [0, s) and to the whole block; logits of rows 1 .. num_drafts.
   Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) override {
-    const int64_t B = c_.block_size, s = req.anchor_pos;
-    if (req.num_drafts < 1 || req.num_drafts > B - 1) {
-      return InvalidArgument("dflash propose: num_drafts {} out of range [1, {}]", req.num_drafts,
-                             B - 1);
+    return propose_batch(kv, {&req, 1}, logits);
+  }
+
+  // The blocks of all requests through every layer together (projections over all rows, one
+  // attention call per layer over each sequence's own context); a sequence's rows are computed
+  // exactly as for its propose alone.
+  Status propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs, Tensor* logits) override {
+    const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
+    if (S == 0) return InvalidArgument("dflash propose: no requests");
+    int64_t nd = 0, table_blocks = 0;
+    for (const ProposeRequest& req : reqs) {
+      const int64_t s = req.anchor_pos;
+      if (req.num_drafts < 1 || req.num_drafts > B - 1) {
+        return InvalidArgument("dflash propose: num_drafts {} out of range [1, {}]", req.num_drafts,
+                               B - 1);
+      }
+      if (req.anchor < 0 || req.anchor >= vocab_) {
+        return InvalidArgument("dflash propose: anchor token {} out of range [0, {})", req.anchor,
+                               vocab_);
+      }
+      if (s < 0) return InvalidArgument("dflash propose: negative anchor_pos {}", s);
+      BS_RETURN_IF_ERROR(check_table(kv, req.block_table, s + B, "propose"));
+      nd = std::max(nd, req.num_drafts);
+      table_blocks = std::max(table_blocks, static_cast<int64_t>(req.block_table.size()));
     }
-    if (req.anchor < 0 || req.anchor >= vocab_) {
-      return InvalidArgument("dflash propose: anchor token {} out of range [0, {})", req.anchor,
-                             vocab_);
-    }
-    if (s < 0) return InvalidArgument("dflash propose: negative anchor_pos {}", s);
-    BS_RETURN_IF_ERROR(check_table(kv, req.block_table, s + B, "propose"));
-    ensure_propose(static_cast<int64_t>(req.block_table.size()));
+    ensure_propose(S, table_blocks);
     ProposeScratch& p = prop_;
+    const int64_t cap = table_.dim(1);
 
     // The whole block runs even when fewer drafts are wanted: rows attend to each other
     // (non-causal), so dropping trailing mask rows would change the earlier rows' drafts.
-    std::vector<int32_t> ids(B, static_cast<int32_t>(c_.mask_token_id)), positions(B), slots(B);
-    ids[0] = req.anchor;
-    for (int64_t i = 0; i < B; ++i) {
-      positions[i] = static_cast<int32_t>(s + i);
-      slots[i] = slot_of(kv, req.block_table, s + i);
+    std::vector<int32_t> ids(S * B, static_cast<int32_t>(c_.mask_token_id)), positions(S * B),
+        slots(S * B), kv_lens(S), rows(S * nd), tables(S * cap, 0);
+    for (int64_t r = 0; r < S; ++r) {
+      const ProposeRequest& req = reqs[r];
+      const int64_t s = req.anchor_pos;
+      ids[r * B] = req.anchor;
+      for (int64_t i = 0; i < B; ++i) {
+        positions[r * B + i] = static_cast<int32_t>(s + i);
+        slots[r * B + i] = slot_of(kv, req.block_table, s + i);
+      }
+      // Row 0 echoes the anchor; row j predicts position s + j.
+      for (int64_t j = 0; j < nd; ++j) rows[r * nd + j] = static_cast<int32_t>(r * B + 1 + j);
+      kv_lens[r] = static_cast<int32_t>(s + B);
+      std::copy(req.block_table.begin(), req.block_table.end(), tables.begin() + r * cap);
     }
-    backend_.copy_from_host(p.ids, ids.data());
-    backend_.copy_from_host(p.positions, positions.data());
-    backend_.copy_from_host(p.slots, slots.data());
-    backend_.copy_from_host(table_.rows(0, static_cast<int64_t>(req.block_table.size())),
-                            req.block_table.data());
-
-    const int32_t kv_len = static_cast<int32_t>(s + B);
-    backend_.copy_from_host(p.kv_len, &kv_len);
+    backend_.copy_from_host(p.ids.rows(0, S * B), ids.data());
+    backend_.copy_from_host(p.positions.rows(0, S * B), positions.data());
+    backend_.copy_from_host(p.slots.rows(0, S * B), slots.data());
+    backend_.copy_from_host(p.logit_rows.rows(0, S * nd), rows.data());
+    backend_.copy_from_host(p.kv_len.rows(0, S), kv_lens.data());
+    backend_.copy_from_host(table_.rows(0, S), tables.data());
 
     // The block forward depends on the call only through the uploaded tensors: a backend may
-    // capture it once per draft count and table capacity and replay it.
-    const std::string key = fmt::format("dflash:{}:{}:{}:{:x}", table_generation_, req.num_drafts,
-                                        table_.numel(), kv_pool_id(kv));
-    backend_.run_captured(key, [&] { block_forward(kv, req.num_drafts); });
-    *logits = p.logits.rows(0, req.num_drafts);
+    // capture it once per batch size, draft count and table capacity and replay it.
+    const std::string key =
+        fmt::format("dflash:{}:{}:{}:{}:{:x}", table_generation_, S, nd, cap, kv_pool_id(kv));
+    backend_.run_captured(key, [&] { block_forward(kv, S, nd); });
+    *logits = p.logits.rows(0, S * nd);
     return Status::Ok();
   }
 
  private:
-  // Block rows through every layer (ids / positions / slots / table / kv_len uploaded), then
-  // the logits of rows 1 .. nd into p.logits.
-  void block_forward(KvPool& kv, int64_t nd) {
+  // The blocks of S sequences through every layer (ids / positions / slots / tables / kv_len
+  // uploaded), then the logits of rows 1 .. nd of every block into p.logits.
+  void block_forward(KvPool& kv, int64_t S, int64_t nd) {
     const auto& m = c_.model;
-    ProposeScratch& p = prop_;
+    const ProposeScratch& p = prop_;
+    const int64_t rows = S * c_.block_size;
     const float eps = static_cast<float>(m.rms_norm_eps);
     const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-    const KvLength kv_len(table_.numel() * kv.block_size, &p.kv_len);
-    backend_.embedding(p.x, p.ids, embed_);
+    const Tensor x = p.x.rows(0, rows), xn = p.xn.rows(0, rows), qkv = p.qkv.rows(0, rows),
+                 q = p.q.rows(0, rows), attn = p.attn.rows(0, rows),
+                 gate_up = p.gate_up.rows(0, rows), act = p.act.rows(0, rows),
+                 positions = p.positions.rows(0, rows), slots = p.slots.rows(0, rows);
+    const Tensor tables = table_.rows(0, S), kv_lens = p.kv_len.rows(0, S);
+    const int64_t max_kv_len = table_.dim(1) * kv.block_size;
+    backend_.embedding(x, p.ids.rows(0, rows), embed_);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
       // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
-      backend_.rms_norm(p.xn, p.x, L.input_norm, eps);
-      backend_.matmul(p.qkv, p.xn, L.w_qkv);
-      backend_.attention_prologue(p.q, p.qkv, L.q_norm, L.k_norm, eps, p.positions, inv_freq_,
-                                  attention_scaling_, kv.k[li], kv.v[li], p.slots);
-      backend_.paged_attention(p.attn, p.q, kv.k[li], kv.v[li], table_, kv_len, L.mask, scale);
-      backend_.matmul(p.x, p.attn, L.wo, nullptr, /*accumulate=*/true);
+      backend_.rms_norm(xn, x, L.input_norm, eps);
+      backend_.matmul(qkv, xn, L.w_qkv);
+      backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, eps, positions, inv_freq_,
+                                  attention_scaling_, kv.k[li], kv.v[li], slots);
+      if (S == 1) {
+        backend_.paged_attention(attn, q, kv.k[li], kv.v[li], tables.view({-1}),
+                                 KvLength(max_kv_len, &kv_lens), L.mask, scale);
+      } else {
+        backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], tables, kv_lens, max_kv_len,
+                                       L.mask, scale);
+      }
+      backend_.matmul(x, attn, L.wo, nullptr, /*accumulate=*/true);
       // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(p.xn, p.x, L.post_norm, eps);
-      backend_.matmul(p.gate_up, p.xn, L.w_gate_up);
-      backend_.swiglu(p.act, p.gate_up);
-      backend_.matmul(p.x, p.act, L.w_down, nullptr, /*accumulate=*/true);
+      backend_.rms_norm(xn, x, L.post_norm, eps);
+      backend_.matmul(gate_up, xn, L.w_gate_up);
+      backend_.swiglu(act, gate_up);
+      backend_.matmul(x, act, L.w_down, nullptr, /*accumulate=*/true);
     }
-    // Row 0 echoes the anchor; row j predicts position s + j.
-    const Tensor normed = p.xn.rows(0, nd);
-    backend_.rms_norm(normed, p.x.rows(1, nd), final_norm_, eps);
-    backend_.matmul(p.logits.rows(0, nd), normed, lm_head_);
+    const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
+    backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
+    backend_.rms_norm(last_n, last, final_norm_, eps);
+    backend_.matmul(p.logits.rows(0, S * nd), last_n, lm_head_);
   }
 
   static int32_t slot_of(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
@@ -348,27 +386,37 @@ class DFlashDrafter final : public Drafter {
     obs_.slots = backend_.empty({r}, DType::kI32);
   }
 
-  void ensure_propose(int64_t table_blocks) {
+  // Propose scratch for `seqs` blocks and a [seqs, >= table_blocks] table. Growing either
+  // bumps table_generation_ (captured proposes hold the old buffers); both double.
+  void ensure_propose(int64_t seqs, int64_t table_blocks) {
     const auto& m = c_.model;
     const int64_t B = c_.block_size;
-    if (!prop_.x.defined()) {
-      prop_.ids = backend_.empty({B}, DType::kI32);
-      prop_.positions = backend_.empty({B}, DType::kI32);
-      prop_.slots = backend_.empty({B}, DType::kI32);
-      prop_.x = backend_.empty({B, m.hidden_size});
-      prop_.xn = backend_.empty({B, m.hidden_size});
-      prop_.kv_len = backend_.empty({1}, DType::kI32);
-      prop_.qkv = backend_.empty({B, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim});
-      prop_.q = backend_.empty({B, m.num_heads, m.head_dim});
-      prop_.attn = backend_.empty({B, m.num_heads, m.head_dim});
-      prop_.gate_up = backend_.empty({B, 2 * m.intermediate_size});
-      prop_.act = backend_.empty({B, m.intermediate_size});
-      prop_.logits = backend_.empty({B - 1, vocab_});
+    if (seqs > prop_.seqs) {
+      const int64_t n = std::max(seqs, 2 * prop_.seqs), rows = n * B;
+      prop_.seqs = n;
+      prop_.ids = backend_.empty({rows}, DType::kI32);
+      prop_.positions = backend_.empty({rows}, DType::kI32);
+      prop_.slots = backend_.empty({rows}, DType::kI32);
+      prop_.kv_len = backend_.empty({n}, DType::kI32);
+      prop_.logit_rows = backend_.empty({n * (B - 1)}, DType::kI32);
+      prop_.x = backend_.empty({rows, m.hidden_size});
+      prop_.xn = backend_.empty({rows, m.hidden_size});
+      prop_.qkv = backend_.empty({rows, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim});
+      prop_.q = backend_.empty({rows, m.num_heads, m.head_dim});
+      prop_.attn = backend_.empty({rows, m.num_heads, m.head_dim});
+      prop_.gate_up = backend_.empty({rows, 2 * m.intermediate_size});
+      prop_.act = backend_.empty({rows, m.intermediate_size});
+      prop_.last = backend_.empty({n * (B - 1), m.hidden_size});
+      prop_.last_n = backend_.empty({n * (B - 1), m.hidden_size});
+      prop_.logits = backend_.empty({n * (B - 1), vocab_});
+      ++table_generation_;
     }
-    if (!table_.defined() || table_.numel() < table_blocks) {
+    const int64_t cap = table_.defined() ? table_.dim(1) : 0;
+    if (!table_.defined() || table_.dim(0) < prop_.seqs || cap < table_blocks) {
       // Doubling, so that captured proposes are re-captured only log2(length) times.
-      const int64_t old_cap = table_.defined() ? table_.numel() : 0;
-      table_ = backend_.empty({std::max<int64_t>({table_blocks, 64, 2 * old_cap})}, DType::kI32);
+      const int64_t new_cap =
+          cap >= table_blocks ? cap : std::max<int64_t>({table_blocks, 64, 2 * cap});
+      table_ = backend_.empty({prop_.seqs, new_cap}, DType::kI32);
       ++table_generation_;
     }
   }
@@ -387,7 +435,7 @@ class DFlashDrafter final : public Drafter {
   float attention_scaling_ = 1.0f;
   ObserveScratch obs_;
   ProposeScratch prop_;
-  Tensor table_;                  // I32 block table of the current call
+  Tensor table_;                  // I32 [seqs, capacity]: block tables of the current call
   int64_t table_generation_ = 0;  // bumped when table_ is reallocated
   int64_t obs_generation_ = 0;    // bumped when the observe scratch is reallocated
 };
