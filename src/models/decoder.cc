@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "models/layer_activations.h"
 #include "models/registry.h"
 #include "models/rope.h"
 #include "models/weights.h"
@@ -28,20 +29,14 @@ struct Layer {
 };
 
 // Activation buffers sized for up to `rows` tokens per forward.
-struct Scratch {
+struct Scratch : LayerActivations {
   int64_t rows = 0;
   int64_t generation = 0;        // bumped on every reallocation (keys of captured forwards)
   Tensor ids, positions, slots;  // I32 [rows]
   Tensor kv_len;                 // I32 [seqs]: start_pos + n of each sequence of the forward
   Tensor block_table;            // I32 [seqs, capacity in blocks]
   Tensor logit_rows;             // I32 [rows]: rows whose logits a batched forward wants
-  Tensor x, xn;                  // [rows, hidden]
   Tensor gathered;               // [rows, hidden]: logit rows of a batch, gathered
-  Tensor qkv;                    // [rows, (heads + 2 kv_heads) * hd]
-  Tensor q;                      // [rows, heads, hd]
-  Tensor attn;                   // [rows, heads, hd]
-  Tensor gate_up;                // [rows, 2 * inter]
-  Tensor act;                    // [rows, inter]
   Tensor logits;                 // [rows, vocab]
   Tensor taps;                   // [rows, n_taps * hidden]
   int64_t tap_cols = 0;
@@ -339,14 +334,8 @@ class DecoderLM final : public CausalLM {
       s_.logit_rows = backend_.empty({r}, DType::kI32);
       s_.positions = backend_.empty({r}, DType::kI32);
       s_.slots = backend_.empty({r}, DType::kI32);
-      s_.x = backend_.empty({r, c.hidden_size});
-      s_.xn = backend_.empty({r, c.hidden_size});
+      s_.allocate_layers(backend_, c, r);
       s_.gathered = backend_.empty({r, c.hidden_size});
-      s_.qkv = backend_.empty({r, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim});
-      s_.q = backend_.empty({r, c.num_heads, c.head_dim});
-      s_.attn = backend_.empty({r, c.num_heads, c.head_dim});
-      s_.gate_up = backend_.empty({r, 2 * c.intermediate_size});
-      s_.act = backend_.empty({r, c.intermediate_size});
       s_.logits = backend_.empty({r, c.vocab_size});
       s_.tap_cols = 0;
     }

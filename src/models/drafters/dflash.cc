@@ -10,6 +10,7 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/layer_activations.h"
 #include "models/rope.h"
 #include "models/weights.h"
 
@@ -40,18 +41,14 @@ struct ObserveScratch {
 };
 
 // Rows of `seqs` blocks of B (one block per sequence of a propose_batch).
-struct ProposeScratch {
+struct ProposeScratch : LayerActivations {
   int64_t seqs = 0;
   Tensor ids, positions, slots;  // I32 [seqs * B]
   Tensor kv_len;                 // I32 [seqs]: anchor_pos + B of each sequence
   Tensor logit_rows;             // I32 [seqs * (B-1)]: block rows whose logits are wanted
-  Tensor x, xn;                  // [seqs * B, H]
-  Tensor qkv;                    // [seqs * B, (heads + 2 kv) * hd]
-  Tensor q, attn;                // [seqs * B, heads, hd]
-  Tensor gate_up;                // [seqs * B, 2I]
-  Tensor act;                    // [seqs * B, I]
-  Tensor last, last_n;           // [seqs * (B-1), H]: the gathered rows, normed
-  Tensor logits;                 // [seqs * (B-1), V]
+  // LayerActivations: [seqs * B, ...]
+  Tensor last, last_n;  // [seqs * (B-1), H]: the gathered rows, normed
+  Tensor logits;        // [seqs * (B-1), V]
 };
 
 class DFlashDrafter final : public Drafter {
@@ -399,13 +396,7 @@ class DFlashDrafter final : public Drafter {
       prop_.slots = backend_.empty({rows}, DType::kI32);
       prop_.kv_len = backend_.empty({n}, DType::kI32);
       prop_.logit_rows = backend_.empty({n * (B - 1)}, DType::kI32);
-      prop_.x = backend_.empty({rows, m.hidden_size});
-      prop_.xn = backend_.empty({rows, m.hidden_size});
-      prop_.qkv = backend_.empty({rows, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim});
-      prop_.q = backend_.empty({rows, m.num_heads, m.head_dim});
-      prop_.attn = backend_.empty({rows, m.num_heads, m.head_dim});
-      prop_.gate_up = backend_.empty({rows, 2 * m.intermediate_size});
-      prop_.act = backend_.empty({rows, m.intermediate_size});
+      prop_.allocate_layers(backend_, m, rows);
       prop_.last = backend_.empty({n * (B - 1), m.hidden_size});
       prop_.last_n = backend_.empty({n * (B - 1), m.hidden_size});
       prop_.logits = backend_.empty({n * (B - 1), vocab_});
