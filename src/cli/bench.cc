@@ -6,6 +6,8 @@
 //   context   the drafter's context update (observe) for B committed positions;
 // plus the copy bandwidth of the device, the bytes a decode step must stream, end-to-end
 // plain / speculative generation rates, and with --kernels each op alone at the model's shapes.
+// --batch N times N sequences in lockstep instead: the batched decode and verify steps and
+// batched plain / speculative generation.
 // On CUDA, --gemv all (default) times every few-row matmul mode. Also registers
 // `blockspec synth` (synth.cc). Results and method: docs/BENCHMARKS.md.
 #include <fmt/format.h>
@@ -18,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -310,15 +313,64 @@ int fail(const Status& st) {
   return 1;
 }
 
+// One request per sequence: `tokens[i]` at position `start` of sequence i, logits of every row.
+std::vector<ForwardRequest> batch_requests(const std::vector<std::unique_ptr<SequenceKv>>& seqs,
+                                           const std::vector<std::span<const int32_t>>& tokens,
+                                           int64_t start, std::span<const int> taps) {
+  std::vector<ForwardRequest> reqs;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    reqs.push_back({.tokens = tokens[i],
+                    .start_pos = start,
+                    .block_table = seqs[i]->block_table(),
+                    .num_logits = static_cast<int64_t>(tokens[i].size()),
+                    .tap_layers = taps});
+  }
+  return reqs;
+}
+
+// Batched speculative generation of `prompts` end to end (after an untimed warm-up run), compared
+// with the batched plain outputs.
+int bench_speculative_batch(CausalLM& target, Drafter& drafter,
+                            const std::vector<std::vector<int32_t>>& prompts,
+                            const GenerateOptions& opt,
+                            const std::vector<std::vector<int32_t>>& plain) {
+  std::vector<GenerateStats> stats;
+  GenerateOptions warm = opt;
+  warm.max_tokens = std::min<int64_t>(opt.max_tokens, 4 * drafter.block_size());
+  if (auto w = generate_speculative_batch(target, drafter, prompts, warm, &stats); !w.ok()) {
+    return fail(w.status());
+  }
+  auto out = generate_speculative_batch(target, drafter, prompts, opt, &stats);
+  if (!out.ok()) return fail(out.status());
+  int64_t total = 0, steps = 0, accepted = 0, drafted = 0;
+  for (const auto& st : stats) {
+    total += st.generated_tokens;
+    steps += st.steps;
+    accepted += st.accepted;
+    drafted += st.drafted;
+  }
+  const double seconds = stats[0].decode_seconds;
+  fmt::print(
+      "generate (speculative, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s; mean acceptance "
+      "length {:.2f} over {} sequence steps, drafts accepted {}/{}; {}\n",
+      prompts.size(), total, seconds, static_cast<double>(total) / seconds,
+      steps ? static_cast<double>(accepted + steps) / static_cast<double>(steps) : 0.0, steps,
+      accepted, drafted, *out == plain ? "output == plain" : "OUTPUT DIFFERS from plain");
+  return 0;
+}
+
 // --batch N > 1: N sequences with `context` cached tokens each decode one token per step in one
-// batched forward (CausalLM::forward_batch); then batched plain generation end to end. Batched
-// speculative decoding is not implemented, so a drafter is not used here.
-int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, double copy_gbs,
-                    double wbytes) {
+// batched forward (CausalLM::forward_batch); then batched plain generation end to end. With a
+// drafter also the batched verify step (N blocks of B rows with taps over the same caches) and
+// batched speculative generation (generate_speculative_batch) end to end.
+int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* drafter,
+                    double copy_gbs, double wbytes) {
   const auto& cfg = target.config();
   const int64_t N = a.batch, max_pos = cfg.max_position_embeddings;
-  const int64_t ctx = std::max<int64_t>(2, std::min<int64_t>(a.context, max_pos - 4));
-  const int64_t per_seq = (ctx + 2 + kKvBlockSize - 1) / kKvBlockSize + 1;
+  const int64_t B = drafter ? drafter->block_size() : 1;  // rows past the context per sequence
+  const int64_t ctx =
+      std::max<int64_t>(2, std::min<int64_t>(a.context, max_pos - std::max<int64_t>(4, B + 2)));
+  const int64_t per_seq = (ctx + B + 1 + kKvBlockSize - 1) / kKvBlockSize + 1;
   KvPool pool = target.make_kv_pool(N * per_seq);
   BlockAllocator alloc(N * per_seq);
   std::mt19937 rng(11);
@@ -331,7 +383,7 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, double co
   timer->start();
   for (int64_t i = 0; i < N; ++i) {
     seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
-    if (Status st = seqs[i]->reserve(ctx + 1); !st.ok()) return fail(st);
+    if (Status st = seqs[i]->reserve(ctx + B); !st.ok()) return fail(st);
     for (int64_t j = 0; j < ctx; ++j) prompts[i].push_back(tok(rng));
     ForwardResult res;
     if (Status st = target.forward({.tokens = prompts[i],
@@ -347,30 +399,35 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, double co
     last[i] = prompts[i].back();
   }
   fmt::print("prefill: {} sequences x {} tokens in {:.2f} ms\n", N, ctx, timer->stop_ms());
-  if (!a.drafter.empty()) {
-    fmt::print("note: batched speculative decoding is not implemented; the drafter is unused\n");
-  }
-  const Tensor ids = be.empty({N}, DType::kI32);
-  std::vector<int32_t> host_ids(static_cast<size_t>(N));
-  std::vector<ForwardRequest> reqs;
-  for (int64_t i = 0; i < N; ++i) {
-    reqs.push_back({.tokens = std::span<const int32_t>(&last[i], 1),
-                    .start_pos = ctx,
-                    .block_table = seqs[i]->block_table(),
-                    .num_logits = 1,
-                    .tap_layers = {}});
-  }
+  const Tensor ids = be.empty({N * B}, DType::kI32);
+  std::vector<int32_t> host_ids(static_cast<size_t>(N * B));
   BatchForwardResult res;
-  auto step = [&]() -> Status {
+  // One batched forward + argmax of every logit row + read back.
+  auto step = [&](const std::vector<ForwardRequest>& reqs) -> Status {
     BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
-    be.argmax(ids, res.logits);
-    be.copy_to_host(host_ids.data(), ids);
+    const Tensor out = ids.rows(0, res.logits.dim(0));
+    be.argmax(out, res.logits);
+    be.copy_to_host(host_ids.data(), out);
     return Status::Ok();
   };
-  auto s = time_it(*timer, a.warmup, a.iters, step);
+  std::vector<std::span<const int32_t>> one_token;
+  for (int64_t i = 0; i < N; ++i) one_token.emplace_back(&last[i], 1);
+  const std::vector<ForwardRequest> decode_reqs = batch_requests(seqs, one_token, ctx, {});
+  auto s = time_it(*timer, a.warmup, a.iters, [&] { return step(decode_reqs); });
   if (!s.ok()) return fail(s.status());
   print_decode(fmt::format("batch decode step ({} sequences x 1 token)", N), *s, N, wbytes,
                copy_gbs);
+  if (drafter) {
+    std::vector<int32_t> block(static_cast<size_t>(B));
+    for (auto& t : block) t = tok(rng);
+    const std::vector<std::span<const int32_t>> blocks(static_cast<size_t>(N), block);
+    const std::vector<ForwardRequest> verify_reqs =
+        batch_requests(seqs, blocks, ctx, drafter->target_layers());
+    auto v = time_it(*timer, a.warmup, a.iters, [&] { return step(verify_reqs); });
+    if (!v.ok()) return fail(v.status());
+    fmt::print("batch verify step ({} sequences x {} rows, taps): {} = {:.2f}x batch decode\n", N,
+               B, fmt_stats(*v), v->median / s->median);
+  }
 
   // End to end: N prompts generated together.
   const int64_t p_len = std::min<int64_t>(32, ctx);
@@ -390,7 +447,7 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, double co
   for (const auto& st : stats) total += st.generated_tokens;
   fmt::print("generate (plain, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s\n", N, total,
              stats[0].decode_seconds, static_cast<double>(total) / stats[0].decode_seconds);
-  return 0;
+  return drafter ? bench_speculative_batch(target, *drafter, prompts, opt, *out) : 0;
 }
 
 int run_bench(const BenchArgs& a) {
@@ -436,7 +493,7 @@ int run_bench(const BenchArgs& a) {
       a.model, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
       wbytes / 1e9);
 
-  if (a.batch > 1) return run_batch_bench(a, be, target, copy_gbs, wbytes);
+  if (a.batch > 1) return run_batch_bench(a, be, target, drafter.get(), copy_gbs, wbytes);
 
   const int64_t B = drafter ? drafter->block_size() : 16;
   const int64_t max_pos = cfg.max_position_embeddings;
@@ -625,8 +682,9 @@ void register_bench(CLI::App& app) {
   g_cmd->add_option("--model", g_args.model, "Target model folder")->required();
   g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
   g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto");
-  g_cmd->add_option("--batch", g_args.batch,
-                    "Sequences decoded together (> 1: batched plain decoding only)");
+  g_cmd->add_option(
+      "--batch", g_args.batch,
+      "Sequences decoded together (> 1: batched plain and, with --drafter, speculative decoding)");
   g_cmd->add_option("--iters", g_args.iters, "Timed iterations per measurement")
       ->check(CLI::PositiveNumber);
   g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")

@@ -1,6 +1,6 @@
-// Single-sequence generation: plain autoregressive decoding and lossless speculative decoding
-// with a block drafter. Both stop at the same place for the same inputs: a stop token (which is
-// included in the output), max_tokens, or the context window.
+// Generation: plain autoregressive decoding and lossless speculative decoding with a block
+// drafter, of one sequence or of several in lockstep. Both stop at the same place for the same
+// inputs: a stop token (which is included in the output), max_tokens, or the context window.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +68,20 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
 Result<std::vector<std::vector<int32_t>>> generate_plain_batch(
     CausalLM& target, std::span<const std::vector<int32_t>> prompts, const GenerateOptions& options,
     std::vector<GenerateStats>* stats);
+
+// Speculative decoding of several prompts in lockstep. Each output (tokens, finish reason,
+// generated count, steps / drafted / accepted and per-position counts in (*stats)[i]) is what
+// generate_speculative gives for that prompt alone with the same options: greedy bit for bit on
+// the CPU, sampled from per-sequence samplers seeded as generate_speculative's. Prompts prefill
+// one at a time; then each step every sequence still generating proposes its own drafts and one
+// CausalLM::forward_batch verifies all blocks (of per-sequence sizes: k shrinks near max_tokens
+// and the context end). prefill / decode seconds are those of the whole batch, verify_seconds
+// adds the batch's verify time to every sequence in that step. There is no token callback, and
+// options.trace_path is refused (InvalidArgument): trace one sequence with
+// generate_speculative. Errors about one prompt name its index ("prompt 2: ...").
+Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
+    CausalLM& target, Drafter& drafter, std::span<const std::vector<int32_t>> prompts,
+    const GenerateOptions& options, std::vector<GenerateStats>* stats);
 
 // Shared checks: non-empty prompt, prompt shorter than the context window, ids in vocab.
 Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,

@@ -20,7 +20,7 @@
 #include "engine/generate.h"
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
-#include "engine/speculative_accept.h"
+#include "engine/speculative_sequence.h"
 
 namespace bs {
 
@@ -35,15 +35,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
-  BS_RETURN_IF_ERROR(detail::begin_generation(target, prompt, options, max_context, st));
-  if (options.draft_tokens < 0 || options.draft_tokens > drafter.max_drafts()) {
-    return InvalidArgument("draft_tokens {} out of range [0, {}] (0: the drafter's maximum, {})",
-                           options.draft_tokens, drafter.max_drafts(), drafter.max_drafts());
-  }
-  const int64_t draft_budget =
-      options.draft_tokens > 0 ? options.draft_tokens : drafter.max_drafts();
-  st.position_offered.assign(static_cast<size_t>(draft_budget), 0);
-  st.position_accepted.assign(static_cast<size_t>(draft_budget), 0);
+  BS_ASSIGN_OR_RETURN(const int64_t draft_budget,
+                      detail::begin_speculative(target, drafter, prompt, options, max_context, st));
 
   std::ofstream trace;
   if (!options.trace_path.empty()) {
@@ -51,169 +44,51 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     if (!trace) return InvalidArgument("cannot open trace file '{}'", options.trace_path);
   }
 
-  detail::CommittedTokens out(options, on_token, st);
   auto t0 = Clock::now();
   if (options.max_tokens <= 0) {  // generate_plain runs nothing either
     st.decode_seconds = seconds_since(t0);
-    return out.finish();
+    return detail::CommittedTokens(options, on_token, st).finish();
   }
 
-  // One block table per sequence serves both caches. propose writes block K/V up to s + B - 1
-  // with s <= max_context - 1, hence B positions of headroom.
-  const int64_t B = drafter.block_size();
-  const int64_t num_blocks = (max_context + B + kKvBlockSize - 1) / kKvBlockSize;
-  KvPool target_kv = target.make_kv_pool(num_blocks);
-  KvPool draft_kv = drafter.make_kv_pool(num_blocks);
-  BlockAllocator allocator(num_blocks);
-  SequenceKv seq(allocator, kKvBlockSize);
-  Sampler sampler(options.sampling);
+  detail::SpeculativeRun run(
+      target, drafter, options, max_context, draft_budget,
+      detail::speculative_blocks(drafter, static_cast<int64_t>(prompt.size()), options,
+                                 max_context));
+  detail::SpeculativeSequence seq(run, prompt, on_token, st);
   Backend& backend = target.backend();
-  const std::vector<int>& taps_layers = drafter.target_layers();
-  const int64_t vocab = target.config().vocab_size;
-  const bool greedy = options.sampling.greedy();
-
-  auto observe = [&](const Tensor& taps, int64_t start) -> Status {
-    const auto t = Clock::now();
-    BS_RETURN_IF_ERROR(drafter.observe(draft_kv, seq.block_table(), taps, start));
-    backend.synchronize();
-    const double dt = seconds_since(t);
-    st.observe_seconds += dt;
-    return Status::Ok();
-  };
 
   // ---- Prefill: the prompt, its taps observed by the drafter, the first token. ----
-  const int64_t P = static_cast<int64_t>(prompt.size());
-  BS_RETURN_IF_ERROR(seq.reserve(P));
-  ForwardResult res;
-  BS_RETURN_IF_ERROR(target.forward({.tokens = prompt,
-                                     .start_pos = 0,
-                                     .block_table = seq.block_table(),
-                                     .num_logits = 1,
-                                     .tap_layers = taps_layers},
-                                    target_kv, &res));
-  seq.set_length(P);
-  std::vector<float> logits = backend.to_host_f32(res.logits);
-  BS_RETURN_IF_ERROR(observe(res.taps, 0));
+  BS_RETURN_IF_ERROR(seq.prefill());
   st.prefill_seconds = seconds_since(t0);
   t0 = Clock::now();
-  bool done = out.commit(sampler.sample(logits));
 
-  // ---- Decode steps. ----
-  std::vector<int32_t> drafts, verify_tokens, target_argmax;
-  std::vector<float> draft_logits, q, p;
-  // Greedy steps take the argmax on the device and read back only token ids.
-  const Tensor argmax_ids = backend.empty({std::max<int64_t>(B, draft_budget) + 1}, DType::kI32);
-  const auto device_argmax = [&](const Tensor& rows, std::vector<int32_t>* ids) {
-    const Tensor out = argmax_ids.rows(0, rows.dim(0));
-    backend.argmax(out, rows);
-    ids->resize(static_cast<size_t>(rows.dim(0)));
-    backend.copy_to_host(ids->data(), out);
-  };
-  while (!done) {
-    if (out.size() >= options.max_tokens) {
-      st.finish = FinishReason::kLength;
-      break;
-    }
-    const int64_t s = seq.length();  // position of the anchor = tokens already cached
-    if (s + 1 > max_context) {
-      st.finish = FinishReason::kContext;
-      break;
-    }
-    const int64_t k =
-        std::min({draft_budget, options.max_tokens - out.size() - 1, max_context - s - 1});
-    const int32_t anchor = out.back();
-    BS_RETURN_IF_ERROR(seq.reserve(s + std::max(B, k + 1)));
-
-    // Propose.
-    auto t = Clock::now();
-    drafts.clear();
-    q.clear();
-    if (k > 0) {
-      Tensor dl;
-      BS_RETURN_IF_ERROR(drafter.propose(draft_kv,
-                                         {.anchor = anchor,
-                                          .anchor_pos = s,
-                                          .block_table = seq.block_table(),
-                                          .num_drafts = k,
-                                          .noise_seed = options.sampling.seed.value_or(0)},
-                                         &dl));
-      if (greedy) {
-        device_argmax(dl.rows(0, k), &drafts);
-      } else {
-        draft_logits = backend.to_host_f32(dl);
-        std::vector<float> row_q;
-        for (int64_t i = 0; i < k; ++i) {
-          const std::span<const float> row(draft_logits.data() + i * vocab,
-                                           static_cast<size_t>(vocab));
-          sampler.probs(row, &row_q);
-          drafts.push_back(sampler.sample_from(row_q));
-          q.insert(q.end(), row_q.begin(), row_q.end());
-        }
-      }
-    }
-    const double draft_s = seconds_since(t);
-
-    // Verify.
-    t = Clock::now();
-    verify_tokens.assign(1, anchor);
-    verify_tokens.insert(verify_tokens.end(), drafts.begin(), drafts.end());
-    BS_RETURN_IF_ERROR(target.forward({.tokens = verify_tokens,
-                                       .start_pos = s,
-                                       .block_table = seq.block_table(),
-                                       .num_logits = k + 1,
-                                       .tap_layers = taps_layers},
-                                      target_kv, &res));
-    seq.set_length(s + k + 1);
-    if (greedy) {
-      device_argmax(res.logits, &target_argmax);
-    } else {
-      logits = backend.to_host_f32(res.logits);
-    }
+  // ---- Decode steps: propose (in begin_step), verify, accept + observe. ----
+  ForwardResult res;
+  std::vector<int32_t> target_argmax;
+  std::vector<float> logits;
+  while (true) {
+    BS_ASSIGN_OR_RETURN(const bool stepping, seq.begin_step());
+    if (!stepping) break;
+    const auto t = Clock::now();
+    BS_RETURN_IF_ERROR(target.forward(seq.verify_request(), run.target_kv, &res));
+    detail::read_verify_rows(backend, res.logits, options.sampling.greedy(), run.argmax_ids,
+                             &target_argmax, &logits);
     const double verify_s = seconds_since(t);
-
-    // Accept.
-    AcceptResult acc;
-    if (greedy) {
-      acc = accept_greedy(drafts, target_argmax);
-    } else {
-      p.resize(static_cast<size_t>((k + 1) * vocab));
-      std::vector<float> row_p;
-      for (int64_t i = 0; i <= k; ++i) {
-        sampler.probs(std::span<const float>(logits.data() + i * vocab, static_cast<size_t>(vocab)),
-                      &row_p);
-        std::copy(row_p.begin(), row_p.end(), p.begin() + i * vocab);
-      }
-      acc = accept_sampled(drafts, q, p, vocab, sampler);
-    }
-    const int64_t a = acc.accepted;
-    ++st.steps;
-    st.drafted += k;
-    st.accepted += a;
-    for (int64_t i = 0; i < k; ++i) ++st.position_offered[i];
-    for (int64_t i = 0; i < a; ++i) ++st.position_accepted[i];
-
-    // Commit d_1..d_a and the target's token; the cache keeps the anchor and accepted drafts.
-    seq.truncate(s + a + 1);
-    for (int64_t i = 0; i < a && !done; ++i) done = out.commit(drafts[i]);
-    if (!done) done = out.commit(acc.next);
-
-    // The drafter's context grows by positions s..s+a (taps rows 0..a of the verify pass).
-    const double observe_before = st.observe_seconds;
-    if (!done) BS_RETURN_IF_ERROR(observe(res.taps.rows(0, a + 1), s));
-    const double observe_s = st.observe_seconds - observe_before;
-    st.draft_seconds += draft_s;
+    BS_RETURN_IF_ERROR(seq.accept(res.taps, target_argmax, logits));
     st.verify_seconds += verify_s;
 
     if (trace.is_open()) {
-      nlohmann::ordered_json line = {{"step", st.steps - 1},
-                                     {"anchor_pos", s},
-                                     {"anchor", anchor},
-                                     {"drafts", drafts},
-                                     {"accepted", a},
-                                     {"bonus", acc.next},
-                                     {"draft_ms", draft_s * 1e3},
-                                     {"verify_ms", verify_s * 1e3},
-                                     {"observe_ms", observe_s * 1e3}};
+      const detail::SpeculativeStep& step = seq.last_step();
+      nlohmann::ordered_json line = {
+          {"step", st.steps - 1},
+          {"anchor_pos", step.anchor_pos},
+          {"anchor", step.anchor},
+          {"drafts", std::vector<int32_t>(step.drafts.begin(), step.drafts.end())},
+          {"accepted", step.accepted},
+          {"bonus", step.next},
+          {"draft_ms", step.draft_seconds * 1e3},
+          {"verify_ms", verify_s * 1e3},
+          {"observe_ms", step.observe_seconds * 1e3}};
       trace << line.dump() << '\n';
     }
   }
@@ -222,7 +97,7 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     trace.flush();
     if (!trace) return InvalidArgument("writing trace file '{}' failed", options.trace_path);
   }
-  return out.finish();
+  return seq.finish();
 }
 
 }  // namespace bs

@@ -32,6 +32,16 @@ int run(const std::string& cmd, std::string* output) {
   return rc;
 }
 
+// The speculative end-to-end line of a forced-acceptance (100%) drafter: every draft offered is
+// accepted, and the output is plain decoding's.
+void expect_forced_acceptance(const std::string& out) {
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("drafts accepted (\\d+)/(\\d+)"))) << out;
+  EXPECT_EQ(m[1].str(), m[2].str()) << out;
+  EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+  EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
+}
+
 class BenchCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -48,6 +58,11 @@ class BenchCli : public ::testing::Test {
     fs::remove_all(dir_ + "-dflash-b16-acc100", ec);
   }
   static std::string bin() { return std::string(BS_BINARY_DIR) + "/blockspec"; }
+  // `blockspec bench` of the tiny checkpoint on the CPU; `args` follow the common options.
+  static int bench_on_cpu(const std::string& args, std::string* out) {
+    return run(bin() + " bench --model " + dir_ + " --device cpu --threads 2 --copy-mb 16 " + args,
+               out);
+  }
   static std::string dir_;
 };
 std::string BenchCli::dir_;
@@ -90,12 +105,20 @@ TEST_F(BenchCli, SpeculativeBenchWithForcedAcceptance) {
   }
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("draft step"), std::string::npos) << out;
-  // Forced 100% acceptance: every draft offered is accepted.
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(out, m, std::regex("drafts accepted (\\d+)/(\\d+)"))) << out;
-  EXPECT_EQ(m[1].str(), m[2].str()) << out;
-  EXPECT_GT(std::stoi(m[2].str()), 0) << out;
-  EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
+  expect_forced_acceptance(out);
+}
+
+TEST_F(BenchCli, BatchedSpeculativeBenchOnCpu) {
+  std::string out;
+  ASSERT_EQ(bench_on_cpu("--drafter " + dir_ +
+                             "-dflash-b16-acc100 --batch 3 --context 40 --iters 2 --warmup 1 "
+                             "--gen-tokens 24",
+                         &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("batch verify step (3 sequences x 16 rows"), std::string::npos) << out;
+  EXPECT_NE(out.find("generate (speculative, batch 3): 72 tokens"), std::string::npos) << out;
+  expect_forced_acceptance(out);
 }
 
 TEST_F(BenchCli, BenchOnGpuWhenPresent) {

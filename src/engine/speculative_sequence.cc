@@ -1,0 +1,206 @@
+#include "engine/speculative_sequence.h"
+
+#include <algorithm>
+
+#include "engine/speculative_accept.h"
+
+namespace bs::detail {
+
+namespace {
+
+// Argmax of every row of `rows` on the device; only the ids come back to the host.
+void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
+                   std::vector<int32_t>* ids) {
+  const Tensor out = scratch.rows(0, rows.dim(0));
+  backend.argmax(out, rows);
+  ids->resize(static_cast<size_t>(rows.dim(0)));
+  backend.copy_to_host(ids->data(), out);
+}
+
+}  // namespace
+
+Result<int64_t> begin_speculative(const CausalLM& target, const Drafter& drafter,
+                                  std::span<const int32_t> prompt, const GenerateOptions& options,
+                                  int64_t max_context, GenerateStats& stats) {
+  BS_RETURN_IF_ERROR(begin_generation(target, prompt, options, max_context, stats));
+  if (options.draft_tokens < 0 || options.draft_tokens > drafter.max_drafts()) {
+    return InvalidArgument("draft_tokens {} out of range [0, {}] (0: the drafter's maximum, {})",
+                           options.draft_tokens, drafter.max_drafts(), drafter.max_drafts());
+  }
+  const int64_t budget = options.draft_tokens > 0 ? options.draft_tokens : drafter.max_drafts();
+  stats.position_offered.assign(static_cast<size_t>(budget), 0);
+  stats.position_accepted.assign(static_cast<size_t>(budget), 0);
+  return budget;
+}
+
+int64_t speculative_blocks(const Drafter& drafter, int64_t prompt_tokens,
+                           const GenerateOptions& options, int64_t max_context) {
+  const int64_t new_tokens = std::clamp<int64_t>(options.max_tokens, 0, max_context);
+  const int64_t reach = std::min(prompt_tokens + new_tokens, max_context);
+  return (reach + drafter.block_size() + kKvBlockSize - 1) / kKvBlockSize;
+}
+
+void read_verify_rows(Backend& backend, const Tensor& logits, bool greedy,
+                      const Tensor& ids_scratch, std::vector<int32_t>* argmax,
+                      std::vector<float>* host_logits) {
+  if (greedy) {
+    device_argmax(backend, ids_scratch, logits, argmax);
+  } else {
+    *host_logits = backend.to_host_f32(logits);
+  }
+}
+
+SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, const GenerateOptions& options,
+                               int64_t max_context, int64_t draft_budget, int64_t num_blocks)
+    : target(target),
+      drafter(drafter),
+      options(options),
+      max_context(max_context),
+      draft_budget(draft_budget),
+      target_kv(target.make_kv_pool(num_blocks)),
+      draft_kv(drafter.make_kv_pool(num_blocks)),
+      allocator(num_blocks),
+      argmax_ids(target.backend().empty({std::max(drafter.block_size(), draft_budget) + 1},
+                                        DType::kI32)) {}
+
+SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, std::span<const int32_t> prompt,
+                                         const TokenCallback& on_token, GenerateStats& stats)
+    : run_(run),
+      st_(stats),
+      prompt_(prompt),
+      kv_(run.allocator, kKvBlockSize),
+      sampler_(run.options.sampling),
+      out_(run.options, on_token, stats) {}
+
+Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
+  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(run_.drafter.observe(run_.draft_kv, kv_.block_table(), taps, start));
+  run_.target.backend().synchronize();
+  st_.observe_seconds += seconds_since(t);
+  return Status::Ok();
+}
+
+Status SpeculativeSequence::prefill() {
+  const int64_t P = static_cast<int64_t>(prompt_.size());
+  BS_RETURN_IF_ERROR(kv_.reserve(P));
+  ForwardResult res;
+  BS_RETURN_IF_ERROR(run_.target.forward({.tokens = prompt_,
+                                          .start_pos = 0,
+                                          .block_table = kv_.block_table(),
+                                          .num_logits = 1,
+                                          .tap_layers = run_.drafter.target_layers()},
+                                         run_.target_kv, &res));
+  kv_.set_length(P);
+  const std::vector<float> logits = run_.target.backend().to_host_f32(res.logits);
+  BS_RETURN_IF_ERROR(observe(res.taps, 0));
+  done_ = out_.commit(sampler_.sample(logits));
+  return Status::Ok();
+}
+
+Result<bool> SpeculativeSequence::begin_step() {
+  if (done_) return false;
+  const GenerateOptions& options = run_.options;
+  if (out_.size() >= options.max_tokens) {
+    st_.finish = FinishReason::kLength;
+    done_ = true;
+    return false;
+  }
+  s_ = kv_.length();  // position of the anchor = tokens already cached
+  if (s_ + 1 > run_.max_context) {
+    st_.finish = FinishReason::kContext;
+    done_ = true;
+    return false;
+  }
+  k_ = std::min(
+      {run_.draft_budget, options.max_tokens - out_.size() - 1, run_.max_context - s_ - 1});
+  const int32_t anchor = out_.back();
+  const int64_t B = run_.drafter.block_size();
+  BS_RETURN_IF_ERROR(kv_.reserve(s_ + std::max(B, k_ + 1)));
+
+  const auto t = Clock::now();
+  Backend& backend = run_.target.backend();
+  verify_tokens_.assign(1, anchor);
+  q_.clear();
+  if (k_ > 0) {
+    Tensor dl;
+    BS_RETURN_IF_ERROR(run_.drafter.propose(run_.draft_kv,
+                                            {.anchor = anchor,
+                                             .anchor_pos = s_,
+                                             .block_table = kv_.block_table(),
+                                             .num_drafts = k_,
+                                             .noise_seed = options.sampling.seed.value_or(0)},
+                                            &dl));
+    if (options.sampling.greedy()) {
+      std::vector<int32_t> drafts;
+      device_argmax(backend, run_.argmax_ids, dl.rows(0, k_), &drafts);
+      verify_tokens_.insert(verify_tokens_.end(), drafts.begin(), drafts.end());
+    } else {
+      const int64_t vocab = run_.target.config().vocab_size;
+      draft_logits_ = backend.to_host_f32(dl);
+      std::vector<float> row_q;
+      for (int64_t i = 0; i < k_; ++i) {
+        const std::span<const float> row(draft_logits_.data() + i * vocab,
+                                         static_cast<size_t>(vocab));
+        sampler_.probs(row, &row_q);
+        verify_tokens_.push_back(sampler_.sample_from(row_q));
+        q_.insert(q_.end(), row_q.begin(), row_q.end());
+      }
+    }
+  }
+  step_ = SpeculativeStep{.anchor_pos = s_,
+                          .anchor = anchor,
+                          .drafts = std::span<const int32_t>(verify_tokens_).subspan(1),
+                          .draft_seconds = seconds_since(t)};
+  return true;
+}
+
+ForwardRequest SpeculativeSequence::verify_request() const {
+  return {.tokens = verify_tokens_,
+          .start_pos = s_,
+          .block_table = kv_.block_table(),
+          .num_logits = k_ + 1,
+          .tap_layers = run_.drafter.target_layers()};
+}
+
+Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> target_argmax,
+                                   std::span<const float> target_logits) {
+  kv_.set_length(s_ + k_ + 1);
+  const std::span<const int32_t> drafts = step_.drafts;
+  AcceptResult acc;
+  if (run_.options.sampling.greedy()) {
+    acc = accept_greedy(drafts, target_argmax);
+  } else {
+    const int64_t vocab = run_.target.config().vocab_size;
+    p_.resize(static_cast<size_t>((k_ + 1) * vocab));
+    std::vector<float> row_p;
+    for (int64_t i = 0; i <= k_; ++i) {
+      sampler_.probs(
+          target_logits.subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab)),
+          &row_p);
+      std::copy(row_p.begin(), row_p.end(), p_.begin() + i * vocab);
+    }
+    acc = accept_sampled(drafts, q_, p_, vocab, sampler_);
+  }
+  const int64_t a = acc.accepted;
+  ++st_.steps;
+  st_.drafted += k_;
+  st_.accepted += a;
+  for (int64_t i = 0; i < k_; ++i) ++st_.position_offered[i];
+  for (int64_t i = 0; i < a; ++i) ++st_.position_accepted[i];
+
+  // Commit d_1..d_a and the target's token; the cache keeps the anchor and accepted drafts.
+  kv_.truncate(s_ + a + 1);
+  for (int64_t i = 0; i < a && !done_; ++i) done_ = out_.commit(drafts[i]);
+  if (!done_) done_ = out_.commit(acc.next);
+
+  // The drafter's context grows by positions s..s+a (taps rows 0..a of the verify pass).
+  const double observe_before = st_.observe_seconds;
+  if (!done_) BS_RETURN_IF_ERROR(observe(taps.rows(0, a + 1), s_));
+  step_.accepted = a;
+  step_.next = acc.next;
+  step_.observe_seconds = st_.observe_seconds - observe_before;
+  st_.draft_seconds += step_.draft_seconds;
+  return Status::Ok();
+}
+
+}  // namespace bs::detail

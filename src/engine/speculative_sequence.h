@@ -1,0 +1,115 @@
+// One sequence of lossless speculative decoding taken step by step, so that generate_speculative
+// (one sequence, CausalLM::forward) and generate_speculative_batch (several sequences, one
+// CausalLM::forward_batch per step) run the same prefill / propose / accept / observe code and
+// therefore give the same tokens. The caller runs the verify forwards:
+//
+//   prefill
+//   loop: begin_step (false: finished) -> verify_request -> target forward -> read_verify_rows
+//         -> accept
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/generation_common.h"
+#include "engine/kv_cache.h"
+
+namespace bs::detail {
+
+// begin_generation plus the speculative checks: draft_tokens within the drafter's range; sizes the
+// per-position counters of `stats`. Returns the draft budget (drafts per step before the
+// max_tokens / context limits).
+Result<int64_t> begin_speculative(const CausalLM& target, const Drafter& drafter,
+                                  std::span<const int32_t> prompt, const GenerateOptions& options,
+                                  int64_t max_context, GenerateStats& stats);
+
+// What the sequences of one run share: both caches (indexed by each sequence's block table, one
+// table serving both) with their block allocator, and the settings.
+struct SpeculativeRun {
+  SpeculativeRun(CausalLM& target, Drafter& drafter, const GenerateOptions& options,
+                 int64_t max_context, int64_t draft_budget, int64_t num_blocks);
+  SpeculativeRun(const SpeculativeRun&) = delete;
+  SpeculativeRun& operator=(const SpeculativeRun&) = delete;
+
+  CausalLM& target;
+  Drafter& drafter;
+  const GenerateOptions& options;
+  int64_t max_context = 0;
+  int64_t draft_budget = 0;
+  KvPool target_kv;
+  KvPool draft_kv;
+  BlockAllocator allocator;
+  Tensor argmax_ids;  // I32 [max(block size, draft budget) + 1]: device argmax of a block's rows
+};
+
+// KV blocks one sequence may hold at once: the prompt plus max_tokens within the window, and the
+// drafter's block of B positions past the anchor (propose writes K/V up to s + B - 1).
+int64_t speculative_blocks(const Drafter& drafter, int64_t prompt_tokens,
+                           const GenerateOptions& options, int64_t max_context);
+
+// Host copies of the verify rows a step's acceptance reads: greedy, the argmax id of every row
+// (taken on the device into `ids_scratch`); sampled, the logits [rows, vocab].
+void read_verify_rows(Backend& backend, const Tensor& logits, bool greedy,
+                      const Tensor& ids_scratch, std::vector<int32_t>* argmax,
+                      std::vector<float>* host_logits);
+
+// The trace record of the latest step (generate_speculative's trace_path lines).
+struct SpeculativeStep {
+  int64_t anchor_pos = 0;
+  int32_t anchor = 0;
+  std::span<const int32_t> drafts;
+  int64_t accepted = 0;
+  int32_t next = 0;
+  double draft_seconds = 0;
+  double observe_seconds = 0;
+};
+
+class SpeculativeSequence {
+ public:
+  SpeculativeSequence(SpeculativeRun& run, std::span<const int32_t> prompt,
+                      const TokenCallback& on_token, GenerateStats& stats);
+  SpeculativeSequence(const SpeculativeSequence&) = delete;
+  SpeculativeSequence& operator=(const SpeculativeSequence&) = delete;
+
+  // The prompt through the target (every row tapped, logits of the last row), observed by the
+  // drafter; the first token is sampled.
+  Status prefill();
+
+  // Starts a step: false when generation is over (stats.finish says why); else reserves the
+  // cache and proposes this step's drafts (k of them, k may be 0).
+  Result<bool> begin_step();
+  // The verify forward of the step: [anchor, drafts...] at s.., k + 1 logit rows, with taps.
+  ForwardRequest verify_request() const;
+  int64_t verify_rows() const { return k_ + 1; }
+  // After the verify forward: accepts (target_argmax [k + 1] when greedy, target_logits
+  // [k + 1, vocab] when sampled), commits, rolls the cache back and lets the drafter observe the
+  // accepted positions from `taps` (the verify rows' taps).
+  Status accept(const Tensor& taps, std::span<const int32_t> target_argmax,
+                std::span<const float> target_logits);
+
+  bool done() const { return done_; }
+  const SpeculativeStep& last_step() const { return step_; }
+  // Sets the generated-token count and hands the tokens over.
+  std::vector<int32_t> finish() { return out_.finish(); }
+
+ private:
+  Status observe(const Tensor& taps, int64_t start);
+
+  SpeculativeRun& run_;
+  GenerateStats& st_;
+  std::span<const int32_t> prompt_;
+  SequenceKv kv_;
+  Sampler sampler_;
+  CommittedTokens out_;
+  bool done_ = false;
+  // The current step.
+  int64_t s_ = 0;                       // anchor position = tokens cached
+  int64_t k_ = 0;                       // drafts verified
+  std::vector<int32_t> verify_tokens_;  // [anchor, d_1..d_k]
+  std::vector<float> draft_logits_, q_, p_;
+  SpeculativeStep step_;
+};
+
+}  // namespace bs::detail
