@@ -1,8 +1,9 @@
 // Batched lossless speculative decoding: the sequences prefill one by one, then step together.
-// Each step every sequence still generating proposes its own drafts (the drafter API is
-// single-sequence), one CausalLM::forward_batch verifies all their blocks, and each sequence
-// accepts, rolls back and observes on its own. The per-sequence work is SpeculativeSequence, the
-// same code generate_speculative runs, so every sequence gets exactly its single-sequence output.
+// Each step the sequences still generating propose their drafts (in one Drafter::propose_batch
+// when the drafter has one), one CausalLM::forward_batch verifies all their blocks, and each
+// sequence accepts, rolls back and observes on its own. The per-sequence work is
+// SpeculativeSequence, the same code generate_speculative runs, so every sequence gets exactly its
+// single-sequence output.
 #include <fmt/format.h>
 
 #include <memory>
@@ -20,6 +21,44 @@ using detail::seconds_since;
 namespace {
 
 const TokenCallback kNoCallback;  // batched generation reports tokens at the end
+
+// The drafts of every active sequence that wants some: one Drafter::propose_batch when the
+// drafter has a batched pass (rows [i * nd, i * nd + k_i) are sequence i's), else one propose
+// per sequence. Either way each sequence gets its own propose's drafts.
+Status propose_all(Drafter& drafter, KvPool& draft_kv,
+                   std::vector<std::unique_ptr<detail::SpeculativeSequence>>& seqs,
+                   std::span<const size_t> active, bool* batched) {
+  std::vector<detail::SpeculativeSequence*> wanting;
+  std::vector<ProposeRequest> reqs;
+  for (const size_t i : active) {
+    if (seqs[i]->drafts_wanted() == 0) continue;
+    wanting.push_back(seqs[i].get());
+    reqs.push_back(seqs[i]->propose_request());
+  }
+  if (wanting.empty()) return Status::Ok();
+  const auto t = Clock::now();
+  if (*batched && wanting.size() > 1) {
+    Tensor logits;
+    const Status st = drafter.propose_batch(draft_kv, reqs, &logits);
+    if (st.ok()) {
+      const int64_t nd = logits.dim(0) / static_cast<int64_t>(wanting.size());
+      const double seconds = seconds_since(t);
+      for (size_t r = 0; r < wanting.size(); ++r) {
+        wanting[r]->take_drafts(logits.rows(static_cast<int64_t>(r) * nd, nd), seconds);
+      }
+      return Status::Ok();
+    }
+    if (st.code() != StatusCode::kUnimplemented) return st;
+    *batched = false;
+  }
+  for (size_t r = 0; r < wanting.size(); ++r) {
+    const auto tr = Clock::now();
+    Tensor logits;
+    BS_RETURN_IF_ERROR(drafter.propose(draft_kv, reqs[r], &logits));
+    wanting[r]->take_drafts(logits, seconds_since(tr));
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -73,7 +112,8 @@ Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
   t0 = Clock::now();
 
   // ---- Decode steps: every active sequence proposes, one batched verify, each accepts. ----
-  std::vector<size_t> active;  // indices of the sequences in this step
+  std::vector<size_t> active;   // indices of the sequences in this step
+  bool batched_propose = true;  // until the drafter says it has no batched pass
   std::vector<ForwardRequest> reqs;
   std::vector<int32_t> target_argmax;
   std::vector<float> logits;
@@ -84,12 +124,12 @@ Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
     active.clear();
     reqs.clear();
     for (size_t i = 0; i < seqs.size(); ++i) {
-      BS_ASSIGN_OR_RETURN(const bool stepping, seqs[i]->begin_step());
-      if (!stepping) continue;
-      active.push_back(i);
-      reqs.push_back(seqs[i]->verify_request());
+      BS_ASSIGN_OR_RETURN(const bool stepping, seqs[i]->begin_step(/*propose=*/false));
+      if (stepping) active.push_back(i);
     }
     if (active.empty()) break;
+    BS_RETURN_IF_ERROR(propose_all(drafter, run.draft_kv, seqs, active, &batched_propose));
+    for (const size_t i : active) reqs.push_back(seqs[i]->verify_request());
     const auto t = Clock::now();
     BS_RETURN_IF_ERROR(target.forward_batch(reqs, run.target_kv, &res));
     detail::read_verify_rows(backend, res.logits, greedy, verify_ids, &target_argmax, &logits);

@@ -97,7 +97,7 @@ Status SpeculativeSequence::prefill() {
   return Status::Ok();
 }
 
-Result<bool> SpeculativeSequence::begin_step() {
+Result<bool> SpeculativeSequence::begin_step(bool propose) {
   if (done_) return false;
   const GenerateOptions& options = run_.options;
   if (out_.size() >= options.max_tokens) {
@@ -117,41 +117,47 @@ Result<bool> SpeculativeSequence::begin_step() {
   const int64_t B = run_.drafter.block_size();
   BS_RETURN_IF_ERROR(kv_.reserve(s_ + std::max(B, k_ + 1)));
 
-  const auto t = Clock::now();
-  Backend& backend = run_.target.backend();
   verify_tokens_.assign(1, anchor);
   q_.clear();
-  if (k_ > 0) {
+  step_ = SpeculativeStep{.anchor_pos = s_, .anchor = anchor};
+  if (propose && k_ > 0) {
+    const auto t = Clock::now();
     Tensor dl;
-    BS_RETURN_IF_ERROR(run_.drafter.propose(run_.draft_kv,
-                                            {.anchor = anchor,
-                                             .anchor_pos = s_,
-                                             .block_table = kv_.block_table(),
-                                             .num_drafts = k_,
-                                             .noise_seed = options.sampling.seed.value_or(0)},
-                                            &dl));
-    if (options.sampling.greedy()) {
-      std::vector<int32_t> drafts;
-      device_argmax(backend, run_.argmax_ids, dl.rows(0, k_), &drafts);
-      verify_tokens_.insert(verify_tokens_.end(), drafts.begin(), drafts.end());
-    } else {
-      const int64_t vocab = run_.target.config().vocab_size;
-      draft_logits_ = backend.to_host_f32(dl);
-      std::vector<float> row_q;
-      for (int64_t i = 0; i < k_; ++i) {
-        const std::span<const float> row(draft_logits_.data() + i * vocab,
-                                         static_cast<size_t>(vocab));
-        sampler_.probs(row, &row_q);
-        verify_tokens_.push_back(sampler_.sample_from(row_q));
-        q_.insert(q_.end(), row_q.begin(), row_q.end());
-      }
+    BS_RETURN_IF_ERROR(run_.drafter.propose(run_.draft_kv, propose_request(), &dl));
+    take_drafts(dl, 0.0);
+    step_.draft_seconds = seconds_since(t);
+  }
+  return true;
+}
+
+ProposeRequest SpeculativeSequence::propose_request() const {
+  return {.anchor = verify_tokens_[0],
+          .anchor_pos = s_,
+          .block_table = kv_.block_table(),
+          .num_drafts = k_,
+          .noise_seed = run_.options.sampling.seed.value_or(0)};
+}
+
+void SpeculativeSequence::take_drafts(const Tensor& draft_logits, double draft_seconds) {
+  Backend& backend = run_.target.backend();
+  if (run_.options.sampling.greedy()) {
+    std::vector<int32_t> drafts;
+    device_argmax(backend, run_.argmax_ids, draft_logits.rows(0, k_), &drafts);
+    verify_tokens_.insert(verify_tokens_.end(), drafts.begin(), drafts.end());
+  } else {
+    const int64_t vocab = run_.target.config().vocab_size;
+    draft_logits_ = backend.to_host_f32(draft_logits.rows(0, k_));
+    std::vector<float> row_q;
+    for (int64_t i = 0; i < k_; ++i) {
+      const std::span<const float> row(draft_logits_.data() + i * vocab,
+                                       static_cast<size_t>(vocab));
+      sampler_.probs(row, &row_q);
+      verify_tokens_.push_back(sampler_.sample_from(row_q));
+      q_.insert(q_.end(), row_q.begin(), row_q.end());
     }
   }
-  step_ = SpeculativeStep{.anchor_pos = s_,
-                          .anchor = anchor,
-                          .drafts = std::span<const int32_t>(verify_tokens_).subspan(1),
-                          .draft_seconds = seconds_since(t)};
-  return true;
+  step_.drafts = std::span<const int32_t>(verify_tokens_).subspan(1);
+  step_.draft_seconds = draft_seconds;
 }
 
 ForwardRequest SpeculativeSequence::verify_request() const {

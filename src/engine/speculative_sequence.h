@@ -78,8 +78,15 @@ class SpeculativeSequence {
   Status prefill();
 
   // Starts a step: false when generation is over (stats.finish says why); else reserves the
-  // cache and proposes this step's drafts (k of them, k may be 0).
-  Result<bool> begin_step();
+  // cache and, with `propose`, proposes this step's drafts (k of them, k may be 0). Without it
+  // the caller proposes propose_request() (when drafts_wanted() > 0) and hands the drafter's
+  // logits to take_drafts (several sequences' proposals in one Drafter::propose_batch).
+  Result<bool> begin_step(bool propose = true);
+  int64_t drafts_wanted() const { return k_; }
+  ProposeRequest propose_request() const;
+  // The step's drafts from the drafter's logits rows [>= k, vocab]: argmax when greedy, else
+  // sampled from the sampling distribution (kept for the acceptance test).
+  void take_drafts(const Tensor& draft_logits, double draft_seconds);
   // The verify forward of the step: [anchor, drafts...] at s.., k + 1 logit rows, with taps.
   ForwardRequest verify_request() const;
   int64_t verify_rows() const { return k_ + 1; }
