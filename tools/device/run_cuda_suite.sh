@@ -23,9 +23,9 @@ runtests() {  # one process per test, so that an abort loses one test only
   echo "== $bin: $(grep -c '^\[       OK' $log) ok, $(grep -c '^\[  FAILED  \] [A-Z]' $log) failed, $(grep -c '^\[  SKIPPED \] [A-Z]' $log) skipped"
   grep -E "^!!!|Failure|Expected|Which is|actual|rel err|first diff|margin|acceptance length|Skipped" -A1 $log | grep -v "^--" | head -${3:-40}
 }
-runtests $D/cuda_ops_test $OUT/cuda_ops_test.txt 60
-runtests $D/cuda_models_test $OUT/cuda_models_test.txt 40
-runtests $D/bench_cli_test $OUT/bench_cli_test.txt 10
+{ runtests $D/cuda_ops_test $OUT/cuda_ops_test.txt 60
+  runtests $D/cuda_models_test $OUT/cuda_models_test.txt 40
+  runtests $D/bench_cli_test $OUT/bench_cli_test.txt 10; } | tee $OUT/tests_summary.txt
 timeout 90 $B bench --model models/stories260K --device cuda --iters 30 --context 256 --gen-tokens 200 > $OUT/bench_stories260K.txt 2>&1; echo "stories bench rc=$?"; cat $OUT/bench_stories260K.txt
 S=/tmp/synth; [ "$(df --output=avail -BG /dev/shm | tail -1 | tr -dc 0-9)" -gt 40 ] && S=/dev/shm/synth
 ( time ( $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 &&
@@ -39,10 +39,11 @@ done
 # The same forced-100% bench without CUDA graphs (every op launched from the host).
 BLOCKSPEC_CUDA_GRAPHS=0 timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 30 --context 512 --gen-tokens 256 > $OUT/bench_qwen3_8b_acc100_nographs.txt 2>&1
 echo "qwen3-8b acc100 no-graphs bench rc=$?"; cat $OUT/bench_qwen3_8b_acc100_nographs.txt
-# Batched plain decoding: 8 and 32 sequences, one weight stream per step.
+# Batches of 8 and 32 sequences: plain decoding (one weight stream per step), the batched verify
+# step and batched speculative decoding with the forced-100% drafter.
 for b in 8 32; do
-  timeout 200 $B bench --model $S/qwen3-8b --device cuda --iters 10 --context 512 --gen-tokens 64 --batch $b > $OUT/bench_qwen3_8b_batch$b.txt 2>&1
-  echo "qwen3-8b batch $b bench rc=$?"; tail -3 $OUT/bench_qwen3_8b_batch$b.txt
+  timeout 240 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 10 --context 512 --gen-tokens 64 --batch $b > $OUT/bench_qwen3_8b_batch$b.txt 2>&1
+  echo "qwen3-8b batch $b bench rc=$?"; grep -E "batch|generate" $OUT/bench_qwen3_8b_batch$b.txt
 done
 # The shipped trained drafters on the GPU: acceptance and speed on the 32 held-out prompts.
 for d in dflash flashmap; do
@@ -50,3 +51,4 @@ for d in dflash flashmap; do
   echo "eval $d rc=$?"; cat $OUT/eval_$d.txt
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv
+echo "== test summary (repeated)"; grep "^== " $OUT/tests_summary.txt
