@@ -60,6 +60,41 @@ Status propose_all(Drafter& drafter, KvPool& draft_kv,
   return Status::Ok();
 }
 
+// The drafter's context updates of the step's sequences (each left pending by its accept): one
+// Drafter::observe_batch when the drafter has one, else one observe per sequence.
+Status observe_all(Drafter& drafter, KvPool& draft_kv, Backend& backend,
+                   std::vector<std::unique_ptr<detail::SpeculativeSequence>>& seqs,
+                   std::span<const size_t> active, bool* batched) {
+  std::vector<detail::SpeculativeSequence*> pending;
+  std::vector<ObserveRequest> reqs;
+  for (const size_t i : active) {
+    if (!seqs[i]->pending_observe()) continue;
+    pending.push_back(seqs[i].get());
+    reqs.push_back(*seqs[i]->pending_observe());
+  }
+  if (pending.empty()) return Status::Ok();
+  if (*batched && pending.size() > 1) {
+    const auto t = Clock::now();
+    const Status st = drafter.observe_batch(draft_kv, reqs);
+    if (st.ok()) {
+      backend.synchronize();
+      const double seconds = seconds_since(t);
+      for (detail::SpeculativeSequence* seq : pending) seq->observed(seconds);
+      return Status::Ok();
+    }
+    if (st.code() != StatusCode::kUnimplemented) return st;
+    *batched = false;
+  }
+  for (size_t r = 0; r < pending.size(); ++r) {
+    const auto t = Clock::now();
+    BS_RETURN_IF_ERROR(
+        drafter.observe(draft_kv, reqs[r].block_table, reqs[r].taps, reqs[r].start_pos));
+    backend.synchronize();
+    pending[r]->observed(seconds_since(t));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
@@ -114,6 +149,7 @@ Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
   // ---- Decode steps: every active sequence proposes, one batched verify, each accepts. ----
   std::vector<size_t> active;   // indices of the sequences in this step
   bool batched_propose = true;  // until the drafter says it has no batched pass
+  bool batched_observe = true;
   std::vector<ForwardRequest> reqs;
   std::vector<int32_t> target_argmax;
   std::vector<float> logits;
@@ -146,10 +182,11 @@ Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
           greedy ? std::span<const float>()
                  : std::span<const float>(logits).subspan(row * static_cast<size_t>(vocab),
                                                           n * static_cast<size_t>(vocab));
-      BS_RETURN_IF_ERROR(seq.accept(res.seqs[r].taps, ids, rows));
+      BS_RETURN_IF_ERROR(seq.accept(res.seqs[r].taps, ids, rows, /*observe_now=*/false));
       st[active[r]].verify_seconds += verify_s;  // the whole batch's verify
       row += n;
     }
+    BS_RETURN_IF_ERROR(observe_all(drafter, run.draft_kv, backend, seqs, active, &batched_observe));
   }
   const double decode_seconds = seconds_since(t0);
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -169,7 +169,7 @@ ForwardRequest SpeculativeSequence::verify_request() const {
 }
 
 Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> target_argmax,
-                                   std::span<const float> target_logits) {
+                                   std::span<const float> target_logits, bool observe_now) {
   kv_.set_length(s_ + k_ + 1);
   const std::span<const int32_t> drafts = step_.drafts;
   AcceptResult acc;
@@ -201,7 +201,15 @@ Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> 
 
   // The drafter's context grows by positions s..s+a (taps rows 0..a of the verify pass).
   const double observe_before = st_.observe_seconds;
-  if (!done_) BS_RETURN_IF_ERROR(observe(taps.rows(0, a + 1), s_));
+  pending_observe_.reset();
+  if (!done_) {
+    if (observe_now) {
+      BS_RETURN_IF_ERROR(observe(taps.rows(0, a + 1), s_));
+    } else {
+      pending_observe_ = ObserveRequest{
+          .block_table = kv_.block_table(), .taps = taps.rows(0, a + 1), .start_pos = s_};
+    }
+  }
   step_.accepted = a;
   step_.next = acc.next;
   step_.observe_seconds = st_.observe_seconds - observe_before;

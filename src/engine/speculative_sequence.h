@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -92,9 +93,16 @@ class SpeculativeSequence {
   int64_t verify_rows() const { return k_ + 1; }
   // After the verify forward: accepts (target_argmax [k + 1] when greedy, target_logits
   // [k + 1, vocab] when sampled), commits, rolls the cache back and lets the drafter observe the
-  // accepted positions from `taps` (the verify rows' taps).
+  // accepted positions from `taps` (the verify rows' taps); with observe_now false that observe
+  // is left in pending_observe() for the caller (several sequences' in one observe_batch).
   Status accept(const Tensor& taps, std::span<const int32_t> target_argmax,
-                std::span<const float> target_logits);
+                std::span<const float> target_logits, bool observe_now = true);
+  const std::optional<ObserveRequest>& pending_observe() const { return pending_observe_; }
+  // The caller ran pending_observe() (in `seconds`, its share of a batched observe).
+  void observed(double seconds) {
+    pending_observe_.reset();
+    st_.observe_seconds += seconds;
+  }
 
   bool done() const { return done_; }
   const SpeculativeStep& last_step() const { return step_; }
@@ -117,6 +125,7 @@ class SpeculativeSequence {
   std::vector<int32_t> verify_tokens_;  // [anchor, d_1..d_k]
   std::vector<float> draft_logits_, q_, p_;
   SpeculativeStep step_;
+  std::optional<ObserveRequest> pending_observe_;
 };
 
 }  // namespace bs::detail

@@ -40,6 +40,14 @@ struct ProposeRequest {
                                          // (noise_seed, position))
 };
 
+// One sequence's observe (Drafter::observe_batch): its block table, its taps [n, cols] for
+// positions [start_pos, start_pos + n).
+struct ObserveRequest {
+  std::span<const int32_t> block_table;
+  Tensor taps;
+  int64_t start_pos = 0;
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -68,6 +76,13 @@ class Drafter {
     (void)reqs;
     (void)logits;
     return Unimplemented("{} drafter: no batched propose", family());
+  }
+  // The observes of several sequences in one pass; the caches end up as after one observe per
+  // request. Drafters without a batched pass return Unimplemented (callers observe one at a time).
+  virtual Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) {
+    (void)kv;
+    (void)reqs;
+    return Unimplemented("{} drafter: no batched observe", family());
   }
 };
 

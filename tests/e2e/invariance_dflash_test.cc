@@ -189,6 +189,25 @@ class Stories : public ::testing::Test {
     EXPECT_TRUE(d.ok()) << d.status().message();
     return d.ok() ? std::move(*d) : nullptr;
   }
+  // The prompt through the target into `seq` (with `extra` positions reserved past it); returns
+  // a copy of the drafter's taps (the forward's own live in scratch the next forward reuses).
+  Tensor prefill_taps(const std::vector<int32_t>& prompt, SequenceKv& seq, int64_t extra,
+                      const Drafter& drafter, KvPool& target_kv) {
+    const auto P = static_cast<int64_t>(prompt.size());
+    EXPECT_TRUE(seq.reserve(P + extra).ok());
+    ForwardResult res;
+    EXPECT_TRUE(target_
+                    ->forward({.tokens = prompt,
+                               .start_pos = 0,
+                               .block_table = seq.block_table(),
+                               .num_logits = 1,
+                               .tap_layers = drafter.target_layers()},
+                              target_kv, &res)
+                    .ok());
+    const Tensor taps = backend_->empty({res.taps.dim(0), res.taps.dim(1)}, res.taps.dtype());
+    backend_->copy(taps, res.taps);
+    return taps;
+  }
   std::unique_ptr<OracleDrafter> oracle(const std::vector<int32_t>& prompt,
                                         const std::vector<int32_t>& continuation, int wrong_every,
                                         int64_t block = 8) {
@@ -244,17 +263,8 @@ TEST_F(Stories, ProposeBatchEqualsProposeAlone) {
       const auto& prompt = prompts[i];
       const auto P = static_cast<int64_t>(prompt.size());
       seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
-      ASSERT_TRUE(seqs[i]->reserve(P + B).ok());
-      ForwardResult res;
-      ASSERT_TRUE(target_
-                      ->forward({.tokens = prompt,
-                                 .start_pos = 0,
-                                 .block_table = seqs[i]->block_table(),
-                                 .num_logits = 1,
-                                 .tap_layers = drafter->target_layers()},
-                                target_kv, &res)
-                      .ok());
-      ASSERT_TRUE(drafter->observe(draft_kv, seqs[i]->block_table(), res.taps, 0).ok());
+      const Tensor taps = prefill_taps(prompt, *seqs[i], B, *drafter, target_kv);
+      ASSERT_TRUE(drafter->observe(draft_kv, seqs[i]->block_table(), taps, 0).ok());
       reqs.push_back({.anchor = prompt.back(),
                       .anchor_pos = P,
                       .block_table = seqs[i]->block_table(),
@@ -283,6 +293,50 @@ TEST_F(Stories, ProposeBatchEqualsProposeAlone) {
     Tensor again;
     ASSERT_TRUE(drafter->propose(draft_kv, reqs[1], &again).ok());
     EXPECT_EQ(backend_->to_host_f32(again), alone[1]) << name;
+  }
+}
+
+// observe_batch writes exactly the context K/V that one observe per sequence writes.
+TEST_F(Stories, ObserveBatchWritesWhatObservesWrite) {
+  for (const char* name : {"dflash-stories260K", "dflash-stories260K-swa"}) {
+    auto drafter = dflash(name);
+    ASSERT_TRUE(drafter);
+    const auto prompts = stories_prompts();
+    const int64_t per_seq = 4, S = static_cast<int64_t>(prompts.size());
+    KvPool target_kv = target_->make_kv_pool(S * per_seq);
+    KvPool alone_kv = drafter->make_kv_pool(S * per_seq);
+    KvPool batch_kv = drafter->make_kv_pool(S * per_seq);
+    BlockAllocator alloc(S * per_seq);
+    std::vector<std::unique_ptr<SequenceKv>> seqs;
+    std::vector<ObserveRequest> reqs;
+    for (int64_t i = 0; i < S; ++i) {
+      seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
+      const Tensor all = prefill_taps(prompts[i], *seqs[i], 0, *drafter, target_kv);
+      // Sequence i observes its rows from position i (any start works; rows differ per sequence).
+      const Tensor taps = all.rows(0, all.dim(0) - i);
+      ASSERT_TRUE(drafter->observe(alone_kv, seqs[i]->block_table(), taps, i).ok());
+      reqs.push_back({.block_table = seqs[i]->block_table(), .taps = taps, .start_pos = i});
+    }
+    ASSERT_TRUE(drafter->observe_batch(batch_kv, reqs).ok());
+    // Compare the slots the observes wrote (the rest of the pools holds whatever was there).
+    for (size_t l = 0; l < alone_kv.k.size(); ++l) {
+      for (const bool keys : {true, false}) {
+        const std::vector<float> a = backend_->to_host_f32(keys ? alone_kv.k[l] : alone_kv.v[l]);
+        const std::vector<float> b = backend_->to_host_f32(keys ? batch_kv.k[l] : batch_kv.v[l]);
+        const int64_t row = alone_kv.k[l].numel() / (alone_kv.num_blocks * alone_kv.block_size);
+        for (int64_t i = 0; i < S; ++i) {
+          const auto table = seqs[i]->block_table();
+          for (int64_t p = reqs[i].start_pos; p < reqs[i].start_pos + reqs[i].taps.dim(0); ++p) {
+            const int64_t slot =
+                table[p / alone_kv.block_size] * alone_kv.block_size + p % alone_kv.block_size;
+            const std::vector<float> ra(a.begin() + slot * row, a.begin() + (slot + 1) * row);
+            const std::vector<float> rb(b.begin() + slot * row, b.begin() + (slot + 1) * row);
+            EXPECT_EQ(rb, ra) << name << " layer " << l << (keys ? " K" : " V") << " sequence " << i
+                              << " position " << p;
+          }
+        }
+      }
+    }
   }
 }
 

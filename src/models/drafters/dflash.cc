@@ -38,6 +38,7 @@ struct ObserveScratch {
   Tensor gather_ids;  // I32 [2*L*rows]
   Tensor positions;   // I32 [L*rows]: positions repeated once per layer
   Tensor slots;       // I32 [rows]
+  Tensor taps;        // [>= rows, taps width]: the taps of a batched observe, side by side
 };
 
 // Rows of `seqs` blocks of B (one block per sequence of a propose_batch).
@@ -158,19 +159,34 @@ class DFlashDrafter final : public Drafter {
   // RoPE at the absolute positions; one paged write per layer.
   Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
                  int64_t start_pos) override {
+    const ObserveRequest req{.block_table = block_table, .taps = taps, .start_pos = start_pos};
+    return observe_batch(kv, {&req, 1});
+  }
+
+  // Every request's rows through the context projection together (the work is row-wise: each
+  // row lands in its own sequence's slot at its own position).
+  Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) override {
     const auto& m = c_.model;
     const int64_t width = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
-    if (!taps.defined()) return InvalidArgument("dflash observe: taps are undefined");
-    const int64_t n = taps.dim(0);
-    if (n == 0) return Status::Ok();
-    if (taps.ndim() != 2 || taps.dim(1) != width) {
-      return InvalidArgument("dflash observe: taps have {} columns, expected {} ({} taps x {})",
-                             taps.row_numel(), width, c_.target_layers.size(), target_hidden_);
+    int64_t n = 0;
+    for (const ObserveRequest& req : reqs) {
+      if (!req.taps.defined()) return InvalidArgument("dflash observe: taps are undefined");
+      if (req.taps.dim(0) == 0) continue;
+      if (req.taps.ndim() != 2 || req.taps.dim(1) != width) {
+        return InvalidArgument("dflash observe: taps have {} columns, expected {} ({} taps x {})",
+                               req.taps.row_numel(), width, c_.target_layers.size(),
+                               target_hidden_);
+      }
+      if (req.start_pos < 0) {
+        return InvalidArgument("dflash observe: negative start_pos {}", req.start_pos);
+      }
+      BS_RETURN_IF_ERROR(
+          check_table(kv, req.block_table, req.start_pos + req.taps.dim(0), "observe"));
+      n += req.taps.dim(0);
     }
-    if (start_pos < 0) return InvalidArgument("dflash observe: negative start_pos {}", start_pos);
-    BS_RETURN_IF_ERROR(check_table(kv, block_table, start_pos + n, "observe"));
+    if (n == 0) return Status::Ok();
     const int64_t n_layers = m.num_layers;
-    ensure_observe(n);
+    ensure_observe(n, reqs.size() > 1 ? width : 0);
     ObserveScratch& s = obs_;
 
     std::vector<int32_t> ids(static_cast<size_t>(2 * n_layers * n));
@@ -184,10 +200,13 @@ class DFlashDrafter final : public Drafter {
         }
       }
     }
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = start_pos + i;
-      slots[i] = slot_of(kv, block_table, pos);
-      for (int64_t l = 0; l < n_layers; ++l) positions[l * n + i] = static_cast<int32_t>(pos);
+    int64_t row = 0;
+    for (const ObserveRequest& req : reqs) {
+      for (int64_t i = 0; i < req.taps.dim(0); ++i, ++row) {
+        const int64_t pos = req.start_pos + i;
+        slots[row] = slot_of(kv, req.block_table, pos);
+        for (int64_t l = 0; l < n_layers; ++l) positions[l * n + row] = static_cast<int32_t>(pos);
+      }
     }
     const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
     const Tensor pos_t = s.positions.rows(0, n_layers * n);
@@ -196,10 +215,23 @@ class DFlashDrafter final : public Drafter {
     backend_.copy_from_host(pos_t, positions.data());
     backend_.copy_from_host(slot_t, slots.data());
 
-    // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
-    const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_generation_, n,
-                                        static_cast<const void*>(taps.data()), kv_pool_id(kv));
-    backend_.run_captured(key, [&] { context_kv(kv, taps, n); });
+    if (reqs.size() == 1) {
+      // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
+      const Tensor& taps = reqs[0].taps;
+      const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_generation_, n,
+                                          static_cast<const void*>(taps.data()), kv_pool_id(kv));
+      backend_.run_captured(key, [&] { context_kv(kv, taps, n); });
+      return Status::Ok();
+    }
+    // Several sequences: their taps side by side, then one uncaptured pass (the row count
+    // changes from step to step, so graphs would rarely be replayed).
+    row = 0;
+    for (const ObserveRequest& req : reqs) {
+      const int64_t rows = req.taps.dim(0);
+      if (rows > 0) backend_.copy(s.taps.rows(row, rows), req.taps);
+      row += rows;
+    }
+    context_kv(kv, s.taps.rows(0, n), n);
     return Status::Ok();
   }
 
@@ -368,8 +400,12 @@ class DFlashDrafter final : public Drafter {
     return Status::Ok();
   }
 
-  void ensure_observe(int64_t rows) {
+  // Observe scratch for `rows` rows (and a taps buffer of `taps_width` columns when asked).
+  void ensure_observe(int64_t rows, int64_t taps_width) {
     const auto& m = c_.model;
+    if (taps_width > 0 && (!obs_.taps.defined() || obs_.taps.dim(0) < rows)) {
+      obs_.taps = backend_.empty({std::max<int64_t>(rows, 64), taps_width});
+    }
     if (rows <= obs_.rows) return;
     const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
                   kv_dim = m.num_kv_heads * m.head_dim;
