@@ -1,7 +1,8 @@
 // Batched lossless speculative decoding: the sequences prefill one by one, then step together.
 // Each step the sequences still generating propose their drafts (in one Drafter::propose_batch
-// when the drafter has one), one CausalLM::forward_batch verifies all their blocks, and each
-// sequence accepts, rolls back and observes on its own. The per-sequence work is
+// when the drafter has one), one CausalLM::forward_batch verifies all their blocks, each
+// sequence accepts and rolls back on its own, and one Drafter::observe_batch updates the
+// drafter's context of them all. The per-sequence work is
 // SpeculativeSequence, the same code generate_speculative runs, so every sequence gets exactly its
 // single-sequence output.
 #include <fmt/format.h>
@@ -60,11 +61,11 @@ Status propose_all(Drafter& drafter, KvPool& draft_kv,
   return Status::Ok();
 }
 
-// The drafter's context updates of the step's sequences (each left pending by its accept): one
-// Drafter::observe_batch when the drafter has one, else one observe per sequence.
+// The drafter's context updates of the step's sequences (each left pending by its accept), in one
+// Drafter::observe_batch.
 Status observe_all(Drafter& drafter, KvPool& draft_kv, Backend& backend,
                    std::vector<std::unique_ptr<detail::SpeculativeSequence>>& seqs,
-                   std::span<const size_t> active, bool* batched) {
+                   std::span<const size_t> active) {
   std::vector<detail::SpeculativeSequence*> pending;
   std::vector<ObserveRequest> reqs;
   for (const size_t i : active) {
@@ -73,25 +74,11 @@ Status observe_all(Drafter& drafter, KvPool& draft_kv, Backend& backend,
     reqs.push_back(*seqs[i]->pending_observe());
   }
   if (pending.empty()) return Status::Ok();
-  if (*batched && pending.size() > 1) {
-    const auto t = Clock::now();
-    const Status st = drafter.observe_batch(draft_kv, reqs);
-    if (st.ok()) {
-      backend.synchronize();
-      const double seconds = seconds_since(t);
-      for (detail::SpeculativeSequence* seq : pending) seq->observed(seconds);
-      return Status::Ok();
-    }
-    if (st.code() != StatusCode::kUnimplemented) return st;
-    *batched = false;
-  }
-  for (size_t r = 0; r < pending.size(); ++r) {
-    const auto t = Clock::now();
-    BS_RETURN_IF_ERROR(
-        drafter.observe(draft_kv, reqs[r].block_table, reqs[r].taps, reqs[r].start_pos));
-    backend.synchronize();
-    pending[r]->observed(seconds_since(t));
-  }
+  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(drafter.observe_batch(draft_kv, reqs));
+  backend.synchronize();
+  const double seconds = seconds_since(t);
+  for (detail::SpeculativeSequence* seq : pending) seq->observed(seconds);
   return Status::Ok();
 }
 
@@ -149,7 +136,6 @@ Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
   // ---- Decode steps: every active sequence proposes, one batched verify, each accepts. ----
   std::vector<size_t> active;   // indices of the sequences in this step
   bool batched_propose = true;  // until the drafter says it has no batched pass
-  bool batched_observe = true;
   std::vector<ForwardRequest> reqs;
   std::vector<int32_t> target_argmax;
   std::vector<float> logits;
@@ -186,7 +172,7 @@ Result<std::vector<std::vector<int32_t>>> generate_speculative_batch(
       st[active[r]].verify_seconds += verify_s;  // the whole batch's verify
       row += n;
     }
-    BS_RETURN_IF_ERROR(observe_all(drafter, run.draft_kv, backend, seqs, active, &batched_observe));
+    BS_RETURN_IF_ERROR(observe_all(drafter, run.draft_kv, backend, seqs, active));
   }
   const double decode_seconds = seconds_since(t0);
   for (size_t i = 0; i < seqs.size(); ++i) {

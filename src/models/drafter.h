@@ -77,12 +77,13 @@ class Drafter {
     (void)logits;
     return Unimplemented("{} drafter: no batched propose", family());
   }
-  // The observes of several sequences in one pass; the caches end up as after one observe per
-  // request. Drafters without a batched pass return Unimplemented (callers observe one at a time).
+  // The observes of several sequences; the caches end up as after one observe per request. The
+  // default is exactly that loop; a drafter may run all rows in one pass.
   virtual Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) {
-    (void)kv;
-    (void)reqs;
-    return Unimplemented("{} drafter: no batched observe", family());
+    for (const ObserveRequest& req : reqs) {
+      BS_RETURN_IF_ERROR(observe(kv, req.block_table, req.taps, req.start_pos));
+    }
+    return Status::Ok();
   }
 };
 
