@@ -111,18 +111,15 @@ float f8e4m3_to_f32(uint8_t v) {
 uint8_t f32_to_f8e4m3(float f) {
   if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  float a = std::fmin(std::fabs(f), 448.0f);
-  // Brute force nearest (ties to even mantissa) over the 127 magnitudes: simple and exact.
-  uint8_t best = 0;
-  float best_err = INFINITY;
-  for (uint8_t c = 0; c < 0x7f; ++c) {
-    const float err = std::fabs(f8e4m3_to_f32(c) - a);
-    if (err < best_err || (err == best_err && (c & 1) == 0)) {
-      best = c;
-      best_err = err;
-    }
-  }
-  return sign | best;
+  const float a = std::fmin(std::fabs(f), 448.0f);  // saturating, like cvt .satfinite
+  // Below the smallest normal 2^-6 the code is the count of 2^-9 quanta (code 8 is 2^-6 itself).
+  // std::nearbyint rounds half to even in the default rounding mode: ties go to the even code.
+  if (a < 0x1p-6f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  int e = 0;
+  std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1): a's binade is [2^(e-1), 2^e)
+  // 8 quanta of 2^(e-4) per binade; q in [8, 16] (16 carries into the next exponent).
+  const int q = static_cast<int>(std::nearbyint(std::ldexp(a, 4 - e)));
+  return sign | static_cast<uint8_t>(((e + 6) << 3) + q - 8);
 }
 
 void convert_to_f32(DType t, const void* src, float* dst, size_t n) {

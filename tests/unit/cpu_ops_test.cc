@@ -200,6 +200,73 @@ TEST_F(CpuOps, UploadConvertsCheckpointDtypes) {
   EXPECT_EQ(t.as<float>()[2], std::ldexp(1.0f, -9));  // smallest subnormal
 }
 
+// Nearest E4M3 code by exhaustive search (ties to the even code), saturating: the definition
+// f32_to_f8e4m3 implements arithmetically.
+uint8_t nearest_e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fmin(std::fabs(f), 448.0f);
+  uint8_t best = 0;
+  float best_err = INFINITY;
+  for (int c = 0; c < 0x7f; ++c) {
+    const float err = std::fabs(f8e4m3_to_f32(static_cast<uint8_t>(c)) - a);
+    if (err < best_err || (err == best_err && (c & 1) == 0)) {
+      best = static_cast<uint8_t>(c);
+      best_err = err;
+    }
+  }
+  return sign | best;
+}
+
+TEST(Fp8, RoundingIsNearestEvenAndSaturates) {
+  std::vector<float> values = {0.0f,  -0.0f,   448.0f,  460.0f,   464.0f,     1e6f,
+                               -1e6f, 0x1p-6f, 0x1p-9f, 0x1p-10f, 0x1.8p-10f, 3 * 0x1p-11f};
+  // Every code, the midpoints between neighbours (ties) and points a quarter step around them.
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = f8e4m3_to_f32(static_cast<uint8_t>(c)),
+                hi = f8e4m3_to_f32(static_cast<uint8_t>(c + 1));
+    for (const float v : {lo, (lo + hi) / 2, lo + (hi - lo) / 4, lo + 3 * (hi - lo) / 4}) {
+      values.push_back(v);
+      values.push_back(-v);
+    }
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> e(-14.0f, 10.0f);
+  for (int i = 0; i < 20000; ++i) values.push_back(std::exp2(e(rng)) * (i % 2 ? 1.0f : -1.0f));
+  for (const float v : values) {
+    ASSERT_EQ(f32_to_f8e4m3(v), nearest_e4m3(v)) << "value " << v;
+  }
+}
+
+TEST_F(CpuOps, Fp8RowQuantizationAndMatmul) {
+  const int64_t n = 3, k = 40, m = 70;
+  Tensor w = random({m, k}), x = random({n, k}), y = random({n, m});
+  for (int64_t c = 0; c < k; ++c) w.as<float>()[5 * k + c] = 0.0f;  // an all-zero row
+  const Fp8Weight q = be_->quantize_fp8_rows(w);
+  ASSERT_EQ(q.q.dtype(), DType::kF8E4M3);
+  const auto* codes = static_cast<const uint8_t*>(q.q.data());
+  for (int64_t j = 0; j < m; ++j) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(w.as<float>()[j * k + c]));
+    const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+    ASSERT_EQ(q.scale.as<float>()[j], scale) << "row " << j;
+    for (int64_t c = 0; c < k; ++c) {
+      ASSERT_EQ(codes[j * k + c], f32_to_f8e4m3(w.as<float>()[j * k + c] / scale));
+    }
+  }
+  const std::vector<float> y0(y.as<float>(), y.as<float>() + n * m);
+  be_->matmul_fp8(y, x, q, /*accumulate=*/true);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double ref = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        ref += static_cast<double>(x.as<float>()[i * k + c]) * f8e4m3_to_f32(codes[j * k + c]);
+      }
+      ref = y0[i * m + j] + ref * q.scale.as<float>()[j];
+      EXPECT_NEAR(y.as<float>()[i * m + j], ref, 1e-4 * (1 + std::fabs(ref)));
+    }
+  }
+}
+
 TEST_F(CpuOps, AttentionPrologueEqualsSeparateOps) {
   // The fused prologue against rms_norm per head + rope + kv_write on the split projection.
   const int64_t n = 3, heads = 4, kvh = 2, hd = 8, bs = 4, width = (heads + 2 * kvh) * hd;
