@@ -17,6 +17,14 @@
 
 namespace bs {
 
+// A weight matrix stored as FP8 E4M3 with one F32 scale per output row (weight-only
+// quantization, used for drafter weights): w[m, k] ~ q[m, k] * scale[m].
+struct Fp8Weight {
+  Tensor q;      // [m, k] F8E4M3
+  Tensor scale;  // [m] F32
+  bool defined() const { return q.defined(); }
+};
+
 // Which keys a query row sees in attention. Query i of n sits at absolute position
 // kv_len - n + i (queries are the last n positions). Key j is visible iff
 // (!causal || j <= qpos) && (window == 0 || (qpos - j < window && (causal || j - qpos < window))).
@@ -76,6 +84,17 @@ class Backend {
   // y[n,m] = x[n,k] · w[m,k]ᵀ (+ bias[m]); with accumulate, y += that.
   virtual void matmul(const Tensor& y, const Tensor& x, const Tensor& w,
                       const Tensor* bias = nullptr, bool accumulate = false) = 0;
+  // ---- FP8 weights (drafters' optional weight-only quantization) ----
+  // Quantizes a weight w[m, k] (from upload_weight) per row: scale[j] = max_c |w[j, c]| / 448
+  // (1 for an all-zero row) and q[j, c] = e4m3(w[j, c] / scale[j]), rounded to nearest even and
+  // saturated at 448 (f32_to_f8e4m3). Every backend gives the same q and scale for the same
+  // stored w.
+  virtual Fp8Weight quantize_fp8_rows(const Tensor& w) = 0;
+  // y[n, m] = x[n, k] · (q · diag(scale))ᵀ, i.e. y[r, j] = scale[j] * sum_c x[r, c] q[j, c];
+  // with accumulate, y += that. A row's result does not depend on n. (The CUDA kernel computes
+  // with x rounded to FP16, saturated at +-65504.)
+  virtual void matmul_fp8(const Tensor& y, const Tensor& x, const Fp8Weight& w,
+                          bool accumulate = false) = 0;
   // y = a + b (same shape).
   virtual void add(const Tensor& y, const Tensor& a, const Tensor& b) = 0;
   // y = a * b elementwise (same shape).

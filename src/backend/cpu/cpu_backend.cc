@@ -1,10 +1,12 @@
 // CPU reference backend: every activation and weight in fp32, multi-threaded over output
 // features / rows where the work is large enough to pay for it.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/thread_pool.h"
@@ -181,6 +183,56 @@ class CpuBackend final : public Backend {
                        [&](int64_t j0, int64_t j1) {
                          matmul_kernel(xp, wp, bp, yp, n, m, k, j0, j1, accumulate);
                        });
+  }
+
+  Fp8Weight quantize_fp8_rows(const Tensor& w) override {
+    check_f32(w);
+    const int64_t m = w.dim(0), k = w.dim(-1);
+    BS_CHECK(w.numel() == m * k);
+    Fp8Weight out{empty({m, k}, DType::kF8E4M3), empty({m}, DType::kF32)};
+    const float* wp = w.as<float>();
+    auto* qp = static_cast<uint8_t*>(out.q.data());
+    float* sp = out.scale.as<float>();
+    pool_.parallel_for(m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, k)),
+                       [&](int64_t j0, int64_t j1) {
+                         for (int64_t j = j0; j < j1; ++j) {
+                           const float* row = wp + j * k;
+                           float amax = 0.0f;
+                           for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(row[c]));
+                           const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+                           sp[j] = scale;
+                           for (int64_t c = 0; c < k; ++c)
+                             qp[j * k + c] = f32_to_f8e4m3(row[c] / scale);
+                         }
+                       });
+    return out;
+  }
+
+  void matmul_fp8(const Tensor& y, const Tensor& x, const Fp8Weight& w, bool accumulate) override {
+    check_f32(y), check_f32(x);
+    BS_CHECK(w.q.dtype() == DType::kF8E4M3 && w.scale.dtype() == DType::kF32);
+    const int64_t m = w.q.dim(0), k = w.q.dim(-1);
+    const int64_t n = k ? x.numel() / k : 0;
+    BS_CHECK(x.numel() == n * k && y.numel() == n * m && w.scale.numel() == m);
+    std::array<float, 256> lut;
+    for (int v = 0; v < 256; ++v) lut[v] = f8e4m3_to_f32(static_cast<uint8_t>(v));
+    const float* xp = x.as<float>();
+    const auto* qp = static_cast<const uint8_t*>(w.q.data());
+    const float* sp = w.scale.as<float>();
+    float* yp = y.as<float>();
+    pool_.parallel_for(
+        m, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(1, n * k)),
+        [&](int64_t j0, int64_t j1) {
+          std::vector<float> row(static_cast<size_t>(k));  // dequantized q[j, :], unscaled
+          for (int64_t j = j0; j < j1; ++j) {
+            for (int64_t c = 0; c < k; ++c) row[c] = lut[qp[j * k + c]];
+            for (int64_t i = 0; i < n; ++i) {
+              const float v = sp[j] * dot(xp + i * k, row.data(), k);
+              float& o = yp[i * m + j];
+              o = accumulate ? o + v : v;
+            }
+          }
+        });
   }
 
   void add(const Tensor& y, const Tensor& a, const Tensor& b) override {

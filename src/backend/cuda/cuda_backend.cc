@@ -411,6 +411,33 @@ class CudaBackend final : public Backend {
              algo_n);
   }
 
+  Fp8Weight quantize_fp8_rows(const Tensor& w) override {
+    const int64_t m = w.dim(0), k = w.dim(-1);
+    BS_CHECK(w.numel() == m * k);
+    Fp8Weight out{empty({m, k}, DType::kF8E4M3), empty({m}, DType::kF32)};
+    CUDA_CHECK(bs::cuda::quantize_fp8_rows(static_cast<uint8_t*>(out.q.data()),
+                                           out.scale.as<float>(), in(w), m, k, stream_));
+    return out;
+  }
+
+  void matmul_fp8(const Tensor& y, const Tensor& x, const Fp8Weight& w, bool accumulate) override {
+    BS_CHECK(w.q.dtype() == DType::kF8E4M3 && w.scale.dtype() == DType::kF32);
+    const int64_t m = w.q.dim(0), k = w.q.dim(-1);
+    const int64_t n = k ? x.numel() / k : 0;
+    BS_CHECK(x.numel() == n * k && y.numel() == n * m && w.scale.numel() == m);
+    if (n == 0 || m == 0) return;
+    const auto* q = static_cast<const uint8_t*>(w.q.data());
+    if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
+      CUDA_CHECK(bs::cuda::fp8_matmul(out(y), x.data(), q, w.scale.as<float>(), n, m, k, accumulate,
+                                      stream_));
+      return;
+    }
+    // Other shapes and dtypes: the weight dequantized into a BF16 temporary, then cuBLASLt.
+    const Tensor deq = empty({m, k}, DType::kBF16);
+    CUDA_CHECK(bs::cuda::dequantize_fp8_rows(out(deq), q, w.scale.as<float>(), m, k, stream_));
+    matmul(y, x, deq, nullptr, accumulate);
+  }
+
   void gemm(const Tensor& y, const Tensor& a, const Tensor& b, bool trans_a,
             bool trans_b) override {
     BS_CHECK(a.ndim() == 2 && b.ndim() == 2);

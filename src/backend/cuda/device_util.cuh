@@ -23,6 +23,43 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The end of a few-row tensor-core product: each of W warps holds m16n8 accumulator tiles
+// acc[NT] (16 output features x NT * 8 x rows, in the mma.sync C layout) over its share of k.
+// Sums the warps' tiles in a fixed order and calls out(x_row, feature, sum) once for every
+// x_row < n and feature < 16. Block-wide: every thread of the W warps must call it.
+template <int W, int NT, typename Out>
+__device__ __forceinline__ void reduce_warp_tiles(const float (&acc)[NT][4], int n, Out&& out) {
+  __shared__ float red[W][NT * 8][16];  // [warp][x row][output feature]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    red[warp][col][g] = acc[nt][0];
+    red[warp][col + 1][g] = acc[nt][1];
+    red[warp][col][g + 8] = acc[nt][2];
+    red[warp][col + 1][g + 8] = acc[nt][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < NT * 8 * 16; i += blockDim.x) {
+    const int col = i / 16, row = i % 16;
+    if (col >= n) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) sum += red[w][col][row];
+    out(col, row, sum);
+  }
+}
+
+// A 16-byte load of data read once (weights): not kept in L1.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -555,13 +555,6 @@ cudaError_t launch_attention(const AttentionArgs& a, cudaStream_t s) {
 }
 
 // ---- GEMV (n <= 4 rows) ----
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 __device__ __forceinline__ float dot2(uint32_t a, uint32_t b) {
   return __uint_as_float(a << 16) * __uint_as_float(b << 16) +
          __uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u);
@@ -711,27 +704,13 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
       }
     }
   }
-  __shared__ float red[W][NT * 8][16];  // [warp][x row][output feature]
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int col = nt * 8 + 2 * t;
-    red[warp][col][g] = acc[nt][0];
-    red[warp][col + 1][g] = acc[nt][1];
-    red[warp][col][g + 8] = acc[nt][2];
-    red[warp][col + 1][g + 8] = acc[nt][3];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < NT * 8 * 16; i += blockDim.x) {
-    const int col = i / 16, row = i % 16;
+  reduce_warp_tiles<W, NT>(acc, n, [&](int col, int row, float sum) {
     const int64_t j = j0 + row;
-    if (col >= n || j >= m) continue;
-    float sum = 0.0f;
-#pragma unroll
-    for (int ww = 0; ww < W; ++ww) sum += red[ww][col][row];
+    if (j >= m) return;
     if (bias) sum += bias[j];
     TY* o = y + static_cast<int64_t>(col) * m + j;
     from_f(o, (accumulate ? to_f(*o) : 0.0f) + sum);
-  }
+  });
 }
 
 template <int NT, bool VEC>

@@ -142,6 +142,20 @@ bool gemv_supported(int64_t n, int64_t k, const void* x, const void* w);
 cudaError_t gemv(Out y, const void* x, const void* w, const float* bias, int64_t n, int64_t m,
                  int64_t k, bool accumulate, int num_sms, cudaStream_t s);
 
+// ---- FP8 weights with one F32 scale per output row (fp8_matmul.cu) ----
+// scale[j] = max |w[j, :]| / 448 (1 for a zero row), q[j, :] = e4m3(w[j, :] / scale[j]) (nearest
+// even, saturated); w BF16 or F32 [m, k].
+cudaError_t quantize_fp8_rows(uint8_t* q, float* scale, In w, int64_t m, int64_t k, cudaStream_t s);
+// w[j, c] = q[j, c] * scale[j] (BF16 or F32 out).
+cudaError_t dequantize_fp8_rows(Out w, const uint8_t* q, const float* scale, int64_t m, int64_t k,
+                                cudaStream_t s);
+// Whether fp8_matmul takes these operands: k a multiple of 16, x and q 16-byte aligned.
+bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
+// y[r, j] (+)= scale[j] * sum_c x[r, c] q[j, c] for BF16 x [n, k] on the tensor cores (x rounded
+// to FP16, saturated); y BF16 or F32. A row's result does not depend on n.
+cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
+                       int64_t m, int64_t k, bool accumulate, cudaStream_t s);
+
 // Tensor-core skinny GEMM for 1..kSkinnyMaxRows rows (GemvMode::kMma): y[r, j] (+)= sum_c x[r, c]
 // w[j, c] (+ bias[j]) with BF16 x and w (any k and alignment; 16-byte loads when k % 8 == 0 and
 // x, w are 16-byte aligned), y BF16 or F32, bias F32 or null. Row r's result is bit-identical
