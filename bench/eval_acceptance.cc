@@ -4,7 +4,7 @@
 //
 //   eval_acceptance --model DIR --drafter DIR --prompts FILE [--n 32] [--max-new 192]
 //                   [--temperature 0] [--seed 0] [--flashmap-steps N] [--noise-scale S]
-//                   [--device cpu|cuda|auto]
+//                   [--device cpu|cuda|auto] [--drafter-fp8]
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   int n = 32, max_new = 192, threads = 1, flashmap_steps = 0;
   float temperature = 0, noise_scale = 1;
   uint64_t seed = 0;
+  bool drafter_fp8 = false;
   CLI::App app{"Acceptance and speed of a drafter on a prompt set"};
   app.add_option("--model", model)->required();
   app.add_option("--drafter", drafter_dir)->required();
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu (default), cuda or auto");
   app.add_option("--flashmap-steps", flashmap_steps);
   app.add_option("--noise-scale", noise_scale);
+  app.add_flag("--drafter-fp8", drafter_fp8, "DFlash weights in FP8 (one scale per row)");
   CLI11_PARSE(app, argc, argv);
 
   auto fail = [](const bs::Status& s) {
@@ -44,9 +46,10 @@ int main(int argc, char** argv) {
   auto backend = std::move(*made);
   auto target = bs::load_target(model, *backend);
   if (!target.ok()) return fail(target.status());
-  auto drafter =
-      bs::load_drafter(drafter_dir, **target,
-                       {.flashmap_steps = flashmap_steps, .flashmap_noise_scale = noise_scale});
+  auto drafter = bs::load_drafter(drafter_dir, **target,
+                                  {.flashmap_steps = flashmap_steps,
+                                   .flashmap_noise_scale = noise_scale,
+                                   .fp8_weights = drafter_fp8});
   if (!drafter.ok()) return fail(drafter.status());
   auto doc = bs::io::read_json_file(prompts_path);
   if (!doc.ok()) return fail(doc.status());

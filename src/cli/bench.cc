@@ -54,6 +54,7 @@ struct BenchArgs {
   int threads = 0;
   std::string gemv = "all";
   bool kernels = false;
+  bool drafter_fp8 = false;
 };
 
 BenchArgs g_args;
@@ -163,7 +164,7 @@ void set_mode(Backend& be, const std::string& mode);
 // between two timer marks (so launch gaps are included, host round trips are not). Matrices
 // rotate over disjoint slices of the LM head so that no repetition is served from L2.
 void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t rows, int64_t ctx,
-                      const std::vector<std::pair<std::string, std::string>>& modes) {
+                      const std::vector<std::pair<std::string, std::string>>& modes, bool fp8) {
   const auto& c = target.config();
   const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   const int64_t I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
@@ -216,6 +217,27 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
                  (layer_us * static_cast<double>(L) + head_us) / 1e3, L, layer_us, head_us);
     }
     set_mode(be, "auto");
+    if (fp8) {  // Backend::matmul_fp8 on slices of an FP8 copy of the LM head (--drafter-fp8)
+      const Fp8Weight lm8 = be.quantize_fp8_rows(lm);
+      const Tensor flat8 = lm8.q.view({V * H});
+      std::string line;
+      for (const auto& mt : mats) {
+        const int64_t elems = mt.m * mt.k, slices = std::max<int64_t>(1, V * H / elems - 1);
+        const Tensor x = flat.rows(V * H - n * mt.k, n * mt.k).view({n, mt.k});
+        const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
+        const double us = time_op([&](int i) {
+          const Fp8Weight w =
+              mt.per_layer == 0
+                  ? lm8
+                  : Fp8Weight{flat8.rows((i % slices) * elems, elems).view({mt.m, mt.k}),
+                              lm8.scale.rows(0, mt.m)};
+          be.matmul_fp8(yv, x, w);
+        });
+        line += fmt::format(" {} {:.1f} us ({:.0f} GB/s);", mt.name, us,
+                            static_cast<double>(elems) / (us * 1e-6) / 1e9);
+      }
+      fmt::print("  matmul [FP8 weights]:{}\n", line);
+    }
     // Small ops.
     std::vector<float> ones(static_cast<size_t>(std::max(H, hd)), 1.0f);
     const Tensor wn = be.upload_weight(DType::kF32, ones.data(), {H});
@@ -479,7 +501,7 @@ int run_bench(const BenchArgs& a) {
   const auto& cfg = target.config();
   std::unique_ptr<Drafter> drafter;
   if (!a.drafter.empty()) {
-    auto d = load_drafter(a.drafter, target, {});
+    auto d = load_drafter(a.drafter, target, {.fp8_weights = a.drafter_fp8});
     if (!d.ok()) return fail(d.status());
     drafter = std::move(*d);
   }
@@ -579,7 +601,7 @@ int run_bench(const BenchArgs& a) {
   if (cuda && a.gemv == "mma") gemv_modes = {{"skinny MMA", "mma"}};
   if (cuda && a.gemv == "auto") gemv_modes = {{"pinned cuBLASLt", "auto"}};
 #endif
-  if (a.kernels) kernel_breakdown(be, target, *timer, B, ctx, gemv_modes);
+  if (a.kernels) kernel_breakdown(be, target, *timer, B, ctx, gemv_modes, a.drafter_fp8);
   Stats decode{};
   for (const auto& [label, mode] : gemv_modes) {
     set_mode(be, mode);
@@ -631,7 +653,8 @@ int run_bench(const BenchArgs& a) {
     };
     auto draft = time_it(*timer, a.warmup, a.iters, draft_step);
     if (!draft.ok()) return fail(draft.status());
-    fmt::print("draft step ({} drafts): {} = {:.1f}% of decode\n", nd, fmt_stats(*draft),
+    fmt::print("draft step ({} drafts{}): {} = {:.1f}% of decode\n", nd,
+               a.drafter_fp8 ? ", FP8 weights" : "", fmt_stats(*draft),
                100.0 * draft->median / decode.median);
     const double step = verify->median + draft->median + ctxs->median;
     fmt::print(
@@ -699,6 +722,8 @@ void register_bench(CLI::App& app) {
   g_cmd->add_option("--gemv", g_args.gemv,
                     "CUDA few-row matmuls to time: all, auto (skinny MMA), simt or cublaslt");
   g_cmd->add_flag("--kernels", g_args.kernels, "Also time each op alone at the model's shapes");
+  g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
+                  "DFlash weights and its LM-head copy in FP8 (one scale per row)");
   register_synth(app);
 }
 

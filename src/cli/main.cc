@@ -46,6 +46,7 @@ struct GenerateArgs {
   int flashmap_steps = 0;
   float flashmap_noise_scale = 1.0f;
   bool ignore_eos = false;
+  bool drafter_fp8 = false;
 };
 
 std::string percent_list(const bs::GenerateStats& st) {
@@ -86,7 +87,8 @@ int run_generate(const GenerateArgs& a) {
   std::unique_ptr<bs::Drafter> drafter;
   if (!drafter_dir.empty()) {
     bs::DrafterOptions dopt{.flashmap_steps = a.flashmap_steps,
-                            .flashmap_noise_scale = a.flashmap_noise_scale};
+                            .flashmap_noise_scale = a.flashmap_noise_scale,
+                            .fp8_weights = a.drafter_fp8};
     auto loaded = bs::load_drafter(drafter_dir, **target, dopt);
     if (!loaded.ok()) return fail(loaded.status());
     drafter = std::move(*loaded);
@@ -168,6 +170,9 @@ int main(int argc, char** argv) {
                   "Target model folder (Hugging Face format); default: the embedded stories260K");
   gen->add_option("--drafter", g.drafter, "Drafter folder (DFlash or FlashMap)");
   gen->add_flag("--no-drafter", g.no_drafter, "Plain autoregressive decoding");
+  gen->add_flag("--drafter-fp8", g.drafter_fp8,
+                "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
+                "unchanged");
   gen->add_option("--prompt", g.prompt, "Prompt text (empty: start from BOS)");
   gen->add_option("--max-tokens", g.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
   gen->add_option("--temperature", g.temperature, "Sampling temperature; 0 = greedy")

@@ -29,6 +29,10 @@ namespace bs {
 struct DrafterOptions {
   int flashmap_steps = 0;             // FlashMap jumps per draft; 0: the checkpoint's num_steps
   float flashmap_noise_scale = 1.0f;  // FlashMap noise scale; 0 makes drafts deterministic
+  // DFlash: the layers' dense weights and an own copy of the LM head in FP8 E4M3 with one scale
+  // per row (Backend::quantize_fp8_rows): half the bytes per draft step, slightly different
+  // drafts (acceptance may change; output never does: verification is exact).
+  bool fp8_weights = false;
 };
 
 struct ProposeRequest {

@@ -57,6 +57,12 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
   if (arch_has("DFlashDraftModel", true)) return load_dflash(dir, config, target, options);
   if (arch_has("FlashMap", false) || has_key_shallow(config, "time_grids") ||
       has_key_shallow(config, "timestep_embed_dim")) {
+    if (options.fp8_weights) {
+      return InvalidArgument(
+          "{}: FP8 drafter weights (--drafter-fp8) are implemented for DFlash drafters only, and "
+          "this is a FlashMap drafter",
+          dir);
+    }
     return load_flashmap(dir, config, target, options);
   }
   if (arch_has("DSpark", false) || arch_has("DFlash2", false)) {

@@ -33,6 +33,26 @@ class WeightLoader {
   std::string prefix_;
 };
 
+// A dense projection weight [m, k] as loaded, or after to_fp8() as FP8 rows only
+// (Backend::quantize_fp8_rows; the loaded tensor is released unless something else holds it).
+struct DenseWeight {
+  Tensor w;       // [m, k] as loaded; undefined once quantized
+  Fp8Weight fp8;  // q [m, k] F8E4M3 + scale [m] once quantized
+
+  void to_fp8(Backend& backend) {
+    fp8 = backend.quantize_fp8_rows(w);
+    w = Tensor();
+  }
+  // y[n, m] = x[n, k] · weightᵀ; with accumulate, y += that.
+  void apply(Backend& backend, const Tensor& y, const Tensor& x, bool accumulate = false) const {
+    if (fp8.defined()) {
+      backend.matmul_fp8(y, x, fp8, accumulate);
+    } else {
+      backend.matmul(y, x, w, nullptr, accumulate);
+    }
+  }
+};
+
 // Uploads host data of shape `shape` (any rank up to 4) as a weight.
 Tensor upload(Backend& backend, DType dtype, const void* data, const std::vector<int64_t>& shape);
 

@@ -277,6 +277,56 @@ DraftRun draft_once(CausalLM& target, Drafter& drafter, const std::vector<int32_
   return r;
 }
 
+// BOS and 29 random stories260K tokens.
+std::vector<int32_t> random_prompt(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(3, 511);
+  std::vector<int32_t> prompt(30);
+  for (auto& t : prompt) t = tok(rng);
+  prompt[0] = 1;
+  return prompt;
+}
+
+// Relative error of the GPU's draft logits after `prompt` against the CPU's.
+double draft_logits_rel_err(CausalLM& g, Drafter& dg, CausalLM& c, Drafter& dc,
+                            const std::vector<int32_t>& prompt) {
+  const DraftRun rg = draft_once(g, dg, prompt), rc = draft_once(c, dc, prompt);
+  EXPECT_TRUE(rg.ok && rc.ok);
+  return rg.ok && rc.ok ? rel_err(rg.logits, rc.logits) : INFINITY;
+}
+
+// DFlash with FP8 weights (DrafterOptions::fp8_weights): the GPU's drafts follow the CPU's
+// FP8 reference, and greedy speculative decoding still reproduces plain decoding. The shipped
+// stories260K drafter has k = 64 (FP8 tensor-core kernel) and k = 172 (dequantizing fallback).
+TEST_F(CudaModels, Fp8DFlashMatchesCpuAndIsLossless) {
+  const std::string dir = std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash";
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(kStories, *cpu_);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto dg = load_drafter(dir, **g, {.fp8_weights = true});
+  ASSERT_TRUE(dg.ok()) << dg.status().message();
+  auto dc = load_drafter(dir, **c, {.fp8_weights = true});
+  ASSERT_TRUE(dc.ok()) << dc.status().message();
+  const std::vector<int32_t> prompt = random_prompt(4);
+  const double e = draft_logits_rel_err(**g, **dg, **c, **dc, prompt);
+  EXPECT_LT(e, 5e-2) << "CUDA vs CPU FP8 draft logits";
+  std::printf("[ fp8 dflash: CUDA vs CPU draft logits rel err %.2e ]\n", e);
+
+  for (const std::vector<int32_t>& p : {std::vector<int32_t>{1}, prompt}) {
+    GenerateOptions opt;
+    opt.max_tokens = 100;
+    auto plain = generate_plain(**g, p, opt, nullptr, nullptr);
+    ASSERT_TRUE(plain.ok()) << plain.status().message();
+    GenerateStats st;
+    auto spec = generate_speculative(**g, **dg, p, opt, nullptr, &st);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    EXPECT_EQ(*spec, *plain) << "FP8 drafter: speculative != plain on the GPU";
+    std::printf("[ fp8 dflash on GPU: acceptance length %.2f over %lld steps ]\n",
+                st.acceptance_length(), static_cast<long long>(st.steps));
+  }
+}
+
 class CudaDrafters : public CudaModels, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
@@ -294,14 +344,7 @@ TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
   auto dc = load_drafter(dir, **c, {});
   ASSERT_TRUE(dc.ok()) << dc.status().message();
 
-  std::mt19937 rng(3);
-  std::uniform_int_distribution<int32_t> tok(3, 511);
-  std::vector<int32_t> prompt(30);
-  for (auto& t : prompt) t = tok(rng);
-  prompt[0] = 1;
-  const DraftRun rg = draft_once(**g, **dg, prompt), rc = draft_once(**c, **dc, prompt);
-  ASSERT_TRUE(rg.ok && rc.ok);
-  const double e = rel_err(rg.logits, rc.logits);
+  const double e = draft_logits_rel_err(**g, **dg, **c, **dc, random_prompt(3));
   EXPECT_LT(e, 5e-2) << GetParam() << ": CUDA vs CPU draft logits";
   std::printf("[ %s: CUDA vs CPU draft logits rel err %.2e ]\n", GetParam(), e);
 

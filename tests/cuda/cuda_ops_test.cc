@@ -207,6 +207,54 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
 #endif
 }
 
+TEST_F(CudaOps, Fp8WeightsMatchCpuAndRowsAreIndependentOfRowCount) {
+  struct Case {
+    int64_t m, k;
+  };
+  // k = 4096 / 48 / 64 take the FP8 tensor-core kernel (k % 16 == 0); k = 172 the dequantizing
+  // fallback.
+  for (const Case& c : std::vector<Case>{{300, 4096}, {70, 64}, {33, 172}, {16, 48}}) {
+    const std::string what = "m=" + std::to_string(c.m) + " k=" + std::to_string(c.k);
+    auto wv = rnd(c.m * c.k, 0.05f);
+    std::fill(wv.begin() + 3 * c.k, wv.begin() + 4 * c.k, 0.0f);  // an all-zero row
+    Tensor gw = weight(*gpu_, {c.m, c.k}, wv), cw = weight(*cpu_, {c.m, c.k}, wv);
+    const Fp8Weight gq = gpu_->quantize_fp8_rows(gw), cq = cpu_->quantize_fp8_rows(cw);
+    // The same codes and scales on both backends.
+    std::vector<uint8_t> gcodes(static_cast<size_t>(c.m * c.k));
+    gpu_->copy_to_host(gcodes.data(), gq.q);
+    const auto* ccodes = static_cast<const uint8_t*>(cq.q.data());
+    EXPECT_TRUE(std::equal(gcodes.begin(), gcodes.end(), ccodes)) << what;
+    EXPECT_EQ(gpu_->to_host_f32(gq.scale), cpu_->to_host_f32(cq.scale)) << what;
+
+    for (const int64_t n : {1, 5, 16, 17, 40}) {
+      for (const bool accumulate : {false, true}) {
+        const auto xv = rnd(n * c.k), yv = rnd(n * c.m);
+        Tensor gx = gpu_act({n, c.k}, xv), cx = cpu_act({n, c.k}, xv);
+        Tensor gy = gpu_act({n, c.m}, yv), cy = cpu_act({n, c.m}, yv);
+        gpu_->matmul_fp8(gy, gx, gq, accumulate);
+        cpu_->matmul_fp8(cy, cx, cq, accumulate);
+        expect_close(gy, cy, kBf16Tol, "matmul_fp8 " + what + " n=" + std::to_string(n));
+        Tensor gy32 = gpu_act({n, c.m}, yv, DType::kF32), cy32 = cpu_act({n, c.m}, yv);
+        gpu_->matmul_fp8(gy32, gx, gq, accumulate);
+        cpu_->matmul_fp8(cy32, cx, cq, accumulate);
+        expect_close(gy32, cy32, 2e-3, "matmul_fp8 f32 out " + what + " n=" + std::to_string(n));
+      }
+    }
+    // Row r of an n-row product equals the row computed with any other row count.
+    const int64_t n = 40;
+    Tensor gx = gpu_act({n, c.k}, rnd(n * c.k));
+    Tensor all = make(*gpu_, {n, c.m}, DType::kBF16);
+    gpu_->matmul_fp8(all, gx, gq);
+    const auto ref = gpu_->to_host_f32(all);
+    for (const int64_t rows : {1, 3, 8, 9, 16, 17, 33}) {
+      Tensor part = make(*gpu_, {rows, c.m}, DType::kBF16);
+      gpu_->matmul_fp8(part, gx.rows(0, rows), gq);
+      const auto got = gpu_->to_host_f32(part);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << what << " rows=" << rows;
+    }
+  }
+}
+
 TEST_F(CudaOps, AttentionRowsAreIndependentOfRowCount) {
   const int64_t heads = 8, kv_heads = 2, hd = 128, kv_len = 200, n = 16;
   const PagedKv kv = random_paged_kv(kv_len / 16 + 2, kv_len, kv_heads, hd, /*shuffle=*/false);

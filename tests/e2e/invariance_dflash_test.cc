@@ -184,8 +184,8 @@ class Stories : public ::testing::Test {
     ASSERT_TRUE(t.ok()) << t.status().message();
     target_ = std::move(*t);
   }
-  std::unique_ptr<Drafter> dflash(const std::string& name) {
-    auto d = load_drafter(kData + "/" + name, *target_, {});
+  std::unique_ptr<Drafter> dflash(const std::string& name, const DrafterOptions& options = {}) {
+    auto d = load_drafter(kData + "/" + name, *target_, options);
     EXPECT_TRUE(d.ok()) << d.status().message();
     return d.ok() ? std::move(*d) : nullptr;
   }
@@ -241,6 +241,20 @@ TEST_F(Stories, RandomDFlashDraftersAreLossless) {
         }
       }
     }
+  }
+}
+
+// FP8 drafter weights change what the drafter proposes, never what is generated.
+TEST_F(Stories, Fp8DFlashDraftersAreLossless) {
+  auto drafter = dflash("dflash-stories260K", {.fp8_weights = true});
+  ASSERT_TRUE(drafter);
+  for (const auto& prompt : stories_prompts()) {
+    GenerateOptions o;
+    o.max_tokens = 80;
+    o.stop_ids = {2};
+    const GenRun plain = run_plain(*target_, prompt, o);
+    const GenRun spec = run_spec(*target_, *drafter, prompt, o);
+    expect_same(plain, spec, fmt::format("fp8 drafter, prompt of {} tokens", prompt.size()));
   }
 }
 

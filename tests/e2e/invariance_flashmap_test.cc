@@ -110,6 +110,13 @@ std::vector<std::string> trace_steps(const std::string& path) {
   return steps;
 }
 
+TEST_F(FlashMapInvariance, Fp8WeightsAreRefusedWithAClearError) {
+  auto d = load_drafter(kDrafter, *target_, {.fp8_weights = true});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("DFlash drafters only"), std::string::npos)
+      << d.status().message();
+}
+
 TEST_F(FlashMapInvariance, SeededDraftsAreReproducible) {
   const std::string dir = testing::TempDir();
   const std::string pid = std::to_string(::getpid());

@@ -36,6 +36,12 @@ for acc in 100 0; do
   X=""; [ $acc = 100 ] && X="--kernels"; [ $acc = 0 ] && X="--gemv auto"; timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc$acc --device cuda --iters $it --context 512 --gen-tokens $G $X > $OUT/bench_qwen3_8b_acc$acc.txt 2>&1
   echo "qwen3-8b acc$acc bench rc=$?"; cat $OUT/bench_qwen3_8b_acc$acc.txt
 done
+# The forced-100% and forced-0% drafters with FP8 drafter weights (--drafter-fp8).
+for acc in 100 0; do
+  X=""; [ $acc = 100 ] && X="--kernels"  # with the FP8 product timed alone at the model's shapes
+  timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc$acc --device cuda --iters 30 --context 512 --gen-tokens 256 --drafter-fp8 $X > $OUT/bench_qwen3_8b_acc${acc}_fp8.txt 2>&1
+  echo "qwen3-8b acc$acc fp8-drafter bench rc=$?"; grep -E "step|generate|FP8" $OUT/bench_qwen3_8b_acc${acc}_fp8.txt
+done
 # The same forced-100% bench without CUDA graphs (every op launched from the host).
 BLOCKSPEC_CUDA_GRAPHS=0 timeout 200 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 30 --context 512 --gen-tokens 256 > $OUT/bench_qwen3_8b_acc100_nographs.txt 2>&1
 echo "qwen3-8b acc100 no-graphs bench rc=$?"; cat $OUT/bench_qwen3_8b_acc100_nographs.txt
@@ -50,5 +56,7 @@ for d in dflash flashmap; do
   $D/eval_acceptance --model models/stories260K --drafter models/stories260K-$d --prompts tools/train/eval_prompts.json --device cuda > $OUT/eval_$d.txt 2>&1
   echo "eval $d rc=$?"; cat $OUT/eval_$d.txt
 done
+$D/eval_acceptance --model models/stories260K --drafter models/stories260K-dflash --prompts tools/train/eval_prompts.json --device cuda --drafter-fp8 > $OUT/eval_dflash_fp8.txt 2>&1
+echo "eval dflash fp8 rc=$?"; cat $OUT/eval_dflash_fp8.txt
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu --format=csv
 echo "== test summary (repeated)"; grep "^== " $OUT/tests_summary.txt

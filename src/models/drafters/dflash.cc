@@ -21,11 +21,11 @@ using nlohmann::json;
 
 struct Layer {
   Tensor input_norm, post_norm;  // [H]
-  Tensor w_qkv;                  // [(heads + 2 kv) * hd, H]: q, k, v rows (one propose GEMM)
-  Tensor wo;                     // [H, heads*hd]
+  DenseWeight w_qkv;             // [(heads + 2 kv) * hd, H]: q, k, v rows (one propose GEMM)
+  DenseWeight wo;                // [H, heads*hd]
   Tensor q_norm, k_norm;         // [hd]
-  Tensor w_gate_up;              // [2I, H]: gate rows, then up rows
-  Tensor w_down;                 // [H, I]
+  DenseWeight w_gate_up;         // [2I, H]: gate rows, then up rows
+  DenseWeight w_down;            // [H, I]
   AttentionMask mask;
 };
 
@@ -57,7 +57,7 @@ class DFlashDrafter final : public Drafter {
   DFlashDrafter(DFlashConfig config, Backend& backend, int64_t target_hidden, int64_t vocab)
       : c_(std::move(config)), backend_(backend), target_hidden_(target_hidden), vocab_(vocab) {}
 
-  Status load(const io::Checkpoint& ckpt, const CausalLM& target) {
+  Status load(const io::Checkpoint& ckpt, const CausalLM& target, bool fp8_weights) {
     const auto& m = c_.model;
     const int64_t h = m.hidden_size, hd = m.head_dim, q_dim = m.num_heads * hd,
                   kv_dim = m.num_kv_heads * hd, inter = m.intermediate_size,
@@ -98,23 +98,23 @@ class DFlashDrafter final : public Drafter {
       BS_ASSIGN_OR_RETURN(const std::string qn, name(a + "q_proj.weight"));
       BS_ASSIGN_OR_RETURN(const std::string kn, name(a + "k_proj.weight"));
       BS_ASSIGN_OR_RETURN(const std::string vn, name(a + "v_proj.weight"));
-      BS_ASSIGN_OR_RETURN(L.w_qkv,
+      BS_ASSIGN_OR_RETURN(L.w_qkv.w,
                           w.load_stacked({qn, kn, vn}, {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
-      BS_ASSIGN_OR_RETURN(L.wo, load(a + "o_proj.weight", {h, q_dim}));
+      BS_ASSIGN_OR_RETURN(L.wo.w, load(a + "o_proj.weight", {h, q_dim}));
       BS_ASSIGN_OR_RETURN(L.q_norm, load(a + "q_norm.weight", {hd}));
       BS_ASSIGN_OR_RETURN(L.k_norm, load(a + "k_norm.weight", {hd}));
       BS_ASSIGN_OR_RETURN(const std::string gn, name(f + "gate_proj.weight"));
       BS_ASSIGN_OR_RETURN(const std::string un, name(f + "up_proj.weight"));
-      BS_ASSIGN_OR_RETURN(L.w_gate_up, w.load_stacked({gn, un}, {{inter, h}, {inter, h}}));
-      BS_ASSIGN_OR_RETURN(L.w_down, load(f + "down_proj.weight", {h, inter}));
+      BS_ASSIGN_OR_RETURN(L.w_gate_up.w, w.load_stacked({gn, un}, {{inter, h}, {inter, h}}));
+      BS_ASSIGN_OR_RETURN(L.w_down.w, load(f + "down_proj.weight", {h, inter}));
       L.mask = c_.layer_masks[i];
     }
     // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
     // layer with a single matmul (a copy of the k / v rows of each layer's fused projection).
-    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.dtype());
+    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.w.dtype());
     for (int64_t i = 0; i < n_layers; ++i) {
       const Layer& L = layers_[i];
-      backend_.copy(kv_fused_.rows(2 * i * kv_dim, 2 * kv_dim), L.w_qkv.rows(q_dim, 2 * kv_dim));
+      backend_.copy(kv_fused_.rows(2 * i * kv_dim, 2 * kv_dim), L.w_qkv.w.rows(q_dim, 2 * kv_dim));
     }
 
     // Embedding and LM head: the drafter's own when it ships them, else the target's.
@@ -126,9 +126,15 @@ class DFlashDrafter final : public Drafter {
       embed_ = target.embed_tokens();
     }
     if (own_head) {
-      BS_ASSIGN_OR_RETURN(lm_head_, load("lm_head.weight", {vocab_, h}));
+      BS_ASSIGN_OR_RETURN(lm_head_.w, load("lm_head.weight", {vocab_, h}));
     } else {
-      lm_head_ = target.lm_head();
+      lm_head_.w = target.lm_head();
+    }
+    if (fp8_weights) {  // after kv_fused_ has copied the K/V rows of the loaded w_qkv
+      for (Layer& L : layers_) {
+        for (DenseWeight* dw : {&L.w_qkv, &L.wo, &L.w_gate_up, &L.w_down}) dw->to_fp8(backend_);
+      }
+      lm_head_.to_fp8(backend_);  // a copy: the target keeps its own LM head
     }
 
     const RopeTable rope = compute_rope(m.rope, hd, m.max_position_embeddings);
@@ -353,7 +359,7 @@ class DFlashDrafter final : public Drafter {
       // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
       // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
       backend_.rms_norm(xn, x, L.input_norm, eps);
-      backend_.matmul(qkv, xn, L.w_qkv);
+      L.w_qkv.apply(backend_, qkv, xn);
       backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, eps, positions, inv_freq_,
                                   attention_scaling_, kv.k[li], kv.v[li], slots);
       if (S == 1) {
@@ -363,17 +369,17 @@ class DFlashDrafter final : public Drafter {
         backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], tables, kv_lens, max_kv_len,
                                        L.mask, scale);
       }
-      backend_.matmul(x, attn, L.wo, nullptr, /*accumulate=*/true);
+      L.wo.apply(backend_, x, attn, /*accumulate=*/true);
       // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
       backend_.rms_norm(xn, x, L.post_norm, eps);
-      backend_.matmul(gate_up, xn, L.w_gate_up);
+      L.w_gate_up.apply(backend_, gate_up, xn);
       backend_.swiglu(act, gate_up);
-      backend_.matmul(x, act, L.w_down, nullptr, /*accumulate=*/true);
+      L.w_down.apply(backend_, x, act, /*accumulate=*/true);
     }
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
     backend_.rms_norm(last_n, last, final_norm_, eps);
-    backend_.matmul(p.logits.rows(0, S * nd), last_n, lm_head_);
+    lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
   }
 
   static int32_t slot_of(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
@@ -456,9 +462,10 @@ class DFlashDrafter final : public Drafter {
   Tensor hidden_norm_;  // [H]
   Tensor kv_fused_;     // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
   std::vector<Layer> layers_;
-  Tensor final_norm_;       // [H]
-  Tensor embed_, lm_head_;  // [vocab, H]
-  Tensor inv_freq_;         // F32 [hd / 2]
+  Tensor final_norm_;    // [H]
+  Tensor embed_;         // [vocab, H]
+  DenseWeight lm_head_;  // [vocab, H]
+  Tensor inv_freq_;      // F32 [hd / 2]
   float attention_scaling_ = 1.0f;
   ObserveScratch obs_;
   ProposeScratch prop_;
@@ -646,7 +653,8 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
 }
 
 Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json& config,
-                                             const CausalLM& target, const DrafterOptions&) {
+                                             const CausalLM& target,
+                                             const DrafterOptions& options) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
   const auto& t = target.config();
   BS_ASSIGN_OR_RETURN(DFlashConfig c, parse_dflash_config(config, file, t.num_layers));
@@ -680,7 +688,8 @@ Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json&
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
   auto drafter =
       std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size, t.vocab_size);
-  BS_RETURN_IF_ERROR(drafter->load(ckpt, target).with_context("loading DFlash drafter " + dir));
+  BS_RETURN_IF_ERROR(drafter->load(ckpt, target, options.fp8_weights)
+                         .with_context("loading DFlash drafter " + dir));
   return std::unique_ptr<Drafter>(std::move(drafter));
 }
 
