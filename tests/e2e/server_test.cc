@@ -6,7 +6,12 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -446,6 +451,44 @@ TEST(Server, ClientThatLeavesMidStreamDoesNotHurtOthers) {
                        R"({"prompt": "The little dog", "max_tokens": 20, "temperature": 0})");
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["choices"][0]["text"], engine.greedy("The little dog", 20).text);
+}
+
+TEST(Server, BinaryServesAndStopsOnSigterm) {
+  int err_pipe[2];
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[0]);
+    execl(bin.c_str(), bin.c_str(), "serve", "--port", "0", "--threads", "1", "--served-model-name",
+          "tiny", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  FILE* err = fdopen(err_pipe[0], "r");
+  std::string log;
+  char line[1024];
+  int port = 0;
+  while (port == 0 && std::fgets(line, sizeof line, err)) {
+    log += line;
+    const char* at = std::strstr(line, "listening on http://127.0.0.1:");
+    if (at) port = std::atoi(at + std::strlen("listening on http://127.0.0.1:"));
+  }
+  ASSERT_GT(port, 0) << log;
+  EXPECT_NE(log.find("drafter"), std::string::npos) << log;
+  EXPECT_EQ(get(port, "/v1/models").body["data"][0]["id"], "tiny");
+  const Reply r = post(port, "/v1/completions",
+                       R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 5})");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  kill(pid, SIGTERM);
+  while (std::fgets(line, sizeof line, err)) log += line;
+  std::fclose(err);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  EXPECT_NE(log.find("[cmpl-"), std::string::npos) << log;  // the request's log line
+  EXPECT_NE(log.find("stopped"), std::string::npos) << log;
 }
 
 }  // namespace
