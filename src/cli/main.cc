@@ -1,4 +1,4 @@
-// blockspec command line: generate | tokenize.
+// blockspec command line: generate | tokenize (here); bench | synth | serve (own files).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -21,12 +21,6 @@ namespace fs = std::filesystem;
 int fail(const bs::Status& status) {
   fmt::print(stderr, "blockspec: error: {}\n", status.message());
   return 1;
-}
-
-// The embedded default model and drafter, shipped under models/ (see models/MANIFEST.md).
-std::string default_models_dir() {
-  if (const char* env = std::getenv("BLOCKSPEC_MODELS")) return env;
-  return BLOCKSPEC_DEFAULT_MODEL_DIR;
 }
 
 struct GenerateArgs {
@@ -61,22 +55,8 @@ std::string percent_list(const bs::GenerateStats& st) {
 }
 
 int run_generate(const GenerateArgs& a) {
-  std::string model_dir = a.model;
-  std::string drafter_dir = a.drafter;
-  if (model_dir.empty()) {
-    const fs::path base = default_models_dir();
-    model_dir = (base / "stories260K").string();
-    if (drafter_dir.empty() && !a.no_drafter) {
-      // The best shipped drafter for the embedded target, when one is shipped.
-      for (const char* name : {"stories260K-dflash", "stories260K-flashmap"}) {
-        if (fs::exists(base / name / "config.json")) {
-          drafter_dir = (base / name).string();
-          break;
-        }
-      }
-    }
-  }
-  if (a.no_drafter) drafter_dir.clear();
+  const auto [model_dir, drafter_dir] =
+      bs::cli::resolve_model_dirs(a.model, a.drafter, a.no_drafter);
 
   auto tokenizer = bs::Tokenizer::load(model_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
@@ -203,6 +183,7 @@ int main(int argc, char** argv) {
   tok->add_flag("--no-special", tok_no_special, "Do not add BOS/special tokens");
 
   bs::cli::register_bench(app);
+  bs::cli::register_serve(app);
 
   try {
     app.parse(argc, argv);
@@ -211,5 +192,6 @@ int main(int argc, char** argv) {
   }
   if (gen->parsed()) return run_generate(g);
   if (tok->parsed()) return run_tokenize(tok_model, tok_text, tok_no_special);
+  if (int rc = 1; bs::cli::run_serve_if_parsed(&rc)) return rc;
   return bs::cli::run_registered(app);
 }

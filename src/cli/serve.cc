@@ -1,0 +1,117 @@
+// `blockspec serve`: the OpenAI-compatible HTTP server (src/server, docs/SERVER.md). Loads the
+// model (defaults like `generate`), prints one line when listening, serves until SIGINT/SIGTERM.
+#include <fmt/format.h>
+#include <pthread.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "server/server.h"
+
+namespace bs::cli {
+
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  std::string drafter;
+  bool no_drafter = false;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  std::string api_key;
+  int64_t max_model_len = 0;
+  std::string device = "auto";
+  int threads = 0;
+  int64_t draft_tokens = 0;
+};
+
+CLI::App* g_cmd = nullptr;
+ServeArgs g_args;
+
+int fail(const Status& status) {
+  fmt::print(stderr, "blockspec serve: error: {}\n", status.message());
+  return 1;
+}
+
+int run_serve(const ServeArgs& a) {
+  const ModelDirs dirs = resolve_model_dirs(a.model, a.drafter, a.no_drafter);
+  auto model = server::load_served_model({.model_dir = dirs.model,
+                                          .drafter_dir = dirs.drafter,
+                                          .served_name = a.served_model_name,
+                                          .device = a.device,
+                                          .threads = a.threads,
+                                          .max_model_len = a.max_model_len,
+                                          .draft_tokens = a.draft_tokens});
+  if (!model.ok()) return fail(model.status());
+  // The chat renderer (bs::ChatTemplate) is not in this build yet: chat answers 501.
+  model->chat_unavailable =
+      "/v1/chat/completions is not available in this build yet (no chat template renderer); "
+      "use /v1/completions";
+  model->chat_unavailable_status = 501;
+  const std::string summary =
+      fmt::format("model {} ({}), drafter {}, context {} tokens", model->name, dirs.model,
+                  dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len);
+
+  // SIGINT / SIGTERM go to one waiting thread that stops the server (every other thread,
+  // created after this, inherits the blocked mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  server::Server srv(std::move(*model), {.host = a.host, .port = a.port, .api_key = a.api_key});
+  auto port = srv.bind();
+  if (!port.ok()) return fail(port.status());
+  std::thread([&srv, signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    srv.stop();
+  }).detach();
+  fmt::print(stderr, "blockspec serve: listening on http://{}:{} ({})\n", a.host, *port, summary);
+  std::fflush(stderr);
+  if (Status s = srv.run(); !s.ok()) return fail(s);
+  fmt::print(stderr, "blockspec serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  g_cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (docs/SERVER.md)");
+  g_cmd->add_option("--model", g_args.model,
+                    "Target model folder (Hugging Face format); default: the embedded stories260K");
+  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
+  g_cmd->add_flag("--no-drafter", g_args.no_drafter, "Plain autoregressive decoding");
+  g_cmd->add_option("--host", g_args.host, "Address to listen on");
+  g_cmd->add_option("--port", g_args.port, "Port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  g_cmd->add_option("--served-model-name", g_args.served_model_name,
+                    "Model name in the API (default: the model folder's name)");
+  g_cmd->add_option("--api-key", g_args.api_key,
+                    "Require 'Authorization: Bearer KEY' on /v1, /tokenize, /detokenize");
+  g_cmd
+      ->add_option("--max-model-len", g_args.max_model_len,
+                   "Context window in tokens, prompt + output (default: the model's)")
+      ->check(CLI::PositiveNumber);
+  g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto (CUDA when a GPU is present)");
+  g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  g_cmd
+      ->add_option("--draft-tokens", g_args.draft_tokens,
+                   "Drafts verified per step (default: block-1)")
+      ->check(CLI::PositiveNumber);
+}
+
+bool run_serve_if_parsed(int* rc) {
+  if (!g_cmd || !g_cmd->parsed()) return false;
+  *rc = run_serve(g_args);
+  return true;
+}
+
+}  // namespace bs::cli

@@ -1,0 +1,274 @@
+#include "server/openai.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+namespace bs::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+ApiError bad(std::string param, std::string message) {
+  return ApiError{.http_status = 400, .message = std::move(message), .param = std::move(param)};
+}
+
+// The JSON type name as users know it.
+std::string type_name(const json& v) { return v.type_name(); }
+
+bool present(const json& req, const char* key) {
+  return req.contains(key) && !req.at(key).is_null();
+}
+
+// Reads req[key] into *out when present (not null); a 400 naming the field and `kind` when
+// `is_kind` rejects its type.
+template <typename T, typename Pred>
+std::optional<ApiError> get_field(const json& req, const char* key, Pred is_kind, const char* kind,
+                                  T* out) {
+  if (!present(req, key)) return std::nullopt;
+  const json& v = req.at(key);
+  if (!is_kind(v)) return bad(key, fmt::format("{} must be {}, got {}", key, kind, type_name(v)));
+  *out = v.get<T>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_number(const json& req, const char* key, double* out) {
+  return get_field(
+      req, key, [](const json& v) { return v.is_number(); }, "a number", out);
+}
+
+std::optional<ApiError> get_integer(const json& req, const char* key, int64_t* out) {
+  return get_field(
+      req, key, [](const json& v) { return v.is_number_integer(); }, "an integer", out);
+}
+
+std::optional<ApiError> get_bool(const json& req, const char* key, bool* out) {
+  return get_field(
+      req, key, [](const json& v) { return v.is_boolean(); }, "a boolean", out);
+}
+
+// A list of token ids: integers in int32 range (vocab range is the engine's check).
+std::optional<ApiError> get_ids(const json& v, const char* param, std::vector<int32_t>* out) {
+  for (const json& id : v) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return bad(param,
+                 fmt::format("{} must hold non-negative token ids, got {}", param, id.dump()));
+    }
+    out->push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// prompt: "text", ["text"], [ids...] or [[ids...]]; several prompts are refused (no batching
+// of one request's prompts).
+std::optional<ApiError> parse_prompt(const json& req, CompletionRequest* out) {
+  if (!present(req, "prompt")) return bad("prompt", "prompt is required");
+  json p = req.at("prompt");
+  if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+    if (p.size() > 1) {
+      return bad("prompt", fmt::format("prompt holds {} prompts; this server takes one prompt per "
+                                       "request (send them as separate requests)",
+                                       p.size()));
+    }
+    p = json(p[0]);
+  }
+  if (p.is_string()) {
+    out->prompt_text = p.get<std::string>();
+    if (out->prompt_text.empty()) return bad("prompt", "prompt is empty");
+    return std::nullopt;
+  }
+  if (p.is_array()) {
+    if (p.empty()) return bad("prompt", "prompt is empty");
+    out->prompt_is_ids = true;
+    return get_ids(p, "prompt", &out->prompt_ids);
+  }
+  return bad("prompt",
+             fmt::format("prompt must be a string or a list of token ids, got {}", type_name(p)));
+}
+
+// messages: [{role, content}], content a string, null or a list of {"type": "text", "text"} parts
+// (joined with newlines).
+std::optional<ApiError> parse_messages(const json& req, CompletionRequest* out) {
+  if (!present(req, "messages")) return bad("messages", "messages is required");
+  const json& msgs = req.at("messages");
+  if (!msgs.is_array() || msgs.empty()) {
+    return bad("messages", "messages must be a non-empty list of {role, content} objects");
+  }
+  out->messages = json::array();
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const json& m = msgs[i];
+    if (!m.is_object() || !m.contains("role") || !m.at("role").is_string()) {
+      return bad("messages", fmt::format("messages[{}] must be an object with a string role", i));
+    }
+    json msg = m;
+    if (m.contains("content") && m.at("content").is_array()) {
+      std::string text;
+      for (const json& part : m.at("content")) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part.at("text").is_string()) {
+          return bad("messages",
+                     fmt::format("messages[{}].content: only text parts are supported", i));
+        }
+        text += (text.empty() ? "" : "\n") + part.at("text").get<std::string>();
+      }
+      msg["content"] = text;
+    } else if (m.contains("content") && !m.at("content").is_string() &&
+               !m.at("content").is_null()) {
+      return bad("messages", fmt::format("messages[{}].content must be a string or a list of "
+                                         "text parts",
+                                         i));
+    }
+    out->messages.push_back(std::move(msg));
+  }
+  if (present(req, "chat_template_kwargs")) {
+    if (!req.at("chat_template_kwargs").is_object()) {
+      return bad("chat_template_kwargs", "chat_template_kwargs must be an object");
+    }
+    out->template_kwargs = req.at("chat_template_kwargs");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_stop(const json& req, CompletionRequest* out) {
+  if (!present(req, "stop")) return std::nullopt;
+  const json& s = req.at("stop");
+  if (s.is_string()) {
+    out->stop.push_back(s.get<std::string>());
+    return std::nullopt;
+  }
+  if (s.is_array()) {
+    for (const json& v : s) {
+      if (!v.is_string()) return bad("stop", "stop must be a string or a list of strings");
+      out->stop.push_back(v.get<std::string>());
+    }
+    return std::nullopt;
+  }
+  return bad("stop",
+             fmt::format("stop must be a string or a list of strings, got {}", type_name(s)));
+}
+
+// Fields the server does not implement: refused rather than silently ignored when they would
+// change the response.
+std::optional<ApiError> refuse_unsupported(const json& req) {
+  int64_t n = 1;
+  if (auto e = get_integer(req, "n", &n)) return e;
+  if (n != 1) return bad("n", fmt::format("n = {} is not supported: only n = 1", n));
+  int64_t best_of = 1;
+  if (auto e = get_integer(req, "best_of", &best_of)) return e;
+  if (best_of != 1) return bad("best_of", "best_of is not supported: only best_of = 1");
+  bool echo = false;
+  if (auto e = get_bool(req, "echo", &echo)) return e;
+  if (echo) return bad("echo", "echo is not supported");
+  for (const char* key : {"logprobs", "top_logprobs"}) {
+    if (present(req, key) && req.at(key) != json(false)) {
+      return bad(key, fmt::format("{} is not supported", key));
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) {
+  double temperature = 1.0, top_p = 1.0;
+  int64_t top_k = 0, seed = 0;
+  if (auto e = get_number(req, "temperature", &temperature)) return e;
+  if (auto e = get_number(req, "top_p", &top_p)) return e;
+  if (auto e = get_integer(req, "top_k", &top_k)) return e;
+  if (top_k == -1) top_k = 0;  // vLLM's "off"
+  if (top_k < 0 || top_k > std::numeric_limits<int>::max()) {
+    return bad("top_k", fmt::format("top_k must be -1, 0 (off) or positive, got {}", top_k));
+  }
+  out->sampling.temperature = static_cast<float>(temperature);
+  out->sampling.top_p = static_cast<float>(top_p);
+  out->sampling.top_k = static_cast<int>(top_k);
+  if (present(req, "seed")) {
+    if (auto e = get_integer(req, "seed", &seed)) return e;
+    out->sampling.seed = static_cast<uint64_t>(seed);
+  }
+  if (Status s = out->sampling.validate(); !s.ok()) return bad("", s.message());
+  return std::nullopt;
+}
+
+}  // namespace
+
+json error_body(const ApiError& e) {
+  const char* type = e.http_status == 400   ? "invalid_request_error"
+                     : e.http_status == 401 ? "authentication_error"
+                     : e.http_status == 404 ? "not_found_error"
+                     : e.http_status == 501 ? "not_implemented_error"
+                                            : "server_error";
+  return {{"error",
+           {{"message", e.message},
+            {"type", type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+std::optional<ApiError> parse_json_object(const std::string& body, json* out) {
+  try {
+    *out = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return bad("", fmt::format("request body is not valid JSON: {}", e.what()));
+  }
+  if (!out->is_object()) {
+    return bad("", fmt::format("request body must be a JSON object, got {}", type_name(*out)));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
+                                                 CompletionRequest* out) {
+  json req;
+  if (auto e = parse_json_object(body, &req)) return e;
+  out->chat = chat;
+  if (present(req, "model")) {
+    if (!req.at("model").is_string()) return bad("model", "model must be a string");
+    out->model = req.at("model").get<std::string>();
+  }
+  if (auto e = chat ? parse_messages(req, out) : parse_prompt(req, out)) return e;
+  if (auto e = refuse_unsupported(req)) return e;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    int64_t n = 0;
+    if (!present(req, key)) continue;
+    if (auto e = get_integer(req, key, &n)) return e;
+    if (n <= 0) return bad(key, fmt::format("{} must be at least 1, got {}", key, n));
+    out->max_tokens = n;  // max_completion_tokens (second) wins
+  }
+  if (auto e = parse_sampling(req, out)) return e;
+  if (auto e = parse_stop(req, out)) return e;
+  if (auto e = get_bool(req, "stream", &out->stream)) return e;
+  if (present(req, "stream_options")) {
+    const json& so = req.at("stream_options");
+    if (!so.is_object()) return bad("stream_options", "stream_options must be an object");
+    if (auto e = get_bool(so, "include_usage", &out->include_usage)) return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace bs::server
+
+namespace bs::server {
+
+std::optional<ApiError> parse_tokenize_request(const std::string& body, std::string* prompt,
+                                               bool* add_special_tokens) {
+  json req;
+  if (auto e = parse_json_object(body, &req)) return e;
+  if (!present(req, "prompt") || !req.at("prompt").is_string()) {
+    return bad("prompt", "prompt (a string) is required");
+  }
+  *prompt = req.at("prompt").get<std::string>();
+  return get_bool(req, "add_special_tokens", add_special_tokens);
+}
+
+std::optional<ApiError> parse_detokenize_request(const std::string& body,
+                                                 std::vector<int32_t>* tokens) {
+  json req;
+  if (auto e = parse_json_object(body, &req)) return e;
+  if (!present(req, "tokens") || !req.at("tokens").is_array()) {
+    return bad("tokens", "tokens (a list of token ids) is required");
+  }
+  return get_ids(req.at("tokens"), "tokens", tokens);
+}
+
+}  // namespace bs::server

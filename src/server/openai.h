@@ -1,0 +1,61 @@
+// OpenAI-compatible request parsing and error bodies (no HTTP, no engine): the pieces of the API
+// that can be checked without a model.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace bs::server {
+
+// An error as the API reports it: HTTP status + {"error": {message, type, param, code}}.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string param;  // the offending request field, empty when none
+  std::string code;   // e.g. "model_not_found", empty when none
+};
+
+// {"error": {"message", "type", "param", "code"}}; type follows the status (400
+// invalid_request_error, 401 authentication_error, 404 not_found_error, 501
+// not_implemented_error, else server_error).
+nlohmann::json error_body(const ApiError& e);
+
+// A /v1/completions or /v1/chat/completions request, validated.
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;  // empty: not given
+  // Completions: the prompt as text, or as token ids when prompt_is_ids.
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  // Chat: messages with content flattened to strings; template variables.
+  nlohmann::json messages;
+  nlohmann::json template_kwargs = nlohmann::json::object();
+  std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens; > 0
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// Parses `body` (JSON) into `out`; the first problem found as an ApiError (400) otherwise.
+// Unknown fields are ignored; n != 1, echo, logprobs and best_of != 1 are refused.
+std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
+                                                 CompletionRequest* out);
+
+// /tokenize: {"prompt": "text", "add_special_tokens": true}.
+std::optional<ApiError> parse_tokenize_request(const std::string& body, std::string* prompt,
+                                               bool* add_special_tokens);
+// /detokenize: {"tokens": [ids]}.
+std::optional<ApiError> parse_detokenize_request(const std::string& body,
+                                                 std::vector<int32_t>* tokens);
+
+// Parses `body` as a JSON object (400 naming the parse error otherwise).
+std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::json* out);
+
+}  // namespace bs::server

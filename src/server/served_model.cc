@@ -1,0 +1,39 @@
+#include "server/served_model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "models/registry.h"
+
+namespace bs::server {
+
+Result<ServedModel> load_served_model(const ModelOptions& options) {
+  ServedModel m;
+  m.model_dir = options.model_dir;
+  m.name = options.served_name.empty()
+               ? std::filesystem::path(options.model_dir).lexically_normal().filename().string()
+               : options.served_name;
+  if (m.name.empty()) m.name = options.model_dir;
+  BS_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::load(options.model_dir));
+  BS_ASSIGN_OR_RETURN(m.backend, make_backend(options.device, options.threads));
+  BS_ASSIGN_OR_RETURN(m.target, load_target(options.model_dir, *m.backend));
+  if (!options.drafter_dir.empty()) {
+    BS_ASSIGN_OR_RETURN(m.drafter, load_drafter(options.drafter_dir, *m.target, {}));
+    if (options.draft_tokens > m.drafter->max_drafts()) {
+      return InvalidArgument("--draft-tokens {} exceeds the drafter's maximum {}",
+                             options.draft_tokens, m.drafter->max_drafts());
+    }
+  }
+  m.draft_tokens = options.draft_tokens;
+  const int64_t window = m.target->config().max_position_embeddings;
+  if (options.max_model_len < 0 || options.max_model_len > window) {
+    return InvalidArgument("--max-model-len {} is outside [1, {}] (the model's context window)",
+                           options.max_model_len, window);
+  }
+  m.max_model_len = options.max_model_len > 0 ? options.max_model_len : window;
+  m.chat_unavailable = "model " + m.name + " has no chat template; use /v1/completions";
+  return m;
+}
+
+}  // namespace bs::server

@@ -1,0 +1,53 @@
+// The model a server serves: tokenizer, backend, target, optional drafter and chat renderer,
+// loaded once at start-up and then owned by the engine worker (models are not thread-safe; the
+// tokenizer's const methods are, so handler threads tokenize).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "models/causal_lm.h"
+#include "models/drafter.h"
+#include "tokenizer/tokenizer.h"
+
+namespace bs::server {
+
+// Renders OpenAI chat messages (+ template variables) into prompt text with the generation
+// prompt appended; InvalidArgument when the template rejects them.
+using ChatRenderer =
+    std::function<Result<std::string>(const nlohmann::json& messages, const nlohmann::json& extra)>;
+
+struct ModelOptions {
+  std::string model_dir;    // Hugging Face folder
+  std::string drafter_dir;  // empty: plain decoding
+  std::string served_name;  // empty: the model folder's name
+  std::string device = "auto";
+  int threads = 0;
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  int64_t draft_tokens = 0;   // 0: the drafter's maximum
+};
+
+struct ServedModel {
+  std::string name;
+  std::string model_dir;
+  int64_t max_model_len = 0;  // context window in tokens (prompt + generated)
+  int64_t draft_tokens = 0;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Backend> backend;  // declared before the models that use it
+  std::unique_ptr<CausalLM> target;
+  std::unique_ptr<Drafter> drafter;  // null: plain decoding
+  ChatRenderer render_chat;          // empty: chat_unavailable says why
+  std::string chat_unavailable;
+  int chat_unavailable_status = 400;  // HTTP status of that answer
+};
+
+// Loads everything named by `options` (errors name the folder and the problem). Leaves the chat
+// renderer empty with chat_unavailable set; the caller wires a template.
+Result<ServedModel> load_served_model(const ModelOptions& options);
+
+}  // namespace bs::server

@@ -1,0 +1,329 @@
+#include "server/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "engine/generate.h"
+#include "server/engine_worker.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+
+namespace bs::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int64_t kDefaultCompletionTokens = 16;  // OpenAI's default for /v1/completions
+constexpr size_t kMaxBodyBytes = 64 << 20;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.http_status, error_body(e));
+}
+
+// Routes that need the API key (vLLM's rule: the API, not health or metrics).
+bool needs_key(const std::string& path) {
+  return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+}
+
+}  // namespace
+
+struct Server::Impl {
+  Impl(ServedModel m, ServerOptions o)
+      : model(std::move(m)),
+        options(std::move(o)),
+        metrics(model.name),
+        worker(model, metrics, options.log_requests),
+        created(std::time(nullptr)),
+        id_prefix(fmt::format("{:08x}", std::random_device{}())) {}
+
+  void add_routes();
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  // The finished response of `job` (non-streaming).
+  json response_body(const Job& job, const std::string& text, bool chat) const;
+  // One SSE chunk: delta text (or nothing) and finish_reason (or null).
+  json chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish) const;
+  void stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool include_usage);
+  json usage(const Job& job) const;
+  json speculative(const Job& job) const;
+
+  ServedModel model;
+  ServerOptions options;
+  Metrics metrics;
+  EngineWorker worker;  // declared after what it uses, before http (handlers wait on it)
+  httplib::Server http;
+  int64_t created;
+  std::string id_prefix;
+  std::atomic<uint64_t> next_id{0};
+  std::atomic<bool> run_called{false};
+};
+
+json Server::Impl::usage(const Job& job) const {
+  const GenerateStats& st = job.stats();
+  return {{"prompt_tokens", st.prompt_tokens},
+          {"completion_tokens", st.generated_tokens},
+          {"total_tokens", st.prompt_tokens + st.generated_tokens}};
+}
+
+json Server::Impl::speculative(const Job& job) const {
+  const GenerateStats& st = job.stats();
+  return {{"drafter", model.drafter->family()},
+          {"acceptance_length", st.acceptance_length()},
+          {"drafts", st.steps},
+          {"draft_tokens", st.drafted},
+          {"accepted_tokens", st.accepted}};
+}
+
+json Server::Impl::response_body(const Job& job, const std::string& text, bool chat) const {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", job.finish_reason()}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  json body = {{"id", job.id},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", created},
+               {"model", model.name},
+               {"choices", json::array({choice})},
+               {"usage", usage(job)}};
+  if (model.drafter) body["blockspec"] = speculative(job);
+  return body;
+}
+
+json Server::Impl::chunk(const Job& job, bool chat, const json& delta_or_text,
+                         const json& finish) const {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  choice[chat ? "delta" : "text"] = delta_or_text;
+  return {{"id", job.id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", model.name},
+          {"choices", json::array({choice})}};
+}
+
+void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
+                          bool include_usage) {
+  res.set_header("Cache-Control", "no-cache");
+  auto role_sent = std::make_shared<bool>(!chat);
+  const auto provider = [this, job, chat, include_usage, role_sent](size_t,
+                                                                    httplib::DataSink& sink) {
+    const auto send = [&](json event) {
+      if (include_usage && !event.contains("usage") && !event.contains("error")) {
+        event["usage"] = nullptr;
+      }
+      const std::string s = "data: " + dump(event) + "\n\n";
+      return sink.write(s.data(), s.size());
+    };
+    const auto text_delta = [&](const std::string& t) {
+      return chat ? json{{"content", t}} : json(t);
+    };
+    if (!*role_sent) {
+      *role_sent = true;
+      if (!send(chunk(*job, chat, {{"role", "assistant"}, {"content", ""}}, nullptr))) {
+        job->cancel();
+        return false;
+      }
+    }
+    std::string text;
+    const bool ended = job->wait_text(&text, std::chrono::milliseconds(100));
+    if (!text.empty() && !send(chunk(*job, chat, text_delta(text), nullptr))) {
+      job->cancel();  // the client went away
+      return false;
+    }
+    if (!ended) return true;
+    if (!job->status().ok()) {
+      send(error_body({.http_status = 500, .message = job->status().message()}));
+    } else {
+      json last = chunk(*job, chat, chat ? json::object() : json(""), job->finish_reason());
+      if (model.drafter) last["blockspec"] = speculative(*job);
+      send(std::move(last));
+      if (include_usage) {
+        json u = chunk(*job, chat, nullptr, nullptr);
+        u["choices"] = json::array();
+        u["usage"] = usage(*job);
+        send(std::move(u));
+      }
+    }
+    const std::string done = "data: [DONE]\n\n";
+    sink.write(done.data(), done.size());
+    sink.done();
+    return true;
+  };
+  res.set_chunked_content_provider("text/event-stream", provider, [job](bool success) {
+    if (!success) job->cancel();
+  });
+}
+
+void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  CompletionRequest r;
+  if (auto e = parse_completion_request(req.body, chat, &r)) return send_error(res, *e);
+  if (!r.model.empty() && r.model != model.name) {
+    return send_error(res, {.http_status = 404,
+                            .message = fmt::format("model '{}' does not exist; this server "
+                                                   "serves '{}'",
+                                                   r.model, model.name),
+                            .param = "model",
+                            .code = "model_not_found"});
+  }
+  auto job = std::make_shared<Job>();
+  if (chat) {
+    if (!model.render_chat) {
+      return send_error(res, {.http_status = model.chat_unavailable_status,
+                              .message = model.chat_unavailable,
+                              .param = "messages"});
+    }
+    auto text = model.render_chat(r.messages, r.template_kwargs);
+    if (!text.ok())
+      return send_error(res, {.message = text.status().message(), .param = "messages"});
+    job->prompt = model.tokenizer->encode(*text, /*add_special_tokens=*/false);
+  } else if (r.prompt_is_ids) {
+    job->prompt = std::move(r.prompt_ids);
+  } else {
+    job->prompt = model.tokenizer->encode(r.prompt_text, /*add_special_tokens=*/true);
+  }
+  if (Status s = validate_prompt(*model.target, job->prompt, model.max_model_len); !s.ok()) {
+    return send_error(res, {.message = s.message(), .param = chat ? "messages" : "prompt"});
+  }
+  const int64_t room = model.max_model_len - static_cast<int64_t>(job->prompt.size());
+  job->id = fmt::format("{}-{}{:06x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
+  job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
+  job->options.sampling = r.sampling;
+  job->options.stop_ids = model.tokenizer->eos_ids();
+  job->options.max_context = model.max_model_len;
+  job->options.draft_tokens = model.draft_tokens;
+  job->stop = std::move(r.stop);
+  worker.submit(job);
+  if (r.stream) return stream(res, std::move(job), chat, r.include_usage);
+  std::string text;
+  job->wait(&text);
+  if (!job->status().ok()) {
+    return send_error(res, {.http_status = 500, .message = job->status().message()});
+  }
+  send_json(res, 200, response_body(*job, text, chat));
+}
+
+void Server::Impl::add_routes() {
+  http.set_payload_max_length(kMaxBodyBytes);
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || !needs_key(req.path) ||
+        req.get_header_value("Authorization") == "Bearer " + options.api_key) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, {.http_status = 401,
+                     .message = "invalid or missing API key: send the header "
+                                "'Authorization: Bearer <key>'",
+                     .code = "invalid_api_key"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Called for every status >= 400: fills in the bodies httplib leaves empty (no route, ...).
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                 httplib::Response& res) {
+    if (!res.body.empty() || res.is_chunked_content_provider_) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const int status = res.status;
+    send_error(res, {.http_status = status,
+                     .message = status == 404 ? fmt::format("no route {} {}", req.method, req.path)
+                                              : fmt::format("HTTP {} for {} {}", status, req.method,
+                                                            req.path)});
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, {.http_status = 500, .message = "internal error: " + what});
+      });
+
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"status", "ok"}});
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json m = {{"id", model.name},        {"object", "model"},
+              {"created", created},      {"owned_by", "blockspec"},
+              {"root", model.model_dir}, {"max_model_len", model.max_model_len}};
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completion(req, res, /*chat=*/false);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completion(req, res, /*chat=*/true);
+  });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    std::string prompt;
+    bool add_special = true;
+    if (auto e = parse_tokenize_request(req.body, &prompt, &add_special)) {
+      return send_error(res, *e);
+    }
+    const auto ids = model.tokenizer->encode(prompt, add_special);
+    send_json(res, 200,
+              {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model.max_model_len}});
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    std::vector<int32_t> ids;
+    if (auto e = parse_detokenize_request(req.body, &ids)) return send_error(res, *e);
+    send_json(res, 200, {{"prompt", model.tokenizer->decode(ids)}});
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
+Server::Server(ServedModel model, ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(model), std::move(options))) {
+  impl_->add_routes();
+}
+
+Server::~Server() { stop(); }
+
+Result<int> Server::bind() {
+  auto& o = impl_->options;
+  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
+                               : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port <= 0) {
+    return FailedPrecondition("cannot listen on {}:{} (address in use or not available)", o.host,
+                              o.port);
+  }
+  return port;
+}
+
+Status Server::run() {
+  impl_->run_called = true;
+  const bool ok = impl_->http.listen_after_bind();
+  impl_->run_called = false;
+  if (!ok) return FailedPrecondition("the HTTP server stopped with an error");
+  return Status::Ok();
+}
+
+void Server::stop() {
+  // httplib ignores stop() until listening has started: wait for it when run() is on its way.
+  while (impl_->run_called && !impl_->http.is_running()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  impl_->http.stop();
+}
+
+const ServedModel& Server::model() const { return impl_->model; }
+
+}  // namespace bs::server

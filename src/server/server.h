@@ -1,0 +1,48 @@
+// `blockspec serve`: an OpenAI-compatible HTTP server (docs/SERVER.md) over one served model.
+//
+//   Server server(std::move(model), {.host = "127.0.0.1", .port = 8000});
+//   BS_ASSIGN_OR_RETURN(int port, server.bind());
+//   BS_RETURN_IF_ERROR(server.run());  // until stop() from another thread
+//
+// Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
+// POST /tokenize, POST /detokenize, GET /metrics. HTTP handler threads parse and tokenize; one
+// engine worker thread generates (engine_worker.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "server/served_model.h"
+
+namespace bs::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;           // 0: any free port (bind() returns it)
+  std::string api_key;       // non-empty: /v1, /tokenize and /detokenize need "Bearer KEY"
+  bool log_requests = true;  // one line per request on stderr
+};
+
+class Server {
+ public:
+  Server(ServedModel model, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Opens the listening socket; the bound port, or an error naming host:port.
+  Result<int> bind();
+  // Serves until stop(); call after bind().
+  Status run();
+  // Thread-safe; run() returns soon after.
+  void stop();
+
+  const ServedModel& model() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bs::server

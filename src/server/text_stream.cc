@@ -1,0 +1,55 @@
+#include "server/text_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace bs::server {
+
+TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop)
+    : decoder_(tokenizer, /*skip_special_tokens=*/true) {
+  for (auto& s : stop) {
+    if (!s.empty()) stop_.push_back(std::move(s));
+  }
+}
+
+std::string TextStream::push(int32_t id) {
+  if (stopped_) return {};
+  pending_ += decoder_.push(id);
+  return release();
+}
+
+std::string TextStream::finish() {
+  if (stopped_) return {};
+  pending_ += decoder_.flush();
+  std::string out = release();
+  if (!stopped_) out += std::exchange(pending_, {});
+  return out;
+}
+
+std::string TextStream::release() {
+  // Earliest stop string occurrence in the pending text (held-back text never contains a
+  // whole stop string, so no match is missed across pushes).
+  size_t cut = std::string::npos;
+  for (const auto& s : stop_) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, cut);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of a stop string.
+  size_t hold = 0;
+  for (const auto& s : stop_) {
+    for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n) {
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+}  // namespace bs::server

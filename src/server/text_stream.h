@@ -1,0 +1,43 @@
+// Streamed completion text: token ids in, final UTF-8 text out, cut at the first stop string.
+//
+//   TextStream text(tokenizer, {"\n\n", "The end"});
+//   for (id : committed) { out += text.push(id); if (text.stopped()) break; }
+//   out += text.finish();
+//
+// Text that could still turn into a stop string is held back until it cannot; a matched stop
+// string and everything after it is dropped. Chunks never split a UTF-8 character (the
+// StreamDecoder holds incomplete bytes; held-back text starts where a stop string starts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace bs::server {
+
+class TextStream {
+ public:
+  // Empty stop strings are ignored. `tokenizer` must outlive this.
+  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop);
+
+  // The text that is final after token `id` (possibly empty). Nothing after stopped().
+  std::string push(int32_t id);
+  // True once a stop string has matched.
+  bool stopped() const { return stopped_; }
+  // The held-back rest at the end of generation (empty after a stop).
+  std::string finish();
+
+ private:
+  // Moves text from pending_ to the returned string: up to a stop string, or all but the
+  // longest suffix that begins some stop string.
+  std::string release();
+
+  StreamDecoder decoder_;
+  std::vector<std::string> stop_;
+  std::string pending_;  // decoded, not yet released
+  bool stopped_ = false;
+};
+
+}  // namespace bs::server

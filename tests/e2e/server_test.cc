@@ -1,0 +1,495 @@
+// `blockspec serve` as a client sees it: the server runs in-process on an ephemeral port with the
+// embedded stories260K model and its shipped DFlash drafter; httplib::Client talks to it.
+// Expected texts come from the engine API (greedy generate_plain), so the tests also check that
+// speculative decoding through the server is lossless.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generate.h"
+#include "models/registry.h"
+#include "tokenizer/tokenizer.h"
+
+namespace bs::server {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
+const std::string kDrafter = std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash";
+
+// A server on 127.0.0.1:<free port>, serving until destroyed.
+class RunningServer {
+ public:
+  explicit RunningServer(ServerOptions options = {}, bool drafter = true) {
+    auto model = load_served_model({.model_dir = kModel,
+                                    .drafter_dir = drafter ? kDrafter : "",
+                                    .device = "cpu",
+                                    .threads = 1});
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.log_requests = false;
+    server_ = std::make_unique<Server>(std::move(*model), options);
+    auto port = server_->bind();
+    EXPECT_TRUE(port.ok()) << port.status().message();
+    port_ = *port;
+    thread_ = std::thread([this] { EXPECT_TRUE(server_->run().ok()); });
+  }
+  ~RunningServer() {
+    server_->stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// The engine's greedy output for a prompt, computed without the server.
+class Engine {
+ public:
+  Engine() : backend_(make_cpu_backend(1)) {
+    tokenizer_ = std::move(*Tokenizer::load(kModel));
+    target_ = std::move(*load_target(kModel, *backend_));
+  }
+  struct Output {
+    std::string text;
+    int64_t prompt_tokens, completion_tokens;
+    std::string finish_reason;
+  };
+  Output greedy(const std::string& prompt, int64_t max_tokens) {
+    const auto ids = tokenizer_->encode(prompt, true);
+    GenerateOptions opt;
+    opt.max_tokens = max_tokens;
+    opt.stop_ids = tokenizer_->eos_ids();
+    GenerateStats st;
+    auto out = generate_plain(*target_, ids, opt, nullptr, &st);
+    EXPECT_TRUE(out.ok());
+    return {tokenizer_->decode(*out, /*skip_special_tokens=*/true), st.prompt_tokens,
+            st.generated_tokens, st.finish == FinishReason::kStop ? "stop" : "length"};
+  }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<CausalLM> target_;
+};
+
+struct Reply {
+  int status = 0;
+  json body;
+  std::string raw;
+};
+
+Reply post(int port, const std::string& path, const std::string& body,
+           const httplib::Headers& headers = {}) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60);
+  auto r = cli.Post(path.c_str(), headers, body, "application/json");
+  if (!r) return {};
+  Reply out{r->status, json(), r->body};
+  out.body = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  return out;
+}
+
+Reply get(int port, const std::string& path) {
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Get(path.c_str());
+  if (!r) return {};
+  return {r->status, json::parse(r->body, nullptr, false), r->body};
+}
+
+// The events of an SSE body: each "data: X" payload in order.
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> events;
+  std::istringstream in(body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("data: ", 0) == 0) events.push_back(line.substr(6));
+  }
+  return events;
+}
+
+// The value of the first /metrics series starting with `prefix` (name{labels...).
+double metric(int port, const std::string& prefix) {
+  const Reply r = get(port, "/metrics");
+  std::istringstream in(r.raw);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  ADD_FAILURE() << "no metric " << prefix << " in\n" << r.raw;
+  return -1;
+}
+
+TEST(Server, CompletionEqualsEngineGreedyWithAndWithoutDrafter) {
+  Engine engine;
+  for (bool drafter : {true, false}) {
+    RunningServer server({}, drafter);
+    for (const std::string prompt : {"Once upon a time", "The little dog"}) {
+      const auto want = engine.greedy(prompt, 60);
+      const Reply r = post(
+          server.port(), "/v1/completions",
+          json{{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 60}, {"temperature", 0}}
+              .dump());
+      ASSERT_EQ(r.status, 200) << r.raw;
+      EXPECT_EQ(r.body["object"], "text_completion");
+      EXPECT_EQ(r.body["model"], "stories260K");
+      EXPECT_EQ(r.body["choices"][0]["text"], want.text) << "drafter " << drafter;
+      EXPECT_EQ(r.body["choices"][0]["finish_reason"], want.finish_reason);
+      EXPECT_EQ(r.body["usage"]["prompt_tokens"], want.prompt_tokens);
+      EXPECT_EQ(r.body["usage"]["completion_tokens"], want.completion_tokens);
+      EXPECT_EQ(r.body["usage"]["total_tokens"], want.prompt_tokens + want.completion_tokens);
+      EXPECT_EQ(r.body.contains("blockspec"), drafter) << r.raw;
+      if (drafter) {
+        EXPECT_GT(r.body["blockspec"]["acceptance_length"].get<double>(), 1.0);
+      }
+    }
+  }
+}
+
+TEST(Server, TokenIdPromptEqualsTextPrompt) {
+  RunningServer server;
+  Engine engine;
+  const auto ids = engine.tokenizer().encode("Tom had a red", true);
+  const Reply by_ids = post(server.port(), "/v1/completions",
+                            json{{"prompt", ids}, {"max_tokens", 20}, {"temperature", 0}}.dump());
+  const Reply by_text =
+      post(server.port(), "/v1/completions",
+           json{{"prompt", {"Tom had a red"}}, {"max_tokens", 20}, {"temperature", 0}}.dump());
+  ASSERT_EQ(by_ids.status, 200) << by_ids.raw;
+  EXPECT_EQ(by_ids.body["choices"][0]["text"], by_text.body["choices"][0]["text"]);
+  EXPECT_EQ(by_ids.body["choices"][0]["text"], engine.greedy("Tom had a red", 20).text);
+}
+
+TEST(Server, StreamedChunksConcatenateToTheCompletion) {
+  RunningServer server;
+  Engine engine;
+  const auto want = engine.greedy("Once upon a time", 40);
+  const Reply r = post(server.port(), "/v1/completions",
+                       json{{"prompt", "Once upon a time"},
+                            {"max_tokens", 40},
+                            {"temperature", 0},
+                            {"stream", true},
+                            {"stream_options", {{"include_usage", true}}}}
+                           .dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const auto events = sse_events(r.raw);
+  ASSERT_GE(events.size(), 4u) << r.raw;
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  std::string finish;
+  json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json e = json::parse(events[i]);
+    if (!e["usage"].is_null()) usage = e["usage"];
+    if (e["choices"].empty()) continue;
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, want.text);
+  EXPECT_EQ(finish, want.finish_reason);
+  ASSERT_TRUE(usage.is_object()) << r.raw;
+  EXPECT_EQ(usage["completion_tokens"], want.completion_tokens);
+  EXPECT_EQ(usage["prompt_tokens"], want.prompt_tokens);
+  // The usage chunk is the last before [DONE] and has no choices.
+  EXPECT_TRUE(json::parse(events[events.size() - 2])["choices"].empty());
+}
+
+TEST(Server, StopStringsCutTheText) {
+  RunningServer server;
+  Engine engine;
+  const std::string full = engine.greedy("Once upon a time", 60).text;
+  const std::string cut = full.substr(0, full.find("Lily"));
+  ASSERT_LT(cut.size(), full.size());
+  for (const json& stop : {json("Lily"), json({"zzz", "Lily", "park"})}) {
+    const Reply r = post(
+        server.port(), "/v1/completions",
+        json{{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0}, {"stop", stop}}
+            .dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["text"], cut);
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  }
+  // Streaming holds back a possible stop-string prefix and never sends the stop string.
+  const Reply s = post(server.port(), "/v1/completions",
+                       json{{"prompt", "Once upon a time"},
+                            {"max_tokens", 60},
+                            {"temperature", 0},
+                            {"stop", "Lily"},
+                            {"stream", true}}
+                           .dump());
+  std::string text;
+  for (const auto& e : sse_events(s.raw)) {
+    if (e != "[DONE]") text += json::parse(e)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, cut);
+}
+
+TEST(Server, MaxTokensEndsWithLength) {
+  RunningServer server;
+  const Reply r =
+      post(server.port(), "/v1/completions",
+           json{{"prompt", "Once upon a time"}, {"max_tokens", 7}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 7);
+  // Sampling with a seed is reproducible.
+  const std::string sampled = json{
+      {"prompt", "The dog"},
+      {"max_tokens", 30},
+      {"temperature", 1},
+      {"top_p", 0.9},
+      {"seed", 5}}.dump();
+  EXPECT_EQ(post(server.port(), "/v1/completions", sampled).body["choices"][0]["text"],
+            post(server.port(), "/v1/completions", sampled).body["choices"][0]["text"]);
+}
+
+TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
+  RunningServer server;
+  const std::vector<int32_t> long_prompt(600, 300);
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string message;  // part of error.message
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", 400, "not valid JSON"},
+      {"/v1/completions", "[1, 2]", 400, "JSON object"},
+      {"/v1/completions", R"({"max_tokens": 5})", 400, "prompt is required"},
+      {"/v1/completions", R"({"prompt": ""})", 400, "prompt is empty"},
+      {"/v1/completions", R"({"prompt": []})", 400, "prompt is empty"},
+      {"/v1/completions", R"({"prompt": 42})", 400, "prompt must be a string"},
+      {"/v1/completions", R"({"prompt": ["a", "b"]})", 400, "one prompt per request"},
+      {"/v1/completions", R"({"prompt": [1, -3]})", 400, "non-negative token ids"},
+      {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "token id 99999 out of range"},
+      {"/v1/completions", R"({"prompt": "hi", "max_tokens": 0})", 400,
+       "max_tokens must be at least 1"},
+      {"/v1/completions", R"({"prompt": "hi", "max_tokens": -4})", 400,
+       "max_tokens must be at least 1"},
+      {"/v1/completions", R"({"prompt": "hi", "max_tokens": "10"})", 400,
+       "max_tokens must be an integer"},
+      {"/v1/completions", R"({"prompt": "hi", "temperature": "hot"})", 400,
+       "temperature must be a number"},
+      {"/v1/completions", R"({"prompt": "hi", "temperature": -1})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt": "hi", "top_p": 1.5})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt": "hi", "stop": 3})", 400, "stop must be a string"},
+      {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
+      {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "only n = 1"},
+      {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "logprobs": 2})", 400, "logprobs is not supported"},
+      {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400,
+       "prompt too long: 600 tokens, the context window is 512 tokens"},
+      {"/v1/completions", R"({"prompt": "hi", "model": "gpt-4"})", 404,
+       "model 'gpt-4' does not exist"},
+      {"/v1/nothing", "{}", 404, "no route POST /v1/nothing"},
+      {"/tokenize", R"({"text": "hi"})", 400, "prompt (a string) is required"},
+      {"/detokenize", R"({"tokens": "hi"})", 400, "tokens (a list of token ids) is required"},
+      {"/v1/chat/completions", R"({"messages": []})", 400, "messages must be a non-empty list"},
+  };
+  for (const Case& c : cases) {
+    const Reply r = post(server.port(), c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.raw;
+    ASSERT_TRUE(r.body.contains("error")) << c.body << " -> " << r.raw;
+    const std::string message = r.body["error"]["message"];
+    EXPECT_NE(message.find(c.message), std::string::npos) << c.body << " -> " << message;
+    EXPECT_TRUE(r.body["error"].contains("type") && r.body["error"].contains("param") &&
+                r.body["error"].contains("code"));
+  }
+  EXPECT_EQ(get(server.port(), "/nowhere").status, 404);
+  // Still serving.
+  EXPECT_EQ(get(server.port(), "/health").status, 200);
+  EXPECT_EQ(post(server.port(), "/v1/completions", R"({"prompt": "hi", "max_tokens": 3})").status,
+            200);
+}
+
+TEST(Server, ChatWithoutATemplateRendererIsAClearError) {
+  RunningServer server;
+  const Reply r = post(server.port(), "/v1/chat/completions",
+                       R"({"messages": [{"role": "user", "content": "hi"}]})");
+  EXPECT_TRUE(r.status == 400 || r.status == 501) << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("/v1/completions"),
+            std::string::npos)
+      << r.raw;
+}
+
+TEST(Server, ConcurrentClientsAllGetTheirOwnOutput) {
+  RunningServer server;
+  Engine engine;
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Tom had a red",
+                                            "Lily and Ben"};
+  std::vector<std::string> want, got(prompts.size());
+  for (const auto& p : prompts) want.push_back(engine.greedy(p, 50).text);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      const bool stream = i % 2 == 1;
+      const Reply r = post(
+          server.port(), "/v1/completions",
+          json{{"prompt", prompts[i]}, {"max_tokens", 50}, {"temperature", 0}, {"stream", stream}}
+              .dump());
+      if (!stream) {
+        got[i] = r.body["choices"][0]["text"];
+        return;
+      }
+      for (const auto& e : sse_events(r.raw)) {
+        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(got, want);
+}
+
+TEST(Server, MetricsCountRequestsAndTokens) {
+  RunningServer server;
+  const Reply first = get(server.port(), "/metrics");
+  ASSERT_EQ(first.status, 200);
+  for (const char* name :
+       {"blockspec:num_requests_running", "blockspec:num_requests_waiting",
+        "blockspec:prompt_tokens_total", "blockspec:generation_tokens_total",
+        "blockspec:request_success_total", "blockspec:spec_decode_num_drafts_total",
+        "blockspec:spec_decode_num_draft_tokens_total",
+        "blockspec:spec_decode_num_accepted_tokens_total",
+        "blockspec:time_to_first_token_seconds_bucket",
+        "blockspec:e2e_request_latency_seconds_sum"}) {
+    EXPECT_NE(first.raw.find(name), std::string::npos) << name;
+  }
+  const double prompt0 = metric(server.port(), "blockspec:prompt_tokens_total{");
+  const double gen0 = metric(server.port(), "blockspec:generation_tokens_total{");
+  ASSERT_EQ(post(server.port(), "/v1/completions",
+                 R"({"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0})")
+                .status,
+            200);
+  EXPECT_EQ(metric(server.port(), "blockspec:prompt_tokens_total{"), prompt0 + 5);
+  EXPECT_EQ(metric(server.port(), "blockspec:generation_tokens_total{"), gen0 + 30);
+  EXPECT_EQ(metric(server.port(),
+                   "blockspec:request_success_total{model_name=\"stories260K\","
+                   "finished_reason=\"length\"}"),
+            1);
+  EXPECT_GT(metric(server.port(), "blockspec:spec_decode_num_drafts_total{"), 0);
+  EXPECT_GT(metric(server.port(), "blockspec:spec_decode_num_accepted_tokens_total{"), 0);
+  EXPECT_GT(metric(server.port(),
+                   "blockspec:spec_decode_num_accepted_tokens_per_pos_total{model_name="
+                   "\"stories260K\",position=\"0\"}"),
+            0);
+  EXPECT_EQ(metric(server.port(), "blockspec:e2e_request_latency_seconds_count{"), 1);
+  EXPECT_EQ(metric(server.port(), "blockspec:time_to_first_token_seconds_count{"), 1);
+  EXPECT_EQ(metric(server.port(), "blockspec:num_requests_running{"), 0);
+}
+
+TEST(Server, ApiKeyIsEnforced) {
+  RunningServer server({.api_key = "s3cret"});
+  const std::string body = R"({"prompt": "hi", "max_tokens": 3})";
+  Reply r = post(server.port(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 401) << r.raw;
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("API key"), std::string::npos);
+  EXPECT_EQ(
+      post(server.port(), "/v1/completions", body, {{"Authorization", "Bearer wrong"}}).status,
+      401);
+  EXPECT_EQ(post(server.port(), "/tokenize", R"({"prompt": "hi"})").status, 401);
+  EXPECT_EQ(
+      post(server.port(), "/v1/completions", body, {{"Authorization", "Bearer s3cret"}}).status,
+      200);
+  EXPECT_EQ(get(server.port(), "/health").status, 200);
+  EXPECT_EQ(get(server.port(), "/v1/models").status, 401);
+}
+
+TEST(Server, ModelsAndTokenizeRoundTrip) {
+  RunningServer server;
+  const Reply models = get(server.port(), "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.body["data"][0]["id"], "stories260K");
+  EXPECT_EQ(models.body["data"][0]["max_model_len"], 512);
+  const Reply tok = post(server.port(), "/tokenize", R"({"prompt": "Tom had a red"})");
+  ASSERT_EQ(tok.status, 200) << tok.raw;
+  EXPECT_EQ(tok.body["tokens"], json({1, 274, 287, 381, 261, 352, 266}));
+  EXPECT_EQ(tok.body["count"], 7);
+  const Reply plain = post(server.port(), "/tokenize",
+                           R"({"prompt": "Tom had a red", "add_special_tokens": false})");
+  const Reply detok =
+      post(server.port(), "/detokenize", json{{"tokens", plain.body["tokens"]}}.dump());
+  ASSERT_EQ(detok.status, 200) << detok.raw;
+  EXPECT_EQ(detok.body["prompt"], "Tom had a red");
+}
+
+TEST(Server, ClientThatLeavesMidStreamDoesNotHurtOthers) {
+  RunningServer server;
+  {
+    httplib::Client cli("127.0.0.1", server.port());
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "Once upon a time", "max_tokens": 400, "stream": true})";
+    req.set_header("Content-Type", "application/json");
+    int chunks = 0;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
+    httplib::Response res;
+    httplib::Error err;
+    cli.send(req, res, err);
+  }
+  Engine engine;
+  const Reply r = post(server.port(), "/v1/completions",
+                       R"({"prompt": "The little dog", "max_tokens": 20, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], engine.greedy("The little dog", 20).text);
+}
+
+TEST(Server, BinaryServesAndStopsOnSigterm) {
+  int err_pipe[2];
+  ASSERT_EQ(pipe(err_pipe), 0);
+  const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[0]);
+    execl(bin.c_str(), bin.c_str(), "serve", "--port", "0", "--threads", "1", "--served-model-name",
+          "tiny", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  FILE* err = fdopen(err_pipe[0], "r");
+  std::string log;
+  char line[1024];
+  int port = 0;
+  while (port == 0 && std::fgets(line, sizeof line, err)) {
+    log += line;
+    const char* at = std::strstr(line, "listening on http://127.0.0.1:");
+    if (at) port = std::atoi(at + std::strlen("listening on http://127.0.0.1:"));
+  }
+  ASSERT_GT(port, 0) << log;
+  EXPECT_NE(log.find("drafter"), std::string::npos) << log;
+  EXPECT_EQ(get(port, "/v1/models").body["data"][0]["id"], "tiny");
+  const Reply r = post(port, "/v1/completions",
+                       R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 5})");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  kill(pid, SIGTERM);
+  while (std::fgets(line, sizeof line, err)) log += line;
+  std::fclose(err);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  EXPECT_NE(log.find("[cmpl-"), std::string::npos) << log;  // the request's log line
+  EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace bs::server

@@ -1,0 +1,83 @@
+// server::TextStream: incremental detokenization cut at stop strings.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "server/text_stream.h"
+#include "tokenizer/tokenizer.h"
+
+namespace bs::server {
+namespace {
+
+const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
+
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// Pushes the ids of `text` one by one; returns the chunks (finish() last).
+std::vector<std::string> run(const Tokenizer& tok, const std::string& text,
+                             std::vector<std::string> stop, bool* stopped) {
+  TextStream stream(tok, std::move(stop));
+  std::vector<std::string> chunks;
+  for (int32_t id : tok.encode(text, /*add_special_tokens=*/true)) {
+    chunks.push_back(stream.push(id));
+    if (stream.stopped()) break;
+  }
+  chunks.push_back(stream.finish());
+  *stopped = stream.stopped();
+  return chunks;
+}
+
+std::string join(const std::vector<std::string>& chunks) {
+  std::string s;
+  for (const auto& c : chunks) s += c;
+  return s;
+}
+
+TEST(TextStream, WithoutStopStringsEqualsDecode) {
+  auto tok = Tokenizer::load(kModel);
+  ASSERT_TRUE(tok.ok());
+  const std::string text = "Tom had a red ball. Caf\xc3\xa9 \xe2\x98\x83 \xf0\x9f\x98\x80 end";
+  bool stopped = true;
+  const auto chunks = run(**tok, text, {}, &stopped);
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(join(chunks), (*tok)->decode((*tok)->encode(text, true), true));
+  for (const auto& c : chunks) EXPECT_TRUE(valid_utf8(c)) << c;
+}
+
+TEST(TextStream, CutsAtTheEarliestStopStringAcrossTokens) {
+  auto tok = Tokenizer::load(kModel);
+  ASSERT_TRUE(tok.ok());
+  const std::string text = "Once upon a time, there was a little girl named Lily.";
+  bool stopped = false;
+  // "e, th" spans several tokens; "little" comes later; "zebra" never.
+  const auto chunks = run(**tok, text, {"zebra", "little", "e, th", ""}, &stopped);
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(join(chunks), "Once upon a tim");
+  // No chunk ever carried text of the stop string.
+  for (const auto& c : chunks) EXPECT_EQ(c.find(','), std::string::npos) << c;
+}
+
+TEST(TextStream, HeldBackPrefixIsReleasedWhenItDoesNotMatch) {
+  auto tok = Tokenizer::load(kModel);
+  ASSERT_TRUE(tok.ok());
+  const std::string text = "Lily and Lilo";
+  bool stopped = true;
+  const auto chunks = run(**tok, text, {"Lilac", "o!"}, &stopped);
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(join(chunks), "Lily and Lilo");
+}
+
+}  // namespace
+}  // namespace bs::server
