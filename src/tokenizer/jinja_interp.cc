@@ -196,9 +196,9 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
       return Value(a.str() + b.str());
     }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+      in.check_list(a.items().size() + b.items().size());
       std::vector<Value> items = a.items();
       items.insert(items.end(), b.items().begin(), b.items().end());
-      in.charge(static_cast<int64_t>(items.size()));
       return Value::list(std::move(items), a.is_tuple());
     }
     if (a.is_string() && !b.is_undefined() && !a.is_undefined()) {
@@ -227,7 +227,9 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
         for (int64_t i = 0; i < n; ++i) s += seq->str();
         return Value(std::move(s));
       }
-      in.charge(static_cast<int64_t>(seq->items().size()) * std::min<int64_t>(n, 1LL << 40));
+      in.check_list(n > 0 && !seq->items().empty()
+                        ? static_cast<size_t>(std::min<int64_t>(n, 1LL << 40)) * seq->items().size()
+                        : 0);
       std::vector<Value> items;
       for (int64_t i = 0; i < n; ++i)
         items.insert(items.end(), seq->items().begin(), seq->items().end());
@@ -300,6 +302,12 @@ void Interpreter::check_size(size_t bytes) const {
   if (bytes > options_.max_output) {
     throw Error("template output exceeds " + std::to_string(options_.max_output) + " bytes");
   }
+}
+
+void Interpreter::check_list(size_t n) {
+  constexpr size_t kMaxList = 1'000'000;
+  if (n > kMaxList) throw Error("list longer than " + std::to_string(kMaxList) + " items");
+  charge(static_cast<int64_t>(n) * 4);
 }
 
 std::tm Interpreter::now() const {
@@ -440,7 +448,7 @@ Interpreter::Flow Interpreter::render_for(const Node& n, Frame& frame, std::stri
   if (items.empty()) return render_body(n.else_body, frame, out);
   const int64_t len = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < len; ++i) {
-    charge(1);
+    charge(4);  // an iteration builds a frame and the loop object
     Frame f;
     f.parent = &frame;
     bind_targets(n.targets, items[i], f.vars);

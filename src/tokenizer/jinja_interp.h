@@ -24,7 +24,7 @@ struct RenderOptions {
   // The local time strftime_now formats; defaults to the system clock.
   std::function<std::tm()> now;
   int max_depth = 500;             // nested evaluation frames
-  int64_t max_steps = 20'000'000;  // evaluation steps (nodes, loop iterations, elements)
+  int64_t max_steps = 5'000'000;  // evaluation steps (nodes, loop iterations, list items)
   size_t max_output = 64u << 20;   // bytes of rendered text (and of any one string)
 };
 
@@ -45,6 +45,8 @@ class Interpreter {
   void charge(int64_t steps);
   // Checks the size of a string being built (strings, joins, repeats).
   void check_size(size_t bytes) const;
+  // Checks and charges the length of a list being built (concatenation, repetition).
+  void check_list(size_t n);
   std::tm now() const;
 
  private:
