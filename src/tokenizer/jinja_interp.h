@@ -23,9 +23,9 @@ namespace bs::jinja {
 struct RenderOptions {
   // The local time strftime_now formats; defaults to the system clock.
   std::function<std::tm()> now;
-  int max_depth = 500;             // nested evaluation frames
+  int max_depth = 500;            // nested evaluation frames
   int64_t max_steps = 5'000'000;  // evaluation steps (nodes, loop iterations, list items)
-  size_t max_output = 64u << 20;   // bytes of rendered text (and of any one string)
+  size_t max_output = 64u << 20;  // bytes of rendered text (and of any one string)
 };
 
 // Renders `tmpl` with the template variables `vars`. Throws jinja::Error.
