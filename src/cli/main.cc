@@ -12,6 +12,7 @@
 #include "engine/generate.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -41,6 +42,7 @@ struct GenerateArgs {
   float flashmap_noise_scale = 1.0f;
   bool ignore_eos = false;
   bool drafter_fp8 = false;
+  bool chat = false;
 };
 
 std::string percent_list(const bs::GenerateStats& st) {
@@ -54,12 +56,23 @@ std::string percent_list(const bs::GenerateStats& st) {
   return out;
 }
 
+// --chat: the prompt as one user message through the model's chat template, ready for the
+// assistant's reply. The text carries the template's special tokens (BOS included).
+bs::Result<std::string> chat_prompt(const std::string& model_dir, const std::string& prompt) {
+  auto tmpl = bs::ChatTemplate::load(model_dir);
+  if (!tmpl.ok()) return tmpl.status().with_context("--chat");
+  return (*tmpl)->render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}}),
+                         /*add_generation_prompt=*/true);
+}
+
 int run_generate(const GenerateArgs& a) {
   const auto [model_dir, drafter_dir] =
       bs::cli::resolve_model_dirs(a.model, a.drafter, a.no_drafter);
 
   auto tokenizer = bs::Tokenizer::load(model_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
+  auto chat_text = a.chat ? chat_prompt(model_dir, a.prompt) : bs::Result<std::string>(a.prompt);
+  if (!chat_text.ok()) return fail(chat_text.status());
   auto backend = bs::make_backend(a.device, a.threads);
   if (!backend.ok()) return fail(backend.status());
   auto target = bs::load_target(model_dir, **backend);
@@ -74,7 +87,8 @@ int run_generate(const GenerateArgs& a) {
     drafter = std::move(*loaded);
   }
 
-  std::vector<int32_t> prompt = (*tokenizer)->encode(a.prompt, /*add_special_tokens=*/true);
+  // A rendered chat template already holds its special tokens: add none again.
+  std::vector<int32_t> prompt = (*tokenizer)->encode(*chat_text, /*add_special_tokens=*/!a.chat);
   if (prompt.empty()) {
     if ((*tokenizer)->bos_id() < 0) {
       return fail(bs::InvalidArgument("empty prompt and the tokenizer has no BOS token"));
@@ -174,6 +188,8 @@ int main(int argc, char** argv) {
                   "FlashMap noise scale (0: deterministic drafts)")
       ->check(CLI::NonNegativeNumber);
   gen->add_flag("--ignore-eos", g.ignore_eos, "Do not stop at end-of-sequence tokens");
+  gen->add_flag("--chat", g.chat,
+                "Wrap the prompt as one user message in the model's chat template");
 
   std::string tok_model, tok_text;
   bool tok_no_special = false;

@@ -47,11 +47,6 @@ int run_serve(const ServeArgs& a) {
                                           .max_model_len = a.max_model_len,
                                           .draft_tokens = a.draft_tokens});
   if (!model.ok()) return fail(model.status());
-  // The chat renderer (bs::ChatTemplate) is not in this build yet: chat answers 501.
-  model->chat_unavailable =
-      "/v1/chat/completions is not available in this build yet (no chat template renderer); "
-      "use /v1/completions";
-  model->chat_unavailable_status = 501;
   const std::string summary =
       fmt::format("model {} ({}), drafter {}, context {} tokens", model->name, dirs.model,
                   dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len);

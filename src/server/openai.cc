@@ -17,7 +17,8 @@ ApiError bad(std::string param, std::string message) {
 // The JSON type name as users know it.
 std::string type_name(const json& v) { return v.type_name(); }
 
-bool present(const json& req, const char* key) {
+template <typename Json>
+bool present(const Json& req, const char* key) {
   return req.contains(key) && !req.at(key).is_null();
 }
 
@@ -90,7 +91,10 @@ std::optional<ApiError> parse_prompt(const json& req, CompletionRequest* out) {
 
 // messages: [{role, content}], content a string, null or a list of {"type": "text", "text"} parts
 // (joined with newlines).
-std::optional<ApiError> parse_messages(const json& req, CompletionRequest* out) {
+// `req` is ordered JSON: templates see objects in the request's key order (tojson of a tool
+// schema, dict.items()), as transformers' Python dicts keep it.
+std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, CompletionRequest* out) {
+  using json = nlohmann::ordered_json;
   if (!present(req, "messages")) return bad("messages", "messages is required");
   const json& msgs = req.at("messages");
   if (!msgs.is_array() || msgs.empty()) {
@@ -111,7 +115,8 @@ std::optional<ApiError> parse_messages(const json& req, CompletionRequest* out) 
           return bad("messages",
                      fmt::format("messages[{}].content: only text parts are supported", i));
         }
-        text += (text.empty() ? "" : "\n") + part.at("text").get<std::string>();
+        if (!text.empty()) text += '\n';
+        text += part.at("text").get<std::string>();
       }
       msg["content"] = text;
     } else if (m.contains("content") && !m.at("content").is_string() &&
@@ -226,7 +231,12 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     if (!req.at("model").is_string()) return bad("model", "model must be a string");
     out->model = req.at("model").get<std::string>();
   }
-  if (auto e = chat ? parse_messages(req, out) : parse_prompt(req, out)) return e;
+  if (chat) {
+    // Parsed again in key order (the body is valid JSON: parsed above).
+    if (auto e = parse_messages(nlohmann::ordered_json::parse(body), out)) return e;
+  } else if (auto e = parse_prompt(req, out)) {
+    return e;
+  }
   if (auto e = refuse_unsupported(req)) return e;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     int64_t n = 0;

@@ -34,8 +34,8 @@ struct CompletionRequest {
   std::vector<int32_t> prompt_ids;
   bool prompt_is_ids = false;
   // Chat: messages with content flattened to strings; template variables.
-  nlohmann::json messages;
-  nlohmann::json template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json messages;  // key order kept (templates see it)
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens; > 0
   SamplingParams sampling;
   std::vector<std::string> stop;

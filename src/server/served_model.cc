@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "models/registry.h"
+#include "tokenizer/chat_template.h"
 
 namespace bs::server {
 
@@ -32,7 +33,18 @@ Result<ServedModel> load_served_model(const ModelOptions& options) {
                            options.max_model_len, window);
   }
   m.max_model_len = options.max_model_len > 0 ? options.max_model_len : window;
-  m.chat_unavailable = "model " + m.name + " has no chat template; use /v1/completions";
+  auto tmpl = ChatTemplate::load(options.model_dir);
+  if (tmpl.ok()) {
+    std::shared_ptr<const ChatTemplate> t = std::move(*tmpl);
+    m.render_chat = [t](const nlohmann::ordered_json& messages,
+                        const nlohmann::ordered_json& extra) {
+      return t->render(messages, /*add_generation_prompt=*/true, extra);
+    };
+  } else if (tmpl.status().code() == StatusCode::kNotFound) {
+    m.chat_unavailable = "model " + m.name + " has no chat template; use /v1/completions";
+  } else {
+    return tmpl.status();
+  }
   return m;
 }
 

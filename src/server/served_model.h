@@ -19,8 +19,8 @@ namespace bs::server {
 
 // Renders OpenAI chat messages (+ template variables) into prompt text with the generation
 // prompt appended; InvalidArgument when the template rejects them.
-using ChatRenderer =
-    std::function<Result<std::string>(const nlohmann::json& messages, const nlohmann::json& extra)>;
+using ChatRenderer = std::function<Result<std::string>(const nlohmann::ordered_json& messages,
+                                                       const nlohmann::ordered_json& extra)>;
 
 struct ModelOptions {
   std::string model_dir;    // Hugging Face folder
@@ -46,8 +46,9 @@ struct ServedModel {
   int chat_unavailable_status = 400;  // HTTP status of that answer
 };
 
-// Loads everything named by `options` (errors name the folder and the problem). Leaves the chat
-// renderer empty with chat_unavailable set; the caller wires a template.
+// Loads everything named by `options` (errors name the folder and the problem), with the model's
+// chat template as render_chat when it ships one (chat_unavailable says so when it does not; a
+// malformed template fails the load).
 Result<ServedModel> load_served_model(const ModelOptions& options);
 
 }  // namespace bs::server

@@ -7,10 +7,9 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -29,11 +28,13 @@ class ChatTemplate {
   ~ChatTemplate();
 
   // messages: a JSON array of OpenAI-style messages ({"role", "content", ...}); extra: further
-  // template variables (e.g. "tools", "enable_thinking"). Returns the prompt text, special tokens
-  // as text (encode it without adding BOS again). InvalidArgument when the template raises
-  // (raise_exception) or fails on these inputs.
-  Result<std::string> render(const nlohmann::json& messages, bool add_generation_prompt,
-                             const nlohmann::json& extra = nlohmann::json::object()) const;
+  // template variables (e.g. "tools", "enable_thinking"). Ordered JSON, because templates see
+  // objects in their key order (a tool schema through tojson, dict.items()), as Python keeps it.
+  // Returns the prompt text, special tokens as text (encode it without adding BOS again).
+  // InvalidArgument when the template raises (raise_exception) or fails on these inputs.
+  Result<std::string> render(
+      const nlohmann::ordered_json& messages, bool add_generation_prompt,
+      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
  private:
   struct Impl;

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace {
@@ -97,6 +99,30 @@ TEST(Cli, BadInputIsAClearError) {
   r = run("generate --model " + kModel + " --no-drafter --prompt '" + long_prompt + "'");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("prompt too long"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ChatWrapsThePromptInTheTemplate) {
+  CliRun r = run("generate --model " + kModel + " --no-drafter --chat --prompt hi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no chat template"), std::string::npos) << r.err;
+
+  // stories260K with a chat template: --chat equals the rendered text as a plain prompt (the
+  // template writes BOS itself, the plain prompt gets it from the tokenizer: no second BOS).
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(BS_BINARY_DIR) / ("cli_chat_model_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::copy(kModel, dir);
+  std::ofstream(dir / "chat_template.jinja")
+      << "{{ bos_token }}{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }} "
+         "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}";
+  const std::string common = "generate --no-drafter --max-tokens 12 --model " + dir.string();
+  const CliRun chat = run(common + " --chat --prompt 'Once upon a time'");
+  const CliRun plain = run(common + " --prompt 'User: Once upon a time Assistant:'");
+  fs::remove_all(dir);
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(chat.out, plain.out);
+  EXPECT_NE(chat.err.find("prompt"), std::string::npos);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -35,8 +37,9 @@ const std::string kDrafter = std::string(BS_SOURCE_DIR) + "/models/stories260K-d
 // A server on 127.0.0.1:<free port>, serving until destroyed.
 class RunningServer {
  public:
-  explicit RunningServer(ServerOptions options = {}, bool drafter = true) {
-    auto model = load_served_model({.model_dir = kModel,
+  explicit RunningServer(ServerOptions options = {}, bool drafter = true,
+                         const std::string& model_dir = kModel) {
+    auto model = load_served_model({.model_dir = model_dir,
                                     .drafter_dir = drafter ? kDrafter : "",
                                     .device = "cpu",
                                     .threads = 1});
@@ -74,8 +77,8 @@ class Engine {
     int64_t prompt_tokens, completion_tokens;
     std::string finish_reason;
   };
-  Output greedy(const std::string& prompt, int64_t max_tokens) {
-    const auto ids = tokenizer_->encode(prompt, true);
+  Output greedy(const std::string& prompt, int64_t max_tokens, bool add_special_tokens = true) {
+    const auto ids = tokenizer_->encode(prompt, add_special_tokens);
     GenerateOptions opt;
     opt.max_tokens = max_tokens;
     opt.stop_ids = tokenizer_->eos_ids();
@@ -321,14 +324,73 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
             200);
 }
 
-TEST(Server, ChatWithoutATemplateRendererIsAClearError) {
+TEST(Server, ChatWithoutATemplateIsAClearError) {
   RunningServer server;
   const Reply r = post(server.port(), "/v1/chat/completions",
                        R"({"messages": [{"role": "user", "content": "hi"}]})");
-  EXPECT_TRUE(r.status == 400 || r.status == 501) << r.raw;
+  EXPECT_EQ(r.status, 400) << r.raw;
   EXPECT_NE(r.body["error"]["message"].get<std::string>().find("/v1/completions"),
             std::string::npos)
       << r.raw;
+}
+
+// A copy of the embedded model with a chat template (chat_template.jinja) that shows the
+// messages and a template variable passed through chat_template_kwargs.
+std::string model_with_chat_template() {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("bs_server_chat_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const char* f :
+       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(fs::path(kModel) / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  std::ofstream(dir / "chat_template.jinja")
+      << "{% if cfg is defined %}{{ cfg | tojson }}\n{% endif %}"
+         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant:{% endif %}";
+  return dir.string();
+}
+
+TEST(Server, ChatRendersTheModelsTemplate) {
+  const std::string dir = model_with_chat_template();
+  RunningServer server({}, /*drafter=*/true, dir);
+  Engine engine;
+  // The rendered prompt (no BOS: the template adds none, and rendered text is encoded without
+  // special tokens). Key order of template variables is the request's (as in Python).
+  const std::string prompt =
+      "{\"z\": 1, \"a\": [2, 3]}\nsystem: Tell a story.\nuser: Once upon a "
+      "time\nassistant:";
+  const auto want = engine.greedy(prompt, 20, /*add_special_tokens=*/false);
+  const Reply r = post(server.port(), "/v1/chat/completions",
+                       R"({"messages": [{"role": "system", "content": "Tell a story."},
+                                        {"role": "user", "content": [{"type": "text", "text": "Once upon a time"}]}],
+                           "chat_template_kwargs": {"cfg": {"z": 1, "a": [2, 3]}},
+                           "max_tokens": 20, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["object"], "chat.completion");
+  EXPECT_EQ(r.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r.body["choices"][0]["message"]["content"], want.text);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], want.prompt_tokens);
+  // Streamed: the deltas add up to the same text.
+  httplib::Client cli("127.0.0.1", server.port());
+  auto sr = cli.Post("/v1/chat/completions",
+                     R"({"messages": [{"role": "system", "content": "Tell a story."},
+                                      {"role": "user", "content": "Once upon a time"}],
+                         "chat_template_kwargs": {"cfg": {"z": 1, "a": [2, 3]}},
+                         "max_tokens": 20, "temperature": 0, "stream": true})",
+                     "application/json");
+  ASSERT_TRUE(sr);
+  std::string streamed;
+  for (const std::string& e : sse_events(sr->body)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    const json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) {
+      streamed += delta["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(streamed, want.text);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Server, ConcurrentClientsAllGetTheirOwnOutput) {
