@@ -207,6 +207,30 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
 #endif
 }
 
+// With the 16-row algorithm pinned for up to 512 rows, row r of a 512-row product equals the
+// row computed alone (what batched speculative decoding needs to equal batched plain decoding
+// beyond 16 rows per step).
+TEST_F(CudaOps, PinnedAlgorithmRowsAreIndependentOfRowCountUpTo512) {
+#ifdef BLOCKSPEC_HAS_CUDA
+  cuda::set_pinned_rows(*gpu_, 512);
+  for (const int64_t k : {4096, 12288}) {
+    const int64_t m = 1024, n = 512;
+    const auto xv = rnd(n * k), wv = rnd(m * k, 0.05f);
+    Tensor gx = gpu_act({n, k}, xv), gw = weight(*gpu_, {m, k}, wv);
+    Tensor all = make(*gpu_, {n, m}, DType::kBF16);
+    gpu_->matmul(all, gx, gw);
+    const auto ref = gpu_->to_host_f32(all);
+    for (const int64_t rows : {1, 16, 17, 64, 128, 200, 511}) {
+      Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
+      gpu_->matmul(part, gx.rows(0, rows), gw);
+      const auto got = gpu_->to_host_f32(part);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << "k=" << k << " rows=" << rows;
+    }
+  }
+  cuda::set_pinned_rows(*gpu_, 16);
+#endif
+}
+
 TEST_F(CudaOps, Fp8WeightsMatchCpuAndRowsAreIndependentOfRowCount) {
   struct Case {
     int64_t m, k;

@@ -185,6 +185,9 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_CUDA_GRAPHS")) {
       graphs_enabled_ = std::strcmp(env, "0") != 0;
     }
+    if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
+      pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -209,6 +212,10 @@ class CudaBackend final : public Backend {
   void set_gemv_mode(GemvMode mode) {
     gemv_mode_ = mode;
     ++capture_generation_;  // captured graphs hold the old mode's kernels
+  }
+  void set_pinned_rows(int64_t rows) {
+    pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, rows);
+    ++capture_generation_;
   }
 
   // ---- Memory ----
@@ -405,8 +412,7 @@ class CudaBackend final : public Backend {
       return;
     }
     // y[n,m] = x[n,k] w[m,k]^T  <=>  y^T (m x n, col-major) = w^T-as-stored (op T) . x^T.
-    const int64_t algo_n =
-        gemv_mode_ == GemvMode::kAuto && n <= kSkinnyMaxRows ? kSkinnyMaxRows : n;
+    const int64_t algo_n = gemv_mode_ == GemvMode::kAuto && n <= pinned_rows_ ? kSkinnyMaxRows : n;
     gemm_any(y, x, /*a_rows=*/n, k, /*trans_a=*/false, w, m, /*trans_b=*/true, accumulate, bias,
              algo_n);
   }
@@ -908,6 +914,9 @@ class CudaBackend final : public Backend {
   size_t ring_off_ = 0;
   cudaDeviceProp props_{};
   GemvMode gemv_mode_ = GemvMode::kAuto;
+  // Products of up to this many rows use the algorithm chosen for kSkinnyMaxRows rows
+  // (GemvMode::kAuto); BLOCKSPEC_PINNED_ROWS / set_pinned_rows raise it (experiment).
+  int64_t pinned_rows_ = kSkinnyMaxRows;
   std::map<PlanKey, LtPlan> plans_;
   // Split-KV attention partials. Reallocating them (or changing the GEMV mode) bumps
   // capture_generation_, which makes run_captured capture its graphs again.
@@ -1007,5 +1016,6 @@ std::string device_description(Backend& backend) {
 }
 
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
+void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 
 }  // namespace bs::cuda

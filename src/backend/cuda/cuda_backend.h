@@ -53,5 +53,8 @@ std::string device_description(Backend& backend);
 //   kCublasLt: cuBLASLt with the heuristic's algorithm for the actual row count (not invariant).
 enum class GemvMode { kAuto, kMma, kSimt, kCublasLt };
 void set_gemv_mode(Backend& backend, GemvMode mode);
+// Products of up to `rows` rows (at least 16) use the algorithm pinned for 16 rows in
+// GemvMode::kAuto (experiment; also BLOCKSPEC_PINNED_ROWS).
+void set_pinned_rows(Backend& backend, int64_t rows);
 
 }  // namespace bs::cuda
