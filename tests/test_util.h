@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace bs::test_util {
 
@@ -35,5 +38,22 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// stories260K prompts (token ids): BOS; "Once upon a time"; "The little dog"; a mid-story prefix
+// from the held-out set.
+inline const std::vector<std::vector<int32_t>> kStoryPrompts = {
+    {1},
+    {1, 403, 407, 261, 378},
+    {1, 291, 376, 400, 428},
+    {1, 403, 407, 261, 378, 432, 383, 286, 261, 297, 417, 331, 376, 298, 315}};
+
+// A GoogleTest parameter name from any string: characters other than letters and digits become
+// '_' (INSTANTIATE_TEST_SUITE_P(..., [](const auto& info) { return param_name(info.param); })).
+inline std::string param_name(std::string s) {
+  for (char& ch : s) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return s;
+}
 
 }  // namespace bs::test_util

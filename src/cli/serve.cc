@@ -27,6 +27,8 @@ struct ServeArgs {
   std::string device = "auto";
   int threads = 0;
   int64_t draft_tokens = 0;
+  int64_t max_num_seqs = 8;
+  int64_t kv_cache_tokens = 0;
 };
 
 CLI::App* g_cmd = nullptr;
@@ -47,9 +49,9 @@ int run_serve(const ServeArgs& a) {
                                           .max_model_len = a.max_model_len,
                                           .draft_tokens = a.draft_tokens});
   if (!model.ok()) return fail(model.status());
-  const std::string summary =
-      fmt::format("model {} ({}), drafter {}, context {} tokens", model->name, dirs.model,
-                  dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len);
+  const std::string summary = fmt::format(
+      "model {} ({}), drafter {}, context {} tokens, max {} sequences", model->name, dirs.model,
+      dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len, a.max_num_seqs);
 
   // SIGINT / SIGTERM go to one waiting thread that stops the server (every other thread,
   // created after this, inherits the blocked mask).
@@ -60,7 +62,11 @@ int run_serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  server::Server srv(std::move(*model), {.host = a.host, .port = a.port, .api_key = a.api_key});
+  server::Server srv(std::move(*model), {.host = a.host,
+                                         .port = a.port,
+                                         .api_key = a.api_key,
+                                         .max_num_seqs = a.max_num_seqs,
+                                         .kv_cache_tokens = a.kv_cache_tokens});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
   std::thread([&srv, signals] {
@@ -100,6 +106,15 @@ void register_serve(CLI::App& app) {
   g_cmd
       ->add_option("--draft-tokens", g_args.draft_tokens,
                    "Drafts verified per step (default: block-1)")
+      ->check(CLI::PositiveNumber);
+  g_cmd
+      ->add_option("--max-num-seqs", g_args.max_num_seqs,
+                   "Requests decoded together (continuous batching); more wait")
+      ->check(CLI::PositiveNumber);
+  g_cmd
+      ->add_option("--kv-cache-tokens", g_args.kv_cache_tokens,
+                   "KV cache size in positions (default: max-num-seqs full context windows); a "
+                   "request waits until its prompt + max_tokens fit")
       ->check(CLI::PositiveNumber);
 }
 

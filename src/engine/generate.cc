@@ -4,6 +4,7 @@
 
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
+#include "engine/plain_sequence.h"
 
 namespace bs {
 namespace detail {
@@ -24,6 +25,23 @@ Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   stats.finish = FinishReason::kLength;
   return Status::Ok();
+}
+
+void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
+                   std::vector<int32_t>* ids) {
+  const Tensor out = scratch.rows(0, rows.dim(0));
+  backend.argmax(out, rows);
+  ids->resize(static_cast<size_t>(rows.dim(0)));
+  backend.copy_to_host(ids->data(), out);
+}
+
+void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, const Tensor& ids_scratch,
+                     std::vector<int32_t>* argmax, std::vector<float>* host_logits) {
+  if (greedy) {
+    device_argmax(backend, ids_scratch, logits, argmax);
+  } else {
+    *host_logits = backend.to_host_f32(logits);
+  }
 }
 
 bool CommittedTokens::commit(int32_t token) {
@@ -78,49 +96,20 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
   const int64_t num_blocks = (max_context + kKvBlockSize - 1) / kKvBlockSize;
   KvPool pool = target.make_kv_pool(num_blocks);
   BlockAllocator allocator(num_blocks);
-  SequenceKv seq(allocator, kKvBlockSize);
-  Sampler sampler(options.sampling);
-  Backend& backend = target.backend();
-
-  detail::CommittedTokens out(options, on_token, st);
-  std::vector<float> logits;
-  const Tensor argmax_id = backend.empty({1}, DType::kI32);  // greedy: argmax on the device
+  detail::PlainSequence seq(allocator, options, max_context, prompt, on_token, st);
+  const Tensor argmax_id = target.backend().empty({1}, DType::kI32);  // greedy: on the device
   auto t0 = Clock::now();
-  // Prefill: the whole prompt, logits of the last row only.
-  std::vector<int32_t> step_tokens(prompt.begin(), prompt.end());
-  while (out.size() < options.max_tokens) {
-    const int64_t start = seq.length();
-    const int64_t n = static_cast<int64_t>(step_tokens.size());
-    if (start + n > max_context) {
-      st.finish = FinishReason::kContext;
-      break;
-    }
-    BS_RETURN_IF_ERROR(seq.reserve(start + n));
-    ForwardRequest req{.tokens = step_tokens,
-                       .start_pos = start,
-                       .block_table = seq.block_table(),
-                       .num_logits = 1,
-                       .tap_layers = {}};
-    ForwardResult res;
-    BS_RETURN_IF_ERROR(target.forward(req, pool, &res));
-    seq.set_length(start + n);
-    int32_t token = 0;
-    if (options.sampling.greedy()) {
-      backend.argmax(argmax_id, res.logits);
-      backend.copy_to_host(&token, argmax_id);
-    } else {
-      logits = backend.to_host_f32(res.logits);
-      token = sampler.sample(logits);
-    }
-    if (start == 0) {
+  // The first step is the prefill: the whole prompt, logits of the last row only.
+  for (bool stepped = true; stepped;) {
+    const bool prefill = !seq.prefilled();
+    BS_RETURN_IF_ERROR(detail::plain_step(target, pool, argmax_id, seq, &stepped));
+    if (prefill && stepped) {
       st.prefill_seconds = seconds_since(t0);
       t0 = Clock::now();
     }
-    if (out.commit(token)) break;
-    step_tokens.assign(1, token);
   }
   st.decode_seconds = seconds_since(t0);
-  return out.finish();
+  return seq.finish();
 }
 
 }  // namespace bs

@@ -60,16 +60,18 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                                   const TokenCallback& on_token,
                                                   GenerateStats* stats);
 
-// Plain decoding of several prompts in lockstep: every step runs one batched target forward
-// (CausalLM::forward_batch) over the sequences still generating. Each output is what
-// generate_plain gives for that prompt alone with the same options (same stops; sampling
-// draws from a sampler seeded as generate_plain's). (*stats)[i] describes prompt i; the timing
-// fields are those of the whole batch.
+// Plain decoding of several prompts in lockstep (a Scheduler, engine/scheduler.h, admitting them
+// all at once): the prompts prefill one at a time, then every step runs one batched target
+// forward (CausalLM::forward_batch) over the sequences still generating. Each output is what
+// generate_plain gives for that prompt alone with the same options (same stops; sampling draws
+// from a sampler seeded as generate_plain's). (*stats)[i] describes prompt i; the timing fields
+// are those of the whole batch.
 Result<std::vector<std::vector<int32_t>>> generate_plain_batch(
     CausalLM& target, std::span<const std::vector<int32_t>> prompts, const GenerateOptions& options,
     std::vector<GenerateStats>* stats);
 
-// Speculative decoding of several prompts in lockstep. Each output (tokens, finish reason,
+// Speculative decoding of several prompts in lockstep (a Scheduler admitting them all at once).
+// Each output (tokens, finish reason,
 // generated count, steps / drafted / accepted and per-position counts in (*stats)[i]) is what
 // generate_speculative gives for that prompt alone with the same options: greedy bit for bit on
 // the CPU, sampled from per-sequence samplers seeded as generate_speculative's. Prompts prefill

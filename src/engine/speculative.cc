@@ -35,8 +35,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
-  BS_ASSIGN_OR_RETURN(const int64_t draft_budget,
-                      detail::begin_speculative(target, drafter, prompt, options, max_context, st));
+  BS_RETURN_IF_ERROR(
+      detail::begin_speculative(target, drafter, prompt, options, max_context, st).status());
 
   std::ofstream trace;
   if (!options.trace_path.empty()) {
@@ -51,10 +51,10 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   }
 
   detail::SpeculativeRun run(
-      target, drafter, options, max_context, draft_budget,
+      target, drafter,
       detail::speculative_blocks(drafter, static_cast<int64_t>(prompt.size()), options,
                                  max_context));
-  detail::SpeculativeSequence seq(run, prompt, on_token, st);
+  detail::SpeculativeSequence seq(run, options, prompt, on_token, st);
   Backend& backend = target.backend();
 
   // ---- Prefill: the prompt, its taps observed by the drafter, the first token. ----
@@ -71,8 +71,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     if (!stepping) break;
     const auto t = Clock::now();
     BS_RETURN_IF_ERROR(target.forward(seq.verify_request(), run.target_kv, &res));
-    detail::read_verify_rows(backend, res.logits, options.sampling.greedy(), run.argmax_ids,
-                             &target_argmax, &logits);
+    detail::read_logit_rows(backend, res.logits, options.sampling.greedy(), run.argmax_ids,
+                            &target_argmax, &logits);
     const double verify_s = seconds_since(t);
     BS_RETURN_IF_ERROR(seq.accept(res.taps, target_argmax, logits));
     st.verify_seconds += verify_s;

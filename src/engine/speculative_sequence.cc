@@ -6,19 +6,6 @@
 
 namespace bs::detail {
 
-namespace {
-
-// Argmax of every row of `rows` on the device; only the ids come back to the host.
-void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
-                   std::vector<int32_t>* ids) {
-  const Tensor out = scratch.rows(0, rows.dim(0));
-  backend.argmax(out, rows);
-  ids->resize(static_cast<size_t>(rows.dim(0)));
-  backend.copy_to_host(ids->data(), out);
-}
-
-}  // namespace
-
 Result<int64_t> begin_speculative(const CausalLM& target, const Drafter& drafter,
                                   std::span<const int32_t> prompt, const GenerateOptions& options,
                                   int64_t max_context, GenerateStats& stats) {
@@ -40,37 +27,27 @@ int64_t speculative_blocks(const Drafter& drafter, int64_t prompt_tokens,
   return (reach + drafter.block_size() + kKvBlockSize - 1) / kKvBlockSize;
 }
 
-void read_verify_rows(Backend& backend, const Tensor& logits, bool greedy,
-                      const Tensor& ids_scratch, std::vector<int32_t>* argmax,
-                      std::vector<float>* host_logits) {
-  if (greedy) {
-    device_argmax(backend, ids_scratch, logits, argmax);
-  } else {
-    *host_logits = backend.to_host_f32(logits);
-  }
-}
-
-SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, const GenerateOptions& options,
-                               int64_t max_context, int64_t draft_budget, int64_t num_blocks)
+SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks)
     : target(target),
       drafter(drafter),
-      options(options),
-      max_context(max_context),
-      draft_budget(draft_budget),
       target_kv(target.make_kv_pool(num_blocks)),
       draft_kv(drafter.make_kv_pool(num_blocks)),
       allocator(num_blocks),
-      argmax_ids(target.backend().empty({std::max(drafter.block_size(), draft_budget) + 1},
+      argmax_ids(target.backend().empty({std::max(drafter.block_size(), drafter.max_drafts()) + 1},
                                         DType::kI32)) {}
 
-SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, std::span<const int32_t> prompt,
+SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
+                                         std::span<const int32_t> prompt,
                                          const TokenCallback& on_token, GenerateStats& stats)
     : run_(run),
+      options_(options),
+      max_context_(context_window(run.target, options)),
+      draft_budget_(options.draft_tokens > 0 ? options.draft_tokens : run.drafter.max_drafts()),
       st_(stats),
       prompt_(prompt),
       kv_(run.allocator, kKvBlockSize),
-      sampler_(run.options.sampling),
-      out_(run.options, on_token, stats) {}
+      sampler_(options.sampling),
+      out_(options, on_token, stats) {}
 
 Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
   const auto t = Clock::now();
@@ -99,20 +76,19 @@ Status SpeculativeSequence::prefill() {
 
 Result<bool> SpeculativeSequence::begin_step(bool propose) {
   if (done_) return false;
-  const GenerateOptions& options = run_.options;
+  const GenerateOptions& options = options_;
   if (out_.size() >= options.max_tokens) {
     st_.finish = FinishReason::kLength;
     done_ = true;
     return false;
   }
   s_ = kv_.length();  // position of the anchor = tokens already cached
-  if (s_ + 1 > run_.max_context) {
+  if (s_ + 1 > max_context_) {
     st_.finish = FinishReason::kContext;
     done_ = true;
     return false;
   }
-  k_ = std::min(
-      {run_.draft_budget, options.max_tokens - out_.size() - 1, run_.max_context - s_ - 1});
+  k_ = std::min({draft_budget_, options.max_tokens - out_.size() - 1, max_context_ - s_ - 1});
   const int32_t anchor = out_.back();
   const int64_t B = run_.drafter.block_size();
   BS_RETURN_IF_ERROR(kv_.reserve(s_ + std::max(B, k_ + 1)));
@@ -135,12 +111,12 @@ ProposeRequest SpeculativeSequence::propose_request() const {
           .anchor_pos = s_,
           .block_table = kv_.block_table(),
           .num_drafts = k_,
-          .noise_seed = run_.options.sampling.seed.value_or(0)};
+          .noise_seed = options_.sampling.seed.value_or(0)};
 }
 
 void SpeculativeSequence::take_drafts(const Tensor& draft_logits, double draft_seconds) {
   Backend& backend = run_.target.backend();
-  if (run_.options.sampling.greedy()) {
+  if (options_.sampling.greedy()) {
     std::vector<int32_t> drafts;
     device_argmax(backend, run_.argmax_ids, draft_logits.rows(0, k_), &drafts);
     verify_tokens_.insert(verify_tokens_.end(), drafts.begin(), drafts.end());
@@ -173,7 +149,7 @@ Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> 
   kv_.set_length(s_ + k_ + 1);
   const std::span<const int32_t> drafts = step_.drafts;
   AcceptResult acc;
-  if (run_.options.sampling.greedy()) {
+  if (options_.sampling.greedy()) {
     acc = accept_greedy(drafts, target_argmax);
   } else {
     const int64_t vocab = run_.target.config().vocab_size;

@@ -1,10 +1,11 @@
 // One sequence of lossless speculative decoding taken step by step, so that generate_speculative
-// (one sequence, CausalLM::forward) and generate_speculative_batch (several sequences, one
-// CausalLM::forward_batch per step) run the same prefill / propose / accept / observe code and
-// therefore give the same tokens. The caller runs the verify forwards:
+// (one sequence, CausalLM::forward) and the Scheduler (several sequences, one
+// CausalLM::forward_batch per step; generate_speculative_batch runs on it) run the same prefill /
+// propose / accept / observe code and therefore give the same tokens. The caller runs the verify
+// forwards:
 //
 //   prefill
-//   loop: begin_step (false: finished) -> verify_request -> target forward -> read_verify_rows
+//   loop: begin_step (false: finished) -> verify_request -> target forward -> read_logit_rows
 //         -> accept
 #pragma once
 
@@ -26,35 +27,26 @@ Result<int64_t> begin_speculative(const CausalLM& target, const Drafter& drafter
                                   std::span<const int32_t> prompt, const GenerateOptions& options,
                                   int64_t max_context, GenerateStats& stats);
 
-// What the sequences of one run share: both caches (indexed by each sequence's block table, one
-// table serving both) with their block allocator, and the settings.
+// What the sequences of one run share: the models and both caches (indexed by each sequence's
+// block table, one table serving both) with their block allocator. Each sequence has its own
+// options.
 struct SpeculativeRun {
-  SpeculativeRun(CausalLM& target, Drafter& drafter, const GenerateOptions& options,
-                 int64_t max_context, int64_t draft_budget, int64_t num_blocks);
+  SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks);
   SpeculativeRun(const SpeculativeRun&) = delete;
   SpeculativeRun& operator=(const SpeculativeRun&) = delete;
 
   CausalLM& target;
   Drafter& drafter;
-  const GenerateOptions& options;
-  int64_t max_context = 0;
-  int64_t draft_budget = 0;
   KvPool target_kv;
   KvPool draft_kv;
   BlockAllocator allocator;
-  Tensor argmax_ids;  // I32 [max(block size, draft budget) + 1]: device argmax of a block's rows
+  Tensor argmax_ids;  // I32 [max(block size, max drafts) + 1]: device argmax of a block's rows
 };
 
 // KV blocks one sequence may hold at once: the prompt plus max_tokens within the window, and the
 // drafter's block of B positions past the anchor (propose writes K/V up to s + B - 1).
 int64_t speculative_blocks(const Drafter& drafter, int64_t prompt_tokens,
                            const GenerateOptions& options, int64_t max_context);
-
-// Host copies of the verify rows a step's acceptance reads: greedy, the argmax id of every row
-// (taken on the device into `ids_scratch`); sampled, the logits [rows, vocab].
-void read_verify_rows(Backend& backend, const Tensor& logits, bool greedy,
-                      const Tensor& ids_scratch, std::vector<int32_t>* argmax,
-                      std::vector<float>* host_logits);
 
 // The trace record of the latest step (generate_speculative's trace_path lines).
 struct SpeculativeStep {
@@ -69,8 +61,11 @@ struct SpeculativeStep {
 
 class SpeculativeSequence {
  public:
-  SpeculativeSequence(SpeculativeRun& run, std::span<const int32_t> prompt,
-                      const TokenCallback& on_token, GenerateStats& stats);
+  // `options` (validated by begin_speculative), `prompt`, `on_token` and `stats` must outlive
+  // the sequence.
+  SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
+                      std::span<const int32_t> prompt, const TokenCallback& on_token,
+                      GenerateStats& stats);
   SpeculativeSequence(const SpeculativeSequence&) = delete;
   SpeculativeSequence& operator=(const SpeculativeSequence&) = delete;
 
@@ -113,6 +108,9 @@ class SpeculativeSequence {
   Status observe(const Tensor& taps, int64_t start);
 
   SpeculativeRun& run_;
+  const GenerateOptions& options_;
+  int64_t max_context_ = 0;
+  int64_t draft_budget_ = 0;
   GenerateStats& st_;
   std::span<const int32_t> prompt_;
   SequenceKv kv_;

@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <utility>
 
-#include "server/text_stream.h"
-
 namespace bs::server {
 
 namespace {
@@ -45,8 +43,13 @@ void Job::end(Status status, std::string finish_reason) {
   cv_.notify_all();
 }
 
-EngineWorker::EngineWorker(ServedModel& model, Metrics& metrics, bool log)
-    : model_(model), metrics_(metrics), log_(log), thread_([this] { loop(); }) {}
+EngineWorker::EngineWorker(ServedModel& model, Metrics& metrics, const SchedulerOptions& scheduling,
+                           bool log)
+    : model_(model),
+      metrics_(metrics),
+      log_(log),
+      scheduler_(*model.target, model.drafter.get(), scheduling),
+      thread_([this] { loop(); }) {}
 
 EngineWorker::~EngineWorker() {
   std::deque<std::shared_ptr<Job>> left;
@@ -54,7 +57,6 @@ EngineWorker::~EngineWorker() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     left.swap(queue_);
-    if (running_) running_->cancel();
     cv_.notify_all();
   }
   for (auto& job : left) job->end(FailedPrecondition("the server is shutting down"), "abort");
@@ -69,66 +71,93 @@ void EngineWorker::submit(std::shared_ptr<Job> job) {
     return;
   }
   queue_.push_back(std::move(job));
-  publish_queue(running_ ? 1 : 0);
+  publish_queue();
   cv_.notify_all();
 }
 
-void EngineWorker::publish_queue(int64_t running) {
-  metrics_.set_queue(running, static_cast<int64_t>(queue_.size()));
+void EngineWorker::publish_counts() {
+  std::lock_guard lock(mutex_);
+  running_ = scheduler_.num_running();
+  scheduled_waiting_ = scheduler_.num_waiting();
+  publish_queue();
+}
+
+void EngineWorker::publish_queue() {
+  metrics_.set_queue(running_, scheduled_waiting_ + static_cast<int64_t>(queue_.size()));
 }
 
 void EngineWorker::loop() {
   for (;;) {
-    std::shared_ptr<Job> job;
+    std::deque<std::shared_ptr<Job>> arrived;
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = job;
-      publish_queue(1);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !scheduler_.idle(); });
+      if (stopping_) break;
+      arrived.swap(queue_);
     }
-    run(*job);
-    std::lock_guard lock(mutex_);
-    running_.reset();
-    publish_queue(0);
+    for (auto& job : arrived) start(std::move(job));
+    for (const auto& [id, active] : active_) {
+      if (active.job->cancelled()) scheduler_.cancel(id);  // the client went away
+    }
+    if (Status s = scheduler_.step(); !s.ok() && log_) {
+      fmt::print(stderr, "engine step failed: {}\n", s.message());
+    }
+    publish_counts();
+  }
+  // Shutting down: the scheduler ends every job it holds (cancelled) without running the model.
+  for (const auto& [id, active] : active_) scheduler_.cancel(id);
+  while (!scheduler_.idle()) {
+    if (!scheduler_.step().ok()) break;
   }
 }
 
-void EngineWorker::run(Job& job) {
-  const double queue_seconds = seconds_since(job.submitted_);
-  if (job.cancelled()) {
-    job.end(Status::Ok(), "abort");
+void EngineWorker::start(std::shared_ptr<Job> job) {
+  if (job->cancelled()) {
+    job->end(Status::Ok(), "abort");
     return;
   }
-  TextStream text(*model_.tokenizer, job.stop);
-  double ttft = -1;
-  const auto on_token = [&](int32_t id) {
-    if (ttft < 0) ttft = seconds_since(job.submitted_);
-    job.append(text.push(id));
-    return !text.stopped() && !job.cancelled();
+  const RequestId id = next_id_++;
+  Active& a = active_[id];
+  a.job = job;
+  a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop);
+  a.queued_before = seconds_since(job->submitted_);
+  const auto on_token = [this, id](int32_t token) {
+    Active& a = active_.at(id);
+    if (a.ttft < 0) a.ttft = seconds_since(a.job->submitted_);
+    a.job->append(a.text->push(token));
+    return !a.text->stopped() && !a.job->cancelled();
   };
-  GenerateStats& st = job.stats_;
-  auto out = model_.drafter
-                 ? generate_speculative(*model_.target, *model_.drafter, job.prompt, job.options,
-                                        on_token, &st)
-                 : generate_plain(*model_.target, job.prompt, job.options, on_token, &st);
-  if (!out.ok()) {
-    metrics_.record({.stats = nullptr});
-    if (log_) fmt::print(stderr, "[{}] error: {}\n", job.id, out.status().message());
-    job.end(out.status(), "abort");
-    return;
+  const auto on_done = [this, id](Completion c) { finish(id, std::move(c)); };
+  if (Status s = scheduler_.add(id, job->prompt, job->options, on_token, on_done); !s.ok()) {
+    active_.erase(id);
+    fail(*job, s);
   }
-  job.append(text.finish());
+}
+
+void EngineWorker::fail(Job& job, const Status& status) {
+  metrics_.record({.stats = nullptr});
+  if (log_) fmt::print(stderr, "[{}] error: {}\n", job.id, status.message());
+  job.end(status, "abort");
+}
+
+void EngineWorker::finish(RequestId id, Completion result) {
+  const auto it = active_.find(id);
+  Active a = std::move(it->second);
+  active_.erase(it);
+  publish_counts();  // before the client can see the end
+  Job& job = *a.job;
+  job.stats_ = std::move(result.stats);
+  if (!result.status.ok()) return fail(job, result.status);
+  const GenerateStats& st = job.stats_;
+  job.append(a.text->finish());
   std::string reason = "length";
-  if (text.stopped() || st.finish == FinishReason::kStop) reason = "stop";
-  if (!text.stopped() && st.finish == FinishReason::kCancelled) reason = "abort";
+  if (a.text->stopped() || st.finish == FinishReason::kStop) reason = "stop";
+  if (!a.text->stopped() && st.finish == FinishReason::kCancelled) reason = "abort";
   const double e2e = seconds_since(job.submitted_);
   metrics_.record({.stats = &st,
                    .finished_reason = reason,
-                   .queue_seconds = queue_seconds,
-                   .ttft_seconds = ttft,
+                   .queue_seconds = a.queued_before + result.queue_seconds,
+                   .ttft_seconds = a.ttft,
                    .e2e_seconds = e2e});
   if (log_) {
     const double tps =

@@ -1,6 +1,8 @@
-// The engine worker: one thread that owns the served model's target, drafter and backend and runs
-// generation requests one at a time, first come first served. HTTP handler threads submit a Job
-// and wait on it (whole response) or drain its text as it is committed (streaming).
+// The engine worker: one thread that owns the served model's target, drafter and backend and
+// drives a continuous-batching Scheduler (engine/scheduler.h): between steps it hands newly
+// submitted jobs to the scheduler and cancels those whose client left, then runs one step for
+// every running job. HTTP handler threads submit a Job and wait on it (whole response) or drain
+// its text as it is committed (streaming).
 #pragma once
 
 #include <atomic>
@@ -8,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,8 +19,10 @@
 
 #include "core/status.h"
 #include "engine/generate.h"
+#include "engine/scheduler.h"
 #include "server/metrics.h"
 #include "server/served_model.h"
+#include "server/text_stream.h"
 
 namespace bs::server {
 
@@ -53,7 +58,7 @@ class Job {
   void end(Status status, std::string finish_reason);
 
   std::atomic<bool> cancelled_{false};
-  Clock::time_point submitted_ = Clock::now();
+  Clock::time_point submitted_ = Clock::now();  // set by submit
   std::mutex mutex_;
   std::condition_variable cv_;
   std::string text_;  // committed, not yet taken
@@ -65,9 +70,10 @@ class Job {
 
 class EngineWorker {
  public:
-  // `model` and `metrics` must outlive the worker; log: one line per request on stderr.
-  EngineWorker(ServedModel& model, Metrics& metrics, bool log);
-  // Ends queued jobs with an error, finishes the running one (cancelled), joins.
+  // `model` and `metrics` must outlive the worker; `scheduling`: max_num_seqs and the KV pool
+  // (allocated now); log: one line per request on stderr.
+  EngineWorker(ServedModel& model, Metrics& metrics, const SchedulerOptions& scheduling, bool log);
+  // Ends queued jobs with an error, ends the running ones (cancelled), joins.
   ~EngineWorker();
   EngineWorker(const EngineWorker&) = delete;
   EngineWorker& operator=(const EngineWorker&) = delete;
@@ -75,17 +81,31 @@ class EngineWorker {
   void submit(std::shared_ptr<Job> job);
 
  private:
+  // A job in the scheduler, with its text stream (worker thread only).
+  struct Active {
+    std::shared_ptr<Job> job;
+    std::unique_ptr<TextStream> text;
+    double ttft = -1;          // submitted -> first token
+    double queued_before = 0;  // submitted -> handed to the scheduler
+  };
+
   void loop();
-  void run(Job& job);
-  void publish_queue(int64_t running);  // under mutex_
+  void start(std::shared_ptr<Job> job);          // hands a job to the scheduler
+  void finish(RequestId id, Completion result);  // the scheduler ended it
+  void fail(Job& job, const Status& status);
+  void publish_counts();  // the scheduler's counts to the metrics (worker thread)
+  void publish_queue();   // under mutex_
 
   ServedModel& model_;
   Metrics& metrics_;
   bool log_;
+  Scheduler scheduler_;                 // worker thread only
+  std::map<RequestId, Active> active_;  // worker thread only
+  RequestId next_id_ = 0;               // worker thread only
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> queue_;
-  std::shared_ptr<Job> running_;
+  std::deque<std::shared_ptr<Job>> queue_;       // submitted, not yet in the scheduler
+  int64_t running_ = 0, scheduled_waiting_ = 0;  // the scheduler's counts after the last step
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -40,6 +40,12 @@ bool needs_key(const std::string& path) {
   return path.rfind("/v1/", 0) == 0 || path == "/tokenize" || path == "/detokenize";
 }
 
+// The HTTP status of a failed job: 400 for a request the engine refuses (e.g. too large for the
+// KV cache), 500 for engine errors.
+int job_error_status(const Status& status) {
+  return status.code() == StatusCode::kInvalidArgument ? 400 : 500;
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -47,7 +53,11 @@ struct Server::Impl {
       : model(std::move(m)),
         options(std::move(o)),
         metrics(model.name),
-        worker(model, metrics, options.log_requests),
+        worker(model, metrics,
+               {.max_num_seqs = options.max_num_seqs,
+                .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
+                .max_context = model.max_model_len},
+               options.log_requests),
         created(std::time(nullptr)),
         id_prefix(fmt::format("{:08x}", std::random_device{}())) {}
 
@@ -147,7 +157,8 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool
     }
     if (!ended) return true;
     if (!job->status().ok()) {
-      send(error_body({.http_status = 500, .message = job->status().message()}));
+      send(error_body(
+          {.http_status = job_error_status(job->status()), .message = job->status().message()}));
     } else {
       json last = chunk(*job, chat, chat ? json::object() : json(""), job->finish_reason());
       if (model.drafter) last["blockspec"] = speculative(*job);
@@ -212,7 +223,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   std::string text;
   job->wait(&text);
   if (!job->status().ok()) {
-    return send_error(res, {.http_status = 500, .message = job->status().message()});
+    return send_error(
+        res, {.http_status = job_error_status(job->status()), .message = job->status().message()});
   }
   send_json(res, 200, response_body(*job, text, chat));
 }

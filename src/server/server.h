@@ -9,6 +9,7 @@
 // engine worker thread generates (engine_worker.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,9 @@ struct ServerOptions {
   int port = 8000;           // 0: any free port (bind() returns it)
   std::string api_key;       // non-empty: /v1, /tokenize and /detokenize need "Bearer KEY"
   bool log_requests = true;  // one line per request on stderr
+  int64_t max_num_seqs = 8;  // requests decoded together (continuous batching); more wait
+  // KV cache positions per pool (target and drafter alike); 0: max_num_seqs full context windows.
+  int64_t kv_cache_tokens = 0;
 };
 
 class Server {

@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "engine/generate.h"
+#include "models/drafter.h"
 #include "models/registry.h"
 #include "tokenizer/tokenizer.h"
 
@@ -88,12 +89,24 @@ class Engine {
     return {tokenizer_->decode(*out, /*skip_special_tokens=*/true), st.prompt_tokens,
             st.generated_tokens, st.finish == FinishReason::kStop ? "stop" : "length"};
   }
+  // The single-request output the server must give for `opt` (stop ids: the tokenizer's EOS):
+  // generate_speculative with the shipped drafter, or generate_plain.
+  std::string text(const std::string& prompt, GenerateOptions opt, bool drafter) {
+    if (drafter && !drafter_) drafter_ = std::move(*load_drafter(kDrafter, *target_, {}));
+    opt.stop_ids = tokenizer_->eos_ids();
+    const auto ids = tokenizer_->encode(prompt, true);
+    auto out = drafter ? generate_speculative(*target_, *drafter_, ids, opt, nullptr, nullptr)
+                       : generate_plain(*target_, ids, opt, nullptr, nullptr);
+    EXPECT_TRUE(out.ok());
+    return tokenizer_->decode(*out, /*skip_special_tokens=*/true);
+  }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<CausalLM> target_;
+  std::unique_ptr<Drafter> drafter_;
 };
 
 struct Reply {
@@ -129,6 +142,17 @@ std::vector<std::string> sse_events(const std::string& body) {
     if (line.rfind("data: ", 0) == 0) events.push_back(line.substr(6));
   }
   return events;
+}
+
+// The completion text of `body` (streamed when body["stream"] is true: the chunks' text joined).
+std::string completion_text(int port, const json& body) {
+  const Reply r = post(port, "/v1/completions", body.dump());
+  if (!body.value("stream", false)) return r.body["choices"][0]["text"];
+  std::string text;
+  for (const auto& e : sse_events(r.raw)) {
+    if (e != "[DONE]") text += json::parse(e)["choices"][0]["text"].get<std::string>();
+  }
+  return text;
 }
 
 // The value of the first /metrics series starting with `prefix` (name{labels...).
@@ -403,22 +427,78 @@ TEST(Server, ConcurrentClientsAllGetTheirOwnOutput) {
   std::vector<std::thread> clients;
   for (size_t i = 0; i < prompts.size(); ++i) {
     clients.emplace_back([&, i] {
-      const bool stream = i % 2 == 1;
-      const Reply r = post(
-          server.port(), "/v1/completions",
-          json{{"prompt", prompts[i]}, {"max_tokens", 50}, {"temperature", 0}, {"stream", stream}}
-              .dump());
-      if (!stream) {
-        got[i] = r.body["choices"][0]["text"];
-        return;
-      }
-      for (const auto& e : sse_events(r.raw)) {
-        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
-      }
+      got[i] = completion_text(
+          server.port(),
+          {{"prompt", prompts[i]}, {"max_tokens", 50}, {"temperature", 0}, {"stream", i % 2 == 1}});
     });
   }
   for (auto& t : clients) t.join();
   EXPECT_EQ(got, want);
+}
+
+// Continuous batching: more concurrent requests than --max-num-seqs, greedy and seeded sampling,
+// different lengths, streamed or not; each gets exactly the engine's single-request output.
+TEST(Server, BatchedConcurrentRequestsEqualSingleRequestOutput) {
+  Engine engine;
+  struct Case {
+    std::string prompt;
+    int64_t max_tokens;
+    bool sampled;
+  };
+  const std::vector<Case> cases = {{"Once upon a time", 60, false},
+                                   {"The little dog", 25, true},
+                                   {"Tom had a red", 40, false},
+                                   {"Lily and Ben", 50, true},
+                                   {"The sun was", 5, false},
+                                   {"One day", 70, true},
+                                   {"A cat", 33, false}};
+  for (bool drafter : {true, false}) {
+    RunningServer server({.max_num_seqs = 3}, drafter);
+    std::vector<std::string> want, got(cases.size());
+    for (const Case& c : cases) {
+      GenerateOptions o;
+      o.max_tokens = c.max_tokens;
+      if (c.sampled) o.sampling = {.temperature = 1.0f, .top_p = 0.9f, .seed = 11};
+      want.push_back(engine.text(c.prompt, o, drafter));
+    }
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      clients.emplace_back([&, i] {
+        const Case& c = cases[i];
+        json body = {{"prompt", c.prompt},
+                     {"max_tokens", c.max_tokens},
+                     {"temperature", c.sampled ? 1.0 : 0.0},
+                     {"stream", i % 2 == 0}};
+        if (c.sampled) {
+          body["top_p"] = 0.9;
+          body["seed"] = 11;
+        }
+        got[i] = completion_text(server.port(), body);
+      });
+    }
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "drafter " << drafter << ", request " << i;
+    }
+    EXPECT_EQ(metric(server.port(), "blockspec:num_requests_running{"), 0);
+    EXPECT_EQ(metric(server.port(), "blockspec:num_requests_waiting{"), 0);
+  }
+}
+
+// A KV cache smaller than a request's worst case: that request is a 400 naming the sizes, the
+// others are served.
+TEST(Server, RequestTooLargeForTheKvCacheIsAClearError) {
+  RunningServer server({.max_num_seqs = 2, .kv_cache_tokens = 128});
+  const Reply big = post(server.port(), "/v1/completions",
+                         R"({"prompt": "Once upon a time", "max_tokens": 300})");
+  EXPECT_EQ(big.status, 400) << big.raw;
+  EXPECT_NE(big.raw.find("too large for the KV cache"), std::string::npos) << big.raw;
+  EXPECT_NE(big.raw.find("the pool has 8 blocks"), std::string::npos) << big.raw;
+  Engine engine;
+  const Reply ok = post(server.port(), "/v1/completions",
+                        R"({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0})");
+  ASSERT_EQ(ok.status, 200) << ok.raw;
+  EXPECT_EQ(ok.body["choices"][0]["text"], engine.greedy("Once upon a time", 40).text);
 }
 
 TEST(Server, MetricsCountRequestsAndTokens) {

@@ -14,18 +14,14 @@
 #include "engine/generate.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
 
 const std::string kModels = std::string(BS_SOURCE_DIR) + "/models";
 
-// BOS; "Once upon a time"; "The little dog"; a mid-story prefix from the held-out set.
-const std::vector<std::vector<int32_t>> kPrompts = {
-    {1},
-    {1, 403, 407, 261, 378},
-    {1, 291, 376, 400, 428},
-    {1, 403, 407, 261, 378, 432, 383, 286, 261, 297, 417, 331, 376, 298, 315}};
+const std::vector<std::vector<int32_t>>& kPrompts = test_util::kStoryPrompts;
 
 class SpeculativeBatch : public ::testing::TestWithParam<std::string> {
  protected:
@@ -160,13 +156,7 @@ TEST_P(SpeculativeBatch, BadInput) {
 
 INSTANTIATE_TEST_SUITE_P(Shipped, SpeculativeBatch,
                          ::testing::Values("stories260K-dflash", "stories260K-flashmap"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return n;
-                         });
+                         [](const auto& info) { return test_util::param_name(info.param); });
 
 }  // namespace
 }  // namespace bs

@@ -1,0 +1,63 @@
+#include "engine/plain_sequence.h"
+
+namespace bs::detail {
+
+PlainSequence::PlainSequence(BlockAllocator& allocator, const GenerateOptions& options,
+                             int64_t max_context, std::span<const int32_t> prompt,
+                             const TokenCallback& on_token, GenerateStats& stats)
+    : options_(options),
+      max_context_(max_context),
+      st_(stats),
+      kv_(allocator, kKvBlockSize),
+      sampler_(options.sampling),
+      out_(options, on_token, stats),
+      step_tokens_(prompt.begin(), prompt.end()) {}
+
+Result<bool> PlainSequence::begin_step() {
+  if (done_) return false;
+  if (out_.size() >= options_.max_tokens) {
+    done_ = true;  // finish stays kLength
+    return false;
+  }
+  const int64_t end = kv_.length() + static_cast<int64_t>(step_tokens_.size());
+  if (end > max_context_) {
+    st_.finish = FinishReason::kContext;
+    done_ = true;
+    return false;
+  }
+  BS_RETURN_IF_ERROR(kv_.reserve(end));
+  return true;
+}
+
+ForwardRequest PlainSequence::request() const {
+  return {.tokens = step_tokens_,
+          .start_pos = kv_.length(),
+          .block_table = kv_.block_table(),
+          .num_logits = 1,
+          .tap_layers = {}};
+}
+
+void PlainSequence::take(std::span<const int32_t> argmax, std::span<const float> logits) {
+  kv_.set_length(kv_.length() + static_cast<int64_t>(step_tokens_.size()));
+  const int32_t token = options_.sampling.greedy() ? argmax[0] : sampler_.sample(logits);
+  if (out_.commit(token)) {
+    done_ = true;
+  } else {
+    step_tokens_.assign(1, token);
+  }
+}
+
+Status plain_step(CausalLM& target, KvPool& pool, const Tensor& ids_scratch, PlainSequence& seq,
+                  bool* stepped) {
+  BS_ASSIGN_OR_RETURN(*stepped, seq.begin_step());
+  if (!*stepped) return Status::Ok();
+  ForwardResult res;
+  BS_RETURN_IF_ERROR(target.forward(seq.request(), pool, &res));
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+  read_logit_rows(target.backend(), res.logits, seq.greedy(), ids_scratch, &ids, &logits);
+  seq.take(ids, logits);
+  return Status::Ok();
+}
+
+}  // namespace bs::detail

@@ -1,0 +1,61 @@
+// One sequence of plain autoregressive decoding taken step by step, so that generate_plain (one
+// CausalLM::forward per step) and the Scheduler (one CausalLM::forward_batch over several
+// sequences per step) run the same code and give the same tokens. The caller runs the forwards:
+//
+//   loop: begin_step (false: finished) -> request() -> target forward -> read_logit_rows -> take
+//
+// The first step feeds the whole prompt (prefill), every later step the last committed token.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/generate.h"
+#include "engine/generation_common.h"
+#include "engine/kv_cache.h"
+
+namespace bs::detail {
+
+class PlainSequence {
+ public:
+  // `options` (validated by begin_generation), `on_token` and `stats` must outlive the sequence;
+  // the prompt is copied. KV blocks come from `allocator` as the sequence grows.
+  PlainSequence(BlockAllocator& allocator, const GenerateOptions& options, int64_t max_context,
+                std::span<const int32_t> prompt, const TokenCallback& on_token,
+                GenerateStats& stats);
+  PlainSequence(const PlainSequence&) = delete;
+  PlainSequence& operator=(const PlainSequence&) = delete;
+
+  // Starts a step: false when generation is over (stats.finish says why: max_tokens leaves
+  // kLength, the window sets kContext); else reserves the cache for the step's tokens.
+  Result<bool> begin_step();
+  // The step's forward: its tokens at the cached length, logits of the last row, no taps.
+  ForwardRequest request() const;
+  // Ends the step with its logit row: `argmax` [1] (device argmax) when greedy, else `logits`
+  // [vocab], sampled with the sequence's own sampler. Commits the token.
+  void take(std::span<const int32_t> argmax, std::span<const float> logits);
+
+  bool greedy() const { return options_.sampling.greedy(); }
+  bool done() const { return done_; }
+  bool prefilled() const { return kv_.length() > 0; }
+  // Sets the generated-token count and hands the tokens over.
+  std::vector<int32_t> finish() { return out_.finish(); }
+
+ private:
+  const GenerateOptions& options_;
+  int64_t max_context_ = 0;
+  GenerateStats& st_;
+  SequenceKv kv_;
+  Sampler sampler_;
+  CommittedTokens out_;
+  std::vector<int32_t> step_tokens_;  // what the next forward feeds: the prompt, then 1 token
+  bool done_ = false;
+};
+
+// One whole step of `seq` alone through CausalLM::forward (generate_plain's step; the
+// Scheduler's prefill). `ids_scratch`: I32 [>= 1]. *stepped: false when the sequence was over.
+Status plain_step(CausalLM& target, KvPool& pool, const Tensor& ids_scratch, PlainSequence& seq,
+                  bool* stepped);
+
+}  // namespace bs::detail

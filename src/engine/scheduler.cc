@@ -1,0 +1,383 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+
+#include "core/check.h"
+#include "engine/generation_common.h"
+#include "engine/kv_cache.h"
+#include "engine/plain_sequence.h"
+#include "engine/speculative_sequence.h"
+
+namespace bs {
+
+using detail::Clock;
+using detail::seconds_since;
+
+namespace {
+
+// Validates like generate_plain / generate_speculative (resetting `stats` for the request) and
+// returns the request's worst-case KV blocks.
+Result<int64_t> begin_request(const CausalLM& target, const Drafter* drafter,
+                              std::span<const int32_t> prompt, const GenerateOptions& options,
+                              GenerateStats& stats) {
+  const int64_t max_context = detail::context_window(target, options);
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (drafter) {
+    BS_RETURN_IF_ERROR(
+        detail::begin_speculative(target, *drafter, prompt, options, max_context, stats).status());
+    return detail::speculative_blocks(*drafter, prompt_tokens, options, max_context);
+  }
+  BS_RETURN_IF_ERROR(detail::begin_generation(target, prompt, options, max_context, stats));
+  const int64_t reach =
+      std::min(prompt_tokens + std::max<int64_t>(options.max_tokens, 0), max_context);
+  return (reach + kKvBlockSize - 1) / kKvBlockSize;
+}
+
+// One request: its inputs (owned here; its sequence refers to them), statistics and sequence.
+struct Request {
+  RequestId id = 0;
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+  TokenCallback on_token;
+  CompletionCallback on_done;
+  GenerateStats stats;
+  int64_t blocks = 0;     // worst-case KV blocks, held from admission to the end
+  bool admitted = false;  // its blocks count against the pool
+  bool cancelled = false;
+  Clock::time_point added = Clock::now();
+  Clock::time_point decode_start = added;
+  double queue_seconds = 0;
+  std::unique_ptr<detail::PlainSequence> plain;       // without a drafter
+  std::unique_ptr<detail::SpeculativeSequence> spec;  // with one
+
+  bool done() const { return plain ? plain->done() : (!spec || spec->done()); }
+  // Begins the sequence's next step (a speculative one without proposing: the scheduler proposes
+  // for all at once); false when it is over.
+  Result<bool> begin_step() { return plain ? plain->begin_step() : spec->begin_step(false); }
+};
+
+using Requests = std::vector<std::unique_ptr<Request>>;
+
+// The drafts of every sequence that wants some: one Drafter::propose_batch when the drafter has
+// a batched pass (rows [i * nd, i * nd + k_i) are sequence i's), else one propose per sequence.
+// Either way each sequence gets its own propose's drafts.
+Status propose_all(Drafter& drafter, KvPool& draft_kv, const Requests& running, bool* batched) {
+  std::vector<detail::SpeculativeSequence*> wanting;
+  std::vector<ProposeRequest> reqs;
+  for (const auto& r : running) {
+    if (r->spec->drafts_wanted() == 0) continue;
+    wanting.push_back(r->spec.get());
+    reqs.push_back(r->spec->propose_request());
+  }
+  if (wanting.empty()) return Status::Ok();
+  const auto t = Clock::now();
+  if (*batched && wanting.size() > 1) {
+    Tensor logits;
+    const Status st = drafter.propose_batch(draft_kv, reqs, &logits);
+    if (st.ok()) {
+      const int64_t nd = logits.dim(0) / static_cast<int64_t>(wanting.size());
+      const double seconds = seconds_since(t);
+      for (size_t r = 0; r < wanting.size(); ++r) {
+        wanting[r]->take_drafts(logits.rows(static_cast<int64_t>(r) * nd, nd), seconds);
+      }
+      return Status::Ok();
+    }
+    if (st.code() != StatusCode::kUnimplemented) return st;
+    *batched = false;
+  }
+  for (size_t r = 0; r < wanting.size(); ++r) {
+    const auto tr = Clock::now();
+    Tensor logits;
+    BS_RETURN_IF_ERROR(drafter.propose(draft_kv, reqs[r], &logits));
+    wanting[r]->take_drafts(logits, seconds_since(tr));
+  }
+  return Status::Ok();
+}
+
+// The drafter's context updates of the step (each left pending by its accept), in one
+// Drafter::observe_batch.
+Status observe_all(Drafter& drafter, KvPool& draft_kv, Backend& backend, const Requests& running) {
+  std::vector<detail::SpeculativeSequence*> pending;
+  std::vector<ObserveRequest> reqs;
+  for (const auto& r : running) {
+    if (!r->spec->pending_observe()) continue;
+    pending.push_back(r->spec.get());
+    reqs.push_back(*r->spec->pending_observe());
+  }
+  if (pending.empty()) return Status::Ok();
+  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(drafter.observe_batch(draft_kv, reqs));
+  backend.synchronize();
+  const double seconds = seconds_since(t);
+  for (detail::SpeculativeSequence* seq : pending) seq->observed(seconds);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<int64_t> kv_blocks_needed(const CausalLM& target, const Drafter* drafter,
+                                 std::span<const int32_t> prompt, const GenerateOptions& options) {
+  GenerateStats stats;
+  return begin_request(target, drafter, prompt, options, stats);
+}
+
+struct Scheduler::Impl {
+  Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options);
+
+  void retire_cancelled();
+  void admit_waiting();
+  Status prefill(Request& r);
+  Status step_plain();
+  Status step_speculative();
+  void begin_next_steps();
+  // Rows of the step's logits [rows, vocab] the requests read: device argmax ids when any is
+  // greedy, host logits when any samples.
+  void read_rows(const Tensor& logits);
+  std::span<const int32_t> argmax_rows(size_t row, size_t n) const;
+  std::span<const float> logit_rows(size_t row, size_t n) const;
+  // Hands the request its result and frees its KV blocks.
+  void complete(std::unique_ptr<Request> r, Status status);
+  // Completes and removes every request of `requests` for which `ending(request)` gives a status.
+  template <typename Requests, typename Ending>
+  void complete_if(Requests& requests, Ending ending);
+
+  CausalLM& target;
+  Drafter* drafter;
+  int64_t max_num_seqs = 0;
+  int64_t num_blocks = 0;
+  std::optional<detail::SpeculativeRun> spec;  // with a drafter: both pools, the allocator
+  KvPool pool;                                 // without: the target's pool
+  std::optional<BlockAllocator> allocator;     // and its allocator
+  Tensor ids;  // I32 [max_num_seqs * (max drafts + 1)]: device argmax of a step's logit rows
+  std::deque<std::unique_ptr<Request>> waiting;
+  Requests running;             // each with its next step begun
+  int64_t reserved = 0;         // blocks of the admitted requests' worst cases
+  bool batched_propose = true;  // until the drafter says it has no batched pass
+  // Step scratch.
+  std::vector<ForwardRequest> reqs;
+  BatchForwardResult res;
+  std::vector<int32_t> argmax;
+  std::vector<float> host_logits;
+};
+
+Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options)
+    : target(target), drafter(drafter), max_num_seqs(options.max_num_seqs) {
+  BS_CHECK(max_num_seqs >= 1);
+  const int64_t window =
+      options.max_context > 0 ? options.max_context : target.config().max_position_embeddings;
+  const int64_t per_window =
+      drafter ? detail::speculative_blocks(*drafter, 0, {.max_tokens = window}, window)
+              : (window + kKvBlockSize - 1) / kKvBlockSize;
+  num_blocks = options.kv_blocks > 0 ? options.kv_blocks : max_num_seqs * per_window;
+  const int64_t rows_per_seq = drafter ? drafter->max_drafts() + 1 : 1;
+  ids = target.backend().empty({max_num_seqs * rows_per_seq}, DType::kI32);
+  if (drafter) {
+    spec.emplace(target, *drafter, num_blocks);
+  } else {
+    pool = target.make_kv_pool(num_blocks);
+    allocator.emplace(num_blocks);
+  }
+}
+
+void Scheduler::Impl::complete(std::unique_ptr<Request> r, Status status) {
+  Completion c{.id = r->id, .status = std::move(status), .queue_seconds = r->queue_seconds};
+  if (r->plain || r->spec) {
+    c.tokens = r->plain ? r->plain->finish() : r->spec->finish();
+    r->stats.decode_seconds = seconds_since(r->decode_start);
+  }
+  r->plain.reset();  // returns the KV blocks
+  r->spec.reset();
+  if (r->admitted) reserved -= r->blocks;
+  c.stats = std::move(r->stats);
+  if (r->on_done) r->on_done(std::move(c));
+}
+
+template <typename Requests, typename Ending>
+void Scheduler::Impl::complete_if(Requests& requests, Ending ending) {
+  for (auto it = requests.begin(); it != requests.end();) {
+    std::optional<Status> status = ending(**it);
+    if (!status) {
+      ++it;
+      continue;
+    }
+    std::unique_ptr<Request> r = std::move(*it);
+    it = requests.erase(it);
+    complete(std::move(r), std::move(*status));
+  }
+}
+
+void Scheduler::Impl::retire_cancelled() {
+  const auto cancelled = [](Request& r) -> std::optional<Status> {
+    if (!r.cancelled) return std::nullopt;
+    r.stats.finish = FinishReason::kCancelled;
+    return Status::Ok();
+  };
+  complete_if(waiting, cancelled);
+  complete_if(running, cancelled);
+}
+
+Status Scheduler::Impl::prefill(Request& r) {
+  const auto t = Clock::now();
+  if (drafter) {
+    r.spec = std::make_unique<detail::SpeculativeSequence>(*spec, r.options, r.prompt, r.on_token,
+                                                           r.stats);
+    BS_RETURN_IF_ERROR(r.spec->prefill());
+  } else {
+    r.plain = std::make_unique<detail::PlainSequence>(*allocator, r.options,
+                                                      detail::context_window(target, r.options),
+                                                      r.prompt, r.on_token, r.stats);
+    bool stepped = false;
+    BS_RETURN_IF_ERROR(detail::plain_step(target, pool, ids, *r.plain, &stepped));
+  }
+  r.stats.prefill_seconds = seconds_since(t);
+  r.decode_start = Clock::now();
+  return r.begin_step().status();
+}
+
+void Scheduler::Impl::admit_waiting() {
+  while (!waiting.empty() && static_cast<int64_t>(running.size()) < max_num_seqs &&
+         reserved + waiting.front()->blocks <= num_blocks) {
+    std::unique_ptr<Request> r = std::move(waiting.front());
+    waiting.pop_front();
+    r->queue_seconds = seconds_since(r->added);
+    if (r->options.max_tokens <= 0) {  // generate_* run nothing either
+      complete(std::move(r), Status::Ok());
+      continue;
+    }
+    r->admitted = true;
+    reserved += r->blocks;
+    if (Status s = prefill(*r); !s.ok() || r->done()) {
+      complete(std::move(r), std::move(s));
+      continue;
+    }
+    running.push_back(std::move(r));
+  }
+}
+
+void Scheduler::Impl::read_rows(const Tensor& logits) {
+  bool any_greedy = false, any_sampled = false;
+  for (const auto& r : running) (r->options.sampling.greedy() ? any_greedy : any_sampled) = true;
+  argmax.clear();
+  host_logits.clear();
+  Backend& backend = target.backend();
+  if (any_greedy) detail::device_argmax(backend, ids, logits, &argmax);
+  if (any_sampled) host_logits = backend.to_host_f32(logits);
+}
+
+std::span<const int32_t> Scheduler::Impl::argmax_rows(size_t row, size_t n) const {
+  return argmax.empty() ? std::span<const int32_t>() : std::span(argmax).subspan(row, n);
+}
+
+std::span<const float> Scheduler::Impl::logit_rows(size_t row, size_t n) const {
+  if (host_logits.empty()) return {};
+  const size_t vocab = static_cast<size_t>(target.config().vocab_size);
+  return std::span(host_logits).subspan(row * vocab, n * vocab);
+}
+
+Status Scheduler::Impl::step_plain() {
+  reqs.clear();
+  for (const auto& r : running) reqs.push_back(r->plain->request());
+  BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
+  read_rows(res.logits);
+  for (size_t i = 0; i < running.size(); ++i) {
+    running[i]->plain->take(argmax_rows(i, 1), logit_rows(i, 1));
+  }
+  return Status::Ok();
+}
+
+Status Scheduler::Impl::step_speculative() {
+  BS_RETURN_IF_ERROR(propose_all(*drafter, spec->draft_kv, running, &batched_propose));
+  reqs.clear();
+  for (const auto& r : running) reqs.push_back(r->spec->verify_request());
+  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(target.forward_batch(reqs, spec->target_kv, &res));
+  read_rows(res.logits);
+  const double verify_s = seconds_since(t);
+  // Sequence i's logit rows follow those of sequences 0..i-1 (BatchForwardResult::logits).
+  size_t row = 0;
+  for (size_t i = 0; i < running.size(); ++i) {
+    Request& r = *running[i];
+    const size_t n = static_cast<size_t>(r.spec->verify_rows());
+    BS_RETURN_IF_ERROR(r.spec->accept(res.seqs[i].taps, argmax_rows(row, n), logit_rows(row, n),
+                                      /*observe_now=*/false));
+    r.stats.verify_seconds += verify_s;  // the whole batch's verify
+    row += n;
+  }
+  return observe_all(*drafter, spec->draft_kv, target.backend(), running);
+}
+
+void Scheduler::Impl::begin_next_steps() {
+  complete_if(running, [](Request& r) -> std::optional<Status> {
+    const Result<bool> stepping = r.begin_step();
+    if (stepping.ok() && *stepping) return std::nullopt;
+    return stepping.status();
+  });
+}
+
+Scheduler::Scheduler(CausalLM& target, Drafter* drafter, SchedulerOptions options)
+    : impl_(std::make_unique<Impl>(target, drafter, options)) {}
+
+Scheduler::~Scheduler() = default;
+
+Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions options,
+                      TokenCallback on_token, CompletionCallback on_done) {
+  Impl& m = *impl_;
+  if (!options.trace_path.empty()) {
+    return InvalidArgument(
+        "trace_path is not supported with continuous batching (trace one sequence with "
+        "generate_speculative)");
+  }
+  const auto same = [id](const std::unique_ptr<Request>& r) { return r->id == id; };
+  if (std::any_of(m.waiting.begin(), m.waiting.end(), same) ||
+      std::any_of(m.running.begin(), m.running.end(), same)) {
+    return InvalidArgument("request id {} is already queued or running", id);
+  }
+  auto r = std::make_unique<Request>();
+  BS_ASSIGN_OR_RETURN(r->blocks, begin_request(m.target, m.drafter, prompt, options, r->stats));
+  if (r->blocks > m.num_blocks) {
+    return InvalidArgument(
+        "request too large for the KV cache: prompt {} + max_tokens {} tokens (context window "
+        "{}{}) need {} blocks of {} positions, the pool has {} blocks",
+        prompt.size(), options.max_tokens, detail::context_window(m.target, options),
+        m.drafter ? fmt::format(", plus the drafter's block of {}", m.drafter->block_size()) : "",
+        r->blocks, kKvBlockSize, m.num_blocks);
+  }
+  r->id = id;
+  r->prompt = std::move(prompt);
+  r->options = std::move(options);
+  r->on_token = std::move(on_token);
+  r->on_done = std::move(on_done);
+  m.waiting.push_back(std::move(r));
+  return Status::Ok();
+}
+
+Status Scheduler::step() {
+  Impl& m = *impl_;
+  m.retire_cancelled();
+  m.admit_waiting();
+  if (m.running.empty()) return Status::Ok();
+  const Status s = m.drafter ? m.step_speculative() : m.step_plain();
+  if (!s.ok()) {
+    Requests failed = std::move(m.running);
+    m.running.clear();
+    for (auto& r : failed) m.complete(std::move(r), s);
+    return s;
+  }
+  m.begin_next_steps();
+  return Status::Ok();
+}
+
+void Scheduler::cancel(RequestId id) {
+  Impl& m = *impl_;
+  for (auto& r : m.waiting) r->cancelled |= r->id == id;
+  for (auto& r : m.running) r->cancelled |= r->id == id;
+}
+
+bool Scheduler::idle() const { return impl_->waiting.empty() && impl_->running.empty(); }
+int64_t Scheduler::num_running() const { return static_cast<int64_t>(impl_->running.size()); }
+int64_t Scheduler::num_waiting() const { return static_cast<int64_t>(impl_->waiting.size()); }
+int64_t Scheduler::num_kv_blocks() const { return impl_->num_blocks; }
+
+}  // namespace bs

@@ -1,0 +1,100 @@
+// Continuous batching: a step-level scheduler that decodes every running request together and
+// admits new requests between steps, over one target model (and optionally a drafter, which then
+// serves every request speculatively).
+//
+//   Scheduler s(target, drafter /*or nullptr*/, {.max_num_seqs = 8});
+//   BS_RETURN_IF_ERROR(s.add(id, prompt, options, on_token, on_done));  // any time between steps
+//   while (!s.idle()) BS_RETURN_IF_ERROR(s.step());
+//
+// One step: retire cancelled requests; admit waiting ones first come first served while fewer
+// than max_num_seqs run and the KV pool holds their worst case (each is prefilled alone, as
+// generate_plain / generate_speculative prefill); then one batched step of every running request
+// (plain: one CausalLM::forward_batch row each; speculative: drafts for all in one
+// Drafter::propose_batch when the drafter has it, one forward_batch verifying every block, each
+// sequence accepting on its own, one Drafter::observe_batch); committed tokens go to each
+// request's on_token as they become final; finished requests get on_done and free their KV.
+//
+// Lossless: every request's tokens, finish reason and counts equal what generate_plain /
+// generate_speculative give for its prompt and options alone (greedy bit for bit on the CPU;
+// sampled requests draw from their own sampler seeded as generate_* seeds it), whatever runs
+// beside it and whenever it arrives. The per-sequence code is the same
+// (detail::PlainSequence, detail::SpeculativeSequence).
+//
+// Not thread-safe: one thread owns the scheduler (and the models); callbacks run on it, inside
+// step(), and must not call add / step / cancel (the const queries are fine: a finished request
+// no longer counts as running or waiting when its on_done runs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/generate.h"
+
+namespace bs {
+
+using RequestId = uint64_t;
+
+struct SchedulerOptions {
+  int64_t max_num_seqs = 8;  // requests decoded together; more wait (>= 1)
+  // Size of the KV pool(s) in blocks of kKvBlockSize positions (the drafter's pool has as many).
+  // 0: room for max_num_seqs requests that each fill a context window of max_context.
+  int64_t kv_blocks = 0;
+  int64_t max_context = 0;  // for the default pool size; 0: the target's max_position_embeddings
+};
+
+// How a request ended. status not ok: it failed (tokens: what was committed before).
+struct Completion {
+  RequestId id = 0;
+  Status status;
+  std::vector<int32_t> tokens;  // the output, as generate_* returns it
+  GenerateStats stats;          // as generate_*; prefill / decode seconds are the request's own
+  double queue_seconds = 0;     // add() -> admission
+};
+using CompletionCallback = std::function<void(Completion)>;
+
+// Validates a request as generate_plain (drafter null) / generate_speculative do and returns the
+// KV blocks it may hold at once: its prompt plus max_tokens within its context window, plus the
+// drafter's block past the anchor.
+Result<int64_t> kv_blocks_needed(const CausalLM& target, const Drafter* drafter,
+                                 std::span<const int32_t> prompt, const GenerateOptions& options);
+
+class Scheduler {
+ public:
+  // Allocates the KV pool(s) now. `target` and `drafter` must outlive the scheduler.
+  Scheduler(CausalLM& target, Drafter* drafter, SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request (it waits until a step admits it). Errors (nothing queued, no callback):
+  // InvalidArgument for what generate_* rejects, options.trace_path, an id already queued or
+  // running, and a request that can never fit the KV pool (the message names both sizes).
+  // on_token may be empty; returning false from it ends the request (kCancelled), as in
+  // generate_*. on_done (may be empty) is called once, from a later step().
+  Status add(RequestId id, std::vector<int32_t> prompt, GenerateOptions options,
+             TokenCallback on_token, CompletionCallback on_done);
+
+  // Admits what fits and runs one batched step (see the top of this file); does nothing when
+  // idle. A request's own failure (its prefill) goes to its on_done only; when the batched step
+  // fails, every running request ends with that error, which step() also returns (waiting
+  // requests stay queued).
+  Status step();
+
+  // Ends the request at the next step (kCancelled, with the tokens committed so far); unknown or
+  // finished ids are ignored.
+  void cancel(RequestId id);
+
+  bool idle() const;              // nothing running or waiting
+  int64_t num_running() const;    // admitted, not finished
+  int64_t num_waiting() const;    // queued
+  int64_t num_kv_blocks() const;  // the pool size
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bs

@@ -1,0 +1,283 @@
+// Continuous batching (engine/scheduler.h): every request's output (tokens, streamed tokens,
+// finish reason, counts, speculative statistics) equals what generate_plain / generate_speculative
+// give for it alone, whatever runs beside it and whenever it arrives: staggered arrivals, more
+// requests than max_num_seqs, mixed max_tokens / stop ids / context windows / draft counts, greedy
+// and seeded sampling; cancellation (scheduler and callback) mid-run and while waiting; a request
+// too large for the KV pool fails alone, one that does not fit now waits. The shipped stories260K
+// target without a drafter and with its trained DFlash (batched propose) and FlashMap (one propose
+// per sequence) drafters. Expectations come from the single-request engine calls.
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generate.h"
+#include "models/drafter.h"
+#include "models/registry.h"
+#include "test_util.h"
+
+namespace bs {
+namespace {
+
+const std::string kModels = std::string(BS_SOURCE_DIR) + "/models";
+
+const std::vector<std::vector<int32_t>>& kPrompts = test_util::kStoryPrompts;
+
+struct Expected {
+  std::vector<int32_t> tokens;
+  GenerateStats stats;
+};
+
+// What one request saw through the scheduler.
+struct Seen {
+  std::vector<int32_t> streamed;
+  bool completed = false;
+  Completion completion;
+};
+
+class SchedulerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    backend_ = make_cpu_backend(1);
+    auto t = load_target(kModels + "/stories260K", *backend_);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    target_ = std::move(*t);
+    if (GetParam() == "plain") return;
+    auto d = load_drafter(kModels + "/" + GetParam(), *target_, {});
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    drafter_ = std::move(*d);
+  }
+
+  // The single-request engine output, with `on_token` as its callback.
+  Expected alone(const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                 const TokenCallback& on_token = nullptr) {
+    Expected e;
+    auto out = drafter_ ? generate_speculative(*target_, *drafter_, prompt, o, on_token, &e.stats)
+                        : generate_plain(*target_, prompt, o, on_token, &e.stats);
+    EXPECT_TRUE(out.ok()) << out.status().message();
+    if (out.ok()) e.tokens = *out;
+    return e;
+  }
+
+  // Adds request `id`, recording what it streams and its completion in seen_[id].
+  Status add(Scheduler& s, RequestId id, const std::vector<int32_t>& prompt,
+             const GenerateOptions& o, std::function<bool(int32_t, size_t)> keep_going = nullptr) {
+    Seen& seen = seen_[id];
+    return s.add(
+        id, prompt, o,
+        [&seen, keep_going](int32_t t) {
+          seen.streamed.push_back(t);
+          return !keep_going || keep_going(t, seen.streamed.size());
+        },
+        [&seen](Completion c) {
+          EXPECT_FALSE(seen.completed) << "completed twice";
+          seen.completed = true;
+          seen.completion = std::move(c);
+        });
+  }
+
+  void expect_equal(RequestId id, const Expected& want, const std::string& where) {
+    const Seen& seen = seen_[id];
+    ASSERT_TRUE(seen.completed) << where;
+    const Completion& c = seen.completion;
+    EXPECT_TRUE(c.status.ok()) << where << ": " << c.status.message();
+    EXPECT_EQ(c.id, id) << where;
+    EXPECT_EQ(c.tokens, want.tokens) << where;
+    EXPECT_EQ(seen.streamed, want.tokens) << where << " (streamed)";
+    EXPECT_EQ(c.stats.finish, want.stats.finish) << where;
+    EXPECT_EQ(c.stats.prompt_tokens, want.stats.prompt_tokens) << where;
+    EXPECT_EQ(c.stats.generated_tokens, want.stats.generated_tokens) << where;
+    EXPECT_EQ(c.stats.steps, want.stats.steps) << where;
+    EXPECT_EQ(c.stats.drafted, want.stats.drafted) << where;
+    EXPECT_EQ(c.stats.accepted, want.stats.accepted) << where;
+    EXPECT_EQ(c.stats.position_offered, want.stats.position_offered) << where;
+    EXPECT_EQ(c.stats.position_accepted, want.stats.position_accepted) << where;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CausalLM> target_;
+  std::unique_ptr<Drafter> drafter_;
+  std::map<RequestId, Seen> seen_;
+};
+
+struct Arrival {
+  int step;  // added before this step
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+};
+
+TEST_P(SchedulerTest, StaggeredArrivalsEqualSingleRequests) {
+  GenerateOptions greedy;
+  greedy.stop_ids = {2};
+  greedy.max_tokens = 60;
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 17};
+  // A stop id that one prompt meets mid-way, a window the long prompt reaches, fewer drafts.
+  const Expected probe = alone(kPrompts[1], greedy);
+  ASSERT_GT(probe.tokens.size(), 8u);
+  GenerateOptions stop_mid = greedy;
+  stop_mid.stop_ids = {2, probe.tokens[6]};
+  GenerateOptions window = greedy;
+  window.max_context = 30;
+  GenerateOptions few = sampled;
+  few.max_tokens = 7;
+  few.draft_tokens = 3;
+  GenerateOptions one = greedy;
+  one.max_tokens = 1;
+  GenerateOptions sampled_other_seed = sampled;
+  sampled_other_seed.sampling.seed = 5;
+  sampled_other_seed.sampling.top_k = 20;
+
+  const std::vector<Arrival> arrivals = {
+      {0, kPrompts[1], greedy},   {0, kPrompts[2], sampled},
+      {0, kPrompts[0], few},      {1, kPrompts[3], window},
+      {1, kPrompts[1], stop_mid}, {3, kPrompts[2], one},
+      {4, kPrompts[2], greedy},   {6, kPrompts[3], sampled_other_seed},
+      {9, kPrompts[0], greedy},   {15, kPrompts[1], sampled}};
+  Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3});
+  bool saw_queue = false, saw_full = false;
+  size_t next = 0;
+  for (int step = 0; next < arrivals.size() || !s.idle(); ++step) {
+    for (; next < arrivals.size() && arrivals[next].step == step; ++next) {
+      ASSERT_TRUE(add(s, next, arrivals[next].prompt, arrivals[next].options).ok());
+    }
+    ASSERT_TRUE(s.step().ok());
+    saw_queue |= s.num_waiting() > 0;
+    saw_full |= s.num_running() == 3;
+    EXPECT_LE(s.num_running(), 3);
+    ASSERT_LT(step, 1000);
+  }
+  EXPECT_TRUE(saw_queue);
+  EXPECT_TRUE(saw_full);
+  bool context_end = false, stopped = false, length = false;
+  int64_t accepted = 0;
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const Expected want = alone(arrivals[i].prompt, arrivals[i].options);
+    expect_equal(i, want, "request " + std::to_string(i));
+    context_end |= want.stats.finish == FinishReason::kContext;
+    stopped |= want.stats.finish == FinishReason::kStop;
+    length |= want.stats.finish == FinishReason::kLength;
+    accepted += want.stats.accepted;
+    if (drafter_ && arrivals[i].options.sampling.greedy()) {  // lossless: equals plain decoding
+      auto plain =
+          generate_plain(*target_, arrivals[i].prompt, arrivals[i].options, nullptr, nullptr);
+      ASSERT_TRUE(plain.ok());
+      EXPECT_EQ(seen_[i].completion.tokens, *plain) << "request " << i << " (plain)";
+    }
+  }
+  EXPECT_TRUE(context_end && stopped && length);
+  if (drafter_) {
+    EXPECT_GT(accepted, 20);  // trained drafters: long accepted runs
+  }
+}
+
+TEST_P(SchedulerTest, CancellationEndsOnlyThatRequest) {
+  GenerateOptions o;
+  o.max_tokens = 50;
+  GenerateOptions sampled = o;
+  sampled.sampling = {.temperature = 1.0f, .seed = 3};
+  Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 2});
+  ASSERT_TRUE(add(s, 1, kPrompts[1], o).ok());
+  // A callback that says stop at its 4th token: as generate_* with the same callback.
+  const auto stop_at_4 = [](int32_t, size_t n) { return n < 4; };
+  ASSERT_TRUE(add(s, 2, kPrompts[2], sampled, stop_at_4).ok());
+  ASSERT_TRUE(add(s, 3, kPrompts[3], o).ok());  // waits (max_num_seqs 2)
+  ASSERT_TRUE(add(s, 4, kPrompts[0], o).ok());  // cancelled while waiting
+  ASSERT_TRUE(s.step().ok());
+  ASSERT_TRUE(s.step().ok());
+  s.cancel(1);    // mid-run
+  s.cancel(4);    // waiting
+  s.cancel(999);  // unknown: ignored
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+
+  const Expected full1 = alone(kPrompts[1], o);
+  const Completion& c1 = seen_[1].completion;
+  ASSERT_TRUE(seen_[1].completed);
+  EXPECT_EQ(c1.stats.finish, FinishReason::kCancelled);
+  ASSERT_GT(c1.tokens.size(), 0u);
+  ASSERT_LT(c1.tokens.size(), full1.tokens.size());
+  EXPECT_TRUE(std::equal(c1.tokens.begin(), c1.tokens.end(), full1.tokens.begin()));
+  EXPECT_EQ(seen_[1].streamed, c1.tokens);
+  EXPECT_EQ(c1.stats.generated_tokens, static_cast<int64_t>(c1.tokens.size()));
+
+  size_t n = 0;
+  const Expected want2 = alone(kPrompts[2], sampled, [&](int32_t t) { return stop_at_4(t, ++n); });
+  EXPECT_EQ(want2.stats.finish, FinishReason::kCancelled);
+  expect_equal(2, want2, "callback cancel");
+  expect_equal(3, alone(kPrompts[3], o), "after a cancel");
+
+  ASSERT_TRUE(seen_[4].completed);
+  EXPECT_EQ(seen_[4].completion.stats.finish, FinishReason::kCancelled);
+  EXPECT_TRUE(seen_[4].completion.tokens.empty());
+  EXPECT_TRUE(seen_[4].streamed.empty());
+}
+
+TEST_P(SchedulerTest, KvPoolLimits) {
+  GenerateOptions o;
+  o.max_tokens = 40;
+  // Each request below needs at most ceil((15 + 40 + B) / 16) blocks; a pool of that many holds
+  // one of them at a time.
+  auto need = kv_blocks_needed(*target_, drafter_.get(), kPrompts[3], o);
+  ASSERT_TRUE(need.ok()) << need.status().message();
+  Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 4, .kv_blocks = *need});
+  EXPECT_EQ(s.num_kv_blocks(), *need);
+
+  // Never fits: a clear error naming both sizes; nothing queued.
+  GenerateOptions huge = o;
+  huge.max_tokens = 400;
+  const Status too_big = add(s, 7, kPrompts[1], huge);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.message().find("too large for the KV cache"), std::string::npos)
+      << too_big.message();
+  EXPECT_NE(too_big.message().find(fmt::format("the pool has {} blocks", *need)), std::string::npos)
+      << too_big.message();
+  EXPECT_EQ(s.num_waiting(), 0);
+
+  // Fits, but not two at once: the second waits for the first's blocks.
+  ASSERT_TRUE(add(s, 1, kPrompts[3], o).ok());
+  ASSERT_TRUE(add(s, 2, kPrompts[1], o).ok());
+  ASSERT_TRUE(s.step().ok());
+  EXPECT_EQ(s.num_running(), 1);
+  EXPECT_EQ(s.num_waiting(), 1);
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+  expect_equal(1, alone(kPrompts[3], o), "first");
+  expect_equal(2, alone(kPrompts[1], o), "second");
+  // The scheduler still serves.
+  ASSERT_TRUE(add(s, 3, kPrompts[0], o).ok());
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+  expect_equal(3, alone(kPrompts[0], o), "third");
+}
+
+TEST_P(SchedulerTest, BadRequestsAreRefused) {
+  Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 2});
+  GenerateOptions o;
+  o.max_tokens = 3;
+  EXPECT_FALSE(add(s, 1, {}, o).ok());
+  EXPECT_FALSE(add(s, 1, {1, static_cast<int32_t>(target_->config().vocab_size)}, o).ok());
+  GenerateOptions traced = o;
+  traced.trace_path = "/dev/null";
+  const Status t = add(s, 1, kPrompts[1], traced);
+  EXPECT_NE(t.message().find("trace_path"), std::string::npos) << t.message();
+  ASSERT_TRUE(add(s, 1, kPrompts[1], o).ok());
+  const Status dup = add(s, 1, kPrompts[2], o);
+  EXPECT_NE(dup.message().find("already"), std::string::npos) << dup.message();
+  GenerateOptions none = o;
+  none.max_tokens = 0;  // generates nothing, like generate_*
+  ASSERT_TRUE(add(s, 2, kPrompts[2], none).ok());
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+  expect_equal(1, alone(kPrompts[1], o), "valid");
+  expect_equal(2, alone(kPrompts[2], none), "max_tokens 0");
+  EXPECT_TRUE(s.step().ok());  // idle: nothing to do
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,
+                         ::testing::Values("plain", "stories260K-dflash", "stories260K-flashmap"),
+                         [](const auto& info) { return test_util::param_name(info.param); });
+
+}  // namespace
+}  // namespace bs
