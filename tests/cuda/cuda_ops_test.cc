@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -103,6 +104,23 @@ class CudaOps : public ::testing::Test {
     cpu_->copy_from_host(t, v.data());
     return t;
   }
+  // Row r of an n-row product mm(y[n, m], x[n, k]) (random x) must equal the same row of the
+  // product over the first `rows` rows, for every count in `counts`, bit for bit.
+  void expect_rows_independent(int64_t n, int64_t k, int64_t m,
+                               std::initializer_list<int64_t> counts,
+                               const std::function<void(const Tensor&, const Tensor&)>& mm,
+                               const std::string& what) {
+    Tensor gx = gpu_act({n, k}, rnd(n * k));
+    Tensor all = make(*gpu_, {n, m}, DType::kBF16);
+    mm(all, gx);
+    const auto ref = gpu_->to_host_f32(all);
+    for (const int64_t rows : counts) {
+      Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
+      mm(part, gx.rows(0, rows));
+      const auto got = gpu_->to_host_f32(part);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << what << " rows=" << rows;
+    }
+  }
   // Paged BF16 pools of `blocks` blocks of 16 holding random keys (values = keys) for positions
   // [0, kv_len), laid out through the returned block table (shuffled when asked).
   struct PagedKv {
@@ -187,19 +205,12 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
   {
 #endif
     for (const int64_t k : {64, 172, 4096}) {
-      const int64_t m = 300, n = 16;
-      const auto xv = rnd(n * k), wv = rnd(m * k, 0.1f);
-      Tensor gx = gpu_act({n, k}, xv), gw = weight(*gpu_, {m, k}, wv);
-      Tensor all = make(*gpu_, {n, m}, DType::kBF16);
-      gpu_->matmul(all, gx, gw);
-      const auto ref = gpu_->to_host_f32(all);
-      for (const int64_t rows : {1, 3, 8, 9, 16}) {
-        Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
-        gpu_->matmul(part, gx.rows(0, rows), gw);
-        const auto got = gpu_->to_host_f32(part);
-        EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin()))
-            << "k=" << k << " rows=" << rows;
-      }
+      const int64_t m = 300;
+      Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.1f));
+      expect_rows_independent(
+          16, k, m, {1, 3, 8, 9, 16},
+          [&](const Tensor& y, const Tensor& x) { gpu_->matmul(y, x, gw); },
+          "k=" + std::to_string(k));
     }
   }
 #ifdef BLOCKSPEC_HAS_CUDA
@@ -214,18 +225,12 @@ TEST_F(CudaOps, PinnedAlgorithmRowsAreIndependentOfRowCountUpTo512) {
 #ifdef BLOCKSPEC_HAS_CUDA
   cuda::set_pinned_rows(*gpu_, 512);
   for (const int64_t k : {4096, 12288}) {
-    const int64_t m = 1024, n = 512;
-    const auto xv = rnd(n * k), wv = rnd(m * k, 0.05f);
-    Tensor gx = gpu_act({n, k}, xv), gw = weight(*gpu_, {m, k}, wv);
-    Tensor all = make(*gpu_, {n, m}, DType::kBF16);
-    gpu_->matmul(all, gx, gw);
-    const auto ref = gpu_->to_host_f32(all);
-    for (const int64_t rows : {1, 16, 17, 64, 128, 200, 511}) {
-      Tensor part = make(*gpu_, {rows, m}, DType::kBF16);
-      gpu_->matmul(part, gx.rows(0, rows), gw);
-      const auto got = gpu_->to_host_f32(part);
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << "k=" << k << " rows=" << rows;
-    }
+    const int64_t m = 1024;
+    Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.05f));
+    expect_rows_independent(
+        512, k, m, {1, 16, 17, 64, 128, 200, 511},
+        [&](const Tensor& y, const Tensor& x) { gpu_->matmul(y, x, gw); },
+        "k=" + std::to_string(k));
   }
   cuda::set_pinned_rows(*gpu_, 16);
 #endif
@@ -265,17 +270,9 @@ TEST_F(CudaOps, Fp8WeightsMatchCpuAndRowsAreIndependentOfRowCount) {
       }
     }
     // Row r of an n-row product equals the row computed with any other row count.
-    const int64_t n = 40;
-    Tensor gx = gpu_act({n, c.k}, rnd(n * c.k));
-    Tensor all = make(*gpu_, {n, c.m}, DType::kBF16);
-    gpu_->matmul_fp8(all, gx, gq);
-    const auto ref = gpu_->to_host_f32(all);
-    for (const int64_t rows : {1, 3, 8, 9, 16, 17, 33}) {
-      Tensor part = make(*gpu_, {rows, c.m}, DType::kBF16);
-      gpu_->matmul_fp8(part, gx.rows(0, rows), gq);
-      const auto got = gpu_->to_host_f32(part);
-      EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << what << " rows=" << rows;
-    }
+    expect_rows_independent(
+        40, c.k, c.m, {1, 3, 8, 9, 16, 17, 33},
+        [&](const Tensor& y, const Tensor& x) { gpu_->matmul_fp8(y, x, gq); }, what);
   }
 }
 
