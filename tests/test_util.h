@@ -8,8 +8,13 @@
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "backend/backend.h"
+#include "models/drafter.h"
+#include "models/registry.h"
 
 namespace bs::test_util {
 
@@ -46,6 +51,21 @@ inline const std::vector<std::vector<int32_t>> kStoryPrompts = {
     {1, 403, 407, 261, 378},
     {1, 291, 376, 400, 428},
     {1, 403, 407, 261, 378, 432, 383, 286, 261, 297, 417, 331, 376, 298, 315}};
+
+// The embedded stories260K target (models/stories260K) on a one-thread CPU backend and, unless
+// `drafter` is empty, the shipped drafter models/<drafter>. Fails the test on a load error.
+inline void load_stories(const std::string& drafter, std::unique_ptr<Backend>* backend,
+                         std::unique_ptr<CausalLM>* target, std::unique_ptr<Drafter>* out) {
+  const std::string models = std::string(BS_SOURCE_DIR) + "/models";
+  *backend = make_cpu_backend(1);
+  auto t = load_target(models + "/stories260K", **backend);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  *target = std::move(*t);
+  if (drafter.empty()) return;
+  auto d = load_drafter(models + "/" + drafter, **target, {});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  *out = std::move(*d);
+}
 
 // A GoogleTest parameter name from any string: characters other than letters and digits become
 // '_' (INSTANTIATE_TEST_SUITE_P(..., [](const auto& info) { return param_name(info.param); })).

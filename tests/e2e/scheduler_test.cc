@@ -23,8 +23,6 @@
 namespace bs {
 namespace {
 
-const std::string kModels = std::string(BS_SOURCE_DIR) + "/models";
-
 const std::vector<std::vector<int32_t>>& kPrompts = test_util::kStoryPrompts;
 
 struct Expected {
@@ -42,14 +40,8 @@ struct Seen {
 class SchedulerTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    backend_ = make_cpu_backend(1);
-    auto t = load_target(kModels + "/stories260K", *backend_);
-    ASSERT_TRUE(t.ok()) << t.status().message();
-    target_ = std::move(*t);
-    if (GetParam() == "plain") return;
-    auto d = load_drafter(kModels + "/" + GetParam(), *target_, {});
-    ASSERT_TRUE(d.ok()) << d.status().message();
-    drafter_ = std::move(*d);
+    test_util::load_stories(GetParam() == "plain" ? "" : GetParam(), &backend_, &target_,
+                            &drafter_);
   }
 
   // The single-request engine output, with `on_token` as its callback.

@@ -19,21 +19,11 @@
 namespace bs {
 namespace {
 
-const std::string kModels = std::string(BS_SOURCE_DIR) + "/models";
-
 const std::vector<std::vector<int32_t>>& kPrompts = test_util::kStoryPrompts;
 
 class SpeculativeBatch : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    backend_ = make_cpu_backend(1);
-    auto t = load_target(kModels + "/stories260K", *backend_);
-    ASSERT_TRUE(t.ok()) << t.status().message();
-    target_ = std::move(*t);
-    auto d = load_drafter(kModels + "/" + GetParam(), *target_, {});
-    ASSERT_TRUE(d.ok()) << d.status().message();
-    drafter_ = std::move(*d);
-  }
+  void SetUp() override { test_util::load_stories(GetParam(), &backend_, &target_, &drafter_); }
 
   // Runs the batch and every prompt alone; expects equal outputs and statistics. Returns the
   // batch's statistics.
