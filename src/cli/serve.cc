@@ -27,6 +27,7 @@ struct ServeArgs {
   std::string device = "auto";
   int threads = 0;
   int64_t draft_tokens = 0;
+  bool drafter_fp8 = false;
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
 };
@@ -47,7 +48,8 @@ int run_serve(const ServeArgs& a) {
                                           .device = a.device,
                                           .threads = a.threads,
                                           .max_model_len = a.max_model_len,
-                                          .draft_tokens = a.draft_tokens});
+                                          .draft_tokens = a.draft_tokens,
+                                          .drafter_fp8 = a.drafter_fp8});
   if (!model.ok()) return fail(model.status());
   const std::string summary = fmt::format(
       "model {} ({}), drafter {}, context {} tokens, max {} sequences", model->name, dirs.model,
@@ -107,6 +109,9 @@ void register_serve(CLI::App& app) {
       ->add_option("--draft-tokens", g_args.draft_tokens,
                    "Drafts verified per step (default: block-1)")
       ->check(CLI::PositiveNumber);
+  g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
+                  "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
+                  "unchanged");
   g_cmd
       ->add_option("--max-num-seqs", g_args.max_num_seqs,
                    "Requests decoded together (continuous batching); more wait")

@@ -20,7 +20,8 @@ Result<ServedModel> load_served_model(const ModelOptions& options) {
   BS_ASSIGN_OR_RETURN(m.backend, make_backend(options.device, options.threads));
   BS_ASSIGN_OR_RETURN(m.target, load_target(options.model_dir, *m.backend));
   if (!options.drafter_dir.empty()) {
-    BS_ASSIGN_OR_RETURN(m.drafter, load_drafter(options.drafter_dir, *m.target, {}));
+    BS_ASSIGN_OR_RETURN(m.drafter, load_drafter(options.drafter_dir, *m.target,
+                                                {.fp8_weights = options.drafter_fp8}));
     if (options.draft_tokens > m.drafter->max_drafts()) {
       return InvalidArgument("--draft-tokens {} exceeds the drafter's maximum {}",
                              options.draft_tokens, m.drafter->max_drafts());

@@ -30,6 +30,7 @@ struct ModelOptions {
   int threads = 0;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   int64_t draft_tokens = 0;   // 0: the drafter's maximum
+  bool drafter_fp8 = false;   // DrafterOptions::fp8_weights
 };
 
 struct ServedModel {
