@@ -196,6 +196,7 @@ class CudaBackend final : public Backend {
       if (c.exec) cudaGraphExecDestroy(c.exec);
     }
     if (attn_ws_) cudaFree(attn_ws_);
+    if (x16_ws_) cudaFree(x16_ws_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_keys_);
@@ -434,8 +435,11 @@ class CudaBackend final : public Backend {
     if (n == 0 || m == 0) return;
     const auto* q = static_cast<const uint8_t*>(w.q.data());
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
+      // An FP16 copy of x, made once for more than 8 rows.
+      void* x16 =
+          n > 8 ? scratch(&x16_ws_, &x16_ws_bytes_, static_cast<size_t>(n * k) * 2) : nullptr;
       CUDA_CHECK(bs::cuda::fp8_matmul(out(y), x.data(), q, w.scale.as<float>(), n, m, k, accumulate,
-                                      stream_));
+                                      stream_, x16));
       return;
     }
     // Other shapes and dtypes: the weight dequantized into a BF16 temporary, then cuBLASLt.
@@ -666,19 +670,22 @@ class CudaBackend final : public Backend {
     return s;
   }
 
-  void* attention_workspace(size_t bytes) {
-    if (bytes > attn_ws_bytes_) {
-      if (attn_ws_) {
+  // A device scratch buffer *buf of at least `bytes` (capacity *cap). Growing it reallocates,
+  // which makes run_captured capture its graphs again (they hold the old address).
+  void* scratch(void** buf, size_t* cap, size_t bytes) {
+    if (bytes > *cap) {
+      if (*buf) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        CUDA_CHECK(cudaFree(attn_ws_));
+        CUDA_CHECK(cudaFree(*buf));
       }
       bytes = std::max(bytes * 5 / 4, size_t{1} << 20);
-      CUDA_CHECK(cudaMalloc(&attn_ws_, bytes));
-      attn_ws_bytes_ = bytes;
+      CUDA_CHECK(cudaMalloc(buf, bytes));
+      *cap = bytes;
       ++capture_generation_;
     }
-    return attn_ws_;
+    return *buf;
   }
+  void* attention_workspace(size_t bytes) { return scratch(&attn_ws_, &attn_ws_bytes_, bytes); }
 
   // Where the keys of an attention call live: dense k / v (no table), or paged pools read through
   // the block tables of num_seqs sequences, sequence s's table at table + s * table_stride.
@@ -918,10 +925,13 @@ class CudaBackend final : public Backend {
   // (GemvMode::kAuto); BLOCKSPEC_PINNED_ROWS / set_pinned_rows raise it (experiment).
   int64_t pinned_rows_ = kSkinnyMaxRows;
   std::map<PlanKey, LtPlan> plans_;
-  // Split-KV attention partials. Reallocating them (or changing the GEMV mode) bumps
-  // capture_generation_, which makes run_captured capture its graphs again.
+  // Scratch (see scratch()): split-KV attention partials; matmul_fp8's FP16 copy of x. Growing
+  // one (or changing the GEMV mode) bumps capture_generation_, which makes run_captured capture
+  // its graphs again.
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
+  void* x16_ws_ = nullptr;
+  size_t x16_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
   struct Captured {
     cudaGraphExec_t exec = nullptr;

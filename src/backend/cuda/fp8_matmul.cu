@@ -106,9 +106,10 @@ __device__ __forceinline__ void load_weights(const uint8_t* q, int64_t ra, int64
   wb = ld_stream(reinterpret_cast<const uint4*>(q + rb * k + kk));
 }
 
-template <int NT, typename TY>
+// x16: x already converted to FP16 (bf16_to_f16_kernel), else BF16 converted here.
+template <int NT, bool X16, typename TY>
 __global__ void __launch_bounds__(kFp8Warps * 32, 2)
-    fp8_matmul_kernel(TY* y, const __nv_bfloat16* x, const uint8_t* q, const float* scale, int n,
+    fp8_matmul_kernel(TY* y, const uint16_t* x, const uint8_t* q, const float* scale, int n,
                       int64_t m, int64_t k, bool accumulate) {
   constexpr int U = kFp8Unroll, W = kFp8Warps;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -154,9 +155,11 @@ __global__ void __launch_bounds__(kFp8Warps * 32, 2)
           x0 = __ldg(p);
           x1 = __ldg(p + 1);
         }
-        const uint32_t hx[8] = {bf16x2_to_f16x2(x0.x), bf16x2_to_f16x2(x0.y), bf16x2_to_f16x2(x0.z),
-                                bf16x2_to_f16x2(x0.w), bf16x2_to_f16x2(x1.x), bf16x2_to_f16x2(x1.y),
-                                bf16x2_to_f16x2(x1.z), bf16x2_to_f16x2(x1.w)};
+        uint32_t hx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        if constexpr (!X16) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) hx[i] = bf16x2_to_f16x2(hx[i]);
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           mma_f16(acc[nt], ha[2 * i], hb[2 * i], ha[2 * i + 1], hb[2 * i + 1], hx[2 * i],
@@ -180,18 +183,49 @@ __global__ void __launch_bounds__(kFp8Warps * 32, 2)
   });
 }
 
-template <typename TY>
-cudaError_t launch_fp8_matmul(TY* y, const __nv_bfloat16* x, const uint8_t* q, const float* scale,
-                              int64_t n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+// x (BF16) -> FP16 saturated (as fp8_matmul_kernel converts it), 8 values per thread.
+__global__ void bf16_to_f16_kernel(uint4* out, const uint4* in, int64_t n8) {
+  griddep_wait();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = in[i];
+    out[i] = make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z),
+                        bf16x2_to_f16x2(v.w));
+  }
+}
+
+template <int NT, bool X16, typename TY>
+cudaError_t launch_rows(TY* y, const uint16_t* x, const uint8_t* q, const float* scale, int rows,
+                        int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((m + 15) / 16)), block(kFp8Warps * 32);
+  return launch_pdl(fp8_matmul_kernel<NT, X16, TY>, grid, block, 0, s, y, x, q, scale, rows, m, k,
+                    accumulate);
+}
+
+template <typename TY>
+cudaError_t launch_fp8_matmul(TY* y, const uint16_t* x, const uint8_t* q, const float* scale,
+                              int64_t n, int64_t m, int64_t k, bool accumulate, uint16_t* x16,
+                              cudaStream_t s) {
+  // More than 8 rows: x converted to FP16 once instead of in every block.
+  const bool pre = x16 != nullptr && n > 8;
+  if (pre) {
+    const int64_t n8 = n * k / 8, blocks = (n8 + 255) / 256;
+    const cudaError_t e = launch_pdl(
+        bf16_to_f16_kernel, dim3(static_cast<unsigned>(blocks < 1024 ? blocks : 1024)), dim3(256),
+        0, s, reinterpret_cast<uint4*>(x16), reinterpret_cast<const uint4*>(x), n8);
+    if (e != cudaSuccess) return e;
+    x = x16;
+  }
   // 16 rows per launch; every launch streams the weights again.
   for (int64_t r0 = 0; r0 < n; r0 += 16) {
     const int rows = static_cast<int>(n - r0 < 16 ? n - r0 : 16);
-    const cudaError_t e = rows <= 8
-                              ? launch_pdl(fp8_matmul_kernel<1, TY>, grid, block, 0, s, y + r0 * m,
-                                           x + r0 * k, q, scale, rows, m, k, accumulate)
-                              : launch_pdl(fp8_matmul_kernel<2, TY>, grid, block, 0, s, y + r0 * m,
-                                           x + r0 * k, q, scale, rows, m, k, accumulate);
+    TY* yr = y + r0 * m;
+    const uint16_t* xr = x + r0 * k;
+    const cudaError_t e =
+        rows <= 8 ? (pre ? launch_rows<1, true>(yr, xr, q, scale, rows, m, k, accumulate, s)
+                         : launch_rows<1, false>(yr, xr, q, scale, rows, m, k, accumulate, s))
+                  : (pre ? launch_rows<2, true>(yr, xr, q, scale, rows, m, k, accumulate, s)
+                         : launch_rows<2, false>(yr, xr, q, scale, rows, m, k, accumulate, s));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -236,15 +270,16 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q) {
 }
 
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
-                       int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+                       int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16) {
   if (n <= 0 || m <= 0) return cudaSuccess;
-  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* xb = static_cast<const uint16_t*>(x);
+  auto* xh = static_cast<uint16_t*>(x16);
   if (y.t == Elem::kBF16) {
     return launch_fp8_matmul(static_cast<__nv_bfloat16*>(y.p), xb, q, scale, n, m, k, accumulate,
-                             s);
+                             xh, s);
   }
   if (y.t == Elem::kF32) {
-    return launch_fp8_matmul(static_cast<float*>(y.p), xb, q, scale, n, m, k, accumulate, s);
+    return launch_fp8_matmul(static_cast<float*>(y.p), xb, q, scale, n, m, k, accumulate, xh, s);
   }
   return cudaErrorInvalidValue;
 }

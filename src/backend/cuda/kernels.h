@@ -152,9 +152,11 @@ cudaError_t dequantize_fp8_rows(Out w, const uint8_t* q, const float* scale, int
 // Whether fp8_matmul takes these operands: k a multiple of 16, x and q 16-byte aligned.
 bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
 // y[r, j] (+)= scale[j] * sum_c x[r, c] q[j, c] for BF16 x [n, k] on the tensor cores (x rounded
-// to FP16, saturated); y BF16 or F32. A row's result does not depend on n.
+// to FP16, saturated); y BF16 or F32. A row's result does not depend on n. x16: scratch for
+// n * k FP16 values (16-byte aligned) or null; with it, more than 8 rows of x are converted once
+// up front instead of in every block (same values).
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
-                       int64_t m, int64_t k, bool accumulate, cudaStream_t s);
+                       int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
 
 // Tensor-core skinny GEMM for 1..kSkinnyMaxRows rows (GemvMode::kMma): y[r, j] (+)= sum_c x[r, c]
 // w[j, c] (+ bias[j]) with BF16 x and w (any k and alignment; 16-byte loads when k % 8 == 0 and
