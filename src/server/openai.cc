@@ -133,6 +133,12 @@ std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, Comple
     }
     out->template_kwargs = req.at("chat_template_kwargs");
   }
+  // Tool definitions go to the template as `tools` (as transformers' apply_chat_template passes
+  // them); the reply is the model's text, tool calls are not parsed out of it.
+  if (present(req, "tools")) {
+    if (!req.at("tools").is_array()) return bad("tools", "tools must be a list");
+    out->template_kwargs["tools"] = req.at("tools");
+  }
   return std::nullopt;
 }
 

@@ -369,7 +369,8 @@ std::string model_with_chat_template() {
     fs::copy_file(fs::path(kModel) / f, dir / f, fs::copy_options::overwrite_existing);
   }
   std::ofstream(dir / "chat_template.jinja")
-      << "{% if cfg is defined %}{{ cfg | tojson }}\n{% endif %}"
+      << "{% if tools %}tools: {{ tools | tojson }}\n{% endif %}"
+         "{% if cfg is defined %}{{ cfg | tojson }}\n{% endif %}"
          "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
          "{% if add_generation_prompt %}assistant:{% endif %}";
   return dir.string();
@@ -414,6 +415,27 @@ TEST(Server, ChatRendersTheModelsTemplate) {
     }
   }
   EXPECT_EQ(streamed, want.text);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Server, ChatPassesToolsToTheTemplate) {
+  const std::string dir = model_with_chat_template();
+  RunningServer server({}, /*drafter=*/false, dir);
+  Engine engine;
+  const std::string prompt =
+      "tools: [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+      "{}}}]\nuser: Hi\nassistant:";
+  const auto want = engine.greedy(prompt, 12, /*add_special_tokens=*/false);
+  const Reply r = post(server.port(), "/v1/chat/completions",
+                       R"({"messages": [{"role": "user", "content": "Hi"}],
+                           "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                           "max_tokens": 12, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["message"]["content"], want.text);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], want.prompt_tokens);
+  const Reply bad = post(server.port(), "/v1/chat/completions",
+                         R"({"messages": [{"role": "user", "content": "Hi"}], "tools": 3})");
+  EXPECT_EQ(bad.status, 400) << bad.raw;
   std::filesystem::remove_all(dir);
 }
 
