@@ -1,5 +1,7 @@
 #include "engine/plain_sequence.h"
 
+#include "core/check.h"
+
 namespace bs::detail {
 
 PlainSequence::PlainSequence(BlockAllocator& allocator, const GenerateOptions& options,
@@ -45,6 +47,22 @@ void PlainSequence::take(std::span<const int32_t> argmax, std::span<const float>
   } else {
     step_tokens_.assign(1, token);
   }
+}
+
+Status PlainSequence::prefill_chunk(CausalLM& target, KvPool& pool, int64_t n) {
+  BS_CHECK(n >= 1 && n < prompt_left());
+  const int64_t start = kv_.length();
+  BS_RETURN_IF_ERROR(kv_.reserve(start + n));
+  ForwardResult res;
+  BS_RETURN_IF_ERROR(target.forward({.tokens = std::span<const int32_t>(step_tokens_).first(n),
+                                     .start_pos = start,
+                                     .block_table = kv_.block_table(),
+                                     .num_logits = 0,
+                                     .tap_layers = {}},
+                                    pool, &res));
+  kv_.set_length(start + n);
+  step_tokens_.erase(step_tokens_.begin(), step_tokens_.begin() + n);
+  return Status::Ok();
 }
 
 Status plain_step(CausalLM& target, KvPool& pool, const Tensor& ids_scratch, PlainSequence& seq,

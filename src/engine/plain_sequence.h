@@ -4,7 +4,9 @@
 //
 //   loop: begin_step (false: finished) -> request() -> target forward -> read_logit_rows -> take
 //
-// The first step feeds the whole prompt (prefill), every later step the last committed token.
+// The first step feeds the whole prompt (prefill), every later step the last committed token. A
+// chunked prefill (the Scheduler's) caches the prompt's head with prefill_chunk first; the first
+// step then feeds what is left of it.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,15 @@ class PlainSequence {
 
   bool greedy() const { return options_.sampling.greedy(); }
   bool done() const { return done_; }
-  bool prefilled() const { return kv_.length() > 0; }
+  // Prompt tokens not cached yet (0 once the first step has run).
+  int64_t prompt_left() const {
+    return out_.size() == 0 && !done_ ? static_cast<int64_t>(step_tokens_.size()) : 0;
+  }
+  bool prefilled() const { return prompt_left() == 0; }
+  // Chunked prefill: caches the next `n` prompt tokens, 1 <= n < prompt_left() (the last chunk is
+  // the first step, which samples the first token), through one target forward without logits.
+  // The cache ends up as after a whole-prompt prefill (on the CPU, bit for bit).
+  Status prefill_chunk(CausalLM& target, KvPool& pool, int64_t n);
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
 

@@ -57,20 +57,25 @@ Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
   return Status::Ok();
 }
 
-Status SpeculativeSequence::prefill() {
-  const int64_t P = static_cast<int64_t>(prompt_.size());
-  BS_RETURN_IF_ERROR(kv_.reserve(P));
+Status SpeculativeSequence::prefill(int64_t max_tokens) {
+  const int64_t start = kv_.length();
+  const int64_t left = prompt_left();
+  const int64_t n = max_tokens > 0 ? std::min(max_tokens, left) : left;
+  const bool last = n == left;
+  BS_RETURN_IF_ERROR(kv_.reserve(start + n));
   ForwardResult res;
-  BS_RETURN_IF_ERROR(run_.target.forward({.tokens = prompt_,
-                                          .start_pos = 0,
-                                          .block_table = kv_.block_table(),
-                                          .num_logits = 1,
-                                          .tap_layers = run_.drafter.target_layers()},
-                                         run_.target_kv, &res));
-  kv_.set_length(P);
-  const std::vector<float> logits = run_.target.backend().to_host_f32(res.logits);
-  BS_RETURN_IF_ERROR(observe(res.taps, 0));
-  done_ = out_.commit(sampler_.sample(logits));
+  BS_RETURN_IF_ERROR(run_.target.forward(
+      {.tokens = prompt_.subspan(static_cast<size_t>(start), static_cast<size_t>(n)),
+       .start_pos = start,
+       .block_table = kv_.block_table(),
+       .num_logits = last ? 1 : 0,
+       .tap_layers = run_.drafter.target_layers()},
+      run_.target_kv, &res));
+  kv_.set_length(start + n);
+  std::vector<float> logits;
+  if (last) logits = run_.target.backend().to_host_f32(res.logits);
+  BS_RETURN_IF_ERROR(observe(res.taps, start));
+  if (last) done_ = out_.commit(sampler_.sample(logits));
   return Status::Ok();
 }
 

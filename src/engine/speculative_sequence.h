@@ -9,6 +9,7 @@
 //         -> accept
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -70,8 +71,15 @@ class SpeculativeSequence {
   SpeculativeSequence& operator=(const SpeculativeSequence&) = delete;
 
   // The prompt through the target (every row tapped, logits of the last row), observed by the
-  // drafter; the first token is sampled.
-  Status prefill();
+  // drafter; the first token is sampled. Chunked (the Scheduler's chunked prefill): each call
+  // feeds the next at most `max_tokens` prompt tokens (0: all that are left) at their positions
+  // and the drafter observes their taps, so both caches end up as after a whole-prompt prefill;
+  // only the call that feeds the prompt's last token reads logits and samples the first token.
+  Status prefill(int64_t max_tokens = 0);
+  // Prompt tokens not cached yet.
+  int64_t prompt_left() const {
+    return std::max<int64_t>(static_cast<int64_t>(prompt_.size()) - kv_.length(), 0);
+  }
 
   // Starts a step: false when generation is over (stats.finish says why); else reserves the
   // cache and, with `propose`, proposes this step's drafts (k of them, k may be 0). Without it
