@@ -48,11 +48,14 @@ struct Request {
   bool cancelled = false;
   Clock::time_point added = Clock::now();
   Clock::time_point decode_start = added;
+  double prefill_seconds = 0;  // its prefill chunks so far
   double queue_seconds = 0;
   std::unique_ptr<detail::PlainSequence> plain;       // without a drafter
   std::unique_ptr<detail::SpeculativeSequence> spec;  // with one
 
   bool done() const { return plain ? plain->done() : (!spec || spec->done()); }
+  // Prompt tokens its prefill has still to feed.
+  int64_t prompt_left() const { return plain ? plain->prompt_left() : spec->prompt_left(); }
   // Begins the sequence's next step (a speculative one without proposing: the scheduler proposes
   // for all at once); false when it is over.
   Result<bool> begin_step() { return plain ? plain->begin_step() : spec->begin_step(false); }
@@ -127,8 +130,13 @@ struct Scheduler::Impl {
   Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options);
 
   void retire_cancelled();
+  // Admits waiting requests (to `prefilling`) while they fit, and feeds the front ones' prompts
+  // within the step's prefill budget, moving those whose prefill is done to `running`.
+  void admit_and_prefill();
   void admit_waiting();
-  Status prefill(Request& r);
+  // Feeds up to `max_tokens` (0: all) of the request's prompt; after the last chunk its first
+  // token is committed and its first decode step begun.
+  Status prefill(Request& r, int64_t max_tokens);
   Status step_plain();
   Status step_speculative();
   void begin_next_steps();
@@ -146,15 +154,17 @@ struct Scheduler::Impl {
   CausalLM& target;
   Drafter* drafter;
   int64_t max_num_seqs = 0;
+  int64_t max_prefill_tokens = 0;  // per step; 0: every admitted prompt whole
   int64_t num_blocks = 0;
   std::optional<detail::SpeculativeRun> spec;  // with a drafter: both pools, the allocator
   KvPool pool;                                 // without: the target's pool
   std::optional<BlockAllocator> allocator;     // and its allocator
   Tensor ids;  // I32 [max_num_seqs * (max drafts + 1)]: device argmax of a step's logit rows
   std::deque<std::unique_ptr<Request>> waiting;
-  Requests running;             // each with its next step begun
-  int64_t reserved = 0;         // blocks of the admitted requests' worst cases
-  bool batched_propose = true;  // until the drafter says it has no batched pass
+  std::deque<std::unique_ptr<Request>> prefilling;  // admitted, prompt partly cached, FIFO
+  Requests running;                                 // each with its next step begun
+  int64_t reserved = 0;                             // blocks of the admitted requests' worst cases
+  bool batched_propose = true;                      // until the drafter says it has no batched pass
   // Step scratch.
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
@@ -163,8 +173,12 @@ struct Scheduler::Impl {
 };
 
 Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options)
-    : target(target), drafter(drafter), max_num_seqs(options.max_num_seqs) {
+    : target(target),
+      drafter(drafter),
+      max_num_seqs(options.max_num_seqs),
+      max_prefill_tokens(options.max_prefill_tokens) {
   BS_CHECK(max_num_seqs >= 1);
+  BS_CHECK(max_prefill_tokens >= 0);
   const int64_t window =
       options.max_context > 0 ? options.max_context : target.config().max_position_embeddings;
   const int64_t per_window =
@@ -184,8 +198,8 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
 void Scheduler::Impl::complete(std::unique_ptr<Request> r, Status status) {
   Completion c{.id = r->id, .status = std::move(status), .queue_seconds = r->queue_seconds};
   if (r->plain || r->spec) {
+    if (r->prompt_left() == 0) r->stats.decode_seconds = seconds_since(r->decode_start);
     c.tokens = r->plain ? r->plain->finish() : r->spec->finish();
-    r->stats.decode_seconds = seconds_since(r->decode_start);
   }
   r->plain.reset();  // returns the KV blocks
   r->spec.reset();
@@ -215,29 +229,30 @@ void Scheduler::Impl::retire_cancelled() {
     return Status::Ok();
   };
   complete_if(waiting, cancelled);
+  complete_if(prefilling, cancelled);
   complete_if(running, cancelled);
 }
 
-Status Scheduler::Impl::prefill(Request& r) {
+Status Scheduler::Impl::prefill(Request& r, int64_t max_tokens) {
   const auto t = Clock::now();
   if (drafter) {
-    r.spec = std::make_unique<detail::SpeculativeSequence>(*spec, r.options, r.prompt, r.on_token,
-                                                           r.stats);
-    BS_RETURN_IF_ERROR(r.spec->prefill());
+    BS_RETURN_IF_ERROR(r.spec->prefill(max_tokens));
+  } else if (max_tokens > 0 && max_tokens < r.plain->prompt_left()) {
+    BS_RETURN_IF_ERROR(r.plain->prefill_chunk(target, pool, max_tokens));
   } else {
-    r.plain = std::make_unique<detail::PlainSequence>(*allocator, r.options,
-                                                      detail::context_window(target, r.options),
-                                                      r.prompt, r.on_token, r.stats);
     bool stepped = false;
     BS_RETURN_IF_ERROR(detail::plain_step(target, pool, ids, *r.plain, &stepped));
   }
-  r.stats.prefill_seconds = seconds_since(t);
+  r.prefill_seconds += seconds_since(t);
+  if (r.prompt_left() > 0) return Status::Ok();
+  r.stats.prefill_seconds = r.prefill_seconds;
   r.decode_start = Clock::now();
   return r.begin_step().status();
 }
 
 void Scheduler::Impl::admit_waiting() {
-  while (!waiting.empty() && static_cast<int64_t>(running.size()) < max_num_seqs &&
+  while (!waiting.empty() &&
+         static_cast<int64_t>(running.size() + prefilling.size()) < max_num_seqs &&
          reserved + waiting.front()->blocks <= num_blocks) {
     std::unique_ptr<Request> r = std::move(waiting.front());
     waiting.pop_front();
@@ -248,11 +263,35 @@ void Scheduler::Impl::admit_waiting() {
     }
     r->admitted = true;
     reserved += r->blocks;
-    if (Status s = prefill(*r); !s.ok() || r->done()) {
-      complete(std::move(r), std::move(s));
-      continue;
+    if (drafter) {
+      r->spec = std::make_unique<detail::SpeculativeSequence>(*spec, r->options, r->prompt,
+                                                              r->on_token, r->stats);
+    } else {
+      r->plain = std::make_unique<detail::PlainSequence>(*allocator, r->options,
+                                                         detail::context_window(target, r->options),
+                                                         r->prompt, r->on_token, r->stats);
     }
-    running.push_back(std::move(r));
+    prefilling.push_back(std::move(r));
+  }
+}
+
+void Scheduler::Impl::admit_and_prefill() {
+  int64_t budget = max_prefill_tokens > 0 ? max_prefill_tokens : -1;  // -1: unlimited
+  for (;;) {
+    admit_waiting();  // again after a request ended in its prefill and freed its room
+    if (prefilling.empty() || budget == 0) return;
+    Request& r = *prefilling.front();
+    const int64_t n = budget < 0 ? 0 : std::min(budget, r.prompt_left());
+    if (budget > 0) budget -= n;
+    const Status s = prefill(r, n);
+    if (s.ok() && !r.done() && r.prompt_left() > 0) continue;  // the budget is spent
+    std::unique_ptr<Request> front = std::move(prefilling.front());
+    prefilling.pop_front();
+    if (!s.ok() || front->done()) {
+      complete(std::move(front), s);
+    } else {
+      running.push_back(std::move(front));
+    }
   }
 }
 
@@ -331,6 +370,7 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
   }
   const auto same = [id](const std::unique_ptr<Request>& r) { return r->id == id; };
   if (std::any_of(m.waiting.begin(), m.waiting.end(), same) ||
+      std::any_of(m.prefilling.begin(), m.prefilling.end(), same) ||
       std::any_of(m.running.begin(), m.running.end(), same)) {
     return InvalidArgument("request id {} is already queued or running", id);
   }
@@ -356,7 +396,7 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
 Status Scheduler::step() {
   Impl& m = *impl_;
   m.retire_cancelled();
-  m.admit_waiting();
+  m.admit_and_prefill();
   if (m.running.empty()) return Status::Ok();
   const Status s = m.drafter ? m.step_speculative() : m.step_plain();
   if (!s.ok()) {
@@ -372,11 +412,17 @@ Status Scheduler::step() {
 void Scheduler::cancel(RequestId id) {
   Impl& m = *impl_;
   for (auto& r : m.waiting) r->cancelled |= r->id == id;
+  for (auto& r : m.prefilling) r->cancelled |= r->id == id;
   for (auto& r : m.running) r->cancelled |= r->id == id;
 }
 
-bool Scheduler::idle() const { return impl_->waiting.empty() && impl_->running.empty(); }
-int64_t Scheduler::num_running() const { return static_cast<int64_t>(impl_->running.size()); }
+bool Scheduler::idle() const {
+  return impl_->waiting.empty() && impl_->prefilling.empty() && impl_->running.empty();
+}
+int64_t Scheduler::num_running() const {
+  return static_cast<int64_t>(impl_->prefilling.size() + impl_->running.size());
+}
+int64_t Scheduler::num_prefilling() const { return static_cast<int64_t>(impl_->prefilling.size()); }
 int64_t Scheduler::num_waiting() const { return static_cast<int64_t>(impl_->waiting.size()); }
 int64_t Scheduler::num_kv_blocks() const { return impl_->num_blocks; }
 

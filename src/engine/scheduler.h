@@ -7,15 +7,20 @@
 //   while (!s.idle()) BS_RETURN_IF_ERROR(s.step());
 //
 // One step: retire cancelled requests; admit waiting ones first come first served while fewer
-// than max_num_seqs run and the KV pool holds their worst case (each is prefilled alone, as
-// generate_plain / generate_speculative prefill); then one batched step of every running request
+// than max_num_seqs run and the KV pool holds their worst case; prefill admitted requests, each
+// alone, first come first served: without max_prefill_tokens each whole prompt in one forward (as
+// generate_plain / generate_speculative prefill), with it at most that many prompt tokens in all
+// this step (chunked prefill: consecutive forwards at their start positions, the drafter observing
+// each chunk's taps; a prompt may take several steps), and a request whose prompt is done samples
+// its first token and joins the batch; then one batched step of every running request
 // (plain: one CausalLM::forward_batch row each; speculative: drafts for all in one
 // Drafter::propose_batch when the drafter has it, one forward_batch verifying every block, each
 // sequence accepting on its own, one Drafter::observe_batch); committed tokens go to each
 // request's on_token as they become final; finished requests get on_done and free their KV.
 //
 // Lossless: every request's tokens, finish reason and counts equal what generate_plain /
-// generate_speculative give for its prompt and options alone (greedy bit for bit on the CPU;
+// generate_speculative give for its prompt and options alone, chunked or not (greedy bit for bit
+// on the CPU, whose rows do not depend on how many share a forward;
 // sampled requests draw from their own sampler seeded as generate_* seeds it), whatever runs
 // beside it and whenever it arrives. The per-sequence code is the same
 // (detail::PlainSequence, detail::SpeculativeSequence).
@@ -43,6 +48,10 @@ struct SchedulerOptions {
   // 0: room for max_num_seqs requests that each fill a context window of max_context.
   int64_t kv_blocks = 0;
   int64_t max_context = 0;  // for the default pool size; 0: the target's max_position_embeddings
+  // Chunked prefill: prompt tokens prefilled per step, over all admitted requests (>= 0), so a
+  // long prompt delays the running requests' steps by at most this many tokens' forward at a
+  // time. 0: each admitted request's whole prompt in its admission step.
+  int64_t max_prefill_tokens = 0;
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).
@@ -77,20 +86,21 @@ class Scheduler {
   Status add(RequestId id, std::vector<int32_t> prompt, GenerateOptions options,
              TokenCallback on_token, CompletionCallback on_done);
 
-  // Admits what fits and runs one batched step (see the top of this file); does nothing when
-  // idle. A request's own failure (its prefill) goes to its on_done only; when the batched step
-  // fails, every running request ends with that error, which step() also returns (waiting
-  // requests stay queued).
+  // Admits what fits, prefills (within max_prefill_tokens) and runs one batched step (see the top
+  // of this file); does nothing when idle. A request's own failure (its prefill) goes to its
+  // on_done only; when the batched step fails, every request in the batch ends with that error,
+  // which step() also returns (waiting and still prefilling requests stay).
   Status step();
 
   // Ends the request at the next step (kCancelled, with the tokens committed so far); unknown or
   // finished ids are ignored.
   void cancel(RequestId id);
 
-  bool idle() const;              // nothing running or waiting
-  int64_t num_running() const;    // admitted, not finished
-  int64_t num_waiting() const;    // queued
-  int64_t num_kv_blocks() const;  // the pool size
+  bool idle() const;               // nothing running or waiting
+  int64_t num_running() const;     // admitted, not finished (prefilling ones included)
+  int64_t num_prefilling() const;  // admitted, prompt not all prefilled yet
+  int64_t num_waiting() const;     // queued
+  int64_t num_kv_blocks() const;   // the pool size
 
  private:
   struct Impl;

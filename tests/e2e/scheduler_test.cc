@@ -3,9 +3,11 @@
 // give for it alone, whatever runs beside it and whenever it arrives: staggered arrivals, more
 // requests than max_num_seqs, mixed max_tokens / stop ids / context windows / draft counts, greedy
 // and seeded sampling; cancellation (scheduler and callback) mid-run and while waiting; a request
-// too large for the KV pool fails alone, one that does not fit now waits. The shipped stories260K
-// target without a drafter and with its trained DFlash (batched propose) and FlashMap (one propose
-// per sequence) drafters. Expectations come from the single-request engine calls.
+// too large for the KV pool fails alone, one that does not fit now waits; chunked prefill (long
+// prompts in chunks of 1, 7, 64 tokens) changes no output, can be cancelled mid-prompt and lets
+// the running requests decode meanwhile. The shipped stories260K target without a drafter and
+// with its trained DFlash (batched propose) and FlashMap (one propose per sequence) drafters.
+// Expectations come from the single-request engine calls.
 #include "engine/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -35,6 +37,12 @@ struct Seen {
   std::vector<int32_t> streamed;
   bool completed = false;
   Completion completion;
+};
+
+struct Arrival {
+  int step;  // added before this step
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
 };
 
 class SchedulerTest : public ::testing::TestWithParam<std::string> {
@@ -90,16 +98,25 @@ class SchedulerTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(c.stats.position_accepted, want.stats.position_accepted) << where;
   }
 
+  // Adds arrival i (as request i) before its step and steps `s` until it is idle, calling
+  // `after_step` after each step.
+  void run(Scheduler& s, const std::vector<Arrival>& arrivals,
+           const std::function<void()>& after_step) {
+    size_t next = 0;
+    for (int step = 0; next < arrivals.size() || !s.idle(); ++step) {
+      for (; next < arrivals.size() && arrivals[next].step == step; ++next) {
+        ASSERT_TRUE(add(s, next, arrivals[next].prompt, arrivals[next].options).ok());
+      }
+      ASSERT_TRUE(s.step().ok());
+      after_step();
+      ASSERT_LT(step, 5000);
+    }
+  }
+
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CausalLM> target_;
   std::unique_ptr<Drafter> drafter_;
   std::map<RequestId, Seen> seen_;
-};
-
-struct Arrival {
-  int step;  // added before this step
-  std::vector<int32_t> prompt;
-  GenerateOptions options;
 };
 
 TEST_P(SchedulerTest, StaggeredArrivalsEqualSingleRequests) {
@@ -132,17 +149,11 @@ TEST_P(SchedulerTest, StaggeredArrivalsEqualSingleRequests) {
       {9, kPrompts[0], greedy},   {15, kPrompts[1], sampled}};
   Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3});
   bool saw_queue = false, saw_full = false;
-  size_t next = 0;
-  for (int step = 0; next < arrivals.size() || !s.idle(); ++step) {
-    for (; next < arrivals.size() && arrivals[next].step == step; ++next) {
-      ASSERT_TRUE(add(s, next, arrivals[next].prompt, arrivals[next].options).ok());
-    }
-    ASSERT_TRUE(s.step().ok());
+  ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [&] {
     saw_queue |= s.num_waiting() > 0;
     saw_full |= s.num_running() == 3;
     EXPECT_LE(s.num_running(), 3);
-    ASSERT_LT(step, 1000);
-  }
+  }));
   EXPECT_TRUE(saw_queue);
   EXPECT_TRUE(saw_full);
   bool context_end = false, stopped = false, length = false;
@@ -265,6 +276,114 @@ TEST_P(SchedulerTest, BadRequestsAreRefused) {
   expect_equal(1, alone(kPrompts[1], o), "valid");
   expect_equal(2, alone(kPrompts[2], none), "max_tokens 0");
   EXPECT_TRUE(s.step().ok());  // idle: nothing to do
+}
+
+// A prompt of `length` tokens: a story prefix continued by the target's own seeded sampling.
+std::vector<int32_t> long_prompt(CausalLM& target, size_t length, uint64_t seed) {
+  GenerateOptions o;
+  o.max_tokens = static_cast<int64_t>(length - kPrompts[3].size());
+  o.sampling = {.temperature = 1.0f, .seed = seed};
+  auto out = generate_plain(target, kPrompts[3], o, nullptr, nullptr);
+  EXPECT_TRUE(out.ok()) << out.status().message();
+  std::vector<int32_t> prompt = kPrompts[3];
+  if (out.ok()) prompt.insert(prompt.end(), out->begin(), out->end());
+  EXPECT_EQ(prompt.size(), length);
+  return prompt;
+}
+
+TEST_P(SchedulerTest, ChunkedPrefillEqualsSingleRequests) {
+  const GenerateOptions greedy{.max_tokens = 50, .stop_ids = {2}};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 23};
+  GenerateOptions window = greedy;  // the long prompt reaches this window
+  window.max_context = 230;
+  GenerateOptions one = sampled;
+  one.max_tokens = 1;
+  const std::vector<int32_t> p120 = long_prompt(*target_, 120, 1);
+  const std::vector<int32_t> p290 = long_prompt(*target_, 290, 2);
+  const std::vector<int32_t> p200 = long_prompt(*target_, 200, 3);
+  const std::vector<Arrival> arrivals = {{0, kPrompts[1], greedy}, {0, p290, sampled},
+                                         {1, p120, greedy},        {2, kPrompts[2], sampled},
+                                         {3, p200, window},        {3, p290, one},
+                                         {5, kPrompts[3], greedy}, {8, p120, sampled}};
+  std::vector<Expected> want;
+  for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
+  for (const int64_t chunk : {1, 7, 64}) {
+    seen_.clear();
+    Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3, .max_prefill_tokens = chunk});
+    bool saw_prefilling = false;
+    ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [&] {
+      saw_prefilling |= s.num_prefilling() > 0;
+      EXPECT_LE(s.num_running(), 3);
+    }));
+    EXPECT_TRUE(saw_prefilling);
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      expect_equal(i, want[i], fmt::format("chunk {}, request {}", chunk, i));
+    }
+  }
+  EXPECT_EQ(want[4].stats.finish, FinishReason::kContext);
+}
+
+TEST_P(SchedulerTest, CancellationDuringChunkedPrefill) {
+  GenerateOptions o;  // no stop ids: request 1 runs for as long as the test looks
+  o.max_tokens = 200;
+  GenerateOptions sampled;
+  sampled.max_tokens = 30;
+  sampled.sampling = {.temperature = 1.0f, .seed = 9};
+  const std::vector<int32_t> long1 = long_prompt(*target_, 250, 4);
+  const std::vector<int32_t> long2 = long_prompt(*target_, 150, 5);
+  Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 2, .max_prefill_tokens = 7});
+  ASSERT_TRUE(add(s, 1, kPrompts[1], o).ok());
+  ASSERT_TRUE(s.step().ok());
+  ASSERT_TRUE(add(s, 2, long1, sampled).ok());  // cancelled while prefilling
+  ASSERT_TRUE(add(s, 3, long2, sampled).ok());  // waits, then takes its place
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(s.step().ok());
+  EXPECT_EQ(s.num_prefilling(), 1);
+  EXPECT_EQ(s.num_waiting(), 1);
+  s.cancel(2);
+  ASSERT_TRUE(s.step().ok());
+  ASSERT_TRUE(seen_[2].completed);
+  EXPECT_EQ(s.num_waiting(), 0);  // request 3 took its slot and KV at once
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+
+  const Completion& c2 = seen_[2].completion;
+  EXPECT_TRUE(c2.status.ok()) << c2.status.message();
+  EXPECT_EQ(c2.stats.finish, FinishReason::kCancelled);
+  EXPECT_TRUE(c2.tokens.empty());
+  EXPECT_TRUE(seen_[2].streamed.empty());
+  EXPECT_EQ(c2.stats.generated_tokens, 0);
+  expect_equal(1, alone(kPrompts[1], o), "running beside");
+  expect_equal(3, alone(long2, sampled), "after the cancel");
+}
+
+TEST_P(SchedulerTest, RunningRequestDecodesWhileAnotherPrefills) {
+  GenerateOptions o;  // no stop ids: runs its max_tokens, more than 19 steps give it
+  o.max_tokens = 400;
+  GenerateOptions long_o;
+  long_o.max_tokens = 20;
+  const std::vector<int32_t> prompt = long_prompt(*target_, 290, 6);
+  for (const int64_t chunk : {0, 16}) {
+    seen_.clear();
+    Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 2, .max_prefill_tokens = chunk});
+    ASSERT_TRUE(add(s, 1, kPrompts[1], o).ok());
+    ASSERT_TRUE(s.step().ok());
+    ASSERT_TRUE(add(s, 2, prompt, long_o).ok());
+    int steps = 0;
+    const size_t before = seen_[1].streamed.size();
+    while (seen_[2].streamed.empty()) {
+      ASSERT_TRUE(s.step().ok());
+      ++steps;
+      // Each step gives the running request at least one token.
+      EXPECT_GE(seen_[1].streamed.size(), before + steps) << "chunk " << chunk;
+      ASSERT_FALSE(seen_[1].completed) << "chunk " << chunk;
+      ASSERT_LT(steps, 1000);
+    }
+    // 290 prompt tokens in chunks of 16: the first token comes with the 19th chunk.
+    EXPECT_EQ(steps, chunk == 0 ? 1 : 19) << "chunk " << chunk;
+    while (!s.idle()) ASSERT_TRUE(s.step().ok());
+    expect_equal(1, alone(kPrompts[1], o), fmt::format("chunk {}, running", chunk));
+    expect_equal(2, alone(prompt, long_o), fmt::format("chunk {}, long prompt", chunk));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,
