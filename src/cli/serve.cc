@@ -30,6 +30,7 @@ struct ServeArgs {
   bool drafter_fp8 = false;
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
+  int64_t max_num_batched_tokens = 0;
 };
 
 CLI::App* g_cmd = nullptr;
@@ -68,7 +69,8 @@ int run_serve(const ServeArgs& a) {
                                          .port = a.port,
                                          .api_key = a.api_key,
                                          .max_num_seqs = a.max_num_seqs,
-                                         .kv_cache_tokens = a.kv_cache_tokens});
+                                         .kv_cache_tokens = a.kv_cache_tokens,
+                                         .max_prefill_tokens = a.max_num_batched_tokens});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
   std::thread([&srv, signals] {
@@ -121,6 +123,11 @@ void register_serve(CLI::App& app) {
                    "KV cache size in positions (default: max-num-seqs full context windows); a "
                    "request waits until its prompt + max_tokens fit")
       ->check(CLI::PositiveNumber);
+  g_cmd
+      ->add_option("--max-num-batched-tokens", g_args.max_num_batched_tokens,
+                   "Chunked prefill: prompt tokens prefilled per step, so a long prompt does not "
+                   "stall the running requests (decode rows not counted; default 0: whole prompts)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 bool run_serve_if_parsed(int* rc) {

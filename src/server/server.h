@@ -26,6 +26,9 @@ struct ServerOptions {
   int64_t max_num_seqs = 8;  // requests decoded together (continuous batching); more wait
   // KV cache positions per pool (target and drafter alike); 0: max_num_seqs full context windows.
   int64_t kv_cache_tokens = 0;
+  // Chunked prefill: prompt tokens prefilled per scheduler step (SchedulerOptions::
+  // max_prefill_tokens); 0: each admitted prompt whole.
+  int64_t max_prefill_tokens = 0;
 };
 
 class Server {
