@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/kv_cache.h"
 #include "models/drafter.h"
 #include "models/registry.h"
 
@@ -65,6 +67,22 @@ inline void load_stories(const std::string& drafter, std::unique_ptr<Backend>* b
   auto d = load_drafter(models + "/" + drafter, **target, {});
   ASSERT_TRUE(d.ok()) << d.status().message();
   *out = std::move(*d);
+}
+
+// The target's logits of the last `num_logits` rows [num_logits, vocab] after `tokens`, from one
+// CausalLM::forward on a fresh cache. Fails the test on a forward error.
+inline std::vector<float> forward_logits(CausalLM& target, const std::vector<int32_t>& tokens,
+                                         int64_t num_logits) {
+  const int64_t blocks = (static_cast<int64_t>(tokens.size()) + kKvBlockSize - 1) / kKvBlockSize;
+  KvPool pool = target.make_kv_pool(blocks);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  ForwardResult res;
+  const Status st = target.forward(
+      {.tokens = tokens, .start_pos = 0, .block_table = table, .num_logits = num_logits}, pool,
+      &res);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return st.ok() ? target.backend().to_host_f32(res.logits) : std::vector<float>();
 }
 
 // A GoogleTest parameter name from any string: characters other than letters and digits become

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/check.h"
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
 #include "engine/plain_sequence.h"
@@ -20,6 +21,11 @@ int64_t context_window(const CausalLM& target, const GenerateOptions& options) {
 Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
                         const GenerateOptions& options, int64_t max_context, GenerateStats& stats) {
   BS_RETURN_IF_ERROR(options.sampling.validate());
+  const int64_t max_top = std::min<int64_t>(kMaxTopLogprobs, target.config().vocab_size);
+  if (options.logprobs < -1 || options.logprobs > max_top) {
+    return InvalidArgument("logprobs must be -1 (off) or in [0, {}], got {}", max_top,
+                           options.logprobs);
+  }
   BS_RETURN_IF_ERROR(validate_prompt(target, prompt, max_context));
   stats = GenerateStats{};
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -35,17 +41,20 @@ void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
   backend.copy_to_host(ids->data(), out);
 }
 
-void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, const Tensor& ids_scratch,
-                     std::vector<int32_t>* argmax, std::vector<float>* host_logits) {
-  if (greedy) {
-    device_argmax(backend, ids_scratch, logits, argmax);
-  } else {
-    *host_logits = backend.to_host_f32(logits);
-  }
+void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, bool want_logits,
+                     const Tensor& ids_scratch, std::vector<int32_t>* argmax,
+                     std::vector<float>* host_logits) {
+  if (greedy) device_argmax(backend, ids_scratch, logits, argmax);
+  if (!greedy || want_logits) *host_logits = backend.to_host_f32(logits);
 }
 
-bool CommittedTokens::commit(int32_t token) {
+bool CommittedTokens::commit(int32_t token, std::span<const float> logits) {
   tokens_.push_back(token);
+  if (options_.logprobs >= 0) {
+    BS_CHECK(!logits.empty());
+    token_logprobs(logits, token, options_.logprobs, &logprobs_);
+    if (on_logprobs_) on_logprobs_(logprobs_);
+  }
   const bool stop = std::find(options_.stop_ids.begin(), options_.stop_ids.end(), token) !=
                     options_.stop_ids.end();
   if (on_token_ && !on_token_(token)) {
@@ -87,7 +96,8 @@ Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,
 
 Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const int32_t> prompt,
                                             const GenerateOptions& options,
-                                            const TokenCallback& on_token, GenerateStats* stats) {
+                                            const TokenCallback& on_token, GenerateStats* stats,
+                                            const LogprobsCallback& on_logprobs) {
   const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
@@ -96,7 +106,7 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
   const int64_t num_blocks = (max_context + kKvBlockSize - 1) / kKvBlockSize;
   KvPool pool = target.make_kv_pool(num_blocks);
   BlockAllocator allocator(num_blocks);
-  detail::PlainSequence seq(allocator, options, max_context, prompt, on_token, st);
+  detail::PlainSequence seq(allocator, options, max_context, prompt, on_token, on_logprobs, st);
   const Tensor argmax_id = target.backend().empty({1}, DType::kI32);  // greedy: on the device
   auto t0 = Clock::now();
   // The first step is the prefill: the whole prompt, logits of the last row only.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "models/causal_lm.h"
 #include "models/drafter.h"
@@ -22,6 +23,10 @@ struct GenerateOptions {
   int64_t max_context = 0;        // 0: the target's max_position_embeddings
   int64_t draft_tokens = 0;       // drafts verified per step (1..max_drafts); 0: max_drafts
   std::string trace_path;         // JSON line per speculative step, when set
+  // Log-probabilities of the committed tokens (engine/logprobs.h), handed to the
+  // LogprobsCallback: -1 off (no logits row is read back for them), 0..kMaxTopLogprobs: the
+  // token's own logprob and that many top alternatives. Never changes the tokens.
+  int logprobs = -1;
 };
 
 enum class FinishReason { kStop, kLength, kContext, kCancelled };
@@ -49,16 +54,21 @@ struct GenerateStats {
 
 // Called with each committed token as soon as it is final; return false to stop early.
 using TokenCallback = std::function<bool(int32_t)>;
+// Called with each committed token's log-probabilities (options.logprobs >= 0) just before the
+// TokenCallback of that token.
+using LogprobsCallback = std::function<void(const TokenLogprobs&)>;
 
 Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const int32_t> prompt,
                                             const GenerateOptions& options,
-                                            const TokenCallback& on_token, GenerateStats* stats);
+                                            const TokenCallback& on_token, GenerateStats* stats,
+                                            const LogprobsCallback& on_logprobs = nullptr);
 
 Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& drafter,
                                                   std::span<const int32_t> prompt,
                                                   const GenerateOptions& options,
                                                   const TokenCallback& on_token,
-                                                  GenerateStats* stats);
+                                                  GenerateStats* stats,
+                                                  const LogprobsCallback& on_logprobs = nullptr);
 
 // Plain decoding of several prompts in lockstep (a Scheduler, engine/scheduler.h, admitting them
 // all at once): the prompts prefill one at a time, then every step runs one batched target

@@ -29,20 +29,23 @@ void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
                    std::vector<int32_t>* ids);
 
 // Host copies of the logit rows a step reads: greedy, the argmax id of every row (taken on the
-// device into `ids_scratch`); sampled, the logits [rows, vocab].
-void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, const Tensor& ids_scratch,
-                     std::vector<int32_t>* argmax, std::vector<float>* host_logits);
+// device into `ids_scratch`); sampled or `want_logits` (logprobs), the logits [rows, vocab].
+void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, bool want_logits,
+                     const Tensor& ids_scratch, std::vector<int32_t>* argmax,
+                     std::vector<float>* host_logits);
 
 // The committed output: appends tokens one by one and says when generation ends with one (a
 // stop token, which is kept, or a callback that returns false).
 class CommittedTokens {
  public:
   CommittedTokens(const GenerateOptions& options, const TokenCallback& on_token,
-                  GenerateStats& stats)
-      : options_(options), on_token_(on_token), stats_(stats) {}
+                  const LogprobsCallback& on_logprobs, GenerateStats& stats)
+      : options_(options), on_token_(on_token), on_logprobs_(on_logprobs), stats_(stats) {}
 
-  // Appends `token`; true when generation ends with it (stats.finish says why).
-  bool commit(int32_t token);
+  // Appends `token`; true when generation ends with it (stats.finish says why). `logits`: the
+  // target's row [vocab] that decided it, required when options.logprobs >= 0 (ignored else):
+  // its logprobs go to on_logprobs before on_token sees the token.
+  bool commit(int32_t token, std::span<const float> logits = {});
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
   int32_t back() const { return tokens_.back(); }
   // Sets the generated-token count and hands the tokens over.
@@ -51,7 +54,9 @@ class CommittedTokens {
  private:
   const GenerateOptions& options_;
   const TokenCallback& on_token_;
+  const LogprobsCallback& on_logprobs_;
   GenerateStats& stats_;
+  TokenLogprobs logprobs_;  // scratch
   std::vector<int32_t> tokens_;
 };
 

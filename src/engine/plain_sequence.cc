@@ -6,13 +6,14 @@ namespace bs::detail {
 
 PlainSequence::PlainSequence(BlockAllocator& allocator, const GenerateOptions& options,
                              int64_t max_context, std::span<const int32_t> prompt,
-                             const TokenCallback& on_token, GenerateStats& stats)
+                             const TokenCallback& on_token, const LogprobsCallback& on_logprobs,
+                             GenerateStats& stats)
     : options_(options),
       max_context_(max_context),
       st_(stats),
       kv_(allocator, kKvBlockSize),
       sampler_(options.sampling),
-      out_(options, on_token, stats),
+      out_(options, on_token, on_logprobs, stats),
       step_tokens_(prompt.begin(), prompt.end()) {}
 
 Result<bool> PlainSequence::begin_step() {
@@ -42,7 +43,7 @@ ForwardRequest PlainSequence::request() const {
 void PlainSequence::take(std::span<const int32_t> argmax, std::span<const float> logits) {
   kv_.set_length(kv_.length() + static_cast<int64_t>(step_tokens_.size()));
   const int32_t token = options_.sampling.greedy() ? argmax[0] : sampler_.sample(logits);
-  if (out_.commit(token)) {
+  if (out_.commit(token, logits)) {
     done_ = true;
   } else {
     step_tokens_.assign(1, token);
@@ -73,7 +74,8 @@ Status plain_step(CausalLM& target, KvPool& pool, const Tensor& ids_scratch, Pla
   BS_RETURN_IF_ERROR(target.forward(seq.request(), pool, &res));
   std::vector<int32_t> ids;
   std::vector<float> logits;
-  read_logit_rows(target.backend(), res.logits, seq.greedy(), ids_scratch, &ids, &logits);
+  read_logit_rows(target.backend(), res.logits, seq.greedy(), seq.wants_logits(), ids_scratch, &ids,
+                  &logits);
   seq.take(ids, logits);
   return Status::Ok();
 }

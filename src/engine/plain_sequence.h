@@ -21,11 +21,12 @@ namespace bs::detail {
 
 class PlainSequence {
  public:
-  // `options` (validated by begin_generation), `on_token` and `stats` must outlive the sequence;
-  // the prompt is copied. KV blocks come from `allocator` as the sequence grows.
+  // `options` (validated by begin_generation), `on_token`, `on_logprobs` and `stats` must
+  // outlive the sequence; the prompt is copied. KV blocks come from `allocator` as the sequence
+  // grows.
   PlainSequence(BlockAllocator& allocator, const GenerateOptions& options, int64_t max_context,
                 std::span<const int32_t> prompt, const TokenCallback& on_token,
-                GenerateStats& stats);
+                const LogprobsCallback& on_logprobs, GenerateStats& stats);
   PlainSequence(const PlainSequence&) = delete;
   PlainSequence& operator=(const PlainSequence&) = delete;
 
@@ -34,11 +35,14 @@ class PlainSequence {
   Result<bool> begin_step();
   // The step's forward: its tokens at the cached length, logits of the last row, no taps.
   ForwardRequest request() const;
-  // Ends the step with its logit row: `argmax` [1] (device argmax) when greedy, else `logits`
-  // [vocab], sampled with the sequence's own sampler. Commits the token.
+  // Ends the step with its logit row: `argmax` [1] (device argmax) when greedy, `logits`
+  // [vocab] when sampled (drawn with the sequence's own sampler) or wants_logits(). Commits the
+  // token.
   void take(std::span<const int32_t> argmax, std::span<const float> logits);
 
   bool greedy() const { return options_.sampling.greedy(); }
+  // The host logits row is needed even when greedy: logprobs are on.
+  bool wants_logits() const { return options_.logprobs >= 0; }
   bool done() const { return done_; }
   // Prompt tokens not cached yet (0 once the first step has run).
   int64_t prompt_left() const {

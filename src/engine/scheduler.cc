@@ -42,6 +42,7 @@ struct Request {
   GenerateOptions options;
   TokenCallback on_token;
   CompletionCallback on_done;
+  LogprobsCallback on_logprobs;
   GenerateStats stats;
   int64_t blocks = 0;     // worst-case KV blocks, held from admission to the end
   bool admitted = false;  // its blocks count against the pool
@@ -141,7 +142,7 @@ struct Scheduler::Impl {
   Status step_speculative();
   void begin_next_steps();
   // Rows of the step's logits [rows, vocab] the requests read: device argmax ids when any is
-  // greedy, host logits when any samples.
+  // greedy, host logits when any samples or wants logprobs.
   void read_rows(const Tensor& logits);
   std::span<const int32_t> argmax_rows(size_t row, size_t n) const;
   std::span<const float> logit_rows(size_t row, size_t n) const;
@@ -265,11 +266,13 @@ void Scheduler::Impl::admit_waiting() {
     reserved += r->blocks;
     if (drafter) {
       r->spec = std::make_unique<detail::SpeculativeSequence>(*spec, r->options, r->prompt,
-                                                              r->on_token, r->stats);
+                                                              r->on_token, r->on_logprobs,
+                                                              r->stats);
     } else {
       r->plain = std::make_unique<detail::PlainSequence>(*allocator, r->options,
                                                          detail::context_window(target, r->options),
-                                                         r->prompt, r->on_token, r->stats);
+                                                         r->prompt, r->on_token,
+                                                         r->on_logprobs, r->stats);
     }
     prefilling.push_back(std::move(r));
   }
@@ -296,13 +299,16 @@ void Scheduler::Impl::admit_and_prefill() {
 }
 
 void Scheduler::Impl::read_rows(const Tensor& logits) {
-  bool any_greedy = false, any_sampled = false;
-  for (const auto& r : running) (r->options.sampling.greedy() ? any_greedy : any_sampled) = true;
+  bool any_greedy = false, any_host = false;
+  for (const auto& r : running) {
+    any_greedy |= r->options.sampling.greedy();
+    any_host |= !r->options.sampling.greedy() || r->options.logprobs >= 0;
+  }
   argmax.clear();
   host_logits.clear();
   Backend& backend = target.backend();
   if (any_greedy) detail::device_argmax(backend, ids, logits, &argmax);
-  if (any_sampled) host_logits = backend.to_host_f32(logits);
+  if (any_host) host_logits = backend.to_host_f32(logits);
 }
 
 std::span<const int32_t> Scheduler::Impl::argmax_rows(size_t row, size_t n) const {
@@ -361,7 +367,8 @@ Scheduler::Scheduler(CausalLM& target, Drafter* drafter, SchedulerOptions option
 Scheduler::~Scheduler() = default;
 
 Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions options,
-                      TokenCallback on_token, CompletionCallback on_done) {
+                      TokenCallback on_token, CompletionCallback on_done,
+                      LogprobsCallback on_logprobs) {
   Impl& m = *impl_;
   if (!options.trace_path.empty()) {
     return InvalidArgument(
@@ -389,6 +396,7 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
   r->options = std::move(options);
   r->on_token = std::move(on_token);
   r->on_done = std::move(on_done);
+  r->on_logprobs = std::move(on_logprobs);
   m.waiting.push_back(std::move(r));
   return Status::Ok();
 }

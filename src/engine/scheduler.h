@@ -82,9 +82,11 @@ class Scheduler {
   // InvalidArgument for what generate_* rejects, options.trace_path, an id already queued or
   // running, and a request that can never fit the KV pool (the message names both sizes).
   // on_token may be empty; returning false from it ends the request (kCancelled), as in
-  // generate_*. on_done (may be empty) is called once, from a later step().
+  // generate_*. on_done (may be empty) is called once, from a later step(). on_logprobs (may be
+  // empty) gets each committed token's logprobs when options.logprobs >= 0, before on_token.
   Status add(RequestId id, std::vector<int32_t> prompt, GenerateOptions options,
-             TokenCallback on_token, CompletionCallback on_done);
+             TokenCallback on_token, CompletionCallback on_done,
+             LogprobsCallback on_logprobs = nullptr);
 
   // Admits what fits, prefills (within max_prefill_tokens) and runs one batched step (see the top
   // of this file); does nothing when idle. A request's own failure (its prefill) goes to its

@@ -31,7 +31,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                                   std::span<const int32_t> prompt,
                                                   const GenerateOptions& options,
                                                   const TokenCallback& on_token,
-                                                  GenerateStats* stats) {
+                                                  GenerateStats* stats,
+                                                  const LogprobsCallback& on_logprobs) {
   const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
@@ -47,14 +48,14 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
   auto t0 = Clock::now();
   if (options.max_tokens <= 0) {  // generate_plain runs nothing either
     st.decode_seconds = seconds_since(t0);
-    return detail::CommittedTokens(options, on_token, st).finish();
+    return detail::CommittedTokens(options, on_token, on_logprobs, st).finish();
   }
 
   detail::SpeculativeRun run(
       target, drafter,
       detail::speculative_blocks(drafter, static_cast<int64_t>(prompt.size()), options,
                                  max_context));
-  detail::SpeculativeSequence seq(run, options, prompt, on_token, st);
+  detail::SpeculativeSequence seq(run, options, prompt, on_token, on_logprobs, st);
   Backend& backend = target.backend();
 
   // ---- Prefill: the prompt, its taps observed by the drafter, the first token. ----
@@ -71,8 +72,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     if (!stepping) break;
     const auto t = Clock::now();
     BS_RETURN_IF_ERROR(target.forward(seq.verify_request(), run.target_kv, &res));
-    detail::read_logit_rows(backend, res.logits, options.sampling.greedy(), run.argmax_ids,
-                            &target_argmax, &logits);
+    detail::read_logit_rows(backend, res.logits, options.sampling.greedy(), seq.wants_logits(),
+                            run.argmax_ids, &target_argmax, &logits);
     const double verify_s = seconds_since(t);
     BS_RETURN_IF_ERROR(seq.accept(res.taps, target_argmax, logits));
     st.verify_seconds += verify_s;

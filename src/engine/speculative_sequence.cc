@@ -38,7 +38,8 @@ SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_b
 
 SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
                                          std::span<const int32_t> prompt,
-                                         const TokenCallback& on_token, GenerateStats& stats)
+                                         const TokenCallback& on_token,
+                                         const LogprobsCallback& on_logprobs, GenerateStats& stats)
     : run_(run),
       options_(options),
       max_context_(context_window(run.target, options)),
@@ -47,7 +48,7 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
       prompt_(prompt),
       kv_(run.allocator, kKvBlockSize),
       sampler_(options.sampling),
-      out_(options, on_token, stats) {}
+      out_(options, on_token, on_logprobs, stats) {}
 
 Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
   const auto t = Clock::now();
@@ -75,7 +76,7 @@ Status SpeculativeSequence::prefill(int64_t max_tokens) {
   std::vector<float> logits;
   if (last) logits = run_.target.backend().to_host_f32(res.logits);
   BS_RETURN_IF_ERROR(observe(res.taps, start));
-  if (last) done_ = out_.commit(sampler_.sample(logits));
+  if (last) done_ = out_.commit(sampler_.sample(logits), logits);
   return Status::Ok();
 }
 
@@ -175,10 +176,16 @@ Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> 
   for (int64_t i = 0; i < k_; ++i) ++st_.position_offered[i];
   for (int64_t i = 0; i < a; ++i) ++st_.position_accepted[i];
 
-  // Commit d_1..d_a and the target's token; the cache keeps the anchor and accepted drafts.
+  // Commit d_1..d_a and the target's token, the i-th decided by verify row i; the cache keeps
+  // the anchor and accepted drafts.
   kv_.truncate(s_ + a + 1);
-  for (int64_t i = 0; i < a && !done_; ++i) done_ = out_.commit(drafts[i]);
-  if (!done_) done_ = out_.commit(acc.next);
+  const auto row = [&](int64_t i) {
+    if (target_logits.empty()) return std::span<const float>();
+    const size_t vocab = static_cast<size_t>(run_.target.config().vocab_size);
+    return target_logits.subspan(static_cast<size_t>(i) * vocab, vocab);
+  };
+  for (int64_t i = 0; i < a && !done_; ++i) done_ = out_.commit(drafts[i], row(i));
+  if (!done_) done_ = out_.commit(acc.next, row(a));
 
   // The drafter's context grows by positions s..s+a (taps rows 0..a of the verify pass).
   const double observe_before = st_.observe_seconds;

@@ -62,11 +62,11 @@ struct SpeculativeStep {
 
 class SpeculativeSequence {
  public:
-  // `options` (validated by begin_speculative), `prompt`, `on_token` and `stats` must outlive
-  // the sequence.
+  // `options` (validated by begin_speculative), `prompt`, `on_token`, `on_logprobs` and `stats`
+  // must outlive the sequence.
   SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
                       std::span<const int32_t> prompt, const TokenCallback& on_token,
-                      GenerateStats& stats);
+                      const LogprobsCallback& on_logprobs, GenerateStats& stats);
   SpeculativeSequence(const SpeculativeSequence&) = delete;
   SpeculativeSequence& operator=(const SpeculativeSequence&) = delete;
 
@@ -95,7 +95,8 @@ class SpeculativeSequence {
   ForwardRequest verify_request() const;
   int64_t verify_rows() const { return k_ + 1; }
   // After the verify forward: accepts (target_argmax [k + 1] when greedy, target_logits
-  // [k + 1, vocab] when sampled), commits, rolls the cache back and lets the drafter observe the
+  // [k + 1, vocab] when sampled or wants_logits(): the i-th token committed reports row i's
+  // logprobs), commits, rolls the cache back and lets the drafter observe the
   // accepted positions from `taps` (the verify rows' taps); with observe_now false that observe
   // is left in pending_observe() for the caller (several sequences' in one observe_batch).
   Status accept(const Tensor& taps, std::span<const int32_t> target_argmax,
@@ -107,6 +108,8 @@ class SpeculativeSequence {
     st_.observe_seconds += seconds;
   }
 
+  // The verify rows' host logits are needed even when greedy: logprobs are on.
+  bool wants_logits() const { return options_.logprobs >= 0; }
   bool done() const { return done_; }
   const SpeculativeStep& last_step() const { return step_; }
   // Sets the generated-token count and hands the tokens over.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 namespace bs::server {
@@ -17,7 +18,7 @@ double seconds_since(Job::Clock::time_point t) {
 
 bool Job::wait_text(std::string* text, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  cv_.wait_for(lock, timeout, [&] { return ended_ || !text_.empty(); });
+  cv_.wait_for(lock, timeout, [&] { return ended_ || !text_.empty() || !logprobs_.empty(); });
   *text += std::exchange(text_, {});
   return ended_;
 }
@@ -26,6 +27,18 @@ void Job::wait(std::string* text) {
   std::unique_lock lock(mutex_);
   cv_.wait(lock, [&] { return ended_; });
   *text += std::exchange(text_, {});
+}
+
+void Job::take_logprobs(std::vector<LogprobsEntry>* logprobs) {
+  std::lock_guard lock(mutex_);
+  std::move(logprobs_.begin(), logprobs_.end(), std::back_inserter(*logprobs));
+  logprobs_.clear();
+}
+
+void Job::append_logprobs(LogprobsEntry entry) {
+  std::lock_guard lock(mutex_);
+  logprobs_.push_back(std::move(entry));
+  cv_.notify_all();
 }
 
 void Job::append(const std::string& text) {
@@ -120,6 +133,7 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   Active& a = active_[id];
   a.job = job;
   a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop);
+  if (job->options.logprobs >= 0) a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer);
   a.queued_before = seconds_since(job->submitted_);
   const auto on_token = [this, id](int32_t token) {
     Active& a = active_.at(id);
@@ -128,7 +142,17 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
     return !a.text->stopped() && !a.job->cancelled();
   };
   const auto on_done = [this, id](Completion c) { finish(id, std::move(c)); };
-  if (Status s = scheduler_.add(id, job->prompt, job->options, on_token, on_done); !s.ok()) {
+  // Tokens past a matched stop string are not committed (on_token ends the request), so every
+  // logprobs entry belongs to a token of the reply.
+  const auto on_logprobs = [this, id](const TokenLogprobs& lp) {
+    Active& a = active_.at(id);
+    LogprobsEntry e{.logprobs = lp, .text = a.token_texts->text(lp.token)};
+    for (const TopLogprob& t : lp.top) e.top_texts.push_back(a.token_texts->text(t.token));
+    a.token_texts->commit(lp.token);
+    a.job->append_logprobs(std::move(e));
+  };
+  if (Status s = scheduler_.add(id, job->prompt, job->options, on_token, on_done, on_logprobs);
+      !s.ok()) {
     active_.erase(id);
     fail(*job, s);
   }

@@ -26,6 +26,13 @@
 
 namespace bs::server {
 
+// A committed token's logprobs with the token strings of it and its alternatives (TokenTexts).
+struct LogprobsEntry {
+  TokenLogprobs logprobs;
+  std::string text;
+  std::vector<std::string> top_texts;  // per logprobs.top
+};
+
 // One generation request. The submitter fills the inputs, then only reads through the methods.
 class Job {
  public:
@@ -41,11 +48,14 @@ class Job {
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
 
-  // Blocks until new text is committed, the job ends, or `timeout` passes; appends the new text
-  // to *text. True once the job has ended (its text all taken).
+  // Blocks until new text or logprobs are committed, the job ends, or `timeout` passes; appends
+  // the new text to *text. True once the job has ended (its text all taken).
   bool wait_text(std::string* text, std::chrono::milliseconds timeout);
   // Blocks until the end; appends all remaining text.
   void wait(std::string* text);
+  // Appends the committed tokens' logprobs (options.logprobs >= 0) not yet taken, in order. They
+  // may run ahead of the text (held back for stop strings); once the job has ended all are there.
+  void take_logprobs(std::vector<LogprobsEntry>* logprobs);
 
   // Results, valid once ended.
   const Status& status() const { return status_; }
@@ -55,13 +65,15 @@ class Job {
  private:
   friend class EngineWorker;
   void append(const std::string& text);
+  void append_logprobs(LogprobsEntry entry);
   void end(Status status, std::string finish_reason);
 
   std::atomic<bool> cancelled_{false};
   Clock::time_point submitted_ = Clock::now();  // set by submit
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::string text_;  // committed, not yet taken
+  std::string text_;                     // committed, not yet taken
+  std::vector<LogprobsEntry> logprobs_;  // committed, not yet taken
   bool ended_ = false;
   Status status_;
   GenerateStats stats_;
@@ -85,8 +97,9 @@ class EngineWorker {
   struct Active {
     std::shared_ptr<Job> job;
     std::unique_ptr<TextStream> text;
-    double ttft = -1;          // submitted -> first token
-    double queued_before = 0;  // submitted -> handed to the scheduler
+    std::unique_ptr<TokenTexts> token_texts;  // with logprobs
+    double ttft = -1;                         // submitted -> first token
+    double queued_before = 0;                 // submitted -> handed to the scheduler
   };
 
   void loop();

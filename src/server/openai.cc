@@ -172,11 +172,39 @@ std::optional<ApiError> refuse_unsupported(const json& req) {
   bool echo = false;
   if (auto e = get_bool(req, "echo", &echo)) return e;
   if (echo) return bad("echo", "echo is not supported");
-  for (const char* key : {"logprobs", "top_logprobs"}) {
-    if (present(req, key) && req.at(key) != json(false)) {
-      return bad(key, fmt::format("{} is not supported", key));
-    }
+  return std::nullopt;
+}
+
+// An integer field in [0, kMaxTopLogprobs] into *out.
+std::optional<ApiError> get_top_count(const json& req, const char* key, int* out) {
+  int64_t n = 0;
+  if (auto e = get_integer(req, key, &n)) return e;
+  if (n < 0 || n > kMaxTopLogprobs) {
+    return bad(key, fmt::format("{} must be in [0, {}], got {}", key, kMaxTopLogprobs, n));
   }
+  *out = static_cast<int>(n);
+  return std::nullopt;
+}
+
+// Completions: logprobs: N (0..20; null or false: off). Chat: logprobs: true|false and
+// top_logprobs: N (0..20), which needs logprobs: true.
+std::optional<ApiError> parse_logprobs(const json& req, bool chat, CompletionRequest* out) {
+  if (!chat) {
+    if (!present(req, "logprobs") || req.at("logprobs") == json(false)) return std::nullopt;
+    if (!req.at("logprobs").is_number_integer()) {
+      return bad("logprobs", fmt::format("logprobs must be an integer in [0, {}], got {}",
+                                         kMaxTopLogprobs, type_name(req.at("logprobs"))));
+    }
+    return get_top_count(req, "logprobs", &out->logprobs);
+  }
+  bool logprobs = false;
+  if (auto e = get_bool(req, "logprobs", &logprobs)) return e;
+  int top = 0;
+  if (auto e = get_top_count(req, "top_logprobs", &top)) return e;
+  if (present(req, "top_logprobs") && !logprobs) {
+    return bad("top_logprobs", "top_logprobs requires logprobs: true");
+  }
+  if (logprobs) out->logprobs = top;
   return std::nullopt;
 }
 
@@ -244,6 +272,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     return e;
   }
   if (auto e = refuse_unsupported(req)) return e;
+  if (auto e = parse_logprobs(req, chat, out)) return e;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     int64_t n = 0;
     if (!present(req, key)) continue;

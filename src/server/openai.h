@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 
 namespace bs::server {
@@ -41,10 +42,13 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;
+  // GenerateOptions::logprobs: -1 off, else the top alternatives per token. Completions:
+  // logprobs: N; chat: logprobs: true with top_logprobs: N (default 0).
+  int logprobs = -1;
 };
 
 // Parses `body` (JSON) into `out`; the first problem found as an ApiError (400) otherwise.
-// Unknown fields are ignored; n != 1, echo, logprobs and best_of != 1 are refused.
+// Unknown fields are ignored; n != 1, echo and best_of != 1 are refused.
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
                                                  CompletionRequest* out);
 

@@ -64,10 +64,19 @@ struct Server::Impl {
 
   void add_routes();
   void completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  // The finished response of `job` (non-streaming).
-  json response_body(const Job& job, const std::string& text, bool chat) const;
-  // One SSE chunk: delta text (or nothing) and finish_reason (or null).
-  json chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish) const;
+  // The finished response of `job` (non-streaming) with its tokens' logprobs.
+  json response_body(const Job& job, const std::string& text,
+                     const std::vector<LogprobsEntry>& logprobs, bool chat) const;
+  // One SSE chunk: delta text (or nothing), finish_reason (or null) and logprobs (or null).
+  json chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish,
+             const json& logprobs = nullptr) const;
+  // choices[].logprobs for `logprobs` (the next tokens of the reply): chat
+  // {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, completions
+  // {tokens, token_logprobs, top_logprobs: [{text: logprob}] (the top N and the chosen token),
+  // text_offset}. Token strings come from TokenTexts; *text_offset (characters of the reply's
+  // token strings before these tokens) advances past them.
+  json logprobs_json(const std::vector<LogprobsEntry>& logprobs, bool chat,
+                     int64_t* text_offset) const;
   void stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool include_usage);
   json usage(const Job& job) const;
   json speculative(const Job& job) const;
@@ -99,8 +108,61 @@ json Server::Impl::speculative(const Job& job) const {
           {"accepted_tokens", st.accepted}};
 }
 
-json Server::Impl::response_body(const Job& job, const std::string& text, bool chat) const {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", job.finish_reason()}};
+json Server::Impl::logprobs_json(const std::vector<LogprobsEntry>& logprobs, bool chat,
+                                 int64_t* text_offset) const {
+  // OpenAI's bytes: the token text's UTF-8 bytes as integers.
+  const auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (char c : s) b.push_back(static_cast<unsigned char>(c));
+    return b;
+  };
+  if (chat) {
+    json content = json::array();
+    for (const LogprobsEntry& e : logprobs) {
+      const TokenLogprobs& lp = e.logprobs;
+      const std::string& text = e.text;
+      json top = json::array();
+      for (size_t i = 0; i < lp.top.size(); ++i) {
+        const std::string& alt = e.top_texts[i];
+        top.push_back({{"token", alt}, {"logprob", lp.top[i].logprob}, {"bytes", bytes(alt)}});
+      }
+      content.push_back({{"token", text},
+                         {"logprob", lp.logprob},
+                         {"bytes", bytes(text)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  for (const LogprobsEntry& e : logprobs) {
+    const TokenLogprobs& lp = e.logprobs;
+    const std::string& text = e.text;
+    tokens.push_back(text);
+    token_logprobs.push_back(lp.logprob);
+    json top = json::object();
+    for (size_t i = 0; i < lp.top.size(); ++i) {
+      const std::string& alt = e.top_texts[i];
+      if (!top.contains(alt)) top[alt] = lp.top[i].logprob;  // ids of one text: the likelier
+    }
+    if (!top.contains(text)) top[text] = lp.logprob;
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    for (char c : text) *text_offset += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json Server::Impl::response_body(const Job& job, const std::string& text,
+                                 const std::vector<LogprobsEntry>& logprobs, bool chat) const {
+  int64_t offset = 0;
+  json choice = {{"index", 0},
+                 {"logprobs", job.options.logprobs >= 0 ? logprobs_json(logprobs, chat, &offset)
+                                                        : json(nullptr)},
+                 {"finish_reason", job.finish_reason()}};
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -116,9 +178,9 @@ json Server::Impl::response_body(const Job& job, const std::string& text, bool c
   return body;
 }
 
-json Server::Impl::chunk(const Job& job, bool chat, const json& delta_or_text,
-                         const json& finish) const {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+json Server::Impl::chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish,
+                         const json& logprobs) const {
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}};
   choice[chat ? "delta" : "text"] = delta_or_text;
   return {{"id", job.id},
           {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -131,8 +193,9 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool
                           bool include_usage) {
   res.set_header("Cache-Control", "no-cache");
   auto role_sent = std::make_shared<bool>(!chat);
-  const auto provider = [this, job, chat, include_usage, role_sent](size_t,
-                                                                    httplib::DataSink& sink) {
+  auto text_offset = std::make_shared<int64_t>(0);  // of the next token (completions logprobs)
+  const auto provider = [this, job, chat, include_usage, role_sent, text_offset](
+                            size_t, httplib::DataSink& sink) {
     const auto send = [&](json event) {
       if (include_usage && !event.contains("usage") && !event.contains("error")) {
         event["usage"] = nullptr;
@@ -152,7 +215,12 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool
     }
     std::string text;
     const bool ended = job->wait_text(&text, std::chrono::milliseconds(100));
-    if (!text.empty() && !send(chunk(*job, chat, text_delta(text), nullptr))) {
+    std::vector<LogprobsEntry> logprobs;
+    job->take_logprobs(&logprobs);
+    const json logprobs_field =
+        logprobs.empty() ? json(nullptr) : logprobs_json(logprobs, chat, text_offset.get());
+    if ((!text.empty() || !logprobs.empty()) &&
+        !send(chunk(*job, chat, text_delta(text), nullptr, logprobs_field))) {
       job->cancel();  // the client went away
       return false;
     }
@@ -218,6 +286,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   job->options.stop_ids = model.tokenizer->eos_ids();
   job->options.max_context = model.max_model_len;
   job->options.draft_tokens = model.draft_tokens;
+  job->options.logprobs = r.logprobs;
   job->stop = std::move(r.stop);
   worker.submit(job);
   if (r.stream) return stream(res, std::move(job), chat, r.include_usage);
@@ -227,7 +296,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return send_error(
         res, {.http_status = job_error_status(job->status()), .message = job->status().message()});
   }
-  send_json(res, 200, response_body(*job, text, chat));
+  std::vector<LogprobsEntry> logprobs;
+  job->take_logprobs(&logprobs);
+  send_json(res, 200, response_body(*job, text, logprobs, chat));
 }
 
 void Server::Impl::add_routes() {

@@ -52,4 +52,23 @@ std::string TextStream::release() {
   return out;
 }
 
+TokenTexts::TokenTexts(const Tokenizer& tokenizer)
+    : decoder_(tokenizer, /*skip_special_tokens=*/false) {}
+
+std::string TokenTexts::text(int32_t id) const {
+  // A copy of the decoder takes the token and gives everything it holds; what the context held
+  // before is not the token's (unless the token changed it, e.g. completed a character).
+  StreamDecoder d = decoder_;
+  std::string out = d.push(id);
+  out += d.flush();
+  if (out.starts_with(held_)) out.erase(0, held_.size());
+  return out;
+}
+
+void TokenTexts::commit(int32_t id) {
+  decoder_.push(id);
+  StreamDecoder d = decoder_;
+  held_ = d.flush();
+}
+
 }  // namespace bs::server

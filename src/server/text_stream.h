@@ -40,4 +40,22 @@ class TextStream {
   bool stopped_ = false;
 };
 
+// Token strings for logprobs: the text a token adds after the tokens committed before it (a
+// word's leading space kept, as decoding in context gives it), for the committed token and for
+// its alternatives alike. Special tokens read as their content (e.g. "</s>"); a token that ends
+// inside a UTF-8 character reads with U+FFFD for the incomplete bytes.
+class TokenTexts {
+ public:
+  explicit TokenTexts(const Tokenizer& tokenizer);
+
+  // The text of `id` after the committed tokens (the context is unchanged).
+  std::string text(int32_t id) const;
+  // Appends `id` to the context.
+  void commit(int32_t id);
+
+ private:
+  StreamDecoder decoder_;
+  std::string held_;  // the context's text the decoder still holds back (its flush)
+};
+
 }  // namespace bs::server

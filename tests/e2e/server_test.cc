@@ -100,6 +100,28 @@ class Engine {
     EXPECT_TRUE(out.ok());
     return tokenizer_->decode(*out, /*skip_special_tokens=*/true);
   }
+  // The logprobs of each token the server generates for token ids `ids` with `opt` (stop ids:
+  // the tokenizer's EOS): generate_speculative with the shipped drafter, or generate_plain.
+  std::vector<TokenLogprobs> logprobs(const std::vector<int32_t>& ids, GenerateOptions opt,
+                                      bool drafter) {
+    if (drafter && !drafter_) drafter_ = std::move(*load_drafter(kDrafter, *target_, {}));
+    opt.stop_ids = tokenizer_->eos_ids();
+    std::vector<TokenLogprobs> out;
+    const LogprobsCallback add = [&out](const TokenLogprobs& lp) { out.push_back(lp); };
+    auto tokens = drafter
+                      ? generate_speculative(*target_, *drafter_, ids, opt, nullptr, nullptr, add)
+                      : generate_plain(*target_, ids, opt, nullptr, nullptr, add);
+    EXPECT_TRUE(tokens.ok());
+    return out;
+  }
+  // The text token `id` adds after `before` (as a full decode of both shows it).
+  std::string token_text(std::vector<int32_t> before, int32_t id) const {
+    const std::string prefix = tokenizer_->decode(before);
+    before.push_back(id);
+    const std::string all = tokenizer_->decode(before);
+    EXPECT_EQ(all.substr(0, prefix.size()), prefix);
+    return all.substr(prefix.size());
+  }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:
@@ -322,7 +344,24 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "only n = 1"},
       {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo is not supported"},
-      {"/v1/completions", R"({"prompt": "hi", "logprobs": 2})", 400, "logprobs is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "logprobs": 21})", 400,
+       "logprobs must be in [0, 20], got 21"},
+      {"/v1/completions", R"({"prompt": "hi", "logprobs": -1})", 400,
+       "logprobs must be in [0, 20], got -1"},
+      {"/v1/completions", R"({"prompt": "hi", "logprobs": true})", 400,
+       "logprobs must be an integer in [0, 20], got boolean"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3})", 400,
+       "logprobs must be a boolean"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})",
+       400, "top_logprobs must be in [0, 20], got 21"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400,
+       "top_logprobs requires logprobs: true"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": false, "top_logprobs": 0})",
+       400, "top_logprobs requires logprobs: true"},
       {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400,
        "prompt too long: 600 tokens, the context window is 512 tokens"},
       {"/v1/completions", R"({"prompt": "hi", "model": "gpt-4"})", 404,
@@ -415,6 +454,148 @@ TEST(Server, ChatRendersTheModelsTemplate) {
     }
   }
   EXPECT_EQ(streamed, want.text);
+  std::filesystem::remove_all(dir);
+}
+
+// The completions logprobs of `body` (streamed when body["stream"]: the chunks' lists joined).
+json completion_logprobs(int port, json body) {
+  const Reply r = post(port, "/v1/completions", body.dump());
+  EXPECT_EQ(r.status, 200) << r.raw;
+  if (!body.value("stream", false)) return r.body["choices"][0]["logprobs"];
+  json joined = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  for (const auto& e : sse_events(r.raw)) {
+    if (e == "[DONE]") continue;
+    const json event = json::parse(e);
+    const json& lp = event["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (auto& [key, list] : joined.items()) {
+      for (const json& v : lp[key]) list.push_back(v);
+    }
+  }
+  return joined;
+}
+
+TEST(Server, CompletionLogprobsEqualTheEngines) {
+  Engine engine;
+  for (bool drafter : {true, false}) {
+    RunningServer server({}, drafter);
+    const std::string prompt = "Once upon a time";
+    const auto ids = engine.tokenizer().encode(prompt, true);
+    GenerateOptions greedy;
+    greedy.max_tokens = 30;
+    greedy.logprobs = 3;
+    GenerateOptions sampled = greedy;
+    sampled.sampling = {.temperature = 0.8f, .seed = 7};
+    for (const GenerateOptions& o : {greedy, sampled}) {
+      const std::string where =
+          fmt::format("drafter {} temperature {}", drafter, o.sampling.temperature);
+      const std::vector<TokenLogprobs> want = engine.logprobs(ids, o, drafter);
+      ASSERT_FALSE(want.empty());
+      json body = {{"prompt", prompt},
+                   {"max_tokens", o.max_tokens},
+                   {"temperature", o.sampling.temperature},
+                   {"seed", 7},
+                   {"logprobs", 3}};
+      const json lp = completion_logprobs(server.port(), body);
+      ASSERT_EQ(lp["tokens"].size(), want.size()) << where << lp.dump();
+      std::vector<int32_t> context;
+      std::string joined;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const std::string text = engine.token_text(context, want[i].token);
+        EXPECT_EQ(lp["tokens"][i], text) << where;
+        EXPECT_EQ(lp["token_logprobs"][i].get<double>(), want[i].logprob) << where;  // exactly
+        EXPECT_EQ(lp["text_offset"][i], joined.size()) << where;  // ASCII stories
+        joined += text;
+        const json& top = lp["top_logprobs"][i];
+        ASSERT_TRUE(top.is_object() && top.contains(text)) << where << top.dump();
+        EXPECT_LE(top.size(), 4u) << where;  // the top 3 and the chosen token
+        EXPECT_EQ(top.at(text).get<double>(), want[i].logprob) << where;
+        for (const TopLogprob& t : want[i].top) {
+          const std::string alt = engine.token_text(context, t.token);
+          ASSERT_TRUE(top.contains(alt)) << where << top.dump();
+          // Equal unless two ids share a text (the likelier is kept).
+          EXPECT_GE(top.at(alt).get<double>(), t.logprob) << where;
+        }
+        context.push_back(want[i].token);
+      }
+      if (o.sampling.greedy()) {
+        EXPECT_EQ(joined, completion_text(server.port(), body)) << where;
+      }
+      body["stream"] = true;
+      EXPECT_EQ(completion_logprobs(server.port(), body), lp) << where;
+    }
+    // Off: null, and the text does not change with logprobs on.
+    const Reply off = post(server.port(), "/v1/completions",
+                           json{{"prompt", prompt}, {"max_tokens", 30}, {"temperature", 0}}.dump());
+    const Reply on = post(
+        server.port(), "/v1/completions",
+        json{{"prompt", prompt}, {"max_tokens", 30}, {"temperature", 0}, {"logprobs", 0}}.dump());
+    EXPECT_TRUE(off.body["choices"][0]["logprobs"].is_null()) << off.raw;
+    EXPECT_EQ(on.body["choices"][0]["text"], off.body["choices"][0]["text"]);
+    EXPECT_EQ(on.body["choices"][0]["logprobs"]["top_logprobs"][0].size(), 1u) << on.raw;
+  }
+}
+
+TEST(Server, ChatLogprobsEqualTheEngines) {
+  const std::string dir = model_with_chat_template();
+  RunningServer server({}, /*drafter=*/true, dir);
+  Engine engine;
+  const auto ids = engine.tokenizer().encode("user: Once upon a time\nassistant:", false);
+  GenerateOptions o;
+  o.max_tokens = 20;
+  o.logprobs = 2;
+  const std::vector<TokenLogprobs> want = engine.logprobs(ids, o, /*drafter=*/true);
+  json body = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"max_tokens", 20},
+               {"temperature", 0},
+               {"logprobs", true},
+               {"top_logprobs", 2}};
+  const auto bytes = [](const std::string& s) {
+    json b = json::array();
+    for (char c : s) b.push_back(static_cast<unsigned char>(c));
+    return b;
+  };
+  const Reply r = post(server.port(), "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& content = r.body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), want.size()) << r.raw;
+  std::vector<int32_t> context;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string text = engine.token_text(context, want[i].token);
+    EXPECT_EQ(content[i]["token"], text);
+    EXPECT_EQ(content[i]["logprob"].get<double>(), want[i].logprob);
+    EXPECT_EQ(content[i]["bytes"], bytes(text));
+    ASSERT_EQ(content[i]["top_logprobs"].size(), 2u);
+    for (size_t j = 0; j < 2; ++j) {
+      const std::string alt = engine.token_text(context, want[i].top[j].token);
+      EXPECT_EQ(content[i]["top_logprobs"][j]["token"], alt);
+      EXPECT_EQ(content[i]["top_logprobs"][j]["logprob"].get<double>(), want[i].top[j].logprob);
+      EXPECT_EQ(content[i]["top_logprobs"][j]["bytes"], bytes(alt));
+    }
+    context.push_back(want[i].token);
+  }
+  // Streamed: the chunks' content lists join to the same list.
+  body["stream"] = true;
+  const Reply sr = post(server.port(), "/v1/chat/completions", body.dump());
+  json streamed = json::array();
+  for (const std::string& e : sse_events(sr.raw)) {
+    if (e == "[DONE]") continue;
+    const json event = json::parse(e);
+    const json& lp = event["choices"][0]["logprobs"];
+    if (!lp.is_null()) {
+      for (const json& entry : lp["content"]) streamed.push_back(entry);
+    }
+  }
+  EXPECT_EQ(streamed, content);
+  // logprobs without top_logprobs: no alternatives.
+  body.erase("top_logprobs");
+  body["stream"] = false;
+  const Reply plain = post(server.port(), "/v1/chat/completions", body.dump());
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  EXPECT_EQ(plain.body["choices"][0]["logprobs"]["content"][0]["top_logprobs"], json::array());
   std::filesystem::remove_all(dir);
 }
 

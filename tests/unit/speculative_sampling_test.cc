@@ -23,6 +23,7 @@
 #include "engine/speculative_accept.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
@@ -222,17 +223,7 @@ class StoriesSampling : public ::testing::Test {
 
   // Target logits after `tokens` (a fresh cache each time).
   std::vector<float> last_logits(const std::vector<int32_t>& tokens) {
-    const int64_t blocks = (static_cast<int64_t>(tokens.size()) + kKvBlockSize - 1) / kKvBlockSize;
-    KvPool pool = target_->make_kv_pool(blocks);
-    std::vector<int32_t> table(static_cast<size_t>(blocks));
-    std::iota(table.begin(), table.end(), 0);
-    ForwardResult res;
-    EXPECT_TRUE(
-        target_
-            ->forward({.tokens = tokens, .start_pos = 0, .block_table = table, .num_logits = 1},
-                      pool, &res)
-            .ok());
-    return backend_->to_host_f32(res.logits);
+    return test_util::forward_logits(*target_, tokens, 1);
   }
 
   // P(t1, t2, t3 | prompt) under the plain sampler (temperature 1, top-k 8).
