@@ -13,10 +13,13 @@ using json_util::JsonPath;
 struct ChatTemplate::Impl {
   std::unique_ptr<jinja::Template> tmpl;
   std::string bos_token, eos_token;
+  std::string source;
 };
 
 ChatTemplate::ChatTemplate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ChatTemplate::~ChatTemplate() = default;
+
+const std::string& ChatTemplate::source() const { return impl_->source; }
 
 namespace {
 
@@ -87,6 +90,7 @@ Result<std::unique_ptr<ChatTemplate>> ChatTemplate::parse(std::string_view sourc
   } catch (const jinja::Error& e) {
     return InvalidArgument("chat template syntax error, line {}: {}", e.line, e.what());
   }
+  impl->source = std::string(source);
   impl->bos_token = std::move(bos_token);
   impl->eos_token = std::move(eos_token);
   return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(impl)));

@@ -36,6 +36,9 @@ class ChatTemplate {
       const nlohmann::ordered_json& messages, bool add_generation_prompt,
       const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
+  // The template's source text (e.g. to tell which tool-call format it asks for).
+  const std::string& source() const;
+
  private:
   struct Impl;
   explicit ChatTemplate(std::unique_ptr<Impl> impl);
