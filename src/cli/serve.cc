@@ -31,6 +31,7 @@ struct ServeArgs {
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
   int64_t max_num_batched_tokens = 0;
+  std::string tool_call_parser = "auto";
 };
 
 CLI::App* g_cmd = nullptr;
@@ -50,7 +51,8 @@ int run_serve(const ServeArgs& a) {
                                           .threads = a.threads,
                                           .max_model_len = a.max_model_len,
                                           .draft_tokens = a.draft_tokens,
-                                          .drafter_fp8 = a.drafter_fp8});
+                                          .drafter_fp8 = a.drafter_fp8,
+                                          .tool_call_parser = a.tool_call_parser});
   if (!model.ok()) return fail(model.status());
   const std::string summary = fmt::format(
       "model {} ({}), drafter {}, context {} tokens, max {} sequences", model->name, dirs.model,
@@ -128,6 +130,12 @@ void register_serve(CLI::App& app) {
                    "Chunked prefill: prompt tokens prefilled per step, so a long prompt does not "
                    "stall the running requests (decode rows not counted; default 0: whole prompts)")
       ->check(CLI::NonNegativeNumber);
+  g_cmd
+      ->add_option("--tool-call-parser", g_args.tool_call_parser,
+                   "How chat replies to requests with tools become tool_calls: hermes "
+                   "(<tool_call> blocks), llama3_json (the reply is one JSON call), none; auto: "
+                   "hermes when the chat template mentions <tool_call>, else none")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
 }
 
 bool run_serve_if_parsed(int* rc) {

@@ -89,6 +89,26 @@ std::optional<ApiError> parse_prompt(const json& req, CompletionRequest* out) {
              fmt::format("prompt must be a string or a list of token ids, got {}", type_name(p)));
 }
 
+// tool_choice: "auto" (default) or "none" (the reply stays text). "required" and a named function
+// need output constrained to a call, which the server does not do: refused.
+std::optional<ApiError> parse_tool_choice(const nlohmann::ordered_json& req,
+                                          CompletionRequest* out) {
+  if (!present(req, "tool_choice")) return std::nullopt;
+  const auto& c = req.at("tool_choice");
+  if (c == "auto") return std::nullopt;
+  if (c == "none") {
+    out->parse_tool_calls = false;
+    return std::nullopt;
+  }
+  if (c == "required" || c.is_object()) {
+    return bad("tool_choice",
+               fmt::format("tool_choice {} is not supported: output is not constrained to a tool "
+                           "call; use \"auto\" or \"none\"",
+                           c.is_object() ? "naming a function" : "\"required\""));
+  }
+  return bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or an object");
+}
+
 // messages: [{role, content}], content a string, null or a list of {"type": "text", "text"} parts
 // (joined with newlines).
 // `req` is ordered JSON: templates see objects in the request's key order (tojson of a tool
@@ -134,12 +154,13 @@ std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, Comple
     out->template_kwargs = req.at("chat_template_kwargs");
   }
   // Tool definitions go to the template as `tools` (as transformers' apply_chat_template passes
-  // them); the reply is the model's text, tool calls are not parsed out of it.
+  // them); the server's tool-call parser reads calls out of the reply (tool_calls.h).
   if (present(req, "tools")) {
     if (!req.at("tools").is_array()) return bad("tools", "tools must be a list");
     out->template_kwargs["tools"] = req.at("tools");
+    out->parse_tool_calls = !req.at("tools").empty();
   }
-  return std::nullopt;
+  return parse_tool_choice(req, out);
 }
 
 std::optional<ApiError> parse_stop(const json& req, CompletionRequest* out) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "models/registry.h"
@@ -34,7 +35,17 @@ Result<ServedModel> load_served_model(const ModelOptions& options) {
                            options.max_model_len, window);
   }
   m.max_model_len = options.max_model_len > 0 ? options.max_model_len : window;
+  std::optional<ToolCallParser> parser;
+  if (options.tool_call_parser != "auto") {
+    parser = tool_call_parser_from_name(options.tool_call_parser);
+    if (!parser) {
+      return InvalidArgument("--tool-call-parser {} is not one of auto, hermes, llama3_json, none",
+                             options.tool_call_parser);
+    }
+  }
   auto tmpl = ChatTemplate::load(options.model_dir);
+  m.tool_call_parser = parser.value_or(tmpl.ok() ? default_tool_call_parser((*tmpl)->source())
+                                                 : ToolCallParser::kNone);
   if (tmpl.ok()) {
     std::shared_ptr<const ChatTemplate> t = std::move(*tmpl);
     m.render_chat = [t](const nlohmann::ordered_json& messages,

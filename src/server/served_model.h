@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "models/causal_lm.h"
 #include "models/drafter.h"
+#include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bs::server {
@@ -31,6 +32,9 @@ struct ModelOptions {
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   int64_t draft_tokens = 0;   // 0: the drafter's maximum
   bool drafter_fp8 = false;   // DrafterOptions::fp8_weights
+  // "hermes", "llama3_json", "none", or "auto": hermes when the chat template mentions
+  // <tool_call>, else none.
+  std::string tool_call_parser = "auto";
 };
 
 struct ServedModel {
@@ -45,6 +49,8 @@ struct ServedModel {
   ChatRenderer render_chat;          // empty: chat_unavailable says why
   std::string chat_unavailable;
   int chat_unavailable_status = 400;  // HTTP status of that answer
+  // How chat replies to requests with tools are read for tool calls.
+  ToolCallParser tool_call_parser = ToolCallParser::kNone;
 };
 
 // Loads everything named by `options` (errors name the folder and the problem), with the model's

@@ -14,6 +14,7 @@
 #include "server/engine_worker.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/tool_calls.h"
 
 namespace bs::server {
 
@@ -46,6 +47,11 @@ int job_error_status(const Status& status) {
   return status.code() == StatusCode::kInvalidArgument ? 400 : 500;
 }
 
+// The tool call ids of a chat job: "call_" and the job id's unique part.
+std::string call_id_prefix(const std::string& job_id) {
+  return "call_" + job_id.substr(job_id.find('-') + 1);
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -64,9 +70,11 @@ struct Server::Impl {
 
   void add_routes();
   void completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  // The finished response of `job` (non-streaming) with its tokens' logprobs.
+  // The finished response of `job` (non-streaming) with its tokens' logprobs; chat replies are
+  // read for tool calls by `tools` (finish_reason "tool_calls" when any).
   json response_body(const Job& job, const std::string& text,
-                     const std::vector<LogprobsEntry>& logprobs, bool chat) const;
+                     const std::vector<LogprobsEntry>& logprobs, bool chat,
+                     ToolCallParser tools) const;
   // One SSE chunk: delta text (or nothing), finish_reason (or null) and logprobs (or null).
   json chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish,
              const json& logprobs = nullptr) const;
@@ -77,7 +85,9 @@ struct Server::Impl {
   // token strings before these tokens) advances past them.
   json logprobs_json(const std::vector<LogprobsEntry>& logprobs, bool chat,
                      int64_t* text_offset) const;
-  void stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool include_usage);
+  // Streams `job` as SSE; chat content goes through a ToolCallStream by `tools`.
+  void stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool include_usage,
+              ToolCallParser tools);
   json usage(const Job& job) const;
   json speculative(const Job& job) const;
 
@@ -157,14 +167,17 @@ json Server::Impl::logprobs_json(const std::vector<LogprobsEntry>& logprobs, boo
 }
 
 json Server::Impl::response_body(const Job& job, const std::string& text,
-                                 const std::vector<LogprobsEntry>& logprobs, bool chat) const {
+                                 const std::vector<LogprobsEntry>& logprobs, bool chat,
+                                 ToolCallParser tools) const {
   int64_t offset = 0;
   json choice = {{"index", 0},
                  {"logprobs", job.options.logprobs >= 0 ? logprobs_json(logprobs, chat, &offset)
                                                         : json(nullptr)},
                  {"finish_reason", job.finish_reason()}};
   if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    const ParsedReply reply = parse_tool_calls(tools, text);
+    choice["message"] = chat_message(reply, call_id_prefix(job.id));
+    if (!reply.calls.empty()) choice["finish_reason"] = "tool_calls";
   } else {
     choice["text"] = text;
   }
@@ -190,11 +203,12 @@ json Server::Impl::chunk(const Job& job, bool chat, const json& delta_or_text, c
 }
 
 void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
-                          bool include_usage) {
+                          bool include_usage, ToolCallParser tools) {
   res.set_header("Cache-Control", "no-cache");
   auto role_sent = std::make_shared<bool>(!chat);
   auto text_offset = std::make_shared<int64_t>(0);  // of the next token (completions logprobs)
-  const auto provider = [this, job, chat, include_usage, role_sent, text_offset](
+  auto tool_stream = std::make_shared<ToolCallStream>(tools, call_id_prefix(job->id));
+  const auto provider = [this, job, chat, include_usage, role_sent, text_offset, tool_stream](
                             size_t, httplib::DataSink& sink) {
     const auto send = [&](json event) {
       if (include_usage && !event.contains("usage") && !event.contains("error")) {
@@ -215,6 +229,7 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool
     }
     std::string text;
     const bool ended = job->wait_text(&text, std::chrono::milliseconds(100));
+    text = tool_stream->push(text);
     std::vector<LogprobsEntry> logprobs;
     job->take_logprobs(&logprobs);
     const json logprobs_field =
@@ -229,7 +244,14 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool
       send(error_body(
           {.http_status = job_error_status(job->status()), .message = job->status().message()}));
     } else {
-      json last = chunk(*job, chat, chat ? json::object() : json(""), job->finish_reason());
+      for (json& delta : tool_stream->finish()) {
+        if (!send(chunk(*job, chat, delta, nullptr))) {
+          job->cancel();
+          return false;
+        }
+      }
+      json last = chunk(*job, chat, chat ? json::object() : json(""),
+                        tool_stream->has_tool_calls() ? "tool_calls" : job->finish_reason());
       if (model.drafter) last["blockspec"] = speculative(*job);
       send(std::move(last));
       if (include_usage) {
@@ -289,7 +311,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   job->options.logprobs = r.logprobs;
   job->stop = std::move(r.stop);
   worker.submit(job);
-  if (r.stream) return stream(res, std::move(job), chat, r.include_usage);
+  const ToolCallParser tools = r.parse_tool_calls ? model.tool_call_parser : ToolCallParser::kNone;
+  if (r.stream) return stream(res, std::move(job), chat, r.include_usage, tools);
   std::string text;
   job->wait(&text);
   if (!job->status().ok()) {
@@ -298,7 +321,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   }
   std::vector<LogprobsEntry> logprobs;
   job->take_logprobs(&logprobs);
-  send_json(res, 200, response_body(*job, text, logprobs, chat));
+  send_json(res, 200, response_body(*job, text, logprobs, chat, tools));
 }
 
 void Server::Impl::add_routes() {

@@ -599,8 +599,32 @@ TEST(Server, ChatLogprobsEqualTheEngines) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Server, ToolCallParserDefaultsToHermesWhenTheTemplateMentionsToolCall) {
+  const std::string dir = model_with_chat_template();
+  const auto parser = [&](const std::string& name) {
+    auto m = load_served_model(
+        {.model_dir = dir, .device = "cpu", .threads = 1, .tool_call_parser = name});
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? m->tool_call_parser : ToolCallParser::kNone;
+  };
+  EXPECT_EQ(parser("auto"), ToolCallParser::kNone);
+  EXPECT_EQ(parser("llama3_json"), ToolCallParser::kLlama3Json);
+  std::ofstream(dir + "/chat_template.jinja", std::ios::app) << "{# reply in <tool_call> #}";
+  EXPECT_EQ(parser("auto"), ToolCallParser::kHermes);
+  EXPECT_EQ(parser("none"), ToolCallParser::kNone);
+  auto bad = load_served_model({.model_dir = dir, .device = "cpu", .tool_call_parser = "xml"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--tool-call-parser xml"), std::string::npos);
+  EXPECT_EQ(load_served_model({.model_dir = kModel, .device = "cpu"})->tool_call_parser,
+            ToolCallParser::kNone);  // no template at all
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Server, ChatPassesToolsToTheTemplate) {
   const std::string dir = model_with_chat_template();
+  // The template (a Jinja comment, so the prompt is unchanged) asks for <tool_call> replies:
+  // the server parses hermes tool calls; the tiny model's text holds none, so it stays content.
+  std::ofstream(dir + "/chat_template.jinja", std::ios::app) << "{# reply in <tool_call> #}";
   RunningServer server({}, /*drafter=*/false, dir);
   Engine engine;
   const std::string prompt =
@@ -614,6 +638,54 @@ TEST(Server, ChatPassesToolsToTheTemplate) {
   ASSERT_EQ(r.status, 200) << r.raw;
   EXPECT_EQ(r.body["choices"][0]["message"]["content"], want.text);
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], want.prompt_tokens);
+  EXPECT_FALSE(r.body["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], want.finish_reason);
+  // Streamed through the tool-call stream: the deltas add up to the same text.
+  const Reply sr = post(server.port(), "/v1/chat/completions",
+                        R"({"messages": [{"role": "user", "content": "Hi"}],
+                            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                            "tool_choice": "auto", "max_tokens": 12, "temperature": 0,
+                            "stream": true})");
+  ASSERT_EQ(sr.status, 200) << sr.raw;
+  std::string streamed;
+  std::string finish;
+  for (const std::string& e : sse_events(sr.raw)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    const json& delta = chunk["choices"][0]["delta"];
+    EXPECT_FALSE(delta.contains("tool_calls"));
+    if (delta.contains("content") && delta["content"].is_string()) {
+      streamed += delta["content"].get<std::string>();
+    }
+    if (chunk["choices"][0]["finish_reason"].is_string()) {
+      finish = chunk["choices"][0]["finish_reason"];
+    }
+  }
+  EXPECT_EQ(streamed, want.text);
+  EXPECT_EQ(finish, want.finish_reason);
+  // tool_choice "none" keeps the reply text; "required" and a named function are refused.
+  const Reply none = post(server.port(), "/v1/chat/completions",
+                          R"({"messages": [{"role": "user", "content": "Hi"}],
+                              "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                              "tool_choice": "none", "max_tokens": 12, "temperature": 0})");
+  ASSERT_EQ(none.status, 200) << none.raw;
+  EXPECT_EQ(none.body["choices"][0]["message"]["content"], want.text);
+  for (const char* choice :
+       {R"("required")", R"({"type": "function", "function": {"name": "f"}})", R"("sometimes")"}) {
+    const Reply refused = post(server.port(), "/v1/chat/completions",
+                               std::string(R"({"messages": [{"role": "user", "content": "Hi"}],
+                            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                            "tool_choice": )") +
+                                   choice + "}");
+    EXPECT_EQ(refused.status, 400) << refused.raw;
+    EXPECT_EQ(refused.body["error"]["param"], "tool_choice");
+  }
+  const Reply required = post(server.port(), "/v1/chat/completions",
+                              R"({"messages": [{"role": "user", "content": "Hi"}],
+                                  "tools": [], "tool_choice": "required"})");
+  EXPECT_NE(required.body["error"]["message"].get<std::string>().find("not supported"),
+            std::string::npos)
+      << required.raw;
   const Reply bad = post(server.port(), "/v1/chat/completions",
                          R"({"messages": [{"role": "user", "content": "Hi"}], "tools": 3})");
   EXPECT_EQ(bad.status, 400) << bad.raw;
