@@ -265,14 +265,12 @@ void Scheduler::Impl::admit_waiting() {
     r->admitted = true;
     reserved += r->blocks;
     if (drafter) {
-      r->spec = std::make_unique<detail::SpeculativeSequence>(*spec, r->options, r->prompt,
-                                                              r->on_token, r->on_logprobs,
-                                                              r->stats);
+      r->spec = std::make_unique<detail::SpeculativeSequence>(
+          *spec, r->options, r->prompt, r->on_token, r->on_logprobs, r->stats);
     } else {
-      r->plain = std::make_unique<detail::PlainSequence>(*allocator, r->options,
-                                                         detail::context_window(target, r->options),
-                                                         r->prompt, r->on_token,
-                                                         r->on_logprobs, r->stats);
+      r->plain = std::make_unique<detail::PlainSequence>(
+          *allocator, r->options, detail::context_window(target, r->options), r->prompt,
+          r->on_token, r->on_logprobs, r->stats);
     }
     prefilling.push_back(std::move(r));
   }
