@@ -188,6 +188,8 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
                                  {"down_proj", H, I, 1},
                                  {"lm_head", V, H, 0}};
   Tensor y = be.empty({rows, std::max<int64_t>(V, 2 * I)});
+  // An FP8 copy of the LM head, sliced for every FP8 product timed below (--drafter-fp8).
+  const Fp8Weight lm8 = fp8 ? be.quantize_fp8_rows(lm) : Fp8Weight{};
   for (const int64_t n : {int64_t{1}, rows}) {
     fmt::print("kernels, {} row{}:\n", n, n > 1 ? "s" : "");
     for (const auto& [label, mode] : modes) {
@@ -217,8 +219,7 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
                  (layer_us * static_cast<double>(L) + head_us) / 1e3, L, layer_us, head_us);
     }
     set_mode(be, "auto");
-    if (fp8) {  // Backend::matmul_fp8 on slices of an FP8 copy of the LM head (--drafter-fp8)
-      const Fp8Weight lm8 = be.quantize_fp8_rows(lm);
+    if (fp8) {  // Backend::matmul_fp8 on slices of lm8
       const Tensor flat8 = lm8.q.view({V * H});
       std::string line;
       for (const auto& mt : mats) {
