@@ -167,6 +167,22 @@ class Backend {
                                      const Tensor& v_pool, const Tensor& block_tables,
                                      const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
                                      float scale) = 0;
+  // A decoder layer's attention from its fused projection in one call: attention_prologue(
+  // q_scratch, qkv, ...) then paged_attention_batch(out, q_scratch, k_pool, v_pool, block_tables,
+  // kv_lens, ...), with the same results. A backend may fuse the two (the CUDA backend computes
+  // the queries and the new keys inside the attention blocks; q_scratch is then left unwritten).
+  virtual void prologue_attention(const Tensor& out, const Tensor& q_scratch, const Tensor& qkv,
+                                  const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                  const Tensor& positions, const Tensor& inv_freq,
+                                  float attention_scaling, const Tensor& k_pool,
+                                  const Tensor& v_pool, const Tensor& slots,
+                                  const Tensor& block_tables, const Tensor& kv_lens,
+                                  int64_t max_kv_len, AttentionMask mask, float scale) {
+    attention_prologue(q_scratch, qkv, q_norm, k_norm, eps, positions, inv_freq, attention_scaling,
+                       k_pool, v_pool, slots);
+    paged_attention_batch(out, q_scratch, k_pool, v_pool, block_tables, kv_lens, max_kv_len, mask,
+                          scale);
+  }
   // Dense attention: q[n, heads, d] over k/v[m, kv_heads, d], same mask rule with kv_len = m.
   virtual void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          AttentionMask mask, float scale) = 0;

@@ -284,12 +284,13 @@ class DecoderLM final : public CausalLM {
       // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
       backend_.rms_norm(xn, x, L.input_norm, c.rms_norm_eps);
       backend_.matmul(qkv, xn, L.w_qkv, opt(L.b_qkv));
-      backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
-                                  attention_scaling_, kv.k[li], kv.v[li], slot_t);
-      if (batched_attention) {
-        backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], all_tables, all_kv_lens,
-                                       max_kv_len, causal, scale);
+      if (num_seqs == 1 || batched_attention) {
+        backend_.prologue_attention(attn, q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t,
+                                    inv_freq_, attention_scaling_, kv.k[li], kv.v[li], slot_t,
+                                    all_tables, all_kv_lens, max_kv_len, causal, scale);
       } else {
+        backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
+                                    attention_scaling_, kv.k[li], kv.v[li], slot_t);
         for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].tokens.size(), ++r) {
           const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
           const int64_t r0 = static_cast<int64_t>(row);

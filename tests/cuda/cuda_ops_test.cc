@@ -684,8 +684,10 @@ TEST_F(CudaOps, PagedAttentionBatchRowsEqualSingleSequenceCalls) {
 }
 
 TEST_F(CudaOps, AttentionPrologueMatchesCpu) {
-  for (const bool with_norm : {true, false}) {
-    const int64_t n = 5, heads = 8, kvh = 2, hd = 128, bs = 16, blocks = 3;
+  // Head dims 64 / 128 / 256 take the warp-per-vector kernel, others the thread-per-pair one.
+  for (const auto& [hd, with_norm] : std::vector<std::pair<int64_t, bool>>{
+           {128, true}, {128, false}, {64, true}, {256, true}, {96, true}}) {
+    const int64_t n = 5, heads = 8, kvh = 2, bs = 16, blocks = 3;
     const int64_t width = (heads + 2 * kvh) * hd;
     const auto xv = rnd(n * width), qnv = rnd(hd), knv = rnd(hd);
     std::vector<float> freq(hd / 2);
@@ -705,10 +707,66 @@ TEST_F(CudaOps, AttentionPrologueMatchesCpu) {
                              weight(*gpu_, {hd / 2}, freq), 1.1f, gkp, gvp, gpu_ints(slots));
     cpu_->attention_prologue(cq, cpu_act({n, width}, xv), cqn, ckn, 1e-6f, cpu_ints(pos),
                              weight(*cpu_, {hd / 2}, freq), 1.1f, ckp, cvp, cpu_ints(slots));
-    const std::string what = with_norm ? "with q/k norm" : "without norm";
+    const std::string what =
+        (with_norm ? "with q/k norm" : "without norm") + std::string(" hd ") + std::to_string(hd);
     expect_close(gq, cq, kBf16Tol, "q " + what);
     expect_close(gkp, ckp, kBf16Tol, "k pool " + what);
     EXPECT_EQ(gpu_->to_host_f32(gvp), cpu_->to_host_f32(cvp)) << "v pool " << what;
+  }
+}
+
+TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
+  // prologue_attention runs as one launch on the GPU (queries and the call's own keys / values
+  // computed inside the attention blocks); it must give the bits of the two separate ops, for the
+  // output and for both pools, for decode (n 1) and verify (n 16) rows, one or several sequences.
+  const int64_t heads = 8, kv_heads = 2, capacity = 8, bs = 16;  // launch bound 128 keys
+  for (const auto& [hd, with_norm] :
+       std::vector<std::pair<int64_t, bool>>{{128, true}, {128, false}, {64, true}, {256, true}}) {
+    for (const int64_t num_seqs : {1, 3}) {
+      for (const int64_t n : {1, 16}) {
+        const int64_t blocks = num_seqs * capacity, rows = num_seqs * n;
+        const int64_t width = (heads + 2 * kv_heads) * hd;
+        const PagedKv kv = random_paged_kv(blocks, blocks * bs, kv_heads, hd, /*shuffle=*/true);
+        std::vector<int32_t> table(blocks);
+        gpu_->copy_to_host(table.data(), kv.table);
+        std::vector<int32_t> lens(num_seqs), pos, slots;
+        for (int64_t s = 0; s < num_seqs; ++s) {
+          // Within the 128-key bound; sequence 1's 16 rows straddle the 64-key chunk boundary.
+          lens[s] = static_cast<int32_t>(n + 20 + 37 * s);
+          for (int64_t r = 0; r < n; ++r) {
+            const int32_t p = static_cast<int32_t>(lens[s] - n + r);
+            pos.push_back(p);
+            slots.push_back(table[s * capacity + p / bs] * bs + p % bs);
+          }
+        }
+        std::vector<float> freq(hd / 2);
+        for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / hd);
+        const Tensor qkv = gpu_act({rows, width}, rnd(rows * width));
+        const Tensor qn = with_norm ? weight(*gpu_, {hd}, rnd(hd)) : Tensor();
+        const Tensor kn = with_norm ? weight(*gpu_, {hd}, rnd(hd)) : Tensor();
+        const Tensor inv_freq = weight(*gpu_, {hd / 2}, freq);
+        const Tensor tables = kv.table.view({num_seqs, capacity}), kv_lens = gpu_ints(lens);
+        const Tensor pos_t = gpu_ints(pos), slot_t = gpu_ints(slots);
+        const Shape pool_shape{blocks, bs, kv_heads, hd};
+        Tensor k2 = make(*gpu_, pool_shape, DType::kBF16),
+               v2 = make(*gpu_, pool_shape, DType::kBF16);
+        gpu_->copy(k2, kv.k_pool);
+        gpu_->copy(v2, kv.v_pool);
+        Tensor out1 = make(*gpu_, {rows, heads, hd}, DType::kBF16);
+        Tensor out2 = make(*gpu_, {rows, heads, hd}, DType::kBF16);
+        Tensor q1 = make(*gpu_, {rows, heads, hd}, DType::kBF16);
+        Tensor q2 = make(*gpu_, {rows, heads, hd}, DType::kBF16);
+        gpu_->prologue_attention(out1, q1, qkv, qn, kn, 1e-6f, pos_t, inv_freq, 1.1f, kv.k_pool,
+                                 kv.v_pool, slot_t, tables, kv_lens, capacity * bs, {}, 0.088f);
+        gpu_->Backend::prologue_attention(out2, q2, qkv, qn, kn, 1e-6f, pos_t, inv_freq, 1.1f, k2,
+                                          v2, slot_t, tables, kv_lens, capacity * bs, {}, 0.088f);
+        const std::string what = "hd " + std::to_string(hd) + (with_norm ? " norm" : "") + " S " +
+                                 std::to_string(num_seqs) + " n " + std::to_string(n);
+        EXPECT_EQ(gpu_->to_host_f32(out1), gpu_->to_host_f32(out2)) << "output, " << what;
+        EXPECT_EQ(gpu_->to_host_f32(kv.k_pool), gpu_->to_host_f32(k2)) << "k pool, " << what;
+        EXPECT_EQ(gpu_->to_host_f32(kv.v_pool), gpu_->to_host_f32(v2)) << "v pool, " << what;
+      }
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -581,6 +582,65 @@ class CudaBackend final : public Backend {
                           const Tensor& k_norm, float eps, const Tensor& positions,
                           const Tensor& inv_freq, float attention_scaling, const Tensor& k_pool,
                           const Tensor& v_pool, const Tensor& slots) override {
+    const PrologueArgs a = prologue_args(q_out, qkv, q_norm, k_norm, eps, positions, inv_freq,
+                                         attention_scaling, k_pool, v_pool, slots);
+    CUDA_CHECK(bs::cuda::attention_prologue(a, stream_));
+  }
+
+  // One launch when the kernels allow it (BF16, head dim 64 / 128 / 256), else the two ops.
+  void prologue_attention(const Tensor& o, const Tensor& q_scratch, const Tensor& qkv,
+                          const Tensor& q_norm, const Tensor& k_norm, float eps,
+                          const Tensor& positions, const Tensor& inv_freq, float attention_scaling,
+                          const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                          const Tensor& block_tables, const Tensor& kv_lens, int64_t max_kv_len,
+                          AttentionMask mask, float scale) override {
+    const PrologueArgs p = prologue_args(q_scratch, qkv, q_norm, k_norm, eps, positions, inv_freq,
+                                         attention_scaling, k_pool, v_pool, slots);
+    const int64_t block_size = k_pool.dim(1), num_seqs = block_tables.dim(0);
+    BS_CHECK(block_tables.ndim() == 2 && block_tables.dtype() == DType::kI32 &&
+             block_tables.dim(1) * block_size >= max_kv_len);
+    BS_CHECK(kv_lens.dtype() == DType::kI32 && kv_lens.numel() == num_seqs);
+    BS_CHECK(num_seqs > 0 && q_scratch.dim(0) % num_seqs == 0 && o.numel() == q_scratch.numel());
+    AttentionArgs a;
+    a.out = o.data();
+    a.q = q_scratch.data();
+    a.k = k_pool.data();
+    a.v = v_pool.data();
+    a.t = elem(k_pool.dtype());
+    a.block_table = block_tables.as<int32_t>();
+    a.block_size = block_size;
+    a.num_seqs = num_seqs;
+    a.table_stride = block_tables.dim(1);
+    a.n = q_scratch.dim(0) / num_seqs;
+    a.heads = p.heads;
+    a.kv_heads = p.kv_heads;
+    a.hd = p.hd;
+    a.kv_len = max_kv_len;
+    a.causal = mask.causal;
+    a.window = mask.window;
+    a.scale = scale;
+    if (o.dtype() == DType::kBF16 && fused_prologue_enabled() &&
+        prologue_attention_supported(a, p)) {
+      void* ws = attention_workspace(
+          split_attention_workspace(q_scratch.dim(0), p.heads, p.hd, max_kv_len));
+      CUDA_CHECK(bs::cuda::prologue_attention(a, p, kv_lens.as<int32_t>(), ws, stream_));
+      return;
+    }
+    Backend::prologue_attention(o, q_scratch, qkv, q_norm, k_norm, eps, positions, inv_freq,
+                                attention_scaling, k_pool, v_pool, slots, block_tables, kv_lens,
+                                max_kv_len, mask, scale);
+  }
+
+  void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                 AttentionMask mask, float scale) override {
+    run_attention(o, q, k, v, Paging{}, k.dim(1), k.dim(2), k.dim(0), nullptr, mask, scale);
+  }
+
+ private:
+  PrologueArgs prologue_args(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
+                             const Tensor& k_norm, float eps, const Tensor& positions,
+                             const Tensor& inv_freq, float attention_scaling, const Tensor& k_pool,
+                             const Tensor& v_pool, const Tensor& slots) {
     PrologueArgs a;
     a.n = q_out.dim(0);
     a.heads = q_out.dim(1);
@@ -610,13 +670,19 @@ class CudaBackend final : public Backend {
     a.slots = slots.as<int32_t>();
     a.eps = eps;
     a.attention_scaling = attention_scaling;
-    CUDA_CHECK(bs::cuda::attention_prologue(a, stream_));
+    return a;
   }
-  void attention(const Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
-                 AttentionMask mask, float scale) override {
-    run_attention(o, q, k, v, Paging{}, k.dim(1), k.dim(2), k.dim(0), nullptr, mask, scale);
+  // BLOCKSPEC_FUSED_PROLOGUE=0: the prologue and the attention as two launches (a measurement
+  // switch; the results are the same bits).
+  static bool fused_prologue_enabled() {
+    static const bool enabled = [] {
+      const char* v = std::getenv("BLOCKSPEC_FUSED_PROLOGUE");
+      return v == nullptr || std::string_view(v) != "0";
+    }();
+    return enabled;
   }
 
+ public:
   // ---- Reductions ----
   void argmax(const Tensor& o, const Tensor& x) override {
     const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0;

@@ -109,8 +109,8 @@ cudaError_t attention(const AttentionArgs& a, cudaStream_t s);
 // vectors), then a combine pass; all a.num_seqs sequences in these two launches. a.kv_len
 // bounds the launch; when kv_len_dev ([num_seqs]) is set the kernels read each sequence's
 // actual length there (<= a.kv_len), else every sequence has a.kv_len. `workspace` holds
-// split_attention_workspace(num_seqs * n, ...) bytes. A query row's result does not depend on
-// n, on a.kv_len, on the other rows or on the other sequences of the launch.
+// split_attention_workspace(num_seqs * n, ...) bytes. A query row's result does not
+// depend on n, on a.kv_len, on the other rows or on the other sequences of the launch.
 bool split_attention_supported(const AttentionArgs& a);
 size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_t max_kv_len);
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
@@ -132,6 +132,15 @@ struct PrologueArgs {
   float eps = 1e-6f, attention_scaling = 1.0f;
 };
 cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s);
+// attention_prologue(p) then split_attention(a) with a.q = p.q_out, one launch fewer: the split
+// blocks compute their query vectors and the call's own keys / values (the last n positions of
+// each sequence) from p.qkv with the prologue's arithmetic, and write those keys / values to the
+// pools; p.q_out is not written. Same results as the two calls, bit for bit. Needs
+// prologue_attention_supported (head dim 64, 128 or 256, p and a describing the same rows and
+// pools).
+bool prologue_attention_supported(const AttentionArgs& a, const PrologueArgs& p);
+cudaError_t prologue_attention(const AttentionArgs& a, const PrologueArgs& p,
+                               const int32_t* kv_len_dev, void* workspace, cudaStream_t s);
 // y[r, c] = silu(gate_up[r, c]) * gate_up[r, i_dim + c], BF16.
 cudaError_t swiglu(void* y, const void* gate_up, int64_t rows, int64_t i_dim, cudaStream_t s);
 

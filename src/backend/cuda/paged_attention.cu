@@ -15,6 +15,12 @@
 // query row's output does not depend on how many rows share the launch, on the launch's key
 // count bound, or on the split count: a 16-row verify reproduces the decode of each position, and
 // a batched call reproduces the call of each sequence alone.
+//
+// Fused prologue (prologue_attention): the decoder layer's q/k norm + RoPE + KV write can run
+// inside the split pass instead of as a launch of its own. Each block then computes its query
+// vectors from the projection, and the blocks whose chunk holds the call's own positions compute
+// those keys and values too (the tile-0 block also writes them to the pools), with the
+// arithmetic of the prologue kernel, so the results are the same bits.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -49,14 +55,63 @@ __host__ __device__ inline size_t split_smem_bytes(int64_t hd) {
          static_cast<size_t>(kTileQueries) * kSplitKeys * 4;
 }
 
+// rope(rms_norm(x)) of one head vector x[hd] (hd = 64 P) by one warp: the lane holds the
+// rotate-half pairs (i, i + hd/2), i = lane + 32 u for u < P. The sum of squares adds a lane's
+// pairs in u order, then over the lanes (warp_sum), so a vector gets the same bits in the
+// prologue kernel and in the fused attention. norm null: no normalisation.
+template <int P>
+__device__ __forceinline__ void rope_norm_warp(const __nv_bfloat16* x, const float* norm, float eps,
+                                               int32_t pos, const float* inv_freq, float scaling,
+                                               float (&y0)[P], float (&y1)[P]) {
+  const int lane = threadIdx.x & 31, half = 32 * P;
+  float x0[P], x1[P];
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    x0[u] = __bfloat162float(x[lane + 32 * u]);
+    x1[u] = __bfloat162float(x[lane + 32 * u + half]);
+  }
+  if (norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < P; ++u) ss += x0[u] * x0[u] + x1[u] * x1[u];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(2 * half) + eps);
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      x0[u] = x0[u] * inv * norm[lane + 32 * u];
+      x1[u] = x1[u] * inv * norm[lane + 32 * u + half];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    const float angle = static_cast<float>(pos) * inv_freq[lane + 32 * u];
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    cs *= scaling;
+    sn *= scaling;
+    y0[u] = x0[u] * cs - x1[u] * sn;
+    y1[u] = x1[u] * cs + x0[u] * sn;
+  }
+}
+
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
 // grid (splits, kv_heads, num_seqs * query tiles per sequence), kSplitThreads threads; a tile
 // holds 2 * QPT query vectors of one sequence, each thread QPT of them (QPT only sets how the
 // work is spread: every query's arithmetic is the same sequence for any QPT).
 // part_o [splits, num_seqs * n, heads, hd] fp32, part_ml [splits, num_seqs * n, heads, 2] fp32
 // (max, sum).
-template <int QPT>
+//
+// P > 0: the layer prologue is fused in (head dim 64 P): q comes from the projection p.qkv, each
+// block normalising and rotating its tile's query vectors itself; the keys and values of the
+// call's own rows (the last n positions) come from p.qkv too, and the tile-0 block of their chunk
+// writes them to the pools (p.slots). Every value is the prologue kernel's to the bit.
+template <int QPT, int P>
 __global__ void __launch_bounds__(kSplitThreads)
-    split_kernel(AttentionArgs a, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
+    split_kernel(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, float* part_o,
+                 float* part_ml) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int hd = static_cast<int>(a.hd), half = hd / 2, kstride = half + 1;  // 32-bit words
   uint32_t* Ks = reinterpret_cast<uint32_t*>(smem);                          // [64][hd/2 + 1]
@@ -81,14 +136,29 @@ __global__ void __launch_bounds__(kSplitThreads)
   // on a dependent table read) and the query loads are in flight together.
   __shared__ int64_t slot_of[kSplitKeys];
   int64_t my_slot = -1;
-  if (tid < kSplitKeys && j0 + tid < kv_len) {
+  const int64_t first_new = kv_len - a.n;  // the call's own rows' positions start here
+  const int64_t width = (a.heads + 2 * a.kv_heads) * a.hd;  // a p.qkv row
+  if (tid < kSplitKeys && j0 + tid < kv_len && (P == 0 || j0 + tid < first_new)) {
     const int bs = static_cast<int>(a.block_size), key = static_cast<int>(j0 + tid);
     const int blk = key / bs, in_blk = key - blk * bs;
     my_slot = static_cast<int64_t>(a.block_table[seq * a.table_stride + blk]) * bs + in_blk;
   }
-  // Query tile -> fp32 shared memory, 16-byte loads all issued before the first store. Tile
-  // slot t is query vector q_begin + t = (row, g). At most 16 * 256 / 8 / 128 = 4 per thread.
-  {
+  if constexpr (P > 0) {  // query tile = rope(norm(q)) rounded to BF16, a warp per vector
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int t = warp; t < nq; t += kSplitThreads / 32) {
+      const int64_t qi = q_begin + t, r = seq_row0 + qi / group, h = kvh * group + qi % group;
+      float y0[P], y1[P];
+      rope_norm_warp<P>(p.qkv + r * width + h * hd, p.q_norm, p.eps, p.positions[r], p.inv_freq,
+                        p.attention_scaling, y0, y1);
+#pragma unroll
+      for (int u = 0; u < P; ++u) {
+        Qs[t * hd + lane + 32 * u] = round_bf16(y0[u]);
+        Qs[t * hd + lane + 32 * u + half] = round_bf16(y1[u]);
+      }
+    }
+  } else {
+    // Query tile -> fp32 shared memory, 16-byte loads all issued before the first store. Tile
+    // slot t is query vector q_begin + t = (row, g). At most 16 * 256 / 8 / 128 = 4 per thread.
     const __nv_bfloat16* Q = static_cast<const __nv_bfloat16*>(a.q);
     const int vec_per_q = hd / 8, total = nq * vec_per_q;
     uint4 qw[4];
@@ -153,6 +223,38 @@ __global__ void __launch_bounds__(kSplitThreads)
     }
   }
   __syncthreads();
+  if constexpr (P > 0) {  // the call's own keys (rope(norm(k))) and values, a warp per key
+    const int warp = tid >> 5, lane = tid & 31;
+    const int64_t key_end = j0 + kSplitKeys < kv_len ? j0 + kSplitKeys : kv_len;
+    const bool write_pools = tile == 0;
+    for (int64_t key = (j0 > first_new ? j0 : first_new) + warp; key < key_end;
+         key += kSplitThreads / 32) {
+      const int j = static_cast<int>(key - j0);
+      const int64_t r = seq_row0 + (key - first_new);
+      const __nv_bfloat16* kx = p.qkv + r * width + (a.heads + kvh) * hd;
+      const __nv_bfloat16* vx = kx + a.kv_heads * hd;
+      float y0[P], y1[P];
+      rope_norm_warp<P>(kx, p.k_norm, p.eps, p.positions[r], p.inv_freq, p.attention_scaling, y0,
+                        y1);
+      __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(Ks + j * kstride);
+      __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(Vs + j * half);
+      const int64_t slot = p.slots[r];
+      const bool to_pool = write_pools && slot >= 0 && slot < p.capacity;
+      const int64_t pool_off = (slot * a.kv_heads + kvh) * hd;
+#pragma unroll
+      for (int u = 0; u < P; ++u) {
+        const int i = lane + 32 * u;
+        const __nv_bfloat16 k0 = __float2bfloat16_rn(y0[u]), k1 = __float2bfloat16_rn(y1[u]);
+        const __nv_bfloat16 v0 = vx[i], v1 = vx[i + half];
+        ks[i] = k0, ks[i + half] = k1, vs[i] = v0, vs[i + half] = v1;
+        if (to_pool) {
+          p.k_pool[pool_off + i] = k0, p.k_pool[pool_off + i + half] = k1;
+          p.v_pool[pool_off + i] = v0, p.v_pool[pool_off + i + half] = v1;
+        }
+      }
+    }
+    __syncthreads();
+  }
 
   // Scores: thread = (key j, half of the tile's queries).
   {
@@ -287,6 +389,41 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
 }
 
 // ---- Attention prologue ----
+// Head dims 64 / 128 / 256: 4 warps per block, a warp per (row, head) vector (rope_norm_warp, the
+// arithmetic the fused attention repeats).
+template <int P>
+__global__ void __launch_bounds__(128) prologue_warp_kernel(PrologueArgs a) {
+  griddep_wait();
+  const int lane = threadIdx.x & 31, half = 32 * P;
+  const int64_t width_heads = a.heads + 2 * a.kv_heads;
+  const int64_t vector = blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (vector >= a.n * width_heads) return;
+  const int64_t t = vector / width_heads, h = vector - t * width_heads;
+  const __nv_bfloat16* src = a.qkv + t * width_heads * a.hd + h * a.hd;
+  const int64_t slot = a.slots[t];
+  const bool capacity_ok = slot >= 0 && slot < a.capacity;
+  if (h >= a.heads + a.kv_heads) {  // v: straight into the pool
+    if (!capacity_ok) return;
+    __nv_bfloat16* dst = a.v_pool + (slot * a.kv_heads + (h - a.heads - a.kv_heads)) * a.hd;
+#pragma unroll
+    for (int u = 0; u < 2 * P; ++u) dst[lane + 32 * u] = src[lane + 32 * u];
+    return;
+  }
+  const bool is_q = h < a.heads;
+  if (!is_q && !capacity_ok) return;
+  float y0[P], y1[P];
+  rope_norm_warp<P>(src, is_q ? a.q_norm : a.k_norm, a.eps, a.positions[t], a.inv_freq,
+                    a.attention_scaling, y0, y1);
+  __nv_bfloat16* dst = is_q ? a.q_out + (t * a.heads + h) * a.hd
+                            : a.k_pool + (slot * a.kv_heads + (h - a.heads)) * a.hd;
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    dst[lane + 32 * u] = __float2bfloat16_rn(y0[u]);
+    dst[lane + 32 * u + half] = __float2bfloat16_rn(y1[u]);
+  }
+}
+
+// Other head dims:
 // grid (n, heads + 2 kv_heads), hd / 2 threads: block = one head of one row; thread i holds
 // the rotate-half pair (i, i + hd/2).
 __global__ void prologue_kernel(PrologueArgs a) {
@@ -364,8 +501,44 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
   return static_cast<size_t>(splits * rows * heads) * (hd + 2) * sizeof(float);
 }
 
-cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
-                            cudaStream_t s) {
+namespace {
+
+// Launches split_kernel<QPT, P> (setting its shared-memory limit on first use).
+template <int QPT, int P>
+cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const AttentionArgs& a,
+                         const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
+                         float* part_ml) {
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(split_kernel<QPT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(split_smem_bytes(256)));
+  if (configured != cudaSuccess) return configured;
+  return launch_pdl(split_kernel<QPT, P>, grid, dim3(kSplitThreads), smem, s, a, p, kv_len_dev,
+                    part_o, part_ml);
+}
+
+template <int QPT>
+cudaError_t launch_split(int P, dim3 grid, size_t smem, cudaStream_t s, const AttentionArgs& a,
+                         const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
+                         float* part_ml) {
+  switch (P) {
+    case 1:
+      return launch_split<QPT, 1>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
+    case 2:
+      return launch_split<QPT, 2>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
+    case 4:
+      return launch_split<QPT, 4>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
+    default:
+      return launch_split<QPT, 0>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
+  }
+}
+
+// Pairs per lane of the warp prologue (rope_norm_warp) for head dim hd; 0 where it does not apply.
+int warp_prologue_pairs(int64_t hd) {
+  return hd == 64 || hd == 128 || hd == 256 ? static_cast<int>(hd / 64) : 0;
+}
+
+cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prologue,
+                                const int32_t* kv_len_dev, void* workspace, cudaStream_t s) {
   if (a.n <= 0 || a.heads <= 0) return cudaSuccess;
   if (!split_attention_supported(a)) return cudaErrorInvalidValue;
   const int64_t splits = (a.kv_len + kSplitKeys - 1) / kSplitKeys;
@@ -380,29 +553,17 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
   float* part_o = static_cast<float*>(workspace);
   float* part_ml = part_o + splits * rows * a.heads * a.hd;
   const size_t smem = split_smem_bytes(a.hd);
-  static bool configured = false;  // the attribute is per function, set once per process
-  if (!configured) {
-    for (const void* f : {reinterpret_cast<const void*>(split_kernel<2>),
-                          reinterpret_cast<const void*>(split_kernel<4>),
-                          reinterpret_cast<const void*>(split_kernel<8>)}) {
-      const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 int(split_smem_bytes(256)));
-      if (e != cudaSuccess) return e;
-    }
-    configured = true;
-  }
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(a.kv_heads),
                   static_cast<unsigned>(a.num_seqs * tiles));
+  const PrologueArgs p = prologue ? *prologue : PrologueArgs{};
+  const int P = prologue ? warp_prologue_pairs(a.hd) : 0;
   cudaError_t err;
   if (qpt == 2) {
-    err = launch_pdl(split_kernel<2>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
-                     part_ml);
+    err = launch_split<2>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   } else if (qpt == 4) {
-    err = launch_pdl(split_kernel<4>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
-                     part_ml);
+    err = launch_split<4>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   } else {
-    err = launch_pdl(split_kernel<8>, grid, dim3(kSplitThreads), smem, s, a, kv_len_dev, part_o,
-                     part_ml);
+    err = launch_split<8>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   }
   const int threads = a.hd >= 128 ? 128 : 64;
   const size_t combine_smem = static_cast<size_t>(splits) * 2 * sizeof(float);
@@ -411,8 +572,40 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
                     combine_smem, s, a, kv_len_dev, part_o, part_ml);
 }
 
+}  // namespace
+
+cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
+                            cudaStream_t s) {
+  return run_split_attention(a, nullptr, kv_len_dev, workspace, s);
+}
+
+bool prologue_attention_supported(const AttentionArgs& a, const PrologueArgs& p) {
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return split_attention_supported(a) && warp_prologue_pairs(a.hd) > 0 && p.hd == a.hd &&
+         p.heads == a.heads && p.kv_heads == a.kv_heads && p.n == a.num_seqs * a.n &&
+         a.k == p.k_pool && a.v == p.v_pool && aligned(p.qkv);
+}
+
+cudaError_t prologue_attention(const AttentionArgs& a, const PrologueArgs& p,
+                               const int32_t* kv_len_dev, void* workspace, cudaStream_t s) {
+  if (!prologue_attention_supported(a, p)) return cudaErrorInvalidValue;
+  return run_split_attention(a, &p, kv_len_dev, workspace, s);
+}
+
 cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s) {
   if (a.n <= 0) return cudaSuccess;
+  if (const int pairs = warp_prologue_pairs(a.hd); pairs > 0) {
+    const int64_t vectors = a.n * (a.heads + 2 * a.kv_heads);
+    const dim3 grid(static_cast<unsigned>((vectors + 3) / 4));
+    switch (pairs) {
+      case 1:
+        return launch_pdl(prologue_warp_kernel<1>, grid, dim3(128), 0, s, a);
+      case 2:
+        return launch_pdl(prologue_warp_kernel<2>, grid, dim3(128), 0, s, a);
+      default:
+        return launch_pdl(prologue_warp_kernel<4>, grid, dim3(128), 0, s, a);
+    }
+  }
   if (a.hd % 2 != 0 || a.hd / 2 > 256 || a.hd / 2 < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 2 * a.kv_heads));
   return launch_pdl(prologue_kernel, grid, dim3(static_cast<unsigned>(a.hd / 2)), 0, s, a);
