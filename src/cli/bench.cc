@@ -1,7 +1,8 @@
 // `blockspec bench`: step times of the pieces of (speculative) decoding, medians after warm-up,
 // timed with CUDA events on the GPU and std::chrono on the CPU:
 //   decode    one token through the target + argmax + read back (plain decoding's step);
-//   verify    B tokens through the target with the drafter's taps + argmax of B rows;
+//   verify    B tokens through the target with the drafter's taps + argmax of B rows (B = the
+//             anchor and every draft: DFlash's block_size, FlashMap's block_size + 1);
 //   draft     one drafter proposal + argmax + read back;
 //   context   the drafter's context update (observe) for B committed positions;
 // plus the copy bandwidth of the device, the bytes a decode step must stream, end-to-end
@@ -55,6 +56,8 @@ struct BenchArgs {
   std::string gemv = "all";
   bool kernels = false;
   bool drafter_fp8 = false;
+  int flashmap_steps = 0;
+  float flashmap_noise_scale = 1.0f;
 };
 
 BenchArgs g_args;
@@ -390,7 +393,8 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
                     double copy_gbs, double wbytes) {
   const auto& cfg = target.config();
   const int64_t N = a.batch, max_pos = cfg.max_position_embeddings;
-  const int64_t B = drafter ? drafter->block_size() : 1;  // rows past the context per sequence
+  // Rows past the context per sequence: a verify's anchor and drafts.
+  const int64_t B = drafter ? drafter->max_drafts() + 1 : 1;
   const int64_t ctx =
       std::max<int64_t>(2, std::min<int64_t>(a.context, max_pos - std::max<int64_t>(4, B + 2)));
   const int64_t per_seq = (ctx + B + 1 + kKvBlockSize - 1) / kKvBlockSize + 1;
@@ -502,7 +506,10 @@ int run_bench(const BenchArgs& a) {
   const auto& cfg = target.config();
   std::unique_ptr<Drafter> drafter;
   if (!a.drafter.empty()) {
-    auto d = load_drafter(a.drafter, target, {.fp8_weights = a.drafter_fp8});
+    auto d = load_drafter(a.drafter, target,
+                          {.flashmap_steps = a.flashmap_steps,
+                           .flashmap_noise_scale = a.flashmap_noise_scale,
+                           .fp8_weights = a.drafter_fp8});
     if (!d.ok()) return fail(d.status());
     drafter = std::move(*d);
   }
@@ -518,7 +525,8 @@ int run_bench(const BenchArgs& a) {
 
   if (a.batch > 1) return run_batch_bench(a, be, target, drafter.get(), copy_gbs, wbytes);
 
-  const int64_t B = drafter ? drafter->block_size() : 16;
+  // Rows of a verify step: the anchor and every draft (the most a step commits).
+  const int64_t B = drafter ? drafter->max_drafts() + 1 : 16;
   const int64_t max_pos = cfg.max_position_embeddings;
   const int64_t ctx = std::max<int64_t>(2, std::min<int64_t>(a.context, max_pos - 2 * B - 2));
   const int64_t blocks = (ctx + 2 * B) / kKvBlockSize + 4;
@@ -725,6 +733,14 @@ void register_bench(CLI::App& app) {
   g_cmd->add_flag("--kernels", g_args.kernels, "Also time each op alone at the model's shapes");
   g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
                   "DFlash weights and its LM-head copy in FP8 (one scale per row)");
+  g_cmd
+      ->add_option("--flashmap-steps", g_args.flashmap_steps,
+                   "FlashMap jumps per draft (default: config)")
+      ->check(CLI::NonNegativeNumber);
+  g_cmd
+      ->add_option("--flashmap-noise-scale", g_args.flashmap_noise_scale,
+                   "FlashMap noise scale (0: deterministic drafts)")
+      ->check(CLI::NonNegativeNumber);
   register_synth(app);
 }
 

@@ -8,7 +8,11 @@
 //   * LM-head column j is small noise except +1 at token kFavoured and -1 at token kShunned.
 // The target therefore always predicts kFavoured. A DFlash drafter built the same way with final
 // norm +e_j drafts kFavoured too (100% acceptance, tau = block size); with -e_j it drafts
-// kShunned (0% acceptance, tau = 1).
+// kShunned (0% acceptance, tau = 1). A FlashMap drafter forces its drafts through its head
+// instead (construction above write_flashmap). The target folder also gets a byte-level
+// tokenizer.json in which kFavoured and kShunned read "<|favoured|>" and "<|shunned|>", so that
+// `blockspec generate` runs on it too. --dry-run writes nothing and prints what would be written
+// (tensor and parameter counts, the drafter's config.json).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -37,32 +41,68 @@ constexpr float kConstant = 4.0f;    // C
 constexpr int32_t kFavoured = 1000;  // the target's (and the 100% drafter's) token
 constexpr int32_t kShunned = 2000;   // the 0% drafter's token
 
+// FlashMap drafter shape (docs/FLASHMAP.md, "Synthetic checkpoints", says where each number of
+// the qwen3-8b preset comes from).
+struct FlashMapShape {
+  int64_t hidden, layers, heads, head_dim, inter, cond, freq, block_size;
+};
+
 struct Preset {
   std::string name;
   int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab, max_pos;
   double rope_theta;
   // DFlash drafter
   int64_t d_layers, block_size, mask_id;
-  std::vector<int> taps;
+  std::vector<int> taps;  // tapped target layers (FlashMap: eagle aux ids = taps + 1)
+  FlashMapShape fm;
 };
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = {
-      {"qwen3-8b",
-       4096,
-       12288,
-       36,
-       32,
-       8,
-       128,
-       151936,
-       40960,
-       1e6,
-       5,
-       16,
-       151669,
-       {1, 9, 17, 25, 33}},
-      {"tiny", 256, 512, 6, 4, 2, 64, 4096, 4096, 1e6, 2, 16, 4095, {1, 3}},
+      {.name = "qwen3-8b",
+       .hidden = 4096,
+       .inter = 12288,
+       .layers = 36,
+       .heads = 32,
+       .kv_heads = 8,
+       .head_dim = 128,
+       .vocab = 151936,
+       .max_pos = 40960,
+       .rope_theta = 1e6,
+       .d_layers = 5,
+       .block_size = 16,
+       .mask_id = 151669,
+       .taps = {1, 9, 17, 25, 33},
+       .fm = {.hidden = 2048,
+              .layers = 6,
+              .heads = 16,
+              .head_dim = 128,
+              .inter = 8192,
+              .cond = 256,
+              .freq = 256,
+              .block_size = 16}},
+      {.name = "tiny",
+       .hidden = 256,
+       .inter = 512,
+       .layers = 6,
+       .heads = 4,
+       .kv_heads = 2,
+       .head_dim = 64,
+       .vocab = 4096,
+       .max_pos = 4096,
+       .rope_theta = 1e6,
+       .d_layers = 2,
+       .block_size = 16,
+       .mask_id = 4095,
+       .taps = {1, 3},
+       .fm = {.hidden = 128,
+              .layers = 2,
+              .heads = 4,
+              .head_dim = 32,
+              .inter = 512,
+              .cond = 64,
+              .freq = 32,
+              .block_size = 16}},
   };
   return p;
 }
@@ -112,11 +152,9 @@ struct Tensors {
   std::vector<std::vector<uint16_t>> data;
 
   std::vector<uint16_t>& add(const std::string& name, std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
     names.push_back(name);
+    data.emplace_back(static_cast<size_t>(numel(shape)));
     shapes.push_back(std::move(shape));
-    data.emplace_back(static_cast<size_t>(n));
     return data.back();
   }
   uint64_t bytes() const {
@@ -129,46 +167,74 @@ struct Tensors {
     shapes.clear();
     data.clear();
   }
+  static int64_t numel(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
 
 class Writer {
  public:
-  Writer(std::string dir, uint64_t seed) : dir_(std::move(dir)), seed_(seed) {}
+  // dry: count tensors and parameters only; nothing is allocated or written.
+  Writer(std::string dir, uint64_t seed, bool dry) : dir_(std::move(dir)), seed_(seed), dry_(dry) {
+    if (!dry_) fs::create_directories(dir_);
+  }
 
   // A random [out, in] projection; zero_row_j for residual-writing ones.
   void linear(const std::string& name, int64_t out, int64_t in, bool zero_row_j) {
-    auto& v = cur_.add(name, {out, in});
-    fill_uniform(v, 0.0f, 0.5f * std::sqrt(3.0f / static_cast<float>(in)), hash_name(name, seed_));
-    if (zero_row_j) std::fill(v.begin() + kSpecialDim * in, v.begin() + (kSpecialDim + 1) * in, 0);
+    auto* v = add(name, {out, in});
+    if (!v) return;
+    fill_uniform(*v, 0.0f, 0.5f * std::sqrt(3.0f / static_cast<float>(in)), hash_name(name, seed_));
+    if (zero_row_j) {
+      std::fill(v->begin() + kSpecialDim * in, v->begin() + (kSpecialDim + 1) * in, 0);
+    }
+  }
+  // A random bias [n] of a projection with `in` inputs (the scale of its weight).
+  void bias(const std::string& name, int64_t n, int64_t in) {
+    auto* v = add(name, {n});
+    if (!v) return;
+    fill_uniform(*v, 0.0f, 0.5f * std::sqrt(3.0f / static_cast<float>(in)), hash_name(name, seed_));
   }
   void norm(const std::string& name, int64_t d) {
-    fill_uniform(cur_.add(name, {d}), 1.0f, 0.1f, hash_name(name, seed_));
+    auto* v = add(name, {d});
+    if (v) fill_uniform(*v, 1.0f, 0.1f, hash_name(name, seed_));
+  }
+  // `value` everywhere.
+  void constant(const std::string& name, std::vector<int64_t> shape, float value) {
+    auto* v = add(name, std::move(shape));
+    if (v) std::fill(v->begin(), v->end(), f32_to_bf16(value));
   }
   // e_j scaled by sign.
   void unit_norm(const std::string& name, int64_t d, float sign) {
-    auto& v = cur_.add(name, {d});
-    std::fill(v.begin(), v.end(), 0);
-    v[kSpecialDim] = f32_to_bf16(sign);
+    auto* v = add(name, {d});
+    if (!v) return;
+    std::fill(v->begin(), v->end(), 0);
+    (*v)[kSpecialDim] = f32_to_bf16(sign);
   }
   void embedding(const std::string& name, int64_t vocab, int64_t h) {
-    auto& v = cur_.add(name, {vocab, h});
-    fill_uniform(v, 0.0f, 1.0f, hash_name(name, seed_));
-    for (int64_t r = 0; r < vocab; ++r) v[r * h + kSpecialDim] = f32_to_bf16(kConstant);
+    auto* v = add(name, {vocab, h});
+    if (!v) return;
+    fill_uniform(*v, 0.0f, 1.0f, hash_name(name, seed_));
+    for (int64_t r = 0; r < vocab; ++r) (*v)[r * h + kSpecialDim] = f32_to_bf16(kConstant);
   }
   void lm_head(const std::string& name, int64_t vocab, int64_t h) {
-    auto& v = cur_.add(name, {vocab, h});
-    fill_uniform(v, 0.0f, 0.5f * std::sqrt(3.0f / static_cast<float>(h)), hash_name(name, seed_));
+    auto* v = add(name, {vocab, h});
+    if (!v) return;
+    fill_uniform(*v, 0.0f, 0.5f * std::sqrt(3.0f / static_cast<float>(h)), hash_name(name, seed_));
     for (int64_t r = 0; r < vocab; ++r) {
       const float noise = 0.01f * (static_cast<float>(mix64(r ^ seed_) >> 40) * 0x1p-23f - 1.0f);
-      v[r * h + kSpecialDim] = f32_to_bf16(noise);
+      (*v)[r * h + kSpecialDim] = f32_to_bf16(noise);
     }
-    v[kFavoured * h + kSpecialDim] = f32_to_bf16(1.0f);
-    v[kShunned * h + kSpecialDim] = f32_to_bf16(-1.0f);
+    (*v)[kFavoured * h + kSpecialDim] = f32_to_bf16(1.0f);
+    (*v)[kShunned * h + kSpecialDim] = f32_to_bf16(-1.0f);
   }
+  // The last tensor added (not in a dry run), to adjust single entries.
+  std::vector<uint16_t>* last() { return dry_ || cur_.data.empty() ? nullptr : &cur_.data.back(); }
 
   // Writes the tensors gathered so far as the next shard once they pass `min_bytes`.
   Status flush(uint64_t min_bytes = 0) {
-    if (cur_.names.empty() || cur_.bytes() < min_bytes) return Status::Ok();
+    if (dry_ || cur_.names.empty() || cur_.bytes() < min_bytes) return Status::Ok();
     const std::string file = fmt::format("model-{:05d}.safetensors", shards_.size() + 1);
     std::vector<io::TensorToWrite> tw;
     for (size_t i = 0; i < cur_.names.size(); ++i) {
@@ -186,18 +252,36 @@ class Writer {
   // Writes the last shard and model.safetensors.index.json.
   Status finish() {
     BS_RETURN_IF_ERROR(flush());
+    if (dry_) return Status::Ok();
     json index = {{"metadata", {{"total_size", total_}}}, {"weight_map", map_}};
     std::ofstream(fs::path(dir_) / "model.safetensors.index.json") << index.dump(2) << "\n";
     return Status::Ok();
   }
+  // "N tensors, P parameters (B GB in BF16)".
+  std::string summary() const {
+    return fmt::format("{} tensors, {} parameters ({:.2f} GB in BF16)", tensors_, params_,
+                       static_cast<double>(params_) * 2 / 1e9);
+  }
+  bool dry() const { return dry_; }
+  const std::string& dir() const { return dir_; }
 
  private:
+  // Records a tensor; its storage, or nullptr in a dry run.
+  std::vector<uint16_t>* add(const std::string& name, std::vector<int64_t> shape) {
+    ++tensors_;
+    params_ += Tensors::numel(shape);
+    if (dry_) return nullptr;
+    return &cur_.add(name, std::move(shape));
+  }
+
   std::string dir_;
   uint64_t seed_;
+  bool dry_;
   Tensors cur_;
   std::vector<std::string> shards_;
   std::map<std::string, std::string> map_;
   uint64_t total_ = 0;
+  int64_t tensors_ = 0, params_ = 0;
 };
 
 void write_json(const fs::path& path, const json& j) { std::ofstream(path) << j.dump(2) << "\n"; }
@@ -243,9 +327,62 @@ json target_config(const Preset& p, uint64_t seed) {
           {"blockspec_synth", {{"preset", p.name}, {"seed", seed}, {"favoured_token", kFavoured}}}};
 }
 
-Status write_target(const Preset& p, const std::string& dir, uint64_t seed) {
-  fs::create_directories(dir);
-  Writer w(dir, seed);
+// A byte-level BPE tokenizer.json (GPT-2 byte alphabet at ids 0..255, no merges) with the
+// favoured, shunned and end-of-text tokens added at their ids, so that `blockspec generate` can
+// encode a prompt and print the forced output.
+json synth_tokenizer(const Preset& p) {
+  // GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100.. in order.
+  auto utf8 = [](uint32_t cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  json vocab = json::object();
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    vocab[utf8(printable ? b : next++)] = b;
+  }
+  auto added = [](int64_t id, const std::string& content, bool special) {
+    return json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", special}};
+  };
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens",
+           {added(kFavoured, "<|favoured|>", false), added(kShunned, "<|shunned|>", false),
+            added(p.vocab - 2, "<|endoftext|>", true)}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", false},
+            {"use_regex", true}}},
+          {"post_processor", nullptr},
+          {"decoder",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", false},
+            {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"vocab", vocab},
+            {"merges", json::array()}}}};
+}
+
+Status write_target(Writer& w, const Preset& p, uint64_t seed) {
   const int64_t h = p.hidden;
   w.embedding("model.embed_tokens.weight", p.vocab, h);
   w.unit_norm("model.norm.weight", h, 1.0f);
@@ -257,13 +394,44 @@ Status write_target(const Preset& p, const std::string& dir, uint64_t seed) {
     BS_RETURN_IF_ERROR(w.flush(2'000'000'000ull));
   }
   BS_RETURN_IF_ERROR(w.finish());
-  write_json(fs::path(dir) / "config.json", target_config(p, seed));
+  if (!w.dry()) {
+    write_json(fs::path(w.dir()) / "config.json", target_config(p, seed));
+    write_json(fs::path(w.dir()) / "tokenizer.json", synth_tokenizer(p));
+  }
   return Status::Ok();
 }
 
-Status write_dflash(const Preset& p, const std::string& dir, uint64_t seed, int acceptance) {
-  fs::create_directories(dir);
-  Writer w(dir, seed ^ 0xD1F1A5Full);
+json dflash_config(const Preset& p, uint64_t seed, int acceptance) {
+  return {{"architectures", {"DFlashDraftModel"}},
+          {"model_type", "qwen3"},
+          {"hidden_size", p.hidden},
+          {"intermediate_size", p.inter},
+          {"num_hidden_layers", p.d_layers},
+          {"num_attention_heads", p.heads},
+          {"num_key_value_heads", p.kv_heads},
+          {"head_dim", p.head_dim},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", p.rope_theta},
+          {"rope_scaling", nullptr},
+          {"max_position_embeddings", p.max_pos},
+          {"vocab_size", p.vocab},
+          {"tie_word_embeddings", false},
+          {"torch_dtype", "bfloat16"},
+          {"num_target_layers", p.layers},
+          {"block_size", p.block_size},
+          {"dflash_config", {{"mask_token_id", p.mask_id}, {"target_layer_ids", p.taps}}},
+          {"layer_types", std::vector<std::string>(p.d_layers, "full_attention")},
+          {"use_sliding_window", false},
+          {"sliding_window", nullptr},
+          {"max_window_layers", p.d_layers},
+          {"blockspec_synth",
+           {{"preset", p.name}, {"seed", seed}, {"acceptance_percent", acceptance}}}};
+}
+
+Status write_dflash(Writer& w, const Preset& p, int acceptance) {
   const int64_t h = p.hidden;
   w.linear("fc.weight", h, h * static_cast<int64_t>(p.taps.size()), false);
   w.norm("hidden_norm.weight", h);
@@ -272,36 +440,125 @@ Status write_dflash(const Preset& p, const std::string& dir, uint64_t seed, int 
     const std::string pre = fmt::format("layers.{}.", i);
     write_decoder_layer(w, p, pre);
   }
-  BS_RETURN_IF_ERROR(w.finish());
-  json cfg = {{"architectures", {"DFlashDraftModel"}},
-              {"model_type", "qwen3"},
-              {"hidden_size", h},
-              {"intermediate_size", p.inter},
-              {"num_hidden_layers", p.d_layers},
-              {"num_attention_heads", p.heads},
-              {"num_key_value_heads", p.kv_heads},
-              {"head_dim", p.head_dim},
-              {"hidden_act", "silu"},
-              {"attention_bias", false},
-              {"attention_dropout", 0.0},
-              {"rms_norm_eps", 1e-6},
-              {"rope_theta", p.rope_theta},
-              {"rope_scaling", nullptr},
-              {"max_position_embeddings", p.max_pos},
-              {"vocab_size", p.vocab},
-              {"tie_word_embeddings", false},
-              {"torch_dtype", "bfloat16"},
-              {"num_target_layers", p.layers},
-              {"block_size", p.block_size},
-              {"dflash_config", {{"mask_token_id", p.mask_id}, {"target_layer_ids", p.taps}}},
-              {"layer_types", std::vector<std::string>(p.d_layers, "full_attention")},
-              {"use_sliding_window", false},
-              {"sliding_window", nullptr},
-              {"max_window_layers", p.d_layers},
-              {"blockspec_synth",
-               {{"preset", p.name}, {"seed", seed}, {"acceptance_percent", acceptance}}}};
-  write_json(fs::path(dir) / "config.json", cfg);
-  return Status::Ok();
+  return w.finish();
+}
+
+// ------------------------------------------------------------------------------------------------
+// FlashMap drafter (flashmap-b16; tensors and config fields of docs/FLASHMAP.md).
+//
+// Its data flow: noise -> the embedded state (one jump: first_hidden + g rms(z) noise_embed z;
+// several jumps: the vocabulary-sized state through E, state_norm / noise_norm and x_embed, with
+// softmax(folded head) mixed back in between jumps) -> L DiT layers, each adding
+// gate * f(LN(h) (1 + scale) + shift) for self-attention, cross-attention to the context and the
+// GELU MLP -> out = LN(h) (1 + scale_f) + shift_f -> logits = lm_head (W_head out + b_head),
+// drafts = argmax. DFlash's trick (a constant residual dimension read out by a norm weight e_j)
+// does not carry over: the DiT's final norm is a LayerNorm without a weight (nothing to set to
+// e_j), and the noise and the AdaLN shifts reach every dimension. The head forces the drafts:
+//   * row j of head.weight is zero and head.bias[j] = +beta (100%) or -beta (0%),
+//     beta = 4 sqrt(D), so dimension j of the head's output is exactly +-beta whatever the DiT
+//     computed; folded into the target's LM head, logit_v = +-beta lm_head[v, j] + W_f[v] out
+//     + (small bias terms), with W_f = lm_head W_head over the other Ht - 1 dimensions;
+//   * lm_head[v, j] is +1 at kFavoured, -1 at kShunned and within +-0.01 elsewhere (the target's
+//     construction), so the forced part puts kFavoured (+beta) or kShunned (-beta) at least
+//     0.99 beta above every other token;
+//   * the rest is bounded for every input: LN(h) has norm sqrt(D) whatever h is, hence whatever
+//     the noise, its scale, the jump or the context, so |W_f[v] out| <= |W_f[v]| |out| with
+//     |W_f[v]| ~ 0.25 for these random scales and |out| <~ 1.5 sqrt(D): below 0.4 sqrt(D) per
+//     logit even for the worst direction of out, so below 0.8 sqrt(D) between two logits,
+//     against a forced lead of 3.96 sqrt(D) (measured at the tiny preset: the forced logit
+//     44.8..45.4, every other <= 1.7, noise scales 0 to 100, 1 or 2 jumps).
+// So every draft is kFavoured, the target's greedy token (100%), or kShunned (0%: the first draft
+// of every block is rejected), for any noise and any number of jumps: between jumps
+// softmax(folded head) is (nearly) one-hot at the forced token, which changes only the next
+// jump's input, never the bound. Everything else (fc, anchor, noise fold, time embeddings,
+// AdaLN modulations, both attentions, the MLP, the folded head's GEMM) is random at the usual
+// scales, so every kernel runs at full cost.
+// ------------------------------------------------------------------------------------------------
+
+json flashmap_config(const Preset& p, uint64_t seed, int acceptance) {
+  const FlashMapShape& f = p.fm;
+  std::vector<int> aux;  // vLLM "input of layer id" = output of the tapped layer
+  for (int t : p.taps) aux.push_back(t + 1);
+  const json grids = json::array({json::array({0.0, 1.0}), json::array({0.0, 0.5, 1.0}),
+                                  json::array({0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0}),
+                                  json::array({0.0, 0.25, 0.5, 0.75, 1.0})});
+  return {{"architectures", {"FlashMapDraftModel"}},
+          {"model_type", "flashmap"},
+          {"hidden_size", f.hidden},
+          {"target_hidden_size", p.hidden},
+          {"num_hidden_layers", f.layers},
+          {"num_attention_heads", f.heads},
+          {"head_dim", f.head_dim},
+          {"intermediate_size", f.inter},
+          {"timestep_embed_dim", f.cond},
+          {"timestep_frequency_dim", f.freq},
+          {"time_scale", 1000.0},
+          {"time_grids", grids},
+          {"num_steps", 1},
+          {"noise_gate", "jump"},
+          {"adaln_eps", 1e-6},
+          {"qk_norm_eps", 1e-6},
+          {"rms_norm_eps", 1e-6},
+          {"block_size", f.block_size},
+          {"eagle_aux_hidden_state_layer_ids", aux},
+          {"vocab_size", p.vocab},
+          {"rope_theta", p.rope_theta},
+          {"torch_dtype", "bfloat16"},
+          {"blockspec_synth",
+           {{"preset", p.name}, {"seed", seed}, {"acceptance_percent", acceptance}}}};
+}
+
+Status write_flashmap(Writer& w, const Preset& p, int acceptance) {
+  const FlashMapShape& f = p.fm;
+  const int64_t D = f.hidden, Ht = p.hidden, A = f.heads * f.head_dim, C = f.cond;
+  const int64_t n_aux = static_cast<int64_t>(p.taps.size());
+  w.linear("fc.weight", D, n_aux * Ht, false);
+  w.norm("hidden_norm.weight", D);
+  w.linear("anchor_proj.weight", D, Ht, false);
+  w.bias("anchor_proj.bias", D, Ht);
+  w.norm("anchor_norm.weight", D);
+  w.norm("state_norm.weight", Ht);
+  w.norm("noise_norm.weight", Ht);
+  w.constant("noise_gate", {1}, 1.0f);
+  w.linear("x_embed.weight", D, Ht, false);
+  w.bias("x_embed.bias", D, Ht);
+  for (const char* e : {"time_embed", "jump_embed"}) {
+    const std::string pre = std::string(e) + ".";
+    w.linear(pre + "linear_1.weight", C, f.freq, false);
+    w.bias(pre + "linear_1.bias", C, f.freq);
+    w.linear(pre + "linear_2.weight", C, C, false);
+    w.bias(pre + "linear_2.bias", C, C);
+  }
+  for (int64_t i = 0; i < f.layers; ++i) {
+    const std::string pre = fmt::format("layers.{}.", i);
+    for (const char* sub : {"self_attn_adaln", "cross_attn_adaln", "mlp_adaln"}) {
+      w.linear(pre + sub + ".linear.weight", 3 * D, C, false);
+      w.bias(pre + sub + ".linear.bias", 3 * D, C);
+    }
+    for (const char* attn : {"self_attn", "cross_attn"}) {
+      const std::string a = pre + attn + ".";
+      for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+        w.linear(a + proj + ".weight", A, D, false);
+      }
+      w.linear(a + "o_proj.weight", D, A, false);
+      w.norm(a + "q_norm.weight", f.head_dim);
+      w.norm(a + "k_norm.weight", f.head_dim);
+    }
+    w.linear(pre + "mlp.fc1.weight", f.inter, D, false);
+    w.bias(pre + "mlp.fc1.bias", f.inter, D);
+    w.linear(pre + "mlp.fc2.weight", D, f.inter, false);
+    w.bias(pre + "mlp.fc2.bias", D, f.inter);
+  }
+  w.linear("final_adaln.linear.weight", 3 * D, C, false);
+  w.bias("final_adaln.linear.bias", 3 * D, C);
+  // The forced head (construction above): row j of the weight zero, bias j = +-beta.
+  w.linear("head.weight", Ht, D, /*zero_row_j=*/true);
+  w.bias("head.bias", Ht, D);
+  if (auto* b = w.last()) {
+    const float beta = 4.0f * std::sqrt(static_cast<float>(D));
+    (*b)[kSpecialDim] = f32_to_bf16(acceptance == 0 ? -beta : beta);
+  }
+  return w.finish();
 }
 
 struct SynthArgs {
@@ -312,6 +569,7 @@ struct SynthArgs {
   int acceptance = 100;
   uint64_t seed = 1;
   bool force = false;
+  bool dry_run = false;
 };
 
 SynthArgs g_args;
@@ -325,7 +583,8 @@ bool target_exists(const std::string& dir, const Preset& p, uint64_t seed) {
     const json j = json::parse(f);
     return j.at("blockspec_synth").at("preset") == p.name &&
            j.at("blockspec_synth").at("seed") == seed &&
-           fs::exists(fs::path(dir) / "model.safetensors.index.json");
+           fs::exists(fs::path(dir) / "model.safetensors.index.json") &&
+           fs::exists(fs::path(dir) / "tokenizer.json");
   } catch (const std::exception&) {
     return false;
   }
@@ -340,34 +599,46 @@ int run_synth(const SynthArgs& a) {
     fmt::print(stderr, "blockspec: error: unknown preset '{}' (qwen3-8b, tiny)\n", a.preset);
     return 1;
   }
-  if (!a.drafter.empty() && a.drafter != "dflash-b16") {
-    fmt::print(stderr, "blockspec: error: unknown drafter '{}' (dflash-b16)\n", a.drafter);
+  const bool dflash = a.drafter == "dflash-b16", flashmap = a.drafter == "flashmap-b16";
+  if (!a.drafter.empty() && !dflash && !flashmap) {
+    fmt::print(stderr, "blockspec: error: unknown drafter '{}' (dflash-b16, flashmap-b16)\n",
+               a.drafter);
     return 1;
   }
   if (a.acceptance != 0 && a.acceptance != 100) {
     fmt::print(stderr, "blockspec: error: --acceptance must be 100 or 0\n");
     return 1;
   }
-  if (!a.force && target_exists(a.out, *p, a.seed)) {
+  const char* dry_note = a.dry_run ? " [dry run: nothing written]" : "";
+  if (!a.dry_run && !a.force && target_exists(a.out, *p, a.seed)) {
     fmt::print(stderr, "synth: reusing target {}\n", a.out);
+    fmt::print("target: {} (preset {}, favoured token {})\n", a.out, p->name, kFavoured);
   } else {
-    const Status st = write_target(*p, a.out, a.seed);
-    if (!st.ok()) {
+    Writer w(a.out, a.seed, a.dry_run);
+    if (const Status st = write_target(w, *p, a.seed); !st.ok()) {
       fmt::print(stderr, "blockspec: error: {}\n", st.message());
       return 1;
     }
+    fmt::print("target: {} (preset {}, favoured token {}): {}{}\n", a.out, p->name, kFavoured,
+               w.summary(), dry_note);
   }
-  fmt::print("target: {} (preset {}, favoured token {})\n", a.out, p->name, kFavoured);
   if (!a.drafter.empty()) {
     const std::string dir = a.drafter_out.empty()
                                 ? fmt::format("{}-{}-acc{}", a.out, a.drafter, a.acceptance)
                                 : a.drafter_out;
-    const Status st = write_dflash(*p, dir, a.seed, a.acceptance);
+    Writer w(dir, a.seed ^ (dflash ? 0xD1F1A5Full : 0xF1A5A4A9ull), a.dry_run);
+    const Status st =
+        dflash ? write_dflash(w, *p, a.acceptance) : write_flashmap(w, *p, a.acceptance);
     if (!st.ok()) {
       fmt::print(stderr, "blockspec: error: {}\n", st.message());
       return 1;
     }
-    fmt::print("drafter: {} ({}, forced acceptance {}%)\n", dir, a.drafter, a.acceptance);
+    const json cfg = dflash ? dflash_config(*p, a.seed, a.acceptance)
+                            : flashmap_config(*p, a.seed, a.acceptance);
+    if (!a.dry_run) write_json(fs::path(dir) / "config.json", cfg);
+    fmt::print("drafter: {} ({}, forced acceptance {}%): {}{}\n", dir, a.drafter, a.acceptance,
+               w.summary(), dry_note);
+    if (a.dry_run) fmt::print("drafter config: {}\n", cfg.dump());
   }
   return 0;
 }
@@ -379,13 +650,16 @@ void register_synth(CLI::App& app) {
       "synth", "Write synthetic checkpoints at real shapes with forced greedy acceptance");
   g_cmd->add_option("--preset", g_args.preset, "qwen3-8b or tiny")->required();
   g_cmd->add_option("--out", g_args.out, "Target checkpoint folder")->required();
-  g_cmd->add_option("--drafter", g_args.drafter, "Also write a drafter: dflash-b16");
+  g_cmd->add_option("--drafter", g_args.drafter,
+                    "Also write a drafter: dflash-b16 or flashmap-b16");
   g_cmd->add_option("--drafter-out", g_args.drafter_out,
                     "Drafter folder (default: OUT-DRAFTER-accN)");
   g_cmd->add_option("--acceptance", g_args.acceptance,
                     "Forced acceptance of the drafter: 100 or 0");
   g_cmd->add_option("--seed", g_args.seed, "Random seed of the weights");
   g_cmd->add_flag("--force", g_args.force, "Rewrite the target even if OUT already holds it");
+  g_cmd->add_flag("--dry-run", g_args.dry_run,
+                  "Write nothing; print tensor and parameter counts and the drafter's config");
 }
 
 bool run_synth_if_parsed(int* rc) {

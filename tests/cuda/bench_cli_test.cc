@@ -1,6 +1,8 @@
 // Smoke test of `blockspec synth` and `blockspec bench` on the CPU (runs everywhere, GPU or not):
 // a tiny synthetic checkpoint with a forced-acceptance drafter, then the benchmark with
-// std::chrono timing. On a GPU machine the same bench also runs with --device cuda.
+// std::chrono timing. On a GPU machine the same bench also runs with --device cuda. The FlashMap
+// drafters of `synth` (forced 100% and 0%) are checked end to end through bench and generate,
+// and the qwen3-8b preset's FlashMap shape through a dry run.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -39,6 +42,23 @@ void expect_forced_acceptance(const std::string& out) {
   ASSERT_TRUE(std::regex_search(out, m, std::regex("drafts accepted (\\d+)/(\\d+)"))) << out;
   EXPECT_EQ(m[1].str(), m[2].str()) << out;
   EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+  EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
+}
+
+// The first "(\\d+)" group of `pattern` in `out` as a number (-1 when absent).
+int64_t capture_int(const std::string& out, const std::string& pattern) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(pattern))) return -1;
+  return std::stoll(m[1].str());
+}
+
+// A forced-0% drafter: drafts were offered, none accepted, one token committed per step.
+void expect_zero_acceptance(const std::string& out) {
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("drafts accepted (\\d+)/(\\d+)"))) << out;
+  EXPECT_EQ(m[1].str(), "0") << out;
+  EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+  EXPECT_NE(out.find("acceptance length 1.00 "), std::string::npos) << out;
   EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
 }
 
@@ -131,6 +151,164 @@ TEST_F(BenchCli, BenchOnGpuWhenPresent) {
                      &out);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("decode step (pinned cuBLASLt)"), std::string::npos) << out;
+}
+
+// `blockspec synth --drafter flashmap-b16` at forced acceptance 100% and 0% (tiny preset).
+class SynthFlashMap : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = (fs::temp_directory_path() / ("bs_synth_fm_" + std::to_string(getpid()))).string();
+    for (const char* acc : {"100", "0"}) {
+      std::string out;
+      const int rc = run(bin() + " synth --preset tiny --out " + dir_ +
+                             " --drafter flashmap-b16 --acceptance " + acc,
+                         &out);
+      ASSERT_EQ(rc, 0) << out;
+    }
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    for (const char* suffix : {"", "-flashmap-b16-acc100", "-flashmap-b16-acc0"}) {
+      fs::remove_all(dir_ + suffix, ec);
+    }
+  }
+  static std::string bin() { return std::string(BS_BINARY_DIR) + "/blockspec"; }
+  static std::string drafter(int acc) { return dir_ + "-flashmap-b16-acc" + std::to_string(acc); }
+  // `blockspec bench` of the tiny target with the FlashMap drafter forced to `acc`, on the CPU.
+  static int bench(int acc, const std::string& args, std::string* out) {
+    return run(bin() + " bench --model " + dir_ + " --drafter " + drafter(acc) +
+                   " --device cpu --threads 2 --copy-mb 16 --context 40 --iters 2 --warmup 1 " +
+                   args,
+               out);
+  }
+  static std::string dir_;
+};
+std::string SynthFlashMap::dir_;
+
+TEST_F(SynthFlashMap, FullAcceptanceWithNoiseForOneAndTwoJumps) {
+  // Noise on (scale 1, the default); 1 jump runs the folded path, 2 jumps the exact one.
+  for (const char* steps : {"1", "2"}) {
+    SCOPED_TRACE(std::string("jumps ") + steps);
+    std::string out;
+    ASSERT_EQ(bench(100, std::string("--gen-tokens 64 --flashmap-steps ") + steps, &out), 0) << out;
+    // Every step of the timed parts ran with FlashMap's shapes: 16 drafts, 17 verify rows.
+    EXPECT_NE(out.find("verify step (17 rows, taps)"), std::string::npos) << out;
+    EXPECT_NE(out.find("context update (17 positions)"), std::string::npos) << out;
+    EXPECT_NE(out.find("draft step (16 drafts)"), std::string::npos) << out;
+    expect_forced_acceptance(out);
+    // 64 tokens in full blocks of 17: several steps, every one accepting all 16 drafts.
+    EXPECT_GE(capture_int(out, "over (\\d+) steps"), 3) << out;
+    EXPECT_GE(capture_int(out, "drafts accepted (\\d+)/"), 48) << out;
+  }
+}
+
+TEST_F(SynthFlashMap, FullAcceptanceInABatch) {
+  std::string out;
+  ASSERT_EQ(bench(100, "--batch 2 --gen-tokens 40 --flashmap-steps 2", &out), 0) << out;
+  EXPECT_NE(out.find("batch verify step (2 sequences x 17 rows"), std::string::npos) << out;
+  EXPECT_NE(out.find("generate (speculative, batch 2): 80 tokens"), std::string::npos) << out;
+  expect_forced_acceptance(out);
+}
+
+TEST_F(SynthFlashMap, ZeroAcceptanceWithNoiseForOneAndTwoJumps) {
+  for (const char* args : {"--flashmap-steps 1", "--flashmap-steps 2 --flashmap-noise-scale 3"}) {
+    SCOPED_TRACE(args);
+    std::string out;
+    ASSERT_EQ(bench(0, std::string("--gen-tokens 24 ") + args, &out), 0) << out;
+    expect_zero_acceptance(out);
+    EXPECT_EQ(capture_int(out, "over (\\d+) steps"), 23) << out;  // the first token: prefill
+  }
+}
+
+TEST_F(SynthFlashMap, GenerateEqualsPlainOutput) {
+  // The synthetic target ships a tokenizer: generate prints the forced token's text.
+  std::string plain;
+  ASSERT_EQ(run(bin() + " generate --model " + dir_ +
+                    " --no-drafter --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                &plain),
+            0)
+      << plain;
+  const std::string text = plain.substr(0, plain.find('\n'));
+  EXPECT_NE(text.find("<|favoured|><|favoured|>"), std::string::npos) << plain;
+  for (int acc : {100, 0}) {
+    SCOPED_TRACE(acc);
+    std::string out;
+    ASSERT_EQ(run(bin() + " generate --model " + dir_ + " --drafter " + drafter(acc) +
+                      " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40 --seed 7 "
+                      "--flashmap-steps 2",
+                  &out),
+              0)
+        << out;
+    EXPECT_EQ(out.substr(0, out.find('\n')), text) << out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
+    EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+    EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
+  }
+}
+
+TEST_F(SynthFlashMap, FullAndZeroAcceptanceOnGpuWhenPresent) {
+  auto be = make_backend("cuda");
+  if (!be.ok()) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+  be->reset();
+  for (int acc : {100, 0}) {
+    SCOPED_TRACE(acc);
+    std::string out;
+    ASSERT_EQ(run(bin() + " bench --model " + dir_ + " --drafter " + drafter(acc) +
+                      " --device cuda --context 48 --iters 3 --warmup 1 --gen-tokens 40 "
+                      "--copy-mb 64 --gemv auto --flashmap-steps " +
+                      (acc ? "1" : "2"),
+                  &out),
+              0)
+        << out;
+    if (acc == 100) {
+      expect_forced_acceptance(out);
+    } else {
+      expect_zero_acceptance(out);
+    }
+  }
+}
+
+TEST_F(SynthFlashMap, Qwen3_8bShapeInADryRun) {
+  const std::string out_dir = dir_ + "-q8";
+  std::string out;
+  ASSERT_EQ(run(bin() + " synth --preset qwen3-8b --out " + out_dir +
+                    " --drafter flashmap-b16 --acceptance 0 --dry-run",
+                &out),
+            0)
+      << out;
+  EXPECT_FALSE(fs::exists(out_dir)) << "a dry run writes nothing";
+  EXPECT_FALSE(fs::exists(out_dir + "-flashmap-b16-acc0"));
+  // Qwen3-8B itself: 8.19B parameters (untied LM head).
+  const int64_t target = capture_int(out, "preset qwen3-8b.*: \\d+ tensors, (\\d+) parameters");
+  EXPECT_GT(target, 8'150'000'000) << out;
+  EXPECT_LT(target, 8'250'000'000) << out;
+  // The drafter: ~500M like j-shen/FlashMap-Qwen3-8B (docs/FLASHMAP.md, "Synthetic checkpoints").
+  const int64_t params =
+      capture_int(out, "flashmap-b16, forced acceptance 0%\\): \\d+ tensors, (\\d+) parameters");
+  EXPECT_GT(params, 490'000'000) << out;
+  EXPECT_LT(params, 510'000'000) << out;
+  const size_t at = out.find("drafter config: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const auto cfg = nlohmann::json::parse(out.substr(at + 16, out.find('\n', at) - at - 16));
+  EXPECT_EQ(cfg["architectures"][0], "FlashMapDraftModel");
+  EXPECT_EQ(cfg["hidden_size"], 2048);
+  EXPECT_EQ(cfg["target_hidden_size"], 4096);
+  EXPECT_EQ(cfg["num_hidden_layers"], 6);
+  EXPECT_EQ(cfg["num_attention_heads"], 16);
+  EXPECT_EQ(cfg["head_dim"], 128);
+  EXPECT_EQ(cfg["intermediate_size"], 8192);
+  EXPECT_EQ(cfg["timestep_embed_dim"], 256);
+  EXPECT_EQ(cfg["block_size"], 16);
+  EXPECT_EQ(cfg["vocab_size"], 151936);
+  EXPECT_EQ(cfg["eagle_aux_hidden_state_layer_ids"], nlohmann::json({2, 10, 18, 26, 34}));
+  EXPECT_EQ(cfg["num_steps"], 1);
+}
+
+TEST_F(SynthFlashMap, UnknownDrafterNamesTheKnownOnes) {
+  std::string out;
+  EXPECT_NE(run(bin() + " synth --preset tiny --out " + dir_ + "-x --drafter dspark", &out), 0);
+  EXPECT_NE(out.find("dflash-b16, flashmap-b16"), std::string::npos) << out;
 }
 
 }  // namespace
