@@ -219,6 +219,23 @@ class Backend {
   //   r       = sqrt(-2 ln u1), computed in double; column c even: r cos(2π u2), odd: r sin(2π u2)
   virtual void seeded_normal(const Tensor& out, const Tensor& positions, uint64_t seed,
                              uint32_t stream, float scale) = 0;
+
+  // ---- Speculative decoding on the device: greedy acceptance (engine/speculative_sequence.cc)
+  // ---- accept_greedy (engine/speculative_accept.h) for S verify blocks at once, so that a greedy
+  // speculative step reads back only this op's small result. Block s is rows
+  // [offsets[s], offsets[s + 1]) of
+  //   tokens      I32 [rows]: the verified tokens, the anchor then the drafts d_1 .. d_k
+  //               (k = offsets[s + 1] - offsets[s] - 1 >= 0)
+  //   target_ids  I32 [rows]: the target's argmax of each verify row (row i predicts the token
+  //               after [anchor, d_1 .. d_i])
+  // with offsets I32 [S + 1] non-decreasing from 0. Block s's result is row s of
+  // out I32 [S, width] (width >= k + 2 for every block):
+  //   out[s, 0] = a, the length of the longest prefix with d_{i+1} == target_ids[i] (0 .. k)
+  //   out[s, 1] = next = target_ids[a] (the bonus, or the correction at the first rejection)
+  //   out[s, 2 .. k + 1] = d_1 .. d_k, out[s, k + 2 ..] = 0.
+  // The step commits d_1 .. d_a and then next; the rejected drafts come along for the record.
+  virtual void greedy_accept(const Tensor& out, const Tensor& tokens, const Tensor& target_ids,
+                             const Tensor& offsets) = 0;
 };
 
 // The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number

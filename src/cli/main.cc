@@ -132,8 +132,8 @@ int run_generate(const GenerateArgs& a) {
   if (drafter) {
     fmt::print(stderr,
                "[{} drafter: acceptance length {:.2f} over {} steps, {}/{} drafts accepted; "
-               "per-position acceptance {}; time draft {:.1f} ms, verify {:.1f} ms, context "
-               "{:.1f} ms]\n",
+               "per-position acceptance {}; host time draft {:.1f} ms, verify + read-back "
+               "{:.1f} ms, context {:.1f} ms]\n",
                drafter->family(), st.acceptance_length(), st.steps, st.accepted, st.drafted,
                percent_list(st), st.draft_seconds * 1e3, st.verify_seconds * 1e3,
                st.observe_seconds * 1e3);

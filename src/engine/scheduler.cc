@@ -57,67 +57,11 @@ struct Request {
   bool done() const { return plain ? plain->done() : (!spec || spec->done()); }
   // Prompt tokens its prefill has still to feed.
   int64_t prompt_left() const { return plain ? plain->prompt_left() : spec->prompt_left(); }
-  // Begins the sequence's next step (a speculative one without proposing: the scheduler proposes
-  // for all at once); false when it is over.
-  Result<bool> begin_step() { return plain ? plain->begin_step() : spec->begin_step(false); }
+  // Begins the sequence's next step; false when it is over.
+  Result<bool> begin_step() { return plain ? plain->begin_step() : spec->begin_step(); }
 };
 
 using Requests = std::vector<std::unique_ptr<Request>>;
-
-// The drafts of every sequence that wants some: one Drafter::propose_batch when the drafter has
-// a batched pass (rows [i * nd, i * nd + k_i) are sequence i's), else one propose per sequence.
-// Either way each sequence gets its own propose's drafts.
-Status propose_all(Drafter& drafter, KvPool& draft_kv, const Requests& running, bool* batched) {
-  std::vector<detail::SpeculativeSequence*> wanting;
-  std::vector<ProposeRequest> reqs;
-  for (const auto& r : running) {
-    if (r->spec->drafts_wanted() == 0) continue;
-    wanting.push_back(r->spec.get());
-    reqs.push_back(r->spec->propose_request());
-  }
-  if (wanting.empty()) return Status::Ok();
-  const auto t = Clock::now();
-  if (*batched && wanting.size() > 1) {
-    Tensor logits;
-    const Status st = drafter.propose_batch(draft_kv, reqs, &logits);
-    if (st.ok()) {
-      const int64_t nd = logits.dim(0) / static_cast<int64_t>(wanting.size());
-      const double seconds = seconds_since(t);
-      for (size_t r = 0; r < wanting.size(); ++r) {
-        wanting[r]->take_drafts(logits.rows(static_cast<int64_t>(r) * nd, nd), seconds);
-      }
-      return Status::Ok();
-    }
-    if (st.code() != StatusCode::kUnimplemented) return st;
-    *batched = false;
-  }
-  for (size_t r = 0; r < wanting.size(); ++r) {
-    const auto tr = Clock::now();
-    Tensor logits;
-    BS_RETURN_IF_ERROR(drafter.propose(draft_kv, reqs[r], &logits));
-    wanting[r]->take_drafts(logits, seconds_since(tr));
-  }
-  return Status::Ok();
-}
-
-// The drafter's context updates of the step (each left pending by its accept), in one
-// Drafter::observe_batch.
-Status observe_all(Drafter& drafter, KvPool& draft_kv, Backend& backend, const Requests& running) {
-  std::vector<detail::SpeculativeSequence*> pending;
-  std::vector<ObserveRequest> reqs;
-  for (const auto& r : running) {
-    if (!r->spec->pending_observe()) continue;
-    pending.push_back(r->spec.get());
-    reqs.push_back(*r->spec->pending_observe());
-  }
-  if (pending.empty()) return Status::Ok();
-  const auto t = Clock::now();
-  BS_RETURN_IF_ERROR(drafter.observe_batch(draft_kv, reqs));
-  backend.synchronize();
-  const double seconds = seconds_since(t);
-  for (detail::SpeculativeSequence* seq : pending) seq->observed(seconds);
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -160,17 +104,17 @@ struct Scheduler::Impl {
   std::optional<detail::SpeculativeRun> spec;  // with a drafter: both pools, the allocator
   KvPool pool;                                 // without: the target's pool
   std::optional<BlockAllocator> allocator;     // and its allocator
-  Tensor ids;  // I32 [max_num_seqs * (max drafts + 1)]: device argmax of a step's logit rows
+  Tensor ids;  // I32 [max_num_seqs]: device argmax of a plain step's logit rows
   std::deque<std::unique_ptr<Request>> waiting;
   std::deque<std::unique_ptr<Request>> prefilling;  // admitted, prompt partly cached, FIFO
   Requests running;                                 // each with its next step begun
   int64_t reserved = 0;                             // blocks of the admitted requests' worst cases
-  bool batched_propose = true;                      // until the drafter says it has no batched pass
-  // Step scratch.
+  // Plain step scratch.
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
   std::vector<int32_t> argmax;
   std::vector<float> host_logits;
+  std::vector<detail::SpeculativeSequence*> seqs;  // speculative step: the running sequences
 };
 
 Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options)
@@ -186,11 +130,10 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
       drafter ? detail::speculative_blocks(*drafter, 0, {.max_tokens = window}, window)
               : (window + kKvBlockSize - 1) / kKvBlockSize;
   num_blocks = options.kv_blocks > 0 ? options.kv_blocks : max_num_seqs * per_window;
-  const int64_t rows_per_seq = drafter ? drafter->max_drafts() + 1 : 1;
-  ids = target.backend().empty({max_num_seqs * rows_per_seq}, DType::kI32);
   if (drafter) {
-    spec.emplace(target, *drafter, num_blocks);
+    spec.emplace(target, *drafter, num_blocks, max_num_seqs);
   } else {
+    ids = target.backend().empty({max_num_seqs}, DType::kI32);
     pool = target.make_kv_pool(num_blocks);
     allocator.emplace(num_blocks);
   }
@@ -331,24 +274,9 @@ Status Scheduler::Impl::step_plain() {
 }
 
 Status Scheduler::Impl::step_speculative() {
-  BS_RETURN_IF_ERROR(propose_all(*drafter, spec->draft_kv, running, &batched_propose));
-  reqs.clear();
-  for (const auto& r : running) reqs.push_back(r->spec->verify_request());
-  const auto t = Clock::now();
-  BS_RETURN_IF_ERROR(target.forward_batch(reqs, spec->target_kv, &res));
-  read_rows(res.logits);
-  const double verify_s = seconds_since(t);
-  // Sequence i's logit rows follow those of sequences 0..i-1 (BatchForwardResult::logits).
-  size_t row = 0;
-  for (size_t i = 0; i < running.size(); ++i) {
-    Request& r = *running[i];
-    const size_t n = static_cast<size_t>(r.spec->verify_rows());
-    BS_RETURN_IF_ERROR(r.spec->accept(res.seqs[i].taps, argmax_rows(row, n), logit_rows(row, n),
-                                      /*observe_now=*/false));
-    r.stats.verify_seconds += verify_s;  // the whole batch's verify
-    row += n;
-  }
-  return observe_all(*drafter, spec->draft_kv, target.backend(), running);
+  seqs.clear();
+  for (const auto& r : running) seqs.push_back(r->spec.get());
+  return detail::speculative_step(*spec, seqs);
 }
 
 void Scheduler::Impl::begin_next_steps() {

@@ -8,6 +8,9 @@
 //             accept   the longest accepted prefix d_1..d_a plus one target token (bonus or
 //                      correction); roll the target KV back to s+a+1 (anchor + accepted drafts)
 //             observe  the drafter turns taps rows 0..a (positions s..s+a) into context K/V
+// Greedy (without logprobs), drafts, verify input, target argmax and acceptance stay on the
+// device; the host reads back one small result per step ([a, next, drafts], Backend::
+// greedy_accept) and launches the observe after it (detail::speculative_step).
 //
 // k = min(draft budget, max_tokens left - 1, context room) so that the output stops exactly where
 // generate_plain stops: stop tokens (included, nothing after them), max_tokens, the context window
@@ -56,27 +59,18 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
       detail::speculative_blocks(drafter, static_cast<int64_t>(prompt.size()), options,
                                  max_context));
   detail::SpeculativeSequence seq(run, options, prompt, on_token, on_logprobs, st);
-  Backend& backend = target.backend();
 
   // ---- Prefill: the prompt, its taps observed by the drafter, the first token. ----
   BS_RETURN_IF_ERROR(seq.prefill());
   st.prefill_seconds = seconds_since(t0);
   t0 = Clock::now();
 
-  // ---- Decode steps: propose (in begin_step), verify, accept + observe. ----
-  ForwardResult res;
-  std::vector<int32_t> target_argmax;
-  std::vector<float> logits;
+  // ---- Decode steps: propose, verify, accept, observe (detail::speculative_step). ----
+  detail::SpeculativeSequence* const seqs[] = {&seq};
   while (true) {
     BS_ASSIGN_OR_RETURN(const bool stepping, seq.begin_step());
     if (!stepping) break;
-    const auto t = Clock::now();
-    BS_RETURN_IF_ERROR(target.forward(seq.verify_request(), run.target_kv, &res));
-    detail::read_logit_rows(backend, res.logits, options.sampling.greedy(), seq.wants_logits(),
-                            run.argmax_ids, &target_argmax, &logits);
-    const double verify_s = seconds_since(t);
-    BS_RETURN_IF_ERROR(seq.accept(res.taps, target_argmax, logits));
-    st.verify_seconds += verify_s;
+    BS_RETURN_IF_ERROR(detail::speculative_step(run, seqs));
 
     if (trace.is_open()) {
       const detail::SpeculativeStep& step = seq.last_step();
@@ -88,7 +82,7 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
           {"accepted", step.accepted},
           {"bonus", step.next},
           {"draft_ms", step.draft_seconds * 1e3},
-          {"verify_ms", verify_s * 1e3},
+          {"verify_ms", step.verify_seconds * 1e3},
           {"observe_ms", step.observe_seconds * 1e3}};
       trace << line.dump() << '\n';
     }

@@ -27,14 +27,32 @@ int64_t speculative_blocks(const Drafter& drafter, int64_t prompt_tokens,
   return (reach + drafter.block_size() + kKvBlockSize - 1) / kKvBlockSize;
 }
 
-SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks)
+namespace {
+
+// Verify rows per sequence the step buffers hold.
+int64_t rows_per_sequence(const Drafter& drafter) {
+  return std::max(drafter.block_size(), drafter.max_drafts()) + 1;
+}
+
+}  // namespace
+
+SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks,
+                               int64_t max_seqs)
     : target(target),
       drafter(drafter),
       target_kv(target.make_kv_pool(num_blocks)),
       draft_kv(drafter.make_kv_pool(num_blocks)),
       allocator(num_blocks),
-      argmax_ids(target.backend().empty({std::max(drafter.block_size(), drafter.max_drafts()) + 1},
-                                        DType::kI32)) {}
+      max_seqs(max_seqs) {
+  BS_CHECK(max_seqs >= 1);
+  Backend& backend = target.backend();
+  const int64_t rows = max_seqs * rows_per_sequence(drafter);
+  argmax_ids = backend.empty({rows}, DType::kI32);
+  verify_tokens = backend.empty({rows}, DType::kI32);
+  target_ids = backend.empty({rows}, DType::kI32);
+  offsets = backend.empty({max_seqs + 1}, DType::kI32);
+  accepted = backend.empty({max_seqs, rows_per_sequence(drafter) + 1}, DType::kI32);
+}
 
 SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
                                          std::span<const int32_t> prompt,
@@ -53,7 +71,6 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
 Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
   const auto t = Clock::now();
   BS_RETURN_IF_ERROR(run_.drafter.observe(run_.draft_kv, kv_.block_table(), taps, start));
-  run_.target.backend().synchronize();
   st_.observe_seconds += seconds_since(t);
   return Status::Ok();
 }
@@ -73,14 +90,20 @@ Status SpeculativeSequence::prefill(int64_t max_tokens) {
        .tap_layers = run_.drafter.target_layers()},
       run_.target_kv, &res));
   kv_.set_length(start + n);
-  std::vector<float> logits;
-  if (last) logits = run_.target.backend().to_host_f32(res.logits);
   BS_RETURN_IF_ERROR(observe(res.taps, start));
-  if (last) done_ = out_.commit(sampler_.sample(logits), logits);
+  // The read-back of the first token's logits waits for the forward and the observe; a chunk
+  // without logits waits for them too, so that the prefill's time is its own.
+  Backend& backend = run_.target.backend();
+  if (!last) {
+    backend.synchronize();
+    return Status::Ok();
+  }
+  const std::vector<float> logits = backend.to_host_f32(res.logits);
+  done_ = out_.commit(sampler_.sample(logits), logits);
   return Status::Ok();
 }
 
-Result<bool> SpeculativeSequence::begin_step(bool propose) {
+Result<bool> SpeculativeSequence::begin_step() {
   if (done_) return false;
   const GenerateOptions& options = options_;
   if (out_.size() >= options.max_tokens) {
@@ -100,15 +123,9 @@ Result<bool> SpeculativeSequence::begin_step(bool propose) {
   BS_RETURN_IF_ERROR(kv_.reserve(s_ + std::max(B, k_ + 1)));
 
   verify_tokens_.assign(1, anchor);
+  verify_row_ = 0;
   q_.clear();
   step_ = SpeculativeStep{.anchor_pos = s_, .anchor = anchor};
-  if (propose && k_ > 0) {
-    const auto t = Clock::now();
-    Tensor dl;
-    BS_RETURN_IF_ERROR(run_.drafter.propose(run_.draft_kv, propose_request(), &dl));
-    take_drafts(dl, 0.0);
-    step_.draft_seconds = seconds_since(t);
-  }
   return true;
 }
 
@@ -120,8 +137,12 @@ ProposeRequest SpeculativeSequence::propose_request() const {
           .noise_seed = options_.sampling.seed.value_or(0)};
 }
 
-void SpeculativeSequence::take_drafts(const Tensor& draft_logits, double draft_seconds) {
+void SpeculativeSequence::take_drafts(const Tensor& draft_logits) {
   Backend& backend = run_.target.backend();
+  if (device_accept()) {
+    backend.argmax(run_.verify_tokens.rows(verify_row_ + 1, k_), draft_logits.rows(0, k_));
+    return;
+  }
   if (options_.sampling.greedy()) {
     std::vector<int32_t> drafts;
     device_argmax(backend, run_.argmax_ids, draft_logits.rows(0, k_), &drafts);
@@ -139,20 +160,21 @@ void SpeculativeSequence::take_drafts(const Tensor& draft_logits, double draft_s
     }
   }
   step_.drafts = std::span<const int32_t>(verify_tokens_).subspan(1);
-  step_.draft_seconds = draft_seconds;
 }
 
 ForwardRequest SpeculativeSequence::verify_request() const {
-  return {.tokens = verify_tokens_,
-          .start_pos = s_,
-          .block_table = kv_.block_table(),
-          .num_logits = k_ + 1,
-          .tap_layers = run_.drafter.target_layers()};
+  ForwardRequest req{.tokens = verify_tokens_,
+                     .start_pos = s_,
+                     .block_table = kv_.block_table(),
+                     .num_logits = k_ + 1,
+                     .tap_layers = run_.drafter.target_layers()};
+  if (device_accept()) req.device_tokens = run_.verify_tokens.rows(verify_row_, k_ + 1);
+  return req;
 }
 
 Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> target_argmax,
-                                   std::span<const float> target_logits, bool observe_now) {
-  kv_.set_length(s_ + k_ + 1);
+                                   std::span<const float> target_logits, double verify_seconds) {
+  BS_CHECK(!device_accept());
   const std::span<const int32_t> drafts = step_.drafts;
   AcceptResult acc;
   if (options_.sampling.greedy()) {
@@ -169,6 +191,25 @@ Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> 
     }
     acc = accept_sampled(drafts, q_, p_, vocab, sampler_);
   }
+  return commit_step(acc, taps, target_logits, verify_seconds);
+}
+
+Status SpeculativeSequence::accept_device(const Tensor& taps, std::span<const int32_t> result,
+                                          double verify_seconds) {
+  BS_CHECK(device_accept() && static_cast<int64_t>(result.size()) >= k_ + 2);
+  const AcceptResult acc{.accepted = result[0], .next = result[1]};
+  BS_CHECK(acc.accepted >= 0 && acc.accepted <= k_);
+  // The drafts, for the record (trace, last_step).
+  verify_tokens_.insert(verify_tokens_.end(), result.begin() + 2, result.begin() + 2 + k_);
+  step_.drafts = std::span<const int32_t>(verify_tokens_).subspan(1);
+  return commit_step(acc, taps, {}, verify_seconds);
+}
+
+Status SpeculativeSequence::commit_step(const AcceptResult& acc, const Tensor& taps,
+                                        std::span<const float> target_logits,
+                                        double verify_seconds) {
+  kv_.set_length(s_ + k_ + 1);
+  const std::span<const int32_t> drafts = step_.drafts;
   const int64_t a = acc.accepted;
   ++st_.steps;
   st_.drafted += k_;
@@ -188,21 +229,153 @@ Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> 
   if (!done_) done_ = out_.commit(acc.next, row(a));
 
   // The drafter's context grows by positions s..s+a (taps rows 0..a of the verify pass).
-  const double observe_before = st_.observe_seconds;
   pending_observe_.reset();
   if (!done_) {
-    if (observe_now) {
-      BS_RETURN_IF_ERROR(observe(taps.rows(0, a + 1), s_));
-    } else {
-      pending_observe_ = ObserveRequest{
-          .block_table = kv_.block_table(), .taps = taps.rows(0, a + 1), .start_pos = s_};
-    }
+    pending_observe_ = ObserveRequest{
+        .block_table = kv_.block_table(), .taps = taps.rows(0, a + 1), .start_pos = s_};
   }
   step_.accepted = a;
   step_.next = acc.next;
-  step_.observe_seconds = st_.observe_seconds - observe_before;
+  step_.verify_seconds = verify_seconds;
   st_.draft_seconds += step_.draft_seconds;
+  st_.verify_seconds += verify_seconds;
   return Status::Ok();
+}
+
+namespace {
+
+// The drafts of every sequence that wants some: one Drafter::propose_batch when the drafter has
+// a batched pass (rows [i * nd, i * nd + k_i) are sequence i's), else one propose per sequence.
+// Either way each sequence gets its own propose's drafts, taken before the next propose reuses
+// the drafter's scratch.
+Status propose_all(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
+  std::vector<SpeculativeSequence*> wanting;
+  std::vector<ProposeRequest> reqs;
+  for (SpeculativeSequence* seq : seqs) {
+    if (seq->drafts_wanted() == 0) continue;
+    wanting.push_back(seq);
+    reqs.push_back(seq->propose_request());
+  }
+  if (wanting.empty()) return Status::Ok();
+  const auto t = Clock::now();
+  if (run.batched_propose && wanting.size() > 1) {
+    Tensor logits;
+    const Status st = run.drafter.propose_batch(run.draft_kv, reqs, &logits);
+    if (st.ok()) {
+      const int64_t nd = logits.dim(0) / static_cast<int64_t>(wanting.size());
+      for (size_t r = 0; r < wanting.size(); ++r) {
+        wanting[r]->take_drafts(logits.rows(static_cast<int64_t>(r) * nd, nd));
+      }
+      const double seconds = seconds_since(t);  // the batch's drafts, issued
+      for (SpeculativeSequence* seq : wanting) seq->take_draft_seconds(seconds);
+      return Status::Ok();
+    }
+    if (st.code() != StatusCode::kUnimplemented) return st;
+    run.batched_propose = false;
+  }
+  for (size_t r = 0; r < wanting.size(); ++r) {
+    const auto tr = Clock::now();
+    Tensor logits;
+    BS_RETURN_IF_ERROR(run.drafter.propose(run.draft_kv, reqs[r], &logits));
+    wanting[r]->take_drafts(logits);
+    wanting[r]->take_draft_seconds(seconds_since(tr));
+  }
+  return Status::Ok();
+}
+
+// The drafter's context updates of the step (each left pending by its accept), in one
+// Drafter::observe_batch, launched without waiting for it: the next step's read-back does.
+Status observe_all(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
+  std::vector<SpeculativeSequence*> pending;
+  std::vector<ObserveRequest> reqs;
+  for (SpeculativeSequence* seq : seqs) {
+    if (!seq->pending_observe()) continue;
+    pending.push_back(seq);
+    reqs.push_back(*seq->pending_observe());
+  }
+  if (pending.empty()) return Status::Ok();
+  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(run.drafter.observe_batch(run.draft_kv, reqs));
+  const double seconds = seconds_since(t);
+  for (SpeculativeSequence* seq : pending) seq->observed(seconds);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
+  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
+  BS_CHECK(num_seqs >= 1 && num_seqs <= run.max_seqs);
+  Backend& backend = run.target.backend();
+
+  // Block i of the step is rows [offsets[i], offsets[i + 1]) of the verify forward (its logit
+  // rows too) and of run.verify_tokens.
+  std::vector<int32_t>& offsets = run.offsets_host;
+  offsets.assign(1, 0);
+  bool any_device = false, any_host = false, host_greedy = false;
+  for (SpeculativeSequence* seq : seqs) {
+    offsets.push_back(offsets.back() + static_cast<int32_t>(seq->verify_rows()));
+    any_device |= seq->device_accept();
+    any_host |= !seq->device_accept();
+    host_greedy |= !seq->device_accept() && seq->greedy();
+  }
+  const int64_t rows = offsets.back();
+  if (any_device) {
+    // The anchors and the block boundaries go up with the step's other uploads; the drafts are
+    // argmaxed in next to the anchors on the device (take_drafts).
+    run.tokens_host.assign(static_cast<size_t>(rows), 0);
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      run.tokens_host[static_cast<size_t>(offsets[i])] = seqs[i]->anchor();
+      seqs[i]->set_verify_row(offsets[i]);
+    }
+    backend.copy_from_host(run.verify_tokens.rows(0, rows), run.tokens_host.data());
+    backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
+  }
+  BS_RETURN_IF_ERROR(propose_all(run, seqs));
+
+  run.reqs.clear();
+  for (SpeculativeSequence* seq : seqs) run.reqs.push_back(seq->verify_request());
+  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(run.target.forward_batch(run.reqs, run.target_kv, &run.res));
+  const Tensor& logits = run.res.logits;  // [rows, vocab]
+  const Tensor target_ids = run.target_ids.rows(0, rows);
+  if (any_device || host_greedy) backend.argmax(target_ids, logits);
+  if (any_device) {
+    // The step's one read-back: every block's [a, next, drafts].
+    const Tensor result = run.accepted.rows(0, num_seqs);
+    backend.greedy_accept(result, run.verify_tokens.rows(0, rows), target_ids,
+                          run.offsets.rows(0, num_seqs + 1));
+    run.accepted_host.resize(static_cast<size_t>(result.numel()));
+    backend.copy_to_host(run.accepted_host.data(), result);
+  }
+  // The host path reads the target's rows: argmax ids when greedy (logprobs), logits always.
+  if (host_greedy) {
+    run.ids_host.resize(static_cast<size_t>(rows));
+    backend.copy_to_host(run.ids_host.data(), target_ids);
+  }
+  if (any_host) run.logits_host = backend.to_host_f32(logits);
+  const double verify_s = seconds_since(t);
+
+  const size_t width = static_cast<size_t>(run.accepted.dim(1));
+  const size_t vocab = static_cast<size_t>(run.target.config().vocab_size);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    SpeculativeSequence& seq = *seqs[i];
+    const Tensor& taps = run.res.seqs[static_cast<size_t>(i)].taps;
+    if (seq.device_accept()) {
+      BS_RETURN_IF_ERROR(seq.accept_device(
+          taps, std::span(run.accepted_host).subspan(static_cast<size_t>(i) * width, width),
+          verify_s));
+      continue;
+    }
+    const size_t row = static_cast<size_t>(offsets[i]), n = static_cast<size_t>(seq.verify_rows());
+    const std::span<const int32_t> ids =
+        seq.greedy() ? std::span<const int32_t>(run.ids_host).subspan(row, n)
+                     : std::span<const int32_t>();
+    BS_RETURN_IF_ERROR(seq.accept(
+        taps, ids, std::span<const float>(run.logits_host).subspan(row * vocab, n * vocab),
+        verify_s));
+  }
+  return observe_all(run, seqs);
 }
 
 }  // namespace bs::detail

@@ -20,6 +20,15 @@ struct ForwardRequest {
   std::span<const int32_t> block_table;  // the sequence's KV blocks covering [0, start_pos + n)
   int64_t num_logits = 1;                // logits for the last num_logits rows (0: none)
   std::span<const int> tap_layers;       // residual stream after these layers (0-based)
+  // I32 [n] on the model's backend, or undefined: the n tokens are already on the device (e.g.
+  // drafts argmaxed there). The forward then copies them into its input on the device instead
+  // of uploading `tokens` (ignored; n = device_tokens.numel()). Their ids are not checked on the
+  // host: they must lie in [0, vocab).
+  Tensor device_tokens;
+
+  int64_t size() const {  // n
+    return device_tokens.defined() ? device_tokens.numel() : static_cast<int64_t>(tokens.size());
+  }
 };
 
 struct ForwardResult {

@@ -145,7 +145,7 @@ class DecoderLM final : public CausalLM {
                       reqs[0].tap_layers.begin(), reqs[0].tap_layers.end())) {
         return InvalidArgument("forward: the sequences of a batch must tap the same layers");
       }
-      rows += static_cast<int64_t>(reqs[r].tokens.size());
+      rows += reqs[r].size();
       logit_rows += reqs[r].num_logits;
       table_blocks = std::max(table_blocks, static_cast<int64_t>(reqs[r].block_table.size()));
     }
@@ -156,18 +156,23 @@ class DecoderLM final : public CausalLM {
 
     // Host-side index tensors for this step, uploaded before the captured layer stack: rows of
     // all sequences back to back; per sequence its block table row and KV length; the rows
-    // whose logits are wanted (the last num_logits rows of each sequence).
+    // whose logits are wanted (the last num_logits rows of each sequence). Tokens already on the
+    // device are copied into the ids on the device after the upload (a zero stands in for them
+    // in the host ids), outside the captured stack like the uploads.
     ids_host_.clear();
     positions_host_.clear();
     slots_host_.clear();
     logit_rows_host_.clear();
     kv_len_host_.clear();
     std::string shape;  // rows / logits per sequence, part of the capture key
+    bool host_ids = false;
     for (const ForwardRequest& req : reqs) {
-      const int64_t n = static_cast<int64_t>(req.tokens.size()), first = ids_host_.size();
+      const int64_t n = req.size(), first = ids_host_.size();
+      const bool on_device = req.device_tokens.defined();
+      host_ids |= !on_device;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t pos = req.start_pos + i;
-        ids_host_.push_back(req.tokens[i]);
+        ids_host_.push_back(on_device ? 0 : req.tokens[i]);
         positions_host_.push_back(static_cast<int32_t>(pos));
         slots_host_.push_back(static_cast<int32_t>(
             req.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size));
@@ -178,7 +183,12 @@ class DecoderLM final : public CausalLM {
       kv_len_host_.push_back(static_cast<int32_t>(req.start_pos + n));
       shape += fmt::format("{}/{},", n, req.num_logits);
     }
-    backend_.copy_from_host(s_.ids.rows(0, rows), ids_host_.data());
+    if (host_ids) backend_.copy_from_host(s_.ids.rows(0, rows), ids_host_.data());
+    for (int64_t r = 0, row = 0; r < num_seqs; row += reqs[r].size(), ++r) {
+      if (reqs[r].device_tokens.defined()) {
+        backend_.copy(s_.ids.rows(row, reqs[r].size()), reqs[r].device_tokens);
+      }
+    }
     backend_.copy_from_host(s_.positions.rows(0, rows), positions_host_.data());
     backend_.copy_from_host(s_.slots.rows(0, rows), slots_host_.data());
     if (num_seqs > 1 && logit_rows > 0) {
@@ -202,7 +212,7 @@ class DecoderLM final : public CausalLM {
     out->logits = logit_rows > 0 ? s_.logits.rows(0, logit_rows) : Tensor();
     int64_t row = 0, logit_row = 0;
     for (size_t r = 0; r < reqs.size(); ++r) {
-      const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
+      const int64_t n = reqs[r].size();
       out->seqs[r].taps = tap_cols ? s_.taps.rows(row, n) : Tensor();
       out->seqs[r].logits =
           reqs[r].num_logits > 0 ? s_.logits.rows(logit_row, reqs[r].num_logits) : Tensor();
@@ -217,12 +227,18 @@ class DecoderLM final : public CausalLM {
 
   Status validate(const ForwardRequest& req, const KvPool& kv) const {
     const auto& c = config_;
-    const int64_t n = static_cast<int64_t>(req.tokens.size());
+    const int64_t n = req.size();
     if (n == 0) return InvalidArgument("forward: no tokens");
+    if (req.device_tokens.defined() &&
+        (req.device_tokens.dtype() != DType::kI32 || req.device_tokens.ndim() != 1 ||
+         req.device_tokens.device() != backend_.device())) {
+      return InvalidArgument("forward: device_tokens must be an I32 [n] tensor on the {} backend",
+                             backend_.name());
+    }
     if (req.num_logits < 0 || req.num_logits > n) {
       return InvalidArgument("forward: num_logits {} out of range [0, {}]", req.num_logits, n);
     }
-    for (int32_t t : req.tokens) {
+    for (int32_t t : req.device_tokens.defined() ? std::span<const int32_t>() : req.tokens) {
       if (t < 0 || t >= c.vocab_size) {
         return InvalidArgument("token id {} out of range [0, {})", t, c.vocab_size);
       }
@@ -270,7 +286,7 @@ class DecoderLM final : public CausalLM {
     // call for the whole batch, each row bit-identical to its per-sequence call.
     const bool batched_attention =
         num_seqs > 1 && std::all_of(reqs.begin(), reqs.end(), [&](const ForwardRequest& req) {
-          return req.tokens.size() == reqs[0].tokens.size();
+          return req.size() == reqs[0].size();
         });
     const Tensor all_tables = s_.block_table.rows(0, num_seqs);  // [num_seqs, capacity]
     const Tensor all_kv_lens = s_.kv_len.rows(0, num_seqs);      // [num_seqs]
@@ -291,8 +307,8 @@ class DecoderLM final : public CausalLM {
       } else {
         backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
                                     attention_scaling_, kv.k[li], kv.v[li], slot_t);
-        for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].tokens.size(), ++r) {
-          const int64_t n = static_cast<int64_t>(reqs[r].tokens.size());
+        for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].size(), ++r) {
+          const int64_t n = reqs[r].size();
           const int64_t r0 = static_cast<int64_t>(row);
           backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
                                    KvLength(max_kv_len, &kv_lens[r]), causal, scale);

@@ -1,8 +1,8 @@
 // Whole models on the CUDA backend against the CPU reference: logits of stories260K and of the
 // tiny goldens' checkpoints (bf16 tolerance), greedy decoding of stories260K from BOS, drafter
-// proposals, and greedy speculative decoding (single and batched) on the GPU == plain decoding on
-// the GPU. Skipped
-// without a GPU; drafter checks are skipped when their test data or family is absent.
+// proposals, and greedy speculative decoding (single and batched, DFlash and FlashMap) on the GPU
+// == plain decoding on the GPU, reading back from the GPU once per step. Skipped without a GPU;
+// drafter checks are skipped when their test data or family is absent.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "counting_backend.h"
 #include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "models/drafter.h"
@@ -198,34 +199,71 @@ TEST_F(CudaModels, BatchedGenerationMatchesPerPromptOnGpu) {
 }
 
 TEST_F(CudaModels, BatchedSpeculativeMatchesPerPromptOnGpu) {
-  // Batched speculative decoding on the GPU with the shipped DFlash drafter: 3 sequences of at
-  // most 5 verify rows keep every batched forward within the 16 rows where matmuls are pinned,
-  // so each sequence equals its own generate_speculative and generate_plain on the GPU.
+  // Batched speculative decoding on the GPU with the shipped drafters (DFlash: one batched
+  // propose; FlashMap: one propose per sequence): 3 sequences of at most 5 verify rows keep every
+  // batched forward within the 16 rows where matmuls are pinned, so each sequence equals its own
+  // generate_speculative and generate_plain on the GPU. Greedy: the drafts, the verify input and
+  // the acceptance stay on the GPU (speculative_step's device path).
   auto g = load_target(kStories, *gpu_);
   ASSERT_TRUE(g.ok()) << g.status().message();
-  auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash", **g, {});
-  ASSERT_TRUE(d.ok()) << d.status().message();
-  const std::vector<std::vector<int32_t>> prompts = {
-      {1}, {1, 403, 407, 261, 378}, {1, 291, 376, 400, 428, 261, 297}};
-  GenerateOptions o;
-  o.max_tokens = 60;
-  o.stop_ids = {2};
-  o.draft_tokens = 4;
-  std::vector<GenerateStats> stats;
-  auto batch = generate_speculative_batch(**g, **d, prompts, o, &stats);
-  ASSERT_TRUE(batch.ok()) << batch.status().message();
-  int64_t accepted = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerateStats alone_stats;
-    auto alone = generate_speculative(**g, **d, prompts[i], o, nullptr, &alone_stats);
-    auto plain = generate_plain(**g, prompts[i], o, nullptr, nullptr);
-    ASSERT_TRUE(alone.ok() && plain.ok());
-    EXPECT_EQ((*batch)[i], *alone) << "prompt " << i;
-    EXPECT_EQ((*batch)[i], *plain) << "prompt " << i;
-    EXPECT_EQ(stats[i].accepted, alone_stats.accepted) << "prompt " << i;
-    accepted += stats[i].accepted;
+  for (const char* name : {"stories260K-dflash", "stories260K-flashmap"}) {
+    auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/" + name, **g, {});
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    const std::vector<std::vector<int32_t>> prompts = {
+        {1}, {1, 403, 407, 261, 378}, {1, 291, 376, 400, 428, 261, 297}};
+    GenerateOptions o;
+    o.max_tokens = 60;
+    o.stop_ids = {2};
+    o.draft_tokens = 4;
+    std::vector<GenerateStats> stats;
+    auto batch = generate_speculative_batch(**g, **d, prompts, o, &stats);
+    ASSERT_TRUE(batch.ok()) << batch.status().message();
+    int64_t accepted = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerateStats alone_stats;
+      auto alone = generate_speculative(**g, **d, prompts[i], o, nullptr, &alone_stats);
+      auto plain = generate_plain(**g, prompts[i], o, nullptr, nullptr);
+      ASSERT_TRUE(alone.ok() && plain.ok());
+      EXPECT_EQ((*batch)[i], *alone) << name << " prompt " << i;
+      EXPECT_EQ((*batch)[i], *plain) << name << " prompt " << i;
+      EXPECT_EQ(stats[i].accepted, alone_stats.accepted) << name << " prompt " << i;
+      accepted += stats[i].accepted;
+    }
+    EXPECT_GT(accepted, 10) << name;  // trained drafters: real multi-row verifies
   }
-  EXPECT_GT(accepted, 10);  // the trained drafter's drafts are accepted: real multi-row verifies
+}
+
+TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
+  // The models run on a decorator of the CUDA backend that counts device-to-host reads (graph
+  // capture included): the prefill reads its logits row, every greedy step one small result.
+  test_util::CountingBackend counting(*gpu_);
+  auto g = load_target(kStories, counting);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  for (const char* name : {"stories260K-dflash", "stories260K-flashmap"}) {
+    auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/" + name, **g, {});
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    GenerateOptions o;
+    o.max_tokens = 100;
+    const std::vector<int32_t> bos = {1};
+    auto plain = generate_plain(**g, bos, o, nullptr, nullptr);
+    ASSERT_TRUE(plain.ok());
+    counting.reset();
+    GenerateStats st;
+    auto spec = generate_speculative(**g, **d, bos, o, nullptr, &st);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    EXPECT_EQ(*spec, *plain) << name;
+    EXPECT_EQ(static_cast<int64_t>(counting.reads().size()), 1 + st.steps) << name;
+    EXPECT_EQ(counting.syncs(), 0) << name;
+
+    const std::vector<std::vector<int32_t>> prompts = {{1}, {1, 403, 407, 261, 378}};
+    o.draft_tokens = 4;
+    counting.reset();
+    std::vector<GenerateStats> stats;
+    auto batch = generate_speculative_batch(**g, **d, prompts, o, &stats);
+    ASSERT_TRUE(batch.ok()) << batch.status().message();
+    const int64_t steps = std::max(stats[0].steps, stats[1].steps);
+    EXPECT_EQ(static_cast<int64_t>(counting.reads().size()), 2 + steps) << name << " batch";
+  }
 }
 
 // Drafter data made by the drafter engineers (tests/data/<name>), against stories260K.

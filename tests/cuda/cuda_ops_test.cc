@@ -542,6 +542,42 @@ TEST_F(CudaOps, ArgmaxFirstIndexOnTies) {
   }
 }
 
+TEST_F(CudaOps, GreedyAcceptMatchesCpu) {
+  // Batches of verify blocks with 0..40 drafts (more than a warp), accepted up to a random first
+  // mismatch or entirely, into outputs wider than needed (trailing zeros) and filled with junk.
+  for (int iter = 0; iter < 50; ++iter) {
+    const int64_t seqs = 1 + iter % 17;
+    std::vector<int32_t> offsets = {0}, tokens, target;
+    int64_t width = 2;
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t k = static_cast<int64_t>(rng_() % 41);
+      const int64_t mismatch = static_cast<int64_t>(rng_() % static_cast<uint32_t>(k + 1));
+      tokens.push_back(static_cast<int32_t>(rng_() % 1000));  // the anchor
+      const size_t first = target.size();
+      for (int64_t i = 0; i <= k; ++i) target.push_back(static_cast<int32_t>(rng_() % 1000));
+      for (int64_t i = 0; i < k; ++i) {
+        const int32_t t = target[first + static_cast<size_t>(i)];
+        tokens.push_back(
+            i < mismatch ? t : (i == mismatch ? t + 1 : static_cast<int32_t>(rng_() % 1000)));
+      }
+      offsets.push_back(static_cast<int32_t>(tokens.size()));
+      width = std::max(width, k + 2);
+    }
+    width += iter % 3;
+    const std::vector<int32_t> junk(static_cast<size_t>(seqs * width), -5);
+    Tensor go = gpu_->empty({seqs, width}, DType::kI32),
+           co = cpu_->empty({seqs, width}, DType::kI32);
+    gpu_->copy_from_host(go, junk.data());
+    cpu_->copy_from_host(co, junk.data());
+    gpu_->greedy_accept(go, gpu_ints(tokens), gpu_ints(target), gpu_ints(offsets));
+    cpu_->greedy_accept(co, cpu_ints(tokens), cpu_ints(target), cpu_ints(offsets));
+    std::vector<int32_t> a(junk.size()), b(junk.size());
+    gpu_->copy_to_host(a.data(), go);
+    cpu_->copy_to_host(b.data(), co);
+    EXPECT_EQ(a, b) << "iteration " << iter;
+  }
+}
+
 TEST_F(CudaOps, SoftmaxAndNoiseCombine) {
   const int64_t rows = 4, v = 5000;
   const auto xv = rnd(rows * v, 3.0f);

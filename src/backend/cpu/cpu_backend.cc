@@ -596,6 +596,31 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // ---- Speculative decoding on the device ----
+  void greedy_accept(const Tensor& out, const Tensor& tokens, const Tensor& target_ids,
+                     const Tensor& offsets) override {
+    BS_CHECK(out.dtype() == DType::kI32 && tokens.dtype() == DType::kI32 &&
+             target_ids.dtype() == DType::kI32 && offsets.dtype() == DType::kI32);
+    const int64_t seqs = offsets.numel() - 1, width = out.dim(-1);
+    BS_CHECK(out.ndim() == 2 && seqs >= 0 && out.dim(0) == seqs);
+    const int32_t* off = offsets.as<int32_t>();
+    const int32_t *tok = tokens.as<int32_t>(), *tgt = target_ids.as<int32_t>();
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t first = off[s], k = off[s + 1] - first - 1;
+      BS_CHECK(k >= 0 && k + 2 <= width && off[s + 1] <= tokens.numel() &&
+               off[s + 1] <= target_ids.numel());
+      const int32_t* drafts = tok + first + 1;
+      const int32_t* target = tgt + first;
+      int64_t a = 0;
+      while (a < k && drafts[a] == target[a]) ++a;
+      int32_t* row = out.as<int32_t>() + s * width;
+      std::fill(row, row + width, 0);
+      row[0] = static_cast<int32_t>(a);
+      row[1] = target[a];
+      std::copy(drafts, drafts + k, row + 2);
+    }
+  }
+
  private:
   // Shared attention over the rows in key_rows_/value_rows_ (position -> kv head 0's row).
   void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,

@@ -727,6 +727,18 @@ class CudaBackend final : public Backend {
                                        stream_));
   }
 
+  // ---- Speculative decoding on the device ----
+  void greedy_accept(const Tensor& o, const Tensor& tokens, const Tensor& target_ids,
+                     const Tensor& offsets) override {
+    BS_CHECK(o.dtype() == DType::kI32 && tokens.dtype() == DType::kI32 &&
+             target_ids.dtype() == DType::kI32 && offsets.dtype() == DType::kI32);
+    const int64_t seqs = offsets.numel() - 1, width = o.dim(-1);
+    BS_CHECK(o.ndim() == 2 && seqs >= 0 && o.dim(0) == seqs && width >= 2);
+    CUDA_CHECK(bs::cuda::greedy_accept(o.as<int32_t>(), tokens.as<int32_t>(),
+                                       target_ids.as<int32_t>(), offsets.as<int32_t>(), seqs, width,
+                                       stream_));
+  }
+
  private:
   // A scratch copy of `t` in `dtype` (or `t` itself when it already has it).
   Tensor as_dtype(const Tensor& t, DType dtype) {

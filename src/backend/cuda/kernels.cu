@@ -391,6 +391,40 @@ __global__ void seeded_normal_kernel(Out out, const int32_t* positions, int64_t 
   }
 }
 
+// ---- Speculative decoding ----
+// Backend::greedy_accept: one warp per verify block s (rows [offsets[s], offsets[s + 1])).
+__global__ void greedy_accept_kernel(int32_t* out, const int32_t* tokens, const int32_t* target,
+                                     const int32_t* offsets, int64_t width) {
+  const int64_t s = blockIdx.x;
+  const int lane = static_cast<int>(threadIdx.x);
+  const int32_t first = offsets[s], k = offsets[s + 1] - first - 1;
+  const int32_t* drafts = tokens + first + 1;
+  const int32_t* tgt = target + first;
+  // a = the first i < k with drafts[i] != tgt[i] (k when there is none); the ballot is the same
+  // in every lane, so the whole warp leaves the loop together.
+  int32_t a = k;
+  for (int32_t base = 0; base < k; base += 32) {
+    const int32_t i = base + lane;
+    const unsigned miss = __ballot_sync(0xffffffffu, i < k && drafts[i] != tgt[i]);
+    if (miss != 0) {
+      a = base + __ffs(static_cast<int>(miss)) - 1;
+      break;
+    }
+  }
+  int32_t* row = out + s * width;
+  for (int64_t j = lane; j < width; j += 32) {
+    int32_t v = 0;
+    if (j == 0) {
+      v = a;
+    } else if (j == 1) {
+      v = tgt[a];
+    } else if (j - 2 < k) {
+      v = drafts[j - 2];
+    }
+    row[j] = v;
+  }
+}
+
 // ---- RoPE and KV ----
 __global__ void rope_kernel(Out x, const int32_t* positions, In inv_freq, int64_t heads, int64_t hd,
                             float scaling) {
@@ -854,6 +888,14 @@ cudaError_t seeded_normal(Out out, const int32_t* positions, int64_t n, int64_t 
   if (total <= 0) return cudaSuccess;
   seeded_normal_kernel<<<grid_for(total), kThreads, 0, s>>>(out, positions, n, d, seed, stream_id,
                                                             scale);
+  return cudaGetLastError();
+}
+
+cudaError_t greedy_accept(int32_t* out, const int32_t* tokens, const int32_t* target_ids,
+                          const int32_t* offsets, int64_t seqs, int64_t width, cudaStream_t s) {
+  if (seqs <= 0) return cudaSuccess;
+  greedy_accept_kernel<<<static_cast<unsigned>(seqs), 32, 0, s>>>(out, tokens, target_ids, offsets,
+                                                                  width);
   return cudaGetLastError();
 }
 

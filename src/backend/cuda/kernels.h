@@ -74,6 +74,13 @@ cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, i
 cudaError_t seeded_normal(Out out, const int32_t* positions, int64_t n, int64_t d, uint64_t seed,
                           uint32_t stream_id, float scale, cudaStream_t s);
 
+// ---- Speculative decoding ----
+// Backend::greedy_accept for `seqs` verify blocks (rows [offsets[s], offsets[s + 1]) of tokens
+// and target_ids): out[s, :] (width >= every k + 2) = [a, target_ids[a], d_1 .. d_k, 0 ...].
+// One warp per block.
+cudaError_t greedy_accept(int32_t* out, const int32_t* tokens, const int32_t* target_ids,
+                          const int32_t* offsets, int64_t seqs, int64_t width, cudaStream_t s);
+
 // ---- Positions and attention ----
 // In-place neox RoPE on x[n, heads, hd]: angle = float(pos) * inv_freq[i] in fp32.
 cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads, int64_t hd,

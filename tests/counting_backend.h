@@ -1,0 +1,168 @@
+// A Backend decorator for tests: forwards every call to another backend and records the
+// device-to-host reads (copy_to_host, to_host_f32) and synchronize() calls that go through it,
+// so that a test can count a step's host round trips. Models loaded on it run all their ops
+// through it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace bs::test_util {
+
+class CountingBackend final : public Backend {
+ public:
+  struct Read {
+    bool f32 = false;  // to_host_f32 (else copy_to_host)
+    DType dtype = DType::kF32;
+    int64_t numel = 0;
+  };
+
+  explicit CountingBackend(Backend& inner) : b_(inner) {}
+
+  const std::vector<Read>& reads() const { return reads_; }
+  int64_t syncs() const { return syncs_; }
+  void reset() {
+    reads_.clear();
+    syncs_ = 0;
+  }
+
+  Device device() const override { return b_.device(); }
+  std::string name() const override { return b_.name(); }
+  DType activation_dtype() const override { return b_.activation_dtype(); }
+
+  using Backend::empty;
+  Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
+    return b_.empty(shape, dtype);
+  }
+  Tensor upload_weight(DType src_dtype, const void* src,
+                       std::initializer_list<int64_t> shape) override {
+    return b_.upload_weight(src_dtype, src, shape);
+  }
+  void copy_from_host(const Tensor& dst, const void* src) override { b_.copy_from_host(dst, src); }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    reads_.push_back({.f32 = false, .dtype = src.dtype(), .numel = src.numel()});
+    b_.copy_to_host(dst, src);
+  }
+  void copy(const Tensor& dst, const Tensor& src) override { b_.copy(dst, src); }
+  void fill_zero(const Tensor& t) override { b_.fill_zero(t); }
+  void copy_columns(const Tensor& dst, int64_t col_offset, const Tensor& src) override {
+    b_.copy_columns(dst, col_offset, src);
+  }
+  std::vector<float> to_host_f32(const Tensor& t) override {
+    reads_.push_back({.f32 = true, .dtype = t.dtype(), .numel = t.numel()});
+    return b_.to_host_f32(t);
+  }
+  void synchronize() override {
+    ++syncs_;
+    b_.synchronize();
+  }
+  void run_captured(const std::string& key, const std::function<void()>& ops) override {
+    b_.run_captured(key, ops);
+  }
+
+  void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+              bool accumulate) override {
+    b_.matmul(y, x, w, bias, accumulate);
+  }
+  Fp8Weight quantize_fp8_rows(const Tensor& w) override { return b_.quantize_fp8_rows(w); }
+  void matmul_fp8(const Tensor& y, const Tensor& x, const Fp8Weight& w, bool accumulate) override {
+    b_.matmul_fp8(y, x, w, accumulate);
+  }
+  void add(const Tensor& y, const Tensor& a, const Tensor& b) override { b_.add(y, a, b); }
+  void mul(const Tensor& y, const Tensor& a, const Tensor& b) override { b_.mul(y, a, b); }
+  void rms_norm(const Tensor& y, const Tensor& x, const Tensor& w, float eps) override {
+    b_.rms_norm(y, x, w, eps);
+  }
+  void layer_norm(const Tensor& y, const Tensor& x, int64_t d, const Tensor& w, const Tensor& b,
+                  float eps) override {
+    b_.layer_norm(y, x, d, w, b, eps);
+  }
+  void modulate(const Tensor& y, const Tensor& x, const Tensor& shift,
+                const Tensor& scale) override {
+    b_.modulate(y, x, shift, scale);
+  }
+  void silu_mul(const Tensor& y, const Tensor& gate, const Tensor& up) override {
+    b_.silu_mul(y, gate, up);
+  }
+  void swiglu(const Tensor& y, const Tensor& gate_up) override { b_.swiglu(y, gate_up); }
+  void gelu(const Tensor& y, const Tensor& x, bool tanh_approx) override {
+    b_.gelu(y, x, tanh_approx);
+  }
+  void silu(const Tensor& y, const Tensor& x) override { b_.silu(y, x); }
+  void embedding(const Tensor& y, const Tensor& ids, const Tensor& table) override {
+    b_.embedding(y, ids, table);
+  }
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+            float attention_scaling) override {
+    b_.rope(x, positions, inv_freq, attention_scaling);
+  }
+  void kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                const Tensor& slots) override {
+    b_.kv_write(k_pool, v_pool, k, v, slots);
+  }
+  void attention_prologue(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
+                          const Tensor& k_norm, float eps, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_scaling, const Tensor& k_pool,
+                          const Tensor& v_pool, const Tensor& slots) override {
+    b_.attention_prologue(q_out, qkv, q_norm, k_norm, eps, positions, inv_freq, attention_scaling,
+                          k_pool, v_pool, slots);
+  }
+  void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                       const Tensor& v_pool, const Tensor& block_table, KvLength kv_len,
+                       AttentionMask mask, float scale) override {
+    b_.paged_attention(out, q, k_pool, v_pool, block_table, kv_len, mask, scale);
+  }
+  void paged_attention_batch(const Tensor& out, const Tensor& q, const Tensor& k_pool,
+                             const Tensor& v_pool, const Tensor& block_tables,
+                             const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
+                             float scale) override {
+    b_.paged_attention_batch(out, q, k_pool, v_pool, block_tables, kv_lens, max_kv_len, mask,
+                             scale);
+  }
+  void attention(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                 AttentionMask mask, float scale) override {
+    b_.attention(out, q, k, v, mask, scale);
+  }
+  void argmax(const Tensor& out, const Tensor& x) override { b_.argmax(out, x); }
+  void gemm(const Tensor& y, const Tensor& a, const Tensor& b, bool trans_a,
+            bool trans_b) override {
+    b_.gemm(y, a, b, trans_a, trans_b);
+  }
+  void slice_columns(const Tensor& dst, const Tensor& src, int64_t col_offset) override {
+    b_.slice_columns(dst, src, col_offset);
+  }
+  void scatter_columns(const Tensor& dst, const Tensor& src, const Tensor& ids,
+                       float fill) override {
+    b_.scatter_columns(dst, src, ids, fill);
+  }
+  void gated_add(const Tensor& y, const Tensor& x, const Tensor& gate) override {
+    b_.gated_add(y, x, gate);
+  }
+  void axpby(const Tensor& y, float a, const Tensor& x, float b, const Tensor& z) override {
+    b_.axpby(y, a, x, b, z);
+  }
+  void softmax(const Tensor& y, const Tensor& x, float scale) override { b_.softmax(y, x, scale); }
+  void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,
+                     const Tensor& w, float gate, float eps) override {
+    b_.noise_combine(y, base, x, z, w, gate, eps);
+  }
+  void seeded_normal(const Tensor& out, const Tensor& positions, uint64_t seed, uint32_t stream,
+                     float scale) override {
+    b_.seeded_normal(out, positions, seed, stream, scale);
+  }
+  void greedy_accept(const Tensor& out, const Tensor& tokens, const Tensor& target_ids,
+                     const Tensor& offsets) override {
+    b_.greedy_accept(out, tokens, target_ids, offsets);
+  }
+
+ private:
+  Backend& b_;
+  std::vector<Read> reads_;
+  int64_t syncs_ = 0;
+};
+
+}  // namespace bs::test_util
