@@ -16,8 +16,12 @@
 
 #include "backend/backend.h"
 #include "backend/sampling.h"
+#include "chi_square.h"
 #include "core/dtype.h"
+#include "engine/device_sampling.h"
+#include "engine/sampler.h"
 #include "engine/speculative_accept.h"
+#include "test_util.h"
 #ifdef BLOCKSPEC_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -966,6 +970,29 @@ TEST_F(CudaOps, RejectionSampleMatchesCpu) {
       }
     }
   }
+}
+
+TEST_F(CudaOps, DeviceDrawsFollowTheFilteredDistribution) {
+  // DeviceSampling (the engine's device path) on the GPU: 100,000 draws from one row of BF16
+  // logits against the CPU's filtered distribution of the same values (chi-square).
+  const int64_t v = 1000, rows = 1000, calls = 100;
+  const auto x = rnd(v, 2.0f);
+  std::vector<float> repeated;
+  for (int64_t r = 0; r < rows; ++r) repeated.insert(repeated.end(), x.begin(), x.end());
+  const SamplingParams params{.temperature = 0.8f, .top_k = 100, .top_p = 0.9f, .seed = 5};
+  Sampler sampler(params);
+  std::vector<float> exact;
+  sampler.probs(x, &exact);
+  const Tensor logits = gpu_act({rows, v}, repeated);
+  DeviceSampling dev(*gpu_);
+  const auto counts = test_util::count_device_draws(dev, sampler, logits, calls);
+  // The GPU kept what the CPU kept (else the comparison below would test the cut, not the draw).
+  const std::vector<float> gpu_probs = gpu_->to_host_f32(dev.probs().rows(0, 1));
+  for (int64_t i = 0; i < v; ++i) ASSERT_EQ(gpu_probs[i] > 0, exact[i] > 0) << "[" << i << "]";
+  std::string detail;
+  EXPECT_GT(test_util::goodness_of_fit(counts, test_util::support(exact), rows * calls, &detail),
+            test_util::kAlpha)
+      << detail;
 }
 
 TEST_F(CudaOps, SamplingOpTimes) {

@@ -1,6 +1,8 @@
 // The sampling ops of the backend interface (filtered_probs, sample_from_probs, rejection_sample)
 // on the CPU reference: against an independent brute-force statement of the filter rule, the host
-// Sampler, hand-picked inverse-CDF cases and accept_sampled.
+// Sampler, hand-picked inverse-CDF cases and accept_sampled; the engine's DeviceSampling against
+// the host path (same tokens from the same seed) and against the exact distributions
+// (chi-square, chi_square.h); seeded plain generation drawn on the device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,14 +15,21 @@
 
 #include "backend/backend.h"
 #include "backend/sampling.h"
+#include "chi_square.h"
 #include "core/dtype.h"
+#include "engine/device_sampling.h"
+#include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/speculative_accept.h"
+#include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
 
 using sampling::FilterParams;
+using test_util::goodness_of_fit;
+using test_util::kAlpha;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -310,6 +319,128 @@ TEST_F(SamplingOps, RejectionFallsBackToPWhenTheResidualIsZero) {
   r = accept_sampled({}, {}, std::span<const float>(p).first(3), 3, std::vector<float>{0.7f});
   EXPECT_EQ(r.accepted, 0);
   EXPECT_EQ(r.next, 2);
+}
+
+// ---- DeviceSampling (the engine's device path) on the CPU backend ----
+
+TEST_F(SamplingOps, DeviceSamplingGivesTheHostSamplersTokens) {
+  const int64_t v = 200, n = 5;
+  const SamplingParams params{.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .seed = 77};
+  Sampler device_sampler(params), host_sampler(params);
+  DeviceSampling dev(*be_);
+  for (int step = 0; step < 50; ++step) {
+    std::vector<float> x;
+    for (int64_t r = 0; r < n; ++r) {
+      const std::vector<float> row = random_logits(rng_, v, step % 3);
+      x.insert(x.end(), row.begin(), row.end());
+    }
+    std::vector<int32_t> got;
+    dev.sample(device_sampler, upload(*be_, x, n), &got);
+    for (int64_t r = 0; r < n; ++r) {
+      EXPECT_EQ(got[r], host_sampler.sample(std::span<const float>(x).subspan(r * v, v)));
+    }
+  }
+}
+
+TEST_F(SamplingOps, DeviceDrawsFollowTheFilteredDistribution) {
+  const int64_t v = 40, rows = 1000, calls = 100;
+  const std::vector<float> x = random_logits(rng_, v, 1);
+  const SamplingParams params{.temperature = 0.8f, .top_k = 25, .top_p = 0.9f, .seed = 5};
+  std::vector<float> repeated;
+  for (int64_t r = 0; r < rows; ++r) repeated.insert(repeated.end(), x.begin(), x.end());
+  const Tensor logits = upload(*be_, repeated, rows);
+  Sampler sampler(params);
+  DeviceSampling dev(*be_);
+  const auto counts = test_util::count_device_draws(dev, sampler, logits, calls);
+  const std::map<int32_t, double> want = test_util::support(naive_probs(x, sampler.filter()));
+  ASSERT_GT(want.size(), 3u);
+  std::string detail;
+  EXPECT_GT(goodness_of_fit(counts, want, rows * calls, &detail), kAlpha) << detail;
+}
+
+TEST_F(SamplingOps, DeviceAcceptGivesTheHostPathsTokensAndTheTargetDistribution) {
+  const int64_t v = 30, k = 3;
+  const SamplingParams params{.temperature = 1.0f, .top_p = 0.95f, .seed = 9};
+  // Fixed target and draft logits (the drafter is a noisy copy of the target).
+  std::vector<float> target, draft;
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  for (int64_t i = 0; i <= k; ++i) {
+    const std::vector<float> x = random_logits(rng_, v, 0);
+    target.insert(target.end(), x.begin(), x.end());
+    if (i == k) break;
+    for (float e : x) draft.push_back(e + noise(rng_));
+  }
+  const Tensor target_logits = upload(*be_, target, k + 1);
+  const Tensor draft_logits = upload(*be_, draft, k);
+  Sampler device_sampler(params), host_sampler(params);
+  DeviceSampling drafts_dev(*be_), target_dev(*be_);
+  std::vector<float> q, p, row;
+  for (int64_t i = 0; i <= k; ++i) {
+    host_sampler.probs(std::span<const float>(target).subspan(i * v, v), &row);
+    p.insert(p.end(), row.begin(), row.end());
+  }
+  std::map<int32_t, int64_t> first;
+  const int64_t n = 20000;
+  std::vector<int32_t> drafts;
+  for (int64_t t = 0; t < n; ++t) {
+    drafts_dev.sample(device_sampler, draft_logits, &drafts);
+    const AcceptResult got = target_dev.accept(device_sampler, drafts_dev, target_logits);
+    // The host path from an identically seeded sampler.
+    std::vector<int32_t> host_drafts;
+    q.clear();
+    for (int64_t i = 0; i < k; ++i) {
+      host_sampler.probs(std::span<const float>(draft).subspan(i * v, v), &row);
+      host_drafts.push_back(host_sampler.sample_from(row));
+      q.insert(q.end(), row.begin(), row.end());
+    }
+    const AcceptResult want = accept_sampled(host_drafts, q, p, v, host_sampler);
+    ASSERT_EQ(drafts, host_drafts) << "step " << t;
+    ASSERT_EQ(got.accepted, want.accepted) << "step " << t;
+    ASSERT_EQ(got.next, want.next) << "step " << t;
+    ++first[got.accepted > 0 ? drafts[0] : got.next];
+  }
+  const std::vector<float> p0(p.begin(), p.begin() + v);
+  std::string detail;
+  EXPECT_GT(goodness_of_fit(first, test_util::support(p0), n, &detail), kAlpha) << detail;
+}
+
+// ---- Plain sampled generation, drawn on the device, on stories260K ----
+
+class PlainSampled : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = load_target(std::string(BS_SOURCE_DIR) + "/models/stories260K", *be_);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    target_ = std::move(*t);
+  }
+  std::vector<int32_t> generate(const SamplingParams& sampling, int64_t max_tokens = 24) {
+    return test_util::generate_sampled(*target_, prompt_, sampling, max_tokens);
+  }
+  std::unique_ptr<Backend> be_ = make_cpu_backend(2);
+  std::unique_ptr<CausalLM> target_;
+  const std::vector<int32_t> prompt_ = {1, 403, 407, 261};
+};
+
+TEST_F(PlainSampled, SeededGenerationIsReproducible) {
+  SamplingParams s{.temperature = 1.0f, .top_p = 0.9f, .seed = 11};
+  const std::vector<int32_t> a = generate(s);
+  ASSERT_EQ(a.size(), 24u);
+  EXPECT_EQ(generate(s), a);
+  s.seed = 12;
+  EXPECT_NE(generate(s), a);
+}
+
+TEST_F(PlainSampled, DeviceDrawsEqualTheHostSamplerFromTheSameSeed) {
+  const SamplingParams s{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 3};
+  const std::vector<int32_t> got = generate(s, 16);
+  // The same generation drawn on the host from full-context logits.
+  Sampler host(s);
+  std::vector<int32_t> ctx = prompt_, want;
+  for (size_t i = 0; i < got.size(); ++i) {
+    want.push_back(host.sample(test_util::forward_logits(*target_, ctx, 1)));
+    ctx.push_back(want.back());
+  }
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace
