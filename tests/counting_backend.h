@@ -111,6 +111,16 @@ class CountingBackend final : public Backend {
     b_.attention_prologue(q_out, qkv, q_norm, k_norm, eps, positions, inv_freq, attention_scaling,
                           k_pool, v_pool, slots);
   }
+  void prologue_attention(const Tensor& out, const Tensor& q_scratch, const Tensor& qkv,
+                          const Tensor& q_norm, const Tensor& k_norm, float eps,
+                          const Tensor& positions, const Tensor& inv_freq, float attention_scaling,
+                          const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                          const Tensor& block_tables, const Tensor& kv_lens, int64_t max_kv_len,
+                          AttentionMask mask, float scale) override {
+    b_.prologue_attention(out, q_scratch, qkv, q_norm, k_norm, eps, positions, inv_freq,
+                          attention_scaling, k_pool, v_pool, slots, block_tables, kv_lens,
+                          max_kv_len, mask, scale);
+  }
   void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
                        const Tensor& v_pool, const Tensor& block_table, KvLength kv_len,
                        AttentionMask mask, float scale) override {
@@ -157,6 +167,18 @@ class CountingBackend final : public Backend {
   void greedy_accept(const Tensor& out, const Tensor& tokens, const Tensor& target_ids,
                      const Tensor& offsets) override {
     b_.greedy_accept(out, tokens, target_ids, offsets);
+  }
+  void filtered_probs(const Tensor& probs, const Tensor& logits,
+                      std::span<const sampling::FilterParams> params) override {
+    b_.filtered_probs(probs, logits, params);
+  }
+  void sample_from_probs(const Tensor& out, const Tensor& weights,
+                         const Tensor& uniforms) override {
+    b_.sample_from_probs(out, weights, uniforms);
+  }
+  void rejection_sample(const Tensor& out, const Tensor& drafts, const Tensor& q, const Tensor& p,
+                        const Tensor& uniforms) override {
+    b_.rejection_sample(out, drafts, q, p, uniforms);
   }
 
  private:

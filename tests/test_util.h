@@ -8,12 +8,15 @@
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/device_sampling.h"
+#include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "models/drafter.h"
 #include "models/registry.h"
@@ -83,6 +86,32 @@ inline std::vector<float> forward_logits(CausalLM& target, const std::vector<int
       &res);
   EXPECT_TRUE(st.ok()) << st.message();
   return st.ok() ? target.backend().to_host_f32(res.logits) : std::vector<float>();
+}
+
+// generate_plain of up to `max_tokens` tokens after `prompt` with `sampling` (and logprobs);
+// empty after reporting a failure.
+inline std::vector<int32_t> generate_sampled(CausalLM& target, const std::vector<int32_t>& prompt,
+                                             const SamplingParams& sampling, int64_t max_tokens,
+                                             int logprobs = -1) {
+  GenerateOptions o;
+  o.max_tokens = max_tokens;
+  o.sampling = sampling;
+  o.logprobs = logprobs;
+  auto out = generate_plain(target, prompt, o, nullptr, nullptr);
+  EXPECT_TRUE(out.ok()) << out.status().message();
+  return out.ok() ? *out : std::vector<int32_t>();
+}
+
+// Counts the tokens of `calls` device draws of one token per row of `logits` [rows, V].
+inline std::map<int32_t, int64_t> count_device_draws(DeviceSampling& dev, Sampler& sampler,
+                                                     const Tensor& logits, int64_t calls) {
+  std::map<int32_t, int64_t> counts;
+  std::vector<int32_t> ids;
+  for (int64_t c = 0; c < calls; ++c) {
+    dev.sample(sampler, logits, &ids);
+    for (int32_t id : ids) ++counts[id];
+  }
+  return counts;
 }
 
 // A GoogleTest parameter name from any string: characters other than letters and digits become

@@ -9,9 +9,11 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "backend/tensor.h"
 #include "core/status.h"
 
@@ -236,6 +238,32 @@ class Backend {
   // The step commits d_1 .. d_a and then next; the rejected drafts come along for the record.
   virtual void greedy_accept(const Tensor& out, const Tensor& tokens, const Tensor& target_ids,
                              const Tensor& offsets) = 0;
+
+  // ---- Sampling (temperature > 0 decoding on the device; rules in backend/sampling.h) ----
+  // The ops run on the backend's stream and copy nothing to the host: a caller uploads the
+  // uniforms (drawn from the request's seeded RNG on the host, so a seed reproduces a run on a
+  // given backend) and reads back only the token ids. Backends agree up to rounding: top-k cuts
+  // exactly, probabilities to a few ulps (expf differs), a top-p cut unless p * Z_k lies within
+  // ~1e-6 Z_k of a tie group's cumulative mass, a draw unless u * S lies within rounding of a CDF
+  // boundary. Results are deterministic on each backend.
+  //
+  // probs[n, V] (F32) = sampling::filtered_probs of each row of logits[n, V] (F32, BF16 or F16),
+  // with params[r] for row r, or params[0] for every row when params has one entry.
+  virtual void filtered_probs(const Tensor& probs, const Tensor& logits,
+                              std::span<const sampling::FilterParams> params) = 0;
+  // out[r] (I32 [n]) = sampling::draw_index(weights[r, :], uniforms[r]) for non-negative
+  // weights[n, V] (F32; probs from filtered_probs, or any unnormalised weights) and uniforms F32
+  // [n] in [0, 1).
+  virtual void sample_from_probs(const Tensor& out, const Tensor& weights,
+                                 const Tensor& uniforms) = 0;
+  // Speculative rejection sampling of one block of k drafts (sampling::rejection_sample): drafts
+  // I32 [k] (in [0, V)) drawn from q F32 [k, V], target distributions p F32 [k + 1, V], uniforms
+  // F32 [k + 1] (accept test i uses uniforms[i], the committed draw uniforms[k]). Writes
+  // out I32 [k + 2] = [a, d_0 .. d_{a-1}, next, -1 ...]: the number of accepted drafts a, the
+  // accepted drafts and the token drawn after them (correction or bonus), i.e. the a + 1
+  // committed tokens after out[0].
+  virtual void rejection_sample(const Tensor& out, const Tensor& drafts, const Tensor& q,
+                                const Tensor& p, const Tensor& uniforms) = 0;
 };
 
 // The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number

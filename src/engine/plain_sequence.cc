@@ -41,8 +41,20 @@ ForwardRequest PlainSequence::request() const {
 }
 
 void PlainSequence::take(std::span<const int32_t> argmax, std::span<const float> logits) {
+  end_step(options_.sampling.greedy() ? argmax[0] : sampler_.sample(logits), logits);
+}
+
+void PlainSequence::take_on_device(Backend& backend, const Tensor& logits,
+                                   std::span<const float> host_logits) {
+  BS_CHECK(!greedy() && logits.dim(0) == 1);
+  if (!device_) device_ = std::make_unique<DeviceSampling>(backend);
+  std::vector<int32_t> token;
+  device_->sample(sampler_, logits, &token);
+  end_step(token[0], host_logits);
+}
+
+void PlainSequence::end_step(int32_t token, std::span<const float> logits) {
   kv_.set_length(kv_.length() + static_cast<int64_t>(step_tokens_.size()));
-  const int32_t token = options_.sampling.greedy() ? argmax[0] : sampler_.sample(logits);
   if (out_.commit(token, logits)) {
     done_ = true;
   } else {
@@ -74,9 +86,15 @@ Status plain_step(CausalLM& target, KvPool& pool, const Tensor& ids_scratch, Pla
   BS_RETURN_IF_ERROR(target.forward(seq.request(), pool, &res));
   std::vector<int32_t> ids;
   std::vector<float> logits;
-  read_logit_rows(target.backend(), res.logits, seq.greedy(), seq.wants_logits(), ids_scratch, &ids,
-                  &logits);
-  seq.take(ids, logits);
+  if (seq.greedy()) {
+    read_logit_rows(target.backend(), res.logits, true, seq.wants_logits(), ids_scratch, &ids,
+                    &logits);
+    seq.take(ids, logits);
+  } else {
+    // Sampled: drawn on the device (the logits row comes back only for logprobs).
+    if (seq.wants_logits()) logits = target.backend().to_host_f32(res.logits);
+    seq.take_on_device(target.backend(), res.logits, logits);
+  }
   return Status::Ok();
 }
 

@@ -4,15 +4,20 @@
 //
 //   loop: begin_step (false: finished) -> request() -> target forward -> read_logit_rows -> take
 //
+// (plain_step, generate_plain's step, ends a sampled step with take_on_device instead: the token is
+// drawn on the device and only its id is read back.)
+//
 // The first step feeds the whole prompt (prefill), every later step the last committed token. A
 // chunked prefill (the Scheduler's) caches the prompt's head with prefill_chunk first; the first
 // step then feeds what is left of it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "engine/device_sampling.h"
 #include "engine/generate.h"
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
@@ -39,6 +44,11 @@ class PlainSequence {
   // [vocab] when sampled (drawn with the sequence's own sampler) or wants_logits(). Commits the
   // token.
   void take(std::span<const int32_t> argmax, std::span<const float> logits);
+  // Ends a sampled step with its logit row on the device, `logits` [1, vocab]: the token is drawn
+  // there with the sequence's sampler (DeviceSampling; the same uniform as take() would use), only
+  // its id is read back. `host_logits` [vocab]: the row on the host when wants_logits()
+  // (logprobs), else empty. Commits the token.
+  void take_on_device(Backend& backend, const Tensor& logits, std::span<const float> host_logits);
 
   bool greedy() const { return options_.sampling.greedy(); }
   // The host logits row is needed even when greedy: logprobs are on.
@@ -62,9 +72,13 @@ class PlainSequence {
   GenerateStats& st_;
   SequenceKv kv_;
   Sampler sampler_;
+  std::unique_ptr<DeviceSampling> device_;  // the sampler's device buffers, made on first use
   CommittedTokens out_;
   std::vector<int32_t> step_tokens_;  // what the next forward feeds: the prompt, then 1 token
   bool done_ = false;
+
+  // Ends the step with `token`.
+  void end_step(int32_t token, std::span<const float> logits);
 };
 
 // One whole step of `seq` alone through CausalLM::forward (generate_plain's step; the

@@ -1,5 +1,7 @@
 // Token sampling: greedy, temperature, top-k, top-p; seeded and reproducible. The filtered
-// distribution (probs) is also what speculative rejection sampling compares.
+// distribution (probs) is also what speculative rejection sampling compares. The rules are
+// backend/sampling.h's, shared with the Backend's sampling ops, so drawing on the host (here) and
+// on the device (engine/device_sampling.h, with this sampler's uniforms) is one rule.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "core/status.h"
 
 namespace bs {
@@ -26,19 +29,27 @@ struct SamplingParams {
 // argmax, first index on ties.
 int32_t argmax(std::span<const float> logits);
 
+// The one owner of a request's sampling parameters and seeded RNG, on the host and (through the
+// uniforms it hands out) on the device.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
   const SamplingParams& params() const { return params_; }
+  // The parameters of the filtered distribution (Backend::filtered_probs takes them).
+  sampling::FilterParams filter() const {
+    return {.temperature = params_.temperature, .top_k = params_.top_k, .top_p = params_.top_p};
+  }
   // Distribution after temperature, then top-k, then top-p (HF order), renormalised; entries
-  // outside the kept set are exactly 0. Greedy: one-hot at the argmax.
+  // outside the kept set are exactly 0; ties at a cut are kept together (sampling::filtered_probs
+  // has the exact rule). Greedy: one-hot at the argmax.
   void probs(std::span<const float> logits, std::vector<float>* out) const;
-  // Draws from `logits` (argmax when greedy).
+  // Draws from `logits` (argmax when greedy, consuming no uniform; else one uniform).
   int32_t sample(std::span<const float> logits);
-  // Draws an index from a normalised distribution.
+  // Draws an index from non-negative weights: sampling::draw_index(probs, uniform()).
   int32_t sample_from(std::span<const float> probs);
-  // Uniform in [0, 1).
+  // The next uniform in [0, 1): the top 24 bits of the next mt19937_64 output times 2^-24, so
+  // exact in float (on the host and the device alike) and never 1.
   float uniform();
 
  private:

@@ -19,34 +19,18 @@ AcceptResult accept_greedy(std::span<const int32_t> drafts,
 }
 
 AcceptResult accept_sampled(std::span<const int32_t> drafts, std::span<const float> q,
-                            std::span<const float> p, int64_t vocab, Sampler& sampler) {
-  const int64_t k = static_cast<int64_t>(drafts.size());
-  BS_CHECK(static_cast<int64_t>(q.size()) == k * vocab);
-  BS_CHECK(static_cast<int64_t>(p.size()) == (k + 1) * vocab);
+                            std::span<const float> p, int64_t vocab,
+                            std::span<const float> uniforms) {
   AcceptResult r;
-  for (int64_t i = 0; i < k; ++i) {
-    const int32_t d = drafts[i];
-    BS_CHECK(d >= 0 && d < vocab);
-    const float pd = p[i * vocab + d], qd = q[i * vocab + d];
-    const float u = sampler.uniform();
-    if (u * qd < pd) {
-      ++r.accepted;
-      continue;
-    }
-    // Rejected: draw the correction from the residual max(p - q, 0).
-    std::vector<float> residual(static_cast<size_t>(vocab));
-    double total = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const float diff = p[i * vocab + v] - q[i * vocab + v];
-      residual[v] = diff > 0 ? diff : 0.0f;
-      total += residual[v];
-    }
-    r.next = total > 0 ? sampler.sample_from(residual)
-                       : sampler.sample_from(p.subspan(i * vocab, vocab));
-    return r;
-  }
-  r.next = sampler.sample_from(p.subspan(k * vocab, vocab));
+  r.accepted = sampling::rejection_sample(drafts, q, p, vocab, uniforms, &r.next);
   return r;
+}
+
+AcceptResult accept_sampled(std::span<const int32_t> drafts, std::span<const float> q,
+                            std::span<const float> p, int64_t vocab, Sampler& sampler) {
+  std::vector<float> uniforms(drafts.size() + 1);
+  for (float& u : uniforms) u = sampler.uniform();
+  return accept_sampled(drafts, q, p, vocab, uniforms);
 }
 
 }  // namespace bs

@@ -18,6 +18,7 @@
 #include "engine/kv_cache.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
@@ -172,6 +173,21 @@ TEST_F(CudaModels, Stories260KGreedy100TokensMatchCpu) {
     std::printf("[ CPU top-2 logit margin at the diverging step: %.4f ]\n",
                 top2_margin(lc, static_cast<int64_t>(prefix.size()) - 1, V));
   }
+}
+
+TEST_F(CudaModels, SampledDecodingDrawsOnTheGpuReproducibly) {
+  // Plain sampled decoding draws on the device (DeviceSampling): a seed reproduces the run, and
+  // logprobs (which read the logits back) do not change the tokens.
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::vector<int32_t> prompt = {1, 403, 407, 261};
+  SamplingParams s{.temperature = 0.9f, .top_k = 100, .top_p = 0.95f, .seed = 17};
+  const std::vector<int32_t> a = test_util::generate_sampled(**g, prompt, s, 60);
+  ASSERT_EQ(a.size(), 60u);
+  EXPECT_EQ(test_util::generate_sampled(**g, prompt, s, 60), a);
+  EXPECT_EQ(test_util::generate_sampled(**g, prompt, s, 60, /*logprobs=*/3), a);
+  s.seed = 18;
+  EXPECT_NE(test_util::generate_sampled(**g, prompt, s, 60), a);
 }
 
 TEST_F(CudaModels, BatchedGenerationMatchesPerPromptOnGpu) {

@@ -5,14 +5,23 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/sampling.h"
+#include "chi_square.h"
 #include "core/dtype.h"
+#include "engine/device_sampling.h"
+#include "engine/sampler.h"
+#include "engine/speculative_accept.h"
+#include "test_util.h"
 #ifdef BLOCKSPEC_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -813,6 +822,314 @@ TEST_F(CudaOps, SwigluMatchesCpu) {
   gpu_->swiglu(gy, gpu_act({n, 2 * i_dim}, v));
   cpu_->swiglu(cy, cpu_act({n, 2 * i_dim}, v));
   expect_close(gy, cy, kBf16Tol, "swiglu");
+}
+
+// ---- Sampling ops (backend/sampling.h rules): the CPU is the reference ----
+//
+// Tolerances follow from the arithmetic. A weight expf((x - m) / T) differs by at most ~3 ulps
+// between the backends (CUDA expf <= 2 ulps, glibc <= 1), so probabilities agree to ~5e-7
+// relative (the test allows 1e-5) and masses to ~2e-7 relative. Top-k cuts are exact (integer
+// counts). A top-p cut may land on a neighbouring tie group only where p * Z_k lies within that
+// rounding (plus the GPU's fixed-point masses, ~1e-8) of the group's cumulative mass, so the GPU's
+// cut is checked to be the rule's cut up to 1e-6 Z_k, and its probabilities against the weights
+// renormalised over the cut it took. A draw can differ only where u * S lies within rounding
+// (~1e-12 relative) of a CDF boundary: the uniforms are chosen with margins far above that.
+// Values below 1e-30 (underflowed weights) may flush differently and are compared as zero.
+
+// Checks one GPU row `g` of filtered_probs(x, f) as above; returns the number of failures
+// (reported) and counts in *moved a top-p cut that differs from the CPU's row `c` (admissibly).
+int check_filtered_row(std::span<const float> x, const sampling::FilterParams& f,
+                       std::span<const float> g, std::span<const float> c, const std::string& what,
+                       int* moved) {
+  const int64_t v = static_cast<int64_t>(x.size());
+  int bad = 0;
+  const auto fail = [&](const std::string& msg) {
+    if (bad++ < 3) ADD_FAILURE() << what << ": " << msg;
+  };
+  if (!(f.temperature > 0)) {
+    if (!std::equal(g.begin(), g.end(), c.begin())) fail("greedy one-hot differs");
+    return bad;
+  }
+  const float m = *std::max_element(x.begin(), x.end());
+  std::vector<double> w(v);
+  for (int64_t i = 0; i < v; ++i) w[i] = std::exp((x[i] - m) / f.temperature);
+  float cut = -INFINITY;  // the top-k cut, exact
+  if (f.top_k > 0 && f.top_k < v) {
+    std::vector<float> sorted(x.begin(), x.end());
+    std::nth_element(sorted.begin(), sorted.begin() + f.top_k - 1, sorted.end(),
+                     std::greater<float>());
+    cut = sorted[f.top_k - 1];
+  }
+  const auto mass = [&](float t, bool strict) {
+    double s = 0;
+    for (int64_t i = 0; i < v; ++i) {
+      if (strict ? x[i] > t : x[i] >= t) s += w[i];
+    }
+    return s;
+  };
+  if (f.top_p < 1.0f) {
+    // The GPU's cut: its smallest kept logit (weights that underflowed to 0 change no mass).
+    float t_g = INFINITY, t_c = INFINITY;
+    for (int64_t i = 0; i < v; ++i) {
+      if (g[i] > 0) t_g = std::min(t_g, x[i]);
+      if (c[i] > 0) t_c = std::min(t_c, x[i]);
+    }
+    const double z_k = mass(cut, false), target = f.top_p * z_k;
+    if (!(t_g >= cut && mass(t_g, false) >= target - 1e-6 * z_k &&
+          mass(t_g, true) < target + 1e-6 * z_k)) {
+      fail("top-p cut at logit " + std::to_string(t_g) +
+           " is not the rule's (CPU: " + std::to_string(t_c) + ")");
+      return bad;
+    }
+    if (t_g != t_c) ++*moved;
+    cut = t_g;
+  }
+  const double z = mass(cut, false);
+  for (int64_t i = 0; i < v; ++i) {
+    const double want = x[i] >= cut ? w[i] / z : 0.0;
+    const bool ok = x[i] < cut
+                        ? g[i] == 0.0f
+                        : (g[i] < 1e-30f && want < 1e-30) || std::abs(g[i] - want) <= 1e-5 * want;
+    if (!ok) {
+      fail("[" + std::to_string(i) + "] gpu " + std::to_string(g[i]) + " want " +
+           std::to_string(want) + " logit " + std::to_string(x[i]));
+    }
+  }
+  return bad;
+}
+
+TEST_F(CudaOps, FilteredProbsMatchCpu) {
+  const std::vector<sampling::FilterParams> kinds = {
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_k = 50},
+      {.temperature = 1.0f, .top_p = 0.9f},
+      {.temperature = 0.6f, .top_k = 1000, .top_p = 0.95f},
+      {.temperature = 1e-3f, .top_p = 0.5f},
+      {.temperature = 50.0f, .top_p = 0.99f},
+      {.temperature = 0.0f},
+      {.temperature = 1.0f, .top_k = 1},
+      {.temperature = 1.3f, .top_k = -1},  // -1: V - 1
+      {.temperature = 0.8f, .top_p = 0.01f},
+      {.temperature = 2.0f, .top_k = 20, .top_p = 0.999f},
+      {.temperature = 1.0f, .top_k = 3},                  // on the all-equal row below
+      {.temperature = 0.9f, .top_p = 0.8f},               // on the row with -inf entries
+      {.temperature = 1.1f, .top_k = 7, .top_p = 0.7f}};  // on the few-values row
+  const int64_t rows = static_cast<int64_t>(kinds.size());
+  int moved = 0;
+  for (const int64_t v : {1000, 4099, 151936}) {
+    for (const DType dt : {DType::kBF16, DType::kF32}) {
+      // BF16 rows are bf16-rounded normals (many ties); F32 rows keep full precision.
+      std::vector<float> x = rnd(rows * v, 3.0f);
+      if (dt == DType::kF32) {
+        std::normal_distribution<float> d(0.0f, 3.0f);
+        for (float& e : x) e = d(rng_);
+      }
+      std::fill(x.begin() + (rows - 3) * v, x.begin() + (rows - 2) * v, 0.5f);
+      for (int64_t i = (rows - 2) * v; i < (rows - 1) * v; i += 2) x[i] = -INFINITY;
+      for (int64_t i = (rows - 1) * v; i < rows * v; ++i) x[i] = static_cast<float>(i % 5);
+      std::vector<sampling::FilterParams> params = kinds;
+      for (auto& f : params) {
+        if (f.top_k < 0) f.top_k = static_cast<int32_t>(v - 1);
+      }
+      Tensor gp = make(*gpu_, {rows, v}, DType::kF32), cp = make(*cpu_, {rows, v}, DType::kF32);
+      gpu_->filtered_probs(gp, gpu_act({rows, v}, x, dt), params);
+      cpu_->filtered_probs(cp, cpu_act({rows, v}, x), params);
+      const auto g = gpu_->to_host_f32(gp), c = cpu_->to_host_f32(cp);
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto row = [&](const std::vector<float>& a) {
+          return std::span<const float>(a.data() + r * v, static_cast<size_t>(v));
+        };
+        const std::string what = "v=" + std::to_string(v) + " " + std::string(dtype_name(dt)) +
+                                 " row " + std::to_string(r);
+        EXPECT_EQ(check_filtered_row(row(x), params[r], row(g), row(c), what, &moved), 0) << what;
+      }
+    }
+  }
+  std::printf("[ filtered_probs: %d top-p cuts on a neighbouring tie group (admissible) ]\n",
+              moved);
+}
+
+TEST_F(CudaOps, SampleFromProbsMatchesCpuAwayFromCdfBoundaries) {
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (const int64_t v : {1000, 4097, 151936}) {
+    const int64_t rows = 6;
+    std::vector<float> w(rows * v, 0.0f);
+    // Row 0: a filtered distribution; 1: unnormalised weights with zeros; 2: one weight at the
+    // end; 3: all zero; 4: one-hot (top-k 1); 5: two weights at the ends.
+    const auto x = rnd(2 * v, 3.0f);
+    const sampling::FilterParams f0{.temperature = 1.0f, .top_p = 0.9f}, f4{.top_k = 1};
+    sampling::filtered_probs(std::span<const float>(x).first(v), f0,
+                             std::span<float>(w).subspan(0, v));
+    for (int64_t i = v; i < 2 * v; ++i) w[i] = unit(rng_) < 0.3f ? 0.0f : 4.0f * unit(rng_);
+    w[3 * v - 1] = 0.7f;
+    sampling::filtered_probs(std::span<const float>(x).subspan(v, v), f4,
+                             std::span<float>(w).subspan(4 * v, v));
+    w[5 * v] = 1.0f;
+    w[6 * v - 1] = 3.0f;
+    const Tensor gw = gpu_act({rows, v}, w, DType::kF32), cw = cpu_act({rows, v}, w);
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> u(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::span<const float> row(w.data() + r * v, static_cast<size_t>(v));
+        double total = 0;
+        for (float e : row) total += e;
+        if (round == 0 || total == 0) {
+          u[r] = 0.0f;  // the first positive weight
+          continue;
+        }
+        if (round == 1) {
+          u[r] = 1.0f - 0x1p-24f;  // the last positive weight (never tiny in these rows)
+          continue;
+        }
+        // The middle of the interval of an index holding >= 1e-5 of the mass.
+        int64_t j = static_cast<int64_t>(unit(rng_) * static_cast<float>(v)) % v;
+        while (row[j] < 1e-5 * total) j = (j + 1) % v;
+        double before = 0;
+        for (int64_t i = 0; i < j; ++i) before += row[i];
+        u[r] = static_cast<float>((before + 0.5 * row[j]) / total);
+      }
+      Tensor go = gpu_->empty({rows}, DType::kI32), co = cpu_->empty({rows}, DType::kI32);
+      gpu_->sample_from_probs(go, gw, gpu_act({rows}, u, DType::kF32));
+      cpu_->sample_from_probs(co, cw, cpu_act({rows}, u));
+      std::vector<int32_t> a(rows), b(rows);
+      gpu_->copy_to_host(a.data(), go);
+      cpu_->copy_to_host(b.data(), co);
+      EXPECT_EQ(a, b) << "v=" << v << " round " << round;
+    }
+  }
+}
+
+TEST_F(CudaOps, RejectionSampleMatchesCpu) {
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  const sampling::FilterParams fp{.temperature = 0.9f, .top_p = 0.95f};
+  for (const int64_t v : {1000, 151936}) {
+    for (const int64_t k : {0, 1, 4, 15}) {
+      const int trials = v > 10000 ? 4 : 40;
+      for (int trial = 0; trial < trials; ++trial) {
+        // Target rows p; draft rows q from noisy copies of the target's logits (trial 1: q = p,
+        // every draft accepted; trial 2: q = 2p, a rejection falls back to p).
+        const auto x = rnd((k + 1) * v, 3.0f);
+        std::vector<float> p((k + 1) * v), q(k * v), noisy(v);
+        std::vector<int32_t> drafts(k);
+        for (int64_t i = 0; i <= k; ++i) {
+          const std::span<const float> xi(x.data() + i * v, static_cast<size_t>(v));
+          sampling::filtered_probs(xi, fp, std::span<float>(p).subspan(i * v, v));
+          if (i == k) break;
+          for (int64_t j = 0; j < v; ++j) noisy[j] = xi[j] + (trial == 1 ? 0.0f : noise(rng_));
+          const std::span<float> qi = std::span<float>(q).subspan(i * v, v);
+          sampling::filtered_probs(noisy, fp, qi);
+          if (trial == 2) {
+            for (float& e : qi) e *= 2.0f;
+          }
+          drafts[i] = sampling::draw_index(qi, unit(rng_));
+        }
+        std::vector<float> u(k + 1);
+        for (float& e : u) e = unit(rng_);
+        // The committed draw's uniform away from the CDF boundaries of the row it draws from.
+        const AcceptResult host = accept_sampled(drafts, q, p, v, u);
+        {
+          const int64_t a = host.accepted;
+          std::vector<float> row(p.begin() + a * v, p.begin() + (a + 1) * v);
+          if (a < k) {
+            std::vector<float> res(v);
+            bool any = false;
+            for (int64_t j = 0; j < v; ++j) {
+              const float d = p[a * v + j] - q[a * v + j];
+              res[j] = d > 0 ? d : 0.0f;
+              any |= d > 0;
+            }
+            if (any) row = res;
+          }
+          double total = 0, before = 0;
+          for (float e : row) total += e;
+          for (int64_t j = 0; j < host.next; ++j) before += row[j];
+          const double lo = before / total, hi = (before + row[host.next]) / total;
+          if (u[k] - lo < 1e-9 || hi - u[k] < 1e-9) u[k] = static_cast<float>(0.5 * (lo + hi));
+        }
+        Tensor go = gpu_->empty({k + 2}, DType::kI32), co = cpu_->empty({k + 2}, DType::kI32);
+        gpu_->rejection_sample(
+            go, k ? gpu_ints(drafts) : Tensor(), k ? gpu_act({k, v}, q, DType::kF32) : Tensor(),
+            gpu_act({k + 1, v}, p, DType::kF32), gpu_act({k + 1}, u, DType::kF32));
+        cpu_->rejection_sample(co, k ? cpu_ints(drafts) : Tensor(),
+                               k ? cpu_act({k, v}, q) : Tensor(), cpu_act({k + 1, v}, p),
+                               cpu_act({k + 1}, u));
+        std::vector<int32_t> a(k + 2), b(k + 2);
+        gpu_->copy_to_host(a.data(), go);
+        cpu_->copy_to_host(b.data(), co);
+        EXPECT_EQ(a, b) << "v=" << v << " k=" << k << " trial " << trial;
+        if (trial == 1 && k > 0) {
+          EXPECT_EQ(b[0], k) << "q = p accepts every draft";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, DeviceDrawsFollowTheFilteredDistribution) {
+  // DeviceSampling (the engine's device path) on the GPU: 100,000 draws from one row of BF16
+  // logits against the CPU's filtered distribution of the same values (chi-square).
+  const int64_t v = 1000, rows = 1000, calls = 100;
+  const auto x = rnd(v, 2.0f);
+  std::vector<float> repeated;
+  for (int64_t r = 0; r < rows; ++r) repeated.insert(repeated.end(), x.begin(), x.end());
+  const SamplingParams params{.temperature = 0.8f, .top_k = 100, .top_p = 0.9f, .seed = 5};
+  Sampler sampler(params);
+  std::vector<float> exact;
+  sampler.probs(x, &exact);
+  const Tensor logits = gpu_act({rows, v}, repeated);
+  DeviceSampling dev(*gpu_);
+  const auto counts = test_util::count_device_draws(dev, sampler, logits, calls);
+  // The GPU kept what the CPU kept (else the comparison below would test the cut, not the draw).
+  const std::vector<float> gpu_probs = gpu_->to_host_f32(dev.probs().rows(0, 1));
+  for (int64_t i = 0; i < v; ++i) ASSERT_EQ(gpu_probs[i] > 0, exact[i] > 0) << "[" << i << "]";
+  std::string detail;
+  EXPECT_GT(test_util::goodness_of_fit(counts, test_util::support(exact), rows * calls, &detail),
+            test_util::kAlpha)
+      << detail;
+}
+
+TEST_F(CudaOps, SamplingOpTimes) {
+  // Informational: medians of the sampling ops at Qwen3's vocabulary (BF16 logits).
+#ifdef BLOCKSPEC_HAS_CUDA
+  const int64_t v = 151936;
+  for (const int64_t rows : {1, 16, 32}) {
+    const Tensor logits = gpu_act({rows, v}, rnd(rows * v, 3.0f));
+    const Tensor probs = make(*gpu_, {rows, v}, DType::kF32);
+    const Tensor u = gpu_act({rows}, std::vector<float>(rows, 0.5f), DType::kF32);
+    const Tensor ids = gpu_->empty({rows + 2}, DType::kI32);
+    const auto time_us = [&](const std::function<void()>& op) {
+      cuda::EventTimer timer(*gpu_);
+      std::vector<double> t;
+      for (int i = 0; i < 25; ++i) {
+        timer.start();
+        op();
+        t.push_back(timer.stop_ms() * 1e3);
+      }
+      std::nth_element(t.begin(), t.begin() + 12, t.end());
+      return t[12];
+    };
+    const sampling::FilterParams plain{.temperature = 0.8f},
+        top_p{.temperature = 0.8f, .top_p = 0.9f},
+        both{.temperature = 0.8f, .top_k = 50, .top_p = 0.9f};
+    const double t_plain = time_us([&] { gpu_->filtered_probs(probs, logits, {&plain, 1}); });
+    const double t_top_p = time_us([&] { gpu_->filtered_probs(probs, logits, {&top_p, 1}); });
+    const double t_both = time_us([&] { gpu_->filtered_probs(probs, logits, {&both, 1}); });
+    const double t_draw = time_us([&] { gpu_->sample_from_probs(ids.rows(0, rows), probs, u); });
+    std::printf(
+        "[ %lld x %lld: filtered_probs T only %.1f us, top-p %.1f us, top-k + top-p %.1f us; "
+        "draw %.1f us ]\n",
+        static_cast<long long>(rows), static_cast<long long>(v), t_plain, t_top_p, t_both, t_draw);
+    if (rows == 16) {
+      const int64_t k = rows - 1;
+      const Tensor drafts = gpu_ints(std::vector<int32_t>(k, 7));
+      const Tensor uk = gpu_act({k + 1}, std::vector<float>(k + 1, 0.5f), DType::kF32);
+      const double t_rej =
+          time_us([&] { gpu_->rejection_sample(ids, drafts, probs.rows(0, k), probs, uk); });
+      std::printf("[ rejection_sample k=%lld: %.1f us ]\n", static_cast<long long>(k), t_rej);
+    }
+  }
+#endif
 }
 
 TEST_F(CudaOps, CapturedSequencesReplayWithNewContents) {

@@ -621,6 +621,53 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // ---- Sampling: the host definitions of backend/sampling.h, row by row ----
+  void filtered_probs(const Tensor& probs, const Tensor& logits,
+                      std::span<const sampling::FilterParams> params) override {
+    check_f32(probs), check_f32(logits);
+    const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
+    BS_CHECK(probs.numel() == n * v && (params.size() == 1 || std::ssize(params) == n));
+    pool_.parallel_for(n, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        sampling::filtered_probs({logits.as<float>() + r * v, static_cast<size_t>(v)},
+                                 params[params.size() == 1 ? 0 : r],
+                                 {probs.as<float>() + r * v, static_cast<size_t>(v)});
+      }
+    });
+  }
+  void sample_from_probs(const Tensor& out, const Tensor& weights,
+                         const Tensor& uniforms) override {
+    check_f32(weights), check_f32(uniforms);
+    const int64_t v = weights.dim(-1), n = v ? weights.numel() / v : 0;
+    BS_CHECK(out.dtype() == DType::kI32 && out.numel() >= n && uniforms.numel() >= n);
+    for (int64_t r = 0; r < n; ++r) {
+      out.as<int32_t>()[r] = sampling::draw_index(
+          {weights.as<float>() + r * v, static_cast<size_t>(v)}, uniforms.as<float>()[r]);
+    }
+  }
+  void rejection_sample(const Tensor& out, const Tensor& drafts, const Tensor& q, const Tensor& p,
+                        const Tensor& uniforms) override {
+    const int64_t k = drafts.defined() ? drafts.numel() : 0, v = p.dim(-1);
+    if (k > 0) {
+      check_f32(q);
+      BS_CHECK(drafts.dtype() == DType::kI32 && q.numel() == k * v);
+    }
+    check_f32(p), check_f32(uniforms);
+    BS_CHECK(out.dtype() == DType::kI32 && out.numel() >= k + 2 && p.numel() == (k + 1) * v &&
+             uniforms.numel() == k + 1);
+    const std::span<const int32_t> d(drafts.as<int32_t>(), static_cast<size_t>(k));
+    int32_t* o = out.as<int32_t>();
+    int32_t next = 0;
+    const int64_t a =
+        sampling::rejection_sample(d, {q.as<float>(), static_cast<size_t>(k * v)},
+                                   {p.as<float>(), static_cast<size_t>(p.numel())}, v,
+                                   {uniforms.as<float>(), static_cast<size_t>(k + 1)}, &next);
+    std::fill(o, o + k + 2, -1);
+    o[0] = static_cast<int32_t>(a);
+    std::copy(d.begin(), d.begin() + a, o + 1);
+    o[a + 1] = next;
+  }
+
  private:
   // Shared attention over the rows in key_rows_/value_rows_ (position -> kv head 0's row).
   void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,

@@ -198,6 +198,7 @@ class CudaBackend final : public Backend {
     }
     if (attn_ws_) cudaFree(attn_ws_);
     if (x16_ws_) cudaFree(x16_ws_);
+    if (draw_ws_) cudaFree(draw_ws_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_keys_);
@@ -739,6 +740,41 @@ class CudaBackend final : public Backend {
                                        stream_));
   }
 
+  // ---- Sampling ----
+  void filtered_probs(const Tensor& probs, const Tensor& logits,
+                      std::span<const sampling::FilterParams> params) override {
+    const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
+    BS_CHECK(probs.dtype() == DType::kF32 && probs.numel() == n * v);
+    BS_CHECK(params.size() == 1 || std::ssize(params) == n);
+    std::vector<FilterArg> args(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      args[i] = {params[i].temperature, params[i].top_k, params[i].top_p};
+    }
+    CUDA_CHECK(bs::cuda::filtered_probs(probs.as<float>(), in(logits), n, v, args.data(),
+                                        std::ssize(args), stream_));
+  }
+  void sample_from_probs(const Tensor& o, const Tensor& weights, const Tensor& uniforms) override {
+    const int64_t v = weights.dim(-1), n = v ? weights.numel() / v : 0;
+    BS_CHECK(weights.dtype() == DType::kF32 && uniforms.dtype() == DType::kF32);
+    BS_CHECK(o.dtype() == DType::kI32 && o.numel() >= n && uniforms.numel() >= n);
+    void* ws = scratch(&draw_ws_, &draw_ws_bytes_, draw_workspace_bytes(n, v));
+    CUDA_CHECK(bs::cuda::sample_from_probs(o.as<int32_t>(), weights.as<float>(),
+                                           uniforms.as<float>(), n, v, ws, stream_));
+  }
+  void rejection_sample(const Tensor& o, const Tensor& drafts, const Tensor& q, const Tensor& p,
+                        const Tensor& uniforms) override {
+    const int64_t k = drafts.defined() ? drafts.numel() : 0, v = p.dim(-1);
+    BS_CHECK(k == 0 ||
+             (drafts.dtype() == DType::kI32 && q.dtype() == DType::kF32 && q.numel() == k * v));
+    BS_CHECK(p.dtype() == DType::kF32 && p.numel() == (k + 1) * v);
+    BS_CHECK(uniforms.dtype() == DType::kF32 && uniforms.numel() == k + 1);
+    BS_CHECK(o.dtype() == DType::kI32 && o.numel() >= k + 2);
+    void* ws = scratch(&draw_ws_, &draw_ws_bytes_, draw_workspace_bytes(1, v));
+    CUDA_CHECK(bs::cuda::rejection_sample(o.as<int32_t>(), k > 0 ? drafts.as<int32_t>() : nullptr,
+                                          k > 0 ? q.as<float>() : nullptr, p.as<float>(),
+                                          uniforms.as<float>(), k, v, ws, stream_));
+  }
+
  private:
   // A scratch copy of `t` in `dtype` (or `t` itself when it already has it).
   Tensor as_dtype(const Tensor& t, DType dtype) {
@@ -1010,6 +1046,8 @@ class CudaBackend final : public Backend {
   size_t attn_ws_bytes_ = 0;
   void* x16_ws_ = nullptr;
   size_t x16_ws_bytes_ = 0;
+  void* draw_ws_ = nullptr;  // the draws' per-chunk sums
+  size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
   struct Captured {
     cudaGraphExec_t exec = nullptr;

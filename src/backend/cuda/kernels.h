@@ -174,6 +174,27 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
 
+// ---- Sampling (sampling.cu; the rules are backend/sampling.h) ----
+struct FilterArg {
+  float temperature = 1.0f;  // <= 0: one-hot at the argmax
+  int32_t top_k = 0;         // <= 0 or >= v: off
+  float top_p = 1.0f;        // >= 1: off
+};
+// probs[r, :] (F32 [rows, v]) = the filtered distribution of logits[r, :] (F32, BF16 or F16) with
+// params[r], or params[0] for every row when num_params == 1 (host array).
+cudaError_t filtered_probs(float* probs, In logits, int64_t rows, int64_t v,
+                           const FilterArg* params, int64_t num_params, cudaStream_t s);
+// Bytes of device workspace sample_from_probs / rejection_sample need for `rows` rows of v.
+size_t draw_workspace_bytes(int64_t rows, int64_t v);
+// out[r] = the inverse-CDF draw from weights[r, :] (F32 [rows, v], >= 0) at uniforms[r].
+cudaError_t sample_from_probs(int32_t* out, const float* weights, const float* uniforms,
+                              int64_t rows, int64_t v, void* workspace, cudaStream_t s);
+// Rejection sampling of drafts [k] (q [k, v], p [k + 1, v], uniforms [k + 1]) into out [k + 2] =
+// [a, accepted drafts, next, -1 ...]. q may be null when k == 0.
+cudaError_t rejection_sample(int32_t* out, const int32_t* drafts, const float* q, const float* p,
+                             const float* uniforms, int64_t k, int64_t v, void* workspace,
+                             cudaStream_t s);
+
 // Tensor-core skinny GEMM for 1..kSkinnyMaxRows rows (GemvMode::kMma): y[r, j] (+)= sum_c x[r, c]
 // w[j, c] (+ bias[j]) with BF16 x and w (any k and alignment; 16-byte loads when k % 8 == 0 and
 // x, w are 16-byte aligned), y BF16 or F32, bias F32 or null. Row r's result is bit-identical

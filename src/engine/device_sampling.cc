@@ -1,0 +1,59 @@
+#include "engine/device_sampling.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace bs {
+
+void DeviceSampling::reserve(int64_t rows, int64_t vocab) {
+  if (probs_.defined() && probs_.dim(0) >= rows && probs_.dim(1) == vocab) return;
+  const int64_t cap = std::max<int64_t>(rows, probs_.defined() ? probs_.dim(0) : 1);
+  probs_ = backend_.empty({cap, vocab}, DType::kF32);
+  uniforms_ = backend_.empty({cap + 1}, DType::kF32);
+  ids_ = backend_.empty({cap + 2}, DType::kI32);
+}
+
+void DeviceSampling::upload_uniforms(Sampler& sampler, int64_t n) {
+  host_uniforms_.resize(static_cast<size_t>(n));
+  for (float& u : host_uniforms_) u = sampler.uniform();
+  backend_.copy_from_host(uniforms_.rows(0, n), host_uniforms_.data());
+}
+
+void DeviceSampling::sample(Sampler& sampler, const Tensor& logits, std::vector<int32_t>* ids) {
+  BS_CHECK(!sampler.params().greedy());
+  const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
+  reserve(n, v);
+  rows_ = n;
+  vocab_ = v;
+  const sampling::FilterParams filter = sampler.filter();
+  backend_.filtered_probs(probs(), logits, {&filter, 1});
+  upload_uniforms(sampler, n);
+  backend_.sample_from_probs(this->ids(), probs(), uniforms_.rows(0, n));
+  ids->resize(static_cast<size_t>(n));
+  backend_.copy_to_host(ids->data(), this->ids());
+}
+
+AcceptResult DeviceSampling::accept(Sampler& sampler, const DeviceSampling& drafts,
+                                    const Tensor& verify_logits) {
+  BS_CHECK(!sampler.params().greedy());
+  const int64_t v = verify_logits.dim(-1), k = (v ? verify_logits.numel() / v : 0) - 1;
+  BS_CHECK(k >= 0 && (k == 0 || (drafts.rows_ == k && drafts.vocab_ == v)));
+  reserve(k + 1, v);
+  rows_ = k + 1;
+  vocab_ = v;
+  const sampling::FilterParams filter = sampler.filter();
+  backend_.filtered_probs(probs(), verify_logits, {&filter, 1});
+  upload_uniforms(sampler, k + 1);
+  const Tensor out = ids_.rows(0, k + 2);
+  backend_.rejection_sample(out, k > 0 ? drafts.ids() : Tensor(), k > 0 ? drafts.probs() : Tensor(),
+                            probs(), uniforms_.rows(0, k + 1));
+  host_out_.resize(static_cast<size_t>(k + 2));
+  backend_.copy_to_host(host_out_.data(), out);
+  AcceptResult r;
+  r.accepted = host_out_[0];
+  r.next = host_out_[r.accepted + 1];
+  return r;
+}
+
+}  // namespace bs
