@@ -52,7 +52,7 @@ AcceptResult DeviceSampling::accept(Sampler& sampler, const DeviceSampling& draf
   backend_.copy_to_host(host_out_.data(), out);
   AcceptResult r;
   r.accepted = host_out_[0];
-  r.next = host_out_[r.accepted + 1];
+  r.next = host_out_[1];
   return r;
 }
 
