@@ -28,12 +28,6 @@ Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
 void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
                    std::vector<int32_t>* ids);
 
-// Host copies of the logit rows a step reads: greedy, the argmax id of every row (taken on the
-// device into `ids_scratch`); sampled or `want_logits` (logprobs), the logits [rows, vocab].
-void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, bool want_logits,
-                     const Tensor& ids_scratch, std::vector<int32_t>* argmax,
-                     std::vector<float>* host_logits);
-
 // The committed output: appends tokens one by one and says when generation ends with one (a
 // stop token, which is kept, or a callback that returns false).
 class CommittedTokens {
