@@ -33,14 +33,6 @@ Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
   return Status::Ok();
 }
 
-void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
-                   std::vector<int32_t>* ids) {
-  const Tensor out = scratch.rows(0, rows.dim(0));
-  backend.argmax(out, rows);
-  ids->resize(static_cast<size_t>(rows.dim(0)));
-  backend.copy_to_host(ids->data(), out);
-}
-
 bool CommittedTokens::commit(int32_t token, std::span<const float> logits) {
   tokens_.push_back(token);
   if (options_.logprobs >= 0) {

@@ -23,11 +23,6 @@ int64_t context_window(const CausalLM& target, const GenerateOptions& options);
 Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
                         const GenerateOptions& options, int64_t max_context, GenerateStats& stats);
 
-// Argmax of every row of `rows` [n, vocab] on the device, into scratch rows [0, n) (I32); only
-// the ids come back to the host.
-void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
-                   std::vector<int32_t>* ids);
-
 // The committed output: appends tokens one by one and says when generation ends with one (a
 // stop token, which is kept, or a callback that returns false).
 class CommittedTokens {
