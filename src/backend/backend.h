@@ -259,9 +259,9 @@ class Backend {
   // Speculative rejection sampling of one block of k drafts (sampling::rejection_sample): drafts
   // I32 [k] (in [0, V)) drawn from q F32 [k, V], target distributions p F32 [k + 1, V], uniforms
   // F32 [k + 1] (accept test i uses uniforms[i], the committed draw uniforms[k]). Writes
-  // out I32 [k + 2] = [a, d_0 .. d_{a-1}, next, -1 ...]: the number of accepted drafts a, the
-  // accepted drafts and the token drawn after them (correction or bonus), i.e. the a + 1
-  // committed tokens after out[0].
+  // out[0 .. k + 2) of out I32 [>= k + 2] as greedy_accept writes a block's row: [a, next,
+  // d_1 .. d_k], the number of accepted drafts a, the token drawn after them (correction or
+  // bonus) and the drafts as given; a step commits d_1 .. d_a, then next.
   virtual void rejection_sample(const Tensor& out, const Tensor& drafts, const Tensor& q,
                                 const Tensor& p, const Tensor& uniforms) = 0;
 };

@@ -1,17 +1,18 @@
 // Sampled decoding on the backend's device (Backend "Sampling" ops): the filtered distributions,
-// the draws and the speculative accept run where the logits are, and only token ids come back to
-// the host (one small copy per call). The request's Sampler stays the one owner of the parameters
-// and the seeded RNG: it hands out the uniforms, as many and in the same order as its host path
-// consumes them (one per drawn row, k + 1 per accept), so the host path (Sampler::sample,
-// accept_sampled) and this one give the same tokens wherever the backends' arithmetic agrees (on
-// the CPU always: the CPU ops run the same host code).
+// the draws and the speculative accept run where the logits are, and nothing but token ids
+// comes back to the host. The request's Sampler stays the one owner of the parameters and the
+// seeded RNG: it hands out the uniforms, as many and in the same order as its host path consumes
+// them (one per drawn row, k + 1 per accept), so the host path (Sampler::sample, accept_sampled)
+// and this one give the same tokens wherever the backends' arithmetic agrees (on the CPU always:
+// the CPU ops run the same host code).
 //
-// Speculative decoding keeps two of these per sequence (or one for the drafts per sequence and
-// one for the target shared by the sequences of a run):
-//   drafts: draft_dev.sample(sampler, draft_logits.rows(0, k), &drafts)  -> the k drafts (host)
-//   verify: the target forward over [anchor, drafts]
-//   accept: target_dev.accept(sampler, draft_dev, verify_logits)         -> AcceptResult
-// which keeps q (the drafts' distributions) and p on the device and reads back k ids, then k + 2.
+// A speculative step keeps two of these: one per sequence for its drafts (q stays on the device
+// from the draw to the accept), one for the target's distributions (shared by a run's sequences,
+// whose accepts follow one another on the stream):
+//   drafts: draft_dev.choose(sampler, draft_logits.rows(0, k), verify_tokens rows 1..k)
+//   verify: the target forward over [anchor, drafts] (ForwardRequest::device_tokens)
+//   accept: target_dev.accept(sampler, draft_dev, verify_logits, result row) -> [a, next, drafts]
+// and the step reads back only the result rows (engine/speculative_sequence.h).
 #pragma once
 
 #include <cstdint>
@@ -29,21 +30,30 @@ class DeviceSampling {
   DeviceSampling(const DeviceSampling&) = delete;
   DeviceSampling& operator=(const DeviceSampling&) = delete;
 
-  // Draws one token per row of logits [n, V] (temperature > 0 only; greedy decoding takes
-  // Backend::argmax): probs = filtered_probs(logits, sampler.filter()), n uniforms from `sampler`
-  // (row order) uploaded, sample_from_probs; *ids gets the n tokens. The distributions and the
-  // ids stay on the device (probs(), ids()) until the next call.
+  // The sampler's token for every row of logits [n, V], written to `out` (I32 [n] on the
+  // backend, e.g. rows of a forward's device_tokens); nothing is read back. Greedy: the argmax
+  // (Backend::argmax; no uniform, no distributions kept). Else a draw: probs =
+  // filtered_probs(logits, sampler.filter()), n uniforms from `sampler` (row order) uploaded,
+  // sample_from_probs into `out`; the distributions and `out` stay this object's probs() / ids()
+  // until the next call (accept() of the drafts reads them).
+  void choose(Sampler& sampler, const Tensor& logits, const Tensor& out);
+  // choose() (temperature > 0) into this object's own buffer, and the n ids read back into *ids.
   void sample(Sampler& sampler, const Tensor& logits, std::vector<int32_t>* ids);
 
-  // Speculative accept of the k drafts of `drafts`' last sample() (its ids and distributions q)
+  // Speculative accept of the k drafts of `drafts`' last draw (its ids and distributions q)
   // against the target's verify logits [k + 1, V]: p = filtered_probs(verify_logits), k + 1
-  // uniforms from `sampler`, rejection_sample. Reads back k + 2 ids. k = 0 (no drafts) draws from
-  // p_0 and does not look at `drafts`.
+  // uniforms from `sampler`, Backend::rejection_sample into `out` (I32 [>= k + 2] on the backend)
+  // = [a, next, d_1 .. d_k], Backend::greedy_accept's row layout; nothing is read back. k = 0 (no
+  // drafts) draws from p_0 and does not look at `drafts`. Temperature > 0.
+  void accept(Sampler& sampler, const DeviceSampling& drafts, const Tensor& verify_logits,
+              const Tensor& out);
+  // The same into this object's own buffer, read back.
   AcceptResult accept(Sampler& sampler, const DeviceSampling& drafts, const Tensor& verify_logits);
 
-  // The last sample()'s distributions F32 [n, V] and ids I32 [n], on the device.
+  // On the device: the last call's distributions F32 [n, V] (a draw's n rows, an accept's p) and
+  // the last draw's ids I32 [n] (undefined after an accept).
   Tensor probs() const { return probs_.rows(0, rows_); }
-  Tensor ids() const { return ids_.rows(0, rows_); }
+  Tensor ids() const { return drawn_; }
 
  private:
   // Buffers for `rows` rows of `vocab` (grown, never shrunk).
@@ -54,7 +64,8 @@ class DeviceSampling {
   Backend& backend_;
   Tensor probs_;     // F32 [capacity, V]
   Tensor uniforms_;  // F32 [capacity + 1]
-  Tensor ids_;       // I32 [capacity + 2]
+  Tensor ids_;       // I32 [capacity + 2]: sample()'s and the read-back accept()'s output
+  Tensor drawn_;     // I32 [rows_]: the last draw's output (ids_ or the caller's `out`)
   int64_t rows_ = 0, vocab_ = 0;
   std::vector<float> host_uniforms_;
   std::vector<int32_t> host_out_;

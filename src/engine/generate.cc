@@ -33,21 +33,6 @@ Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
   return Status::Ok();
 }
 
-void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
-                   std::vector<int32_t>* ids) {
-  const Tensor out = scratch.rows(0, rows.dim(0));
-  backend.argmax(out, rows);
-  ids->resize(static_cast<size_t>(rows.dim(0)));
-  backend.copy_to_host(ids->data(), out);
-}
-
-void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, bool want_logits,
-                     const Tensor& ids_scratch, std::vector<int32_t>* argmax,
-                     std::vector<float>* host_logits) {
-  if (greedy) device_argmax(backend, ids_scratch, logits, argmax);
-  if (!greedy || want_logits) *host_logits = backend.to_host_f32(logits);
-}
-
 bool CommittedTokens::commit(int32_t token, std::span<const float> logits) {
   tokens_.push_back(token);
   if (options_.logprobs >= 0) {
@@ -107,12 +92,12 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
   KvPool pool = target.make_kv_pool(num_blocks);
   BlockAllocator allocator(num_blocks);
   detail::PlainSequence seq(allocator, options, max_context, prompt, on_token, on_logprobs, st);
-  const Tensor argmax_id = target.backend().empty({1}, DType::kI32);  // greedy: on the device
+  const Tensor token = target.backend().empty({1}, DType::kI32);  // chosen on the device
   auto t0 = Clock::now();
   // The first step is the prefill: the whole prompt, logits of the last row only.
   for (bool stepped = true; stepped;) {
     const bool prefill = !seq.prefilled();
-    BS_RETURN_IF_ERROR(detail::plain_step(target, pool, argmax_id, seq, &stepped));
+    BS_RETURN_IF_ERROR(detail::plain_step(target, pool, token, seq, &stepped));
     if (prefill && stepped) {
       st.prefill_seconds = seconds_since(t0);
       t0 = Clock::now();

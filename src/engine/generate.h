@@ -43,11 +43,11 @@ struct GenerateStats {
   int64_t accepted = 0;                    // drafts accepted
   std::vector<int64_t> position_offered;   // [k]: steps that verified a draft at offset k
   std::vector<int64_t> position_accepted;  // [k]: steps that accepted the draft at offset k
-  // Host wall time per phase (docs/ARCHITECTURE.md, "Step timing"). A greedy step waits for the
-  // device once, at its read-back: on an asynchronous device (CUDA) draft and observe are the
-  // time to issue their work and verify_seconds holds the device time of the whole step; on the
-  // CPU backend each is the phase's compute time. blockspec bench times each phase alone.
-  double draft_seconds = 0;    // propose + the drafts' argmax (sampled: + read-back, sampling)
+  // Host wall time per phase (docs/ARCHITECTURE.md, "Step timing"). A step waits for the device
+  // once, at its read-back: on an asynchronous device (CUDA) draft and observe are the time to
+  // issue their work and verify_seconds holds the device time of the whole step; on the CPU
+  // backend each is the phase's compute time. blockspec bench times each phase alone.
+  double draft_seconds = 0;    // propose + choosing the drafts (argmax, or a sampled draw)
   double verify_seconds = 0;   // target verify forward + acceptance, until the step's read-back
   double observe_seconds = 0;  // drafter context update (prompt included)
   // Acceptance length tau: committed tokens per verify step (accepted + bonus).

@@ -23,17 +23,6 @@ int64_t context_window(const CausalLM& target, const GenerateOptions& options);
 Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
                         const GenerateOptions& options, int64_t max_context, GenerateStats& stats);
 
-// Argmax of every row of `rows` [n, vocab] on the device, into scratch rows [0, n) (I32); only
-// the ids come back to the host.
-void device_argmax(Backend& backend, const Tensor& scratch, const Tensor& rows,
-                   std::vector<int32_t>* ids);
-
-// Host copies of the logit rows a step reads: greedy, the argmax id of every row (taken on the
-// device into `ids_scratch`); sampled or `want_logits` (logprobs), the logits [rows, vocab].
-void read_logit_rows(Backend& backend, const Tensor& logits, bool greedy, bool want_logits,
-                     const Tensor& ids_scratch, std::vector<int32_t>* argmax,
-                     std::vector<float>* host_logits);
-
 // The committed output: appends tokens one by one and says when generation ends with one (a
 // stop token, which is kept, or a callback that returns false).
 class CommittedTokens {

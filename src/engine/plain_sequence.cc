@@ -1,5 +1,7 @@
 #include "engine/plain_sequence.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace bs::detail {
@@ -40,20 +42,13 @@ ForwardRequest PlainSequence::request() const {
           .tap_layers = {}};
 }
 
-void PlainSequence::take(std::span<const int32_t> argmax, std::span<const float> logits) {
-  end_step(options_.sampling.greedy() ? argmax[0] : sampler_.sample(logits), logits);
-}
-
-void PlainSequence::take_on_device(Backend& backend, const Tensor& logits,
-                                   std::span<const float> host_logits) {
+void PlainSequence::draw(Backend& backend, const Tensor& logits, const Tensor& out) {
   BS_CHECK(!greedy() && logits.dim(0) == 1);
   if (!device_) device_ = std::make_unique<DeviceSampling>(backend);
-  std::vector<int32_t> token;
-  device_->sample(sampler_, logits, &token);
-  end_step(token[0], host_logits);
+  device_->choose(sampler_, logits, out);
 }
 
-void PlainSequence::end_step(int32_t token, std::span<const float> logits) {
+void PlainSequence::take(int32_t token, std::span<const float> logits) {
   kv_.set_length(kv_.length() + static_cast<int64_t>(step_tokens_.size()));
   if (out_.commit(token, logits)) {
     done_ = true;
@@ -78,23 +73,35 @@ Status PlainSequence::prefill_chunk(CausalLM& target, KvPool& pool, int64_t n) {
   return Status::Ok();
 }
 
+void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
+               const Tensor& ids_scratch) {
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  BS_CHECK(logits.dim(0) == n);
+  const Tensor ids = ids_scratch.rows(0, n);
+  const bool any_greedy =
+      std::any_of(seqs.begin(), seqs.end(), [](auto* s) { return s->greedy(); });
+  if (any_greedy) backend.argmax(ids, logits);  // the sampled rows' draws overwrite theirs
+  for (int64_t i = 0; i < n; ++i) {
+    if (!seqs[i]->greedy()) seqs[i]->draw(backend, logits.rows(i, 1), ids.rows(i, 1));
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  backend.copy_to_host(tokens.data(), ids);
+  std::vector<float> row;
+  for (int64_t i = 0; i < n; ++i) {
+    row.clear();
+    if (seqs[i]->wants_logits()) row = backend.to_host_f32(logits.rows(i, 1));
+    seqs[i]->take(tokens[static_cast<size_t>(i)], row);
+  }
+}
+
 Status plain_step(CausalLM& target, KvPool& pool, const Tensor& ids_scratch, PlainSequence& seq,
                   bool* stepped) {
   BS_ASSIGN_OR_RETURN(*stepped, seq.begin_step());
   if (!*stepped) return Status::Ok();
   ForwardResult res;
   BS_RETURN_IF_ERROR(target.forward(seq.request(), pool, &res));
-  std::vector<int32_t> ids;
-  std::vector<float> logits;
-  if (seq.greedy()) {
-    read_logit_rows(target.backend(), res.logits, true, seq.wants_logits(), ids_scratch, &ids,
-                    &logits);
-    seq.take(ids, logits);
-  } else {
-    // Sampled: drawn on the device (the logits row comes back only for logprobs).
-    if (seq.wants_logits()) logits = target.backend().to_host_f32(res.logits);
-    seq.take_on_device(target.backend(), res.logits, logits);
-  }
+  PlainSequence* const seqs[] = {&seq};
+  take_step(target.backend(), seqs, res.logits, ids_scratch);
   return Status::Ok();
 }
 

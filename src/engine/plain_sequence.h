@@ -2,10 +2,11 @@
 // CausalLM::forward per step) and the Scheduler (one CausalLM::forward_batch over several
 // sequences per step) run the same code and give the same tokens. The caller runs the forwards:
 //
-//   loop: begin_step (false: finished) -> request() -> target forward -> read_logit_rows -> take
+//   loop: begin_step (false: finished) -> request() -> target forward -> take_step
 //
-// (plain_step, generate_plain's step, ends a sampled step with take_on_device instead: the token is
-// drawn on the device and only its id is read back.)
+// take_step chooses every sequence's token on the device (greedy: argmax; sampled: a draw with
+// the sequence's sampler, DeviceSampling) and reads back only the ids, plus the logits row of a
+// sequence that wants logprobs.
 //
 // The first step feeds the whole prompt (prefill), every later step the last committed token. A
 // chunked prefill (the Scheduler's) caches the prompt's head with prefill_chunk first; the first
@@ -40,18 +41,15 @@ class PlainSequence {
   Result<bool> begin_step();
   // The step's forward: its tokens at the cached length, logits of the last row, no taps.
   ForwardRequest request() const;
-  // Ends the step with its logit row: `argmax` [1] (device argmax) when greedy, `logits`
-  // [vocab] when sampled (drawn with the sequence's own sampler) or wants_logits(). Commits the
-  // token.
-  void take(std::span<const int32_t> argmax, std::span<const float> logits);
-  // Ends a sampled step with its logit row on the device, `logits` [1, vocab]: the token is drawn
-  // there with the sequence's sampler (DeviceSampling; the same uniform as take() would use), only
-  // its id is read back. `host_logits` [vocab]: the row on the host when wants_logits()
-  // (logprobs), else empty. Commits the token.
-  void take_on_device(Backend& backend, const Tensor& logits, std::span<const float> host_logits);
+  // Draws the step's token (temperature > 0) from its logits row [1, vocab] on the device into
+  // `out` (I32 [1]) with the sequence's sampler (DeviceSampling); nothing is read back.
+  void draw(Backend& backend, const Tensor& logits, const Tensor& out);
+  // Ends the step with its token: `logits` [vocab] is its logits row on the host when
+  // wants_logits() (logprobs), else empty. Commits the token.
+  void take(int32_t token, std::span<const float> logits);
 
   bool greedy() const { return options_.sampling.greedy(); }
-  // The host logits row is needed even when greedy: logprobs are on.
+  // The step's logits row is read back: logprobs are on.
   bool wants_logits() const { return options_.logprobs >= 0; }
   bool done() const { return done_; }
   // Prompt tokens not cached yet (0 once the first step has run).
@@ -76,10 +74,14 @@ class PlainSequence {
   CommittedTokens out_;
   std::vector<int32_t> step_tokens_;  // what the next forward feeds: the prompt, then 1 token
   bool done_ = false;
-
-  // Ends the step with `token`.
-  void end_step(int32_t token, std::span<const float> logits);
 };
+
+// Ends a step of `seqs` from their logits rows [n, vocab] (row i: seqs[i]'s): every token is
+// chosen on the device into ids_scratch rows [0, n) (I32; one argmax over the rows for the greedy
+// sequences, a draw for each sampled one), the n ids are read back at once (the step's one read;
+// a sequence that wants logprobs reads its logits row too) and committed.
+void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
+               const Tensor& ids_scratch);
 
 // One whole step of `seq` alone through CausalLM::forward (generate_plain's step; the
 // Scheduler's prefill). `ids_scratch`: I32 [>= 1]. *stepped: false when the sequence was over.

@@ -85,11 +85,6 @@ struct Scheduler::Impl {
   Status step_plain();
   Status step_speculative();
   void begin_next_steps();
-  // Rows of the step's logits [rows, vocab] the requests read: device argmax ids when any is
-  // greedy, host logits when any samples or wants logprobs.
-  void read_rows(const Tensor& logits);
-  std::span<const int32_t> argmax_rows(size_t row, size_t n) const;
-  std::span<const float> logit_rows(size_t row, size_t n) const;
   // Hands the request its result and frees its KV blocks.
   void complete(std::unique_ptr<Request> r, Status status);
   // Completes and removes every request of `requests` for which `ending(request)` gives a status.
@@ -104,7 +99,7 @@ struct Scheduler::Impl {
   std::optional<detail::SpeculativeRun> spec;  // with a drafter: both pools, the allocator
   KvPool pool;                                 // without: the target's pool
   std::optional<BlockAllocator> allocator;     // and its allocator
-  Tensor ids;  // I32 [max_num_seqs]: device argmax of a plain step's logit rows
+  Tensor ids;  // I32 [max_num_seqs]: a plain step's tokens, chosen on the device
   std::deque<std::unique_ptr<Request>> waiting;
   std::deque<std::unique_ptr<Request>> prefilling;  // admitted, prompt partly cached, FIFO
   Requests running;                                 // each with its next step begun
@@ -112,8 +107,7 @@ struct Scheduler::Impl {
   // Plain step scratch.
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
-  std::vector<int32_t> argmax;
-  std::vector<float> host_logits;
+  std::vector<detail::PlainSequence*> plain_seqs;  // plain step: the running sequences
   std::vector<detail::SpeculativeSequence*> seqs;  // speculative step: the running sequences
 };
 
@@ -239,37 +233,15 @@ void Scheduler::Impl::admit_and_prefill() {
   }
 }
 
-void Scheduler::Impl::read_rows(const Tensor& logits) {
-  bool any_greedy = false, any_host = false;
-  for (const auto& r : running) {
-    any_greedy |= r->options.sampling.greedy();
-    any_host |= !r->options.sampling.greedy() || r->options.logprobs >= 0;
-  }
-  argmax.clear();
-  host_logits.clear();
-  Backend& backend = target.backend();
-  if (any_greedy) detail::device_argmax(backend, ids, logits, &argmax);
-  if (any_host) host_logits = backend.to_host_f32(logits);
-}
-
-std::span<const int32_t> Scheduler::Impl::argmax_rows(size_t row, size_t n) const {
-  return argmax.empty() ? std::span<const int32_t>() : std::span(argmax).subspan(row, n);
-}
-
-std::span<const float> Scheduler::Impl::logit_rows(size_t row, size_t n) const {
-  if (host_logits.empty()) return {};
-  const size_t vocab = static_cast<size_t>(target.config().vocab_size);
-  return std::span(host_logits).subspan(row * vocab, n * vocab);
-}
-
 Status Scheduler::Impl::step_plain() {
   reqs.clear();
-  for (const auto& r : running) reqs.push_back(r->plain->request());
-  BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
-  read_rows(res.logits);
-  for (size_t i = 0; i < running.size(); ++i) {
-    running[i]->plain->take(argmax_rows(i, 1), logit_rows(i, 1));
+  plain_seqs.clear();
+  for (const auto& r : running) {
+    reqs.push_back(r->plain->request());
+    plain_seqs.push_back(r->plain.get());
   }
+  BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
+  detail::take_step(target.backend(), plain_seqs, res.logits, ids);
   return Status::Ok();
 }
 

@@ -8,9 +8,10 @@
 //             accept   the longest accepted prefix d_1..d_a plus one target token (bonus or
 //                      correction); roll the target KV back to s+a+1 (anchor + accepted drafts)
 //             observe  the drafter turns taps rows 0..a (positions s..s+a) into context K/V
-// Greedy (without logprobs), drafts, verify input, target argmax and acceptance stay on the
-// device; the host reads back one small result per step ([a, next, drafts], Backend::
-// greedy_accept) and launches the observe after it (detail::speculative_step).
+// Drafts, verify input and acceptance stay on the device, greedy (argmax, Backend::greedy_accept)
+// or sampled (draws and rejection sampling, DeviceSampling); the host reads back one small result
+// per step ([a, next, drafts]; with logprobs also the committed rows' logits) and launches the
+// observe after it (detail::speculative_step).
 //
 // k = min(draft budget, max_tokens left - 1, context room) so that the output stops exactly where
 // generate_plain stops: stop tokens (included, nothing after them), max_tokens, the context window

@@ -43,15 +43,16 @@ SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_b
       target_kv(target.make_kv_pool(num_blocks)),
       draft_kv(drafter.make_kv_pool(num_blocks)),
       allocator(num_blocks),
-      max_seqs(max_seqs) {
+      max_seqs(max_seqs),
+      target_sampling(target.backend()) {
   BS_CHECK(max_seqs >= 1);
   Backend& backend = target.backend();
   const int64_t rows = max_seqs * rows_per_sequence(drafter);
-  argmax_ids = backend.empty({rows}, DType::kI32);
   verify_tokens = backend.empty({rows}, DType::kI32);
   target_ids = backend.empty({rows}, DType::kI32);
   offsets = backend.empty({max_seqs + 1}, DType::kI32);
   accepted = backend.empty({max_seqs, rows_per_sequence(drafter) + 1}, DType::kI32);
+  first_token = backend.empty({1}, DType::kI32);
 }
 
 SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
@@ -66,6 +67,7 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
       prompt_(prompt),
       kv_(run.allocator, kKvBlockSize),
       sampler_(options.sampling),
+      draft_sampling_(run.target.backend()),
       out_(options, on_token, on_logprobs, stats) {}
 
 Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
@@ -91,15 +93,19 @@ Status SpeculativeSequence::prefill(int64_t max_tokens) {
       run_.target_kv, &res));
   kv_.set_length(start + n);
   BS_RETURN_IF_ERROR(observe(res.taps, start));
-  // The read-back of the first token's logits waits for the forward and the observe; a chunk
+  // The read-back of the first token waits for the forward and the observe; a chunk
   // without logits waits for them too, so that the prefill's time is its own.
   Backend& backend = run_.target.backend();
   if (!last) {
     backend.synchronize();
     return Status::Ok();
   }
-  const std::vector<float> logits = backend.to_host_f32(res.logits);
-  done_ = out_.commit(sampler_.sample(logits), logits);
+  run_.target_sampling.choose(sampler_, res.logits, run_.first_token);
+  int32_t token = 0;
+  backend.copy_to_host(&token, run_.first_token);
+  std::vector<float> logits;
+  if (wants_logits()) logits = backend.to_host_f32(res.logits);
+  done_ = out_.commit(token, logits);
   return Status::Ok();
 }
 
@@ -118,19 +124,18 @@ Result<bool> SpeculativeSequence::begin_step() {
     return false;
   }
   k_ = std::min({draft_budget_, options.max_tokens - out_.size() - 1, max_context_ - s_ - 1});
-  const int32_t anchor = out_.back();
+  anchor_ = out_.back();
   const int64_t B = run_.drafter.block_size();
   BS_RETURN_IF_ERROR(kv_.reserve(s_ + std::max(B, k_ + 1)));
 
-  verify_tokens_.assign(1, anchor);
   verify_row_ = 0;
-  q_.clear();
-  step_ = SpeculativeStep{.anchor_pos = s_, .anchor = anchor};
+  drafts_.clear();
+  step_ = SpeculativeStep{.anchor_pos = s_, .anchor = anchor_};
   return true;
 }
 
 ProposeRequest SpeculativeSequence::propose_request() const {
-  return {.anchor = verify_tokens_[0],
+  return {.anchor = anchor_,
           .anchor_pos = s_,
           .block_table = kv_.block_table(),
           .num_drafts = k_,
@@ -138,71 +143,35 @@ ProposeRequest SpeculativeSequence::propose_request() const {
 }
 
 void SpeculativeSequence::take_drafts(const Tensor& draft_logits) {
-  Backend& backend = run_.target.backend();
-  if (device_accept()) {
-    backend.argmax(run_.verify_tokens.rows(verify_row_ + 1, k_), draft_logits.rows(0, k_));
-    return;
-  }
-  if (options_.sampling.greedy()) {
-    std::vector<int32_t> drafts;
-    device_argmax(backend, run_.argmax_ids, draft_logits.rows(0, k_), &drafts);
-    verify_tokens_.insert(verify_tokens_.end(), drafts.begin(), drafts.end());
-  } else {
-    const int64_t vocab = run_.target.config().vocab_size;
-    draft_logits_ = backend.to_host_f32(draft_logits.rows(0, k_));
-    std::vector<float> row_q;
-    for (int64_t i = 0; i < k_; ++i) {
-      const std::span<const float> row(draft_logits_.data() + i * vocab,
-                                       static_cast<size_t>(vocab));
-      sampler_.probs(row, &row_q);
-      verify_tokens_.push_back(sampler_.sample_from(row_q));
-      q_.insert(q_.end(), row_q.begin(), row_q.end());
-    }
-  }
-  step_.drafts = std::span<const int32_t>(verify_tokens_).subspan(1);
+  draft_sampling_.choose(sampler_, draft_logits.rows(0, k_),
+                         run_.verify_tokens.rows(verify_row_ + 1, k_));
 }
 
 ForwardRequest SpeculativeSequence::verify_request() const {
-  ForwardRequest req{.tokens = verify_tokens_,
-                     .start_pos = s_,
-                     .block_table = kv_.block_table(),
-                     .num_logits = k_ + 1,
-                     .tap_layers = run_.drafter.target_layers()};
-  if (device_accept()) req.device_tokens = run_.verify_tokens.rows(verify_row_, k_ + 1);
-  return req;
+  return {.start_pos = s_,
+          .block_table = kv_.block_table(),
+          .num_logits = k_ + 1,
+          .tap_layers = run_.drafter.target_layers(),
+          .device_tokens = run_.verify_tokens.rows(verify_row_, k_ + 1)};
 }
 
-Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> target_argmax,
-                                   std::span<const float> target_logits, double verify_seconds) {
-  BS_CHECK(!device_accept());
-  const std::span<const int32_t> drafts = step_.drafts;
-  AcceptResult acc;
-  if (options_.sampling.greedy()) {
-    acc = accept_greedy(drafts, target_argmax);
-  } else {
-    const int64_t vocab = run_.target.config().vocab_size;
-    p_.resize(static_cast<size_t>((k_ + 1) * vocab));
-    std::vector<float> row_p;
-    for (int64_t i = 0; i <= k_; ++i) {
-      sampler_.probs(
-          target_logits.subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab)),
-          &row_p);
-      std::copy(row_p.begin(), row_p.end(), p_.begin() + i * vocab);
-    }
-    acc = accept_sampled(drafts, q_, p_, vocab, sampler_);
-  }
-  return commit_step(acc, taps, target_logits, verify_seconds);
+void SpeculativeSequence::accept_on_device(const Tensor& verify_logits, const Tensor& result) {
+  run_.target_sampling.accept(sampler_, draft_sampling_, verify_logits, result);
 }
 
-Status SpeculativeSequence::accept_device(const Tensor& taps, std::span<const int32_t> result,
-                                          double verify_seconds) {
-  BS_CHECK(device_accept() && static_cast<int64_t>(result.size()) >= k_ + 2);
+Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> result,
+                                   const Tensor& verify_logits, double verify_seconds) {
+  BS_CHECK(static_cast<int64_t>(result.size()) >= k_ + 2);
   const AcceptResult acc{.accepted = result[0], .next = result[1]};
   BS_CHECK(acc.accepted >= 0 && acc.accepted <= k_);
   // The drafts, for the record (trace, last_step).
-  verify_tokens_.insert(verify_tokens_.end(), result.begin() + 2, result.begin() + 2 + k_);
-  step_.drafts = std::span<const int32_t>(verify_tokens_).subspan(1);
-  return commit_step(acc, taps, {}, verify_seconds);
+  drafts_.assign(result.begin() + 2, result.begin() + 2 + k_);
+  step_.drafts = drafts_;
+  std::vector<float> logits;  // the committed tokens' rows 0..a, for their logprobs
+  if (wants_logits()) {
+    logits = run_.target.backend().to_host_f32(verify_logits.rows(0, acc.accepted + 1));
+  }
+  return commit_step(acc, taps, logits, verify_seconds);
 }
 
 Status SpeculativeSequence::commit_step(const AcceptResult& acc, const Tensor& taps,
@@ -308,29 +277,25 @@ Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* cons
   BS_CHECK(num_seqs >= 1 && num_seqs <= run.max_seqs);
   Backend& backend = run.target.backend();
 
-  // Block i of the step is rows [offsets[i], offsets[i + 1]) of the verify forward (its logit
-  // rows too) and of run.verify_tokens.
+  // Block i of the step is rows [offsets[i], offsets[i + 1]) of run.verify_tokens and of the
+  // verify forward (its logit rows too). The anchors go up with the step's other uploads (the
+  // block boundaries too when greedy_accept needs them); the drafts are chosen in next to them on
+  // the device (take_drafts).
   std::vector<int32_t>& offsets = run.offsets_host;
   offsets.assign(1, 0);
-  bool any_device = false, any_host = false, host_greedy = false;
+  bool any_greedy = false;
   for (SpeculativeSequence* seq : seqs) {
     offsets.push_back(offsets.back() + static_cast<int32_t>(seq->verify_rows()));
-    any_device |= seq->device_accept();
-    any_host |= !seq->device_accept();
-    host_greedy |= !seq->device_accept() && seq->greedy();
+    any_greedy |= seq->greedy();
   }
   const int64_t rows = offsets.back();
-  if (any_device) {
-    // The anchors and the block boundaries go up with the step's other uploads; the drafts are
-    // argmaxed in next to the anchors on the device (take_drafts).
-    run.tokens_host.assign(static_cast<size_t>(rows), 0);
-    for (int64_t i = 0; i < num_seqs; ++i) {
-      run.tokens_host[static_cast<size_t>(offsets[i])] = seqs[i]->anchor();
-      seqs[i]->set_verify_row(offsets[i]);
-    }
-    backend.copy_from_host(run.verify_tokens.rows(0, rows), run.tokens_host.data());
-    backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
+  run.tokens_host.assign(static_cast<size_t>(rows), 0);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    run.tokens_host[static_cast<size_t>(offsets[i])] = seqs[i]->anchor();
+    seqs[i]->set_verify_row(offsets[i]);
   }
+  backend.copy_from_host(run.verify_tokens.rows(0, rows), run.tokens_host.data());
+  if (any_greedy) backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
   BS_RETURN_IF_ERROR(propose_all(run, seqs));
 
   run.reqs.clear();
@@ -338,42 +303,33 @@ Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* cons
   const auto t = Clock::now();
   BS_RETURN_IF_ERROR(run.target.forward_batch(run.reqs, run.target_kv, &run.res));
   const Tensor& logits = run.res.logits;  // [rows, vocab]
-  const Tensor target_ids = run.target_ids.rows(0, rows);
-  if (any_device || host_greedy) backend.argmax(target_ids, logits);
-  if (any_device) {
-    // The step's one read-back: every block's [a, next, drafts].
-    const Tensor result = run.accepted.rows(0, num_seqs);
+  const Tensor result = run.accepted.rows(0, num_seqs);
+  const int64_t width = result.dim(1);
+  // Every block's [a, next, drafts] into its row of `result`: one greedy_accept for all (rows of
+  // sampled blocks are then overwritten), a rejection sampling per sampled block.
+  if (any_greedy) {
+    const Tensor target_ids = run.target_ids.rows(0, rows);
+    backend.argmax(target_ids, logits);
     backend.greedy_accept(result, run.verify_tokens.rows(0, rows), target_ids,
                           run.offsets.rows(0, num_seqs + 1));
-    run.accepted_host.resize(static_cast<size_t>(result.numel()));
-    backend.copy_to_host(run.accepted_host.data(), result);
   }
-  // The host path reads the target's rows: argmax ids when greedy (logprobs), logits always.
-  if (host_greedy) {
-    run.ids_host.resize(static_cast<size_t>(rows));
-    backend.copy_to_host(run.ids_host.data(), target_ids);
-  }
-  if (any_host) run.logits_host = backend.to_host_f32(logits);
-  const double verify_s = seconds_since(t);
-
-  const size_t width = static_cast<size_t>(run.accepted.dim(1));
-  const size_t vocab = static_cast<size_t>(run.target.config().vocab_size);
   for (int64_t i = 0; i < num_seqs; ++i) {
     SpeculativeSequence& seq = *seqs[i];
-    const Tensor& taps = run.res.seqs[static_cast<size_t>(i)].taps;
-    if (seq.device_accept()) {
-      BS_RETURN_IF_ERROR(seq.accept_device(
-          taps, std::span(run.accepted_host).subspan(static_cast<size_t>(i) * width, width),
-          verify_s));
-      continue;
-    }
-    const size_t row = static_cast<size_t>(offsets[i]), n = static_cast<size_t>(seq.verify_rows());
-    const std::span<const int32_t> ids =
-        seq.greedy() ? std::span<const int32_t>(run.ids_host).subspan(row, n)
-                     : std::span<const int32_t>();
-    BS_RETURN_IF_ERROR(seq.accept(
-        taps, ids, std::span<const float>(run.logits_host).subspan(row * vocab, n * vocab),
-        verify_s));
+    if (seq.greedy()) continue;
+    seq.accept_on_device(logits.rows(offsets[i], seq.verify_rows()),
+                         result.rows(i, 1).view({width}).rows(0, seq.verify_rows() + 1));
+  }
+  // The step's one read-back.
+  run.accepted_host.resize(static_cast<size_t>(result.numel()));
+  backend.copy_to_host(run.accepted_host.data(), result);
+  const double verify_s = seconds_since(t);
+
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    SpeculativeSequence& seq = *seqs[i];
+    BS_RETURN_IF_ERROR(
+        seq.accept(run.res.seqs[static_cast<size_t>(i)].taps,
+                   std::span(run.accepted_host).subspan(static_cast<size_t>(i * width), width),
+                   logits.rows(offsets[i], seq.verify_rows()), verify_s));
   }
   return observe_all(run, seqs);
 }

@@ -6,9 +6,9 @@
 //   prefill (whole, or in chunks)
 //   loop: begin_step (false: finished) -> speculative_step(run, every sequence still stepping)
 //
-// A greedy step (without logprobs) keeps its tokens on the device and reads back one small
-// tensor per step for all its sequences (see speculative_step); sampled steps and steps that
-// report logprobs read the draft and verify logits back to the host.
+// A step keeps its tokens on the device, greedy or sampled, and reads back one small tensor for
+// all its sequences (see speculative_step); a sequence that reports logprobs also reads the
+// logits rows of the tokens it commits.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/device_sampling.h"
 #include "engine/generate.h"
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
@@ -47,14 +48,18 @@ struct SpeculativeRun {
   int64_t max_seqs = 1;
   bool batched_propose = true;  // until the drafter says it has no batched pass
   // Device buffers of a step; R = max(block size, max drafts) + 1 rows per sequence.
-  Tensor argmax_ids;     // I32 [max_seqs * R]: device argmax of rows read back (host path)
   Tensor verify_tokens;  // I32 [max_seqs * R]: the verify blocks [anchor, d_1..d_k] back to back
-  Tensor target_ids;     // I32 [max_seqs * R]: the target's argmax of every verify row
+  Tensor target_ids;     // I32 [max_seqs * R]: the target's argmax of every verify row (greedy)
   Tensor offsets;        // I32 [max_seqs + 1]: block boundaries (Backend::greedy_accept)
-  Tensor accepted;       // I32 [max_seqs, R + 1]: greedy_accept's result, the step's read-back
+  // I32 [max_seqs, R + 1]: row i = sequence i's [a, next, d_1 .. d_k] (greedy_accept, or the
+  // sampled accept, Backend::rejection_sample), the step's one read-back.
+  Tensor accepted;
+  Tensor first_token;  // I32 [1]: a prefill's first token, chosen on the device
+  // The target's distributions of a sampled sequence's verify rows (and of a prefill's first
+  // token), made by each sampled accept in turn.
+  DeviceSampling target_sampling;
   // Host staging of a step.
-  std::vector<int32_t> offsets_host, tokens_host, accepted_host, ids_host;
-  std::vector<float> logits_host;
+  std::vector<int32_t> offsets_host, tokens_host, accepted_host;
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
 };
@@ -89,10 +94,11 @@ class SpeculativeSequence {
   SpeculativeSequence& operator=(const SpeculativeSequence&) = delete;
 
   // The prompt through the target (every row tapped, logits of the last row), observed by the
-  // drafter; the first token is sampled. Chunked (the Scheduler's chunked prefill): each call
-  // feeds the next at most `max_tokens` prompt tokens (0: all that are left) at their positions
-  // and the drafter observes their taps, so both caches end up as after a whole-prompt prefill;
-  // only the call that feeds the prompt's last token reads logits and samples the first token.
+  // drafter; the first token is chosen on the device (argmax or draw) and its id read back (its
+  // logits row too with logprobs). Chunked (the Scheduler's chunked prefill): each call feeds the
+  // next at most `max_tokens` prompt tokens (0: all that are left) at their positions and the
+  // drafter observes their taps, so both caches end up as after a whole-prompt prefill; only the
+  // call that feeds the prompt's last token computes logits and chooses the first token.
   Status prefill(int64_t max_tokens = 0);
   // Prompt tokens not cached yet.
   int64_t prompt_left() const {
@@ -104,36 +110,36 @@ class SpeculativeSequence {
   Result<bool> begin_step();
 
   // ---- The step's parts (speculative_step calls them, in this order) ----
-  // Greedy without logprobs: the step's tokens stay on the device, its drafts are argmaxed into
-  // rows [row, row + verify_rows()) of run.verify_tokens (set_verify_row) and its acceptance comes
-  // from Backend::greedy_accept (accept_device). Else the host path: drafts and verify logits are
-  // read back (take_drafts / accept).
-  bool device_accept() const { return greedy() && !wants_logits(); }
+  // The step's tokens stay on the device: its block is rows [row, row + verify_rows()) of
+  // run.verify_tokens (set_verify_row; speculative_step uploads the anchor), its drafts are
+  // chosen into the rows after the anchor (take_drafts), the verify forward reads them there, and
+  // its row of run.accepted gets [a, next, drafts] (greedy: Backend::greedy_accept for every
+  // greedy block at once; sampled: accept_on_device).
   bool greedy() const { return options_.sampling.greedy(); }
   void set_verify_row(int64_t row) { verify_row_ = row; }
-  int32_t anchor() const { return verify_tokens_[0]; }
+  int32_t anchor() const { return anchor_; }
   int64_t drafts_wanted() const { return k_; }
   ProposeRequest propose_request() const;
-  // The step's drafts from the drafter's logits rows [>= k, vocab]: device path, their argmax
-  // into run.verify_tokens on the device; host path, the argmax read back when greedy, else
-  // sampled from the sampling distribution (kept for the acceptance test).
+  // The step's drafts from the drafter's logits rows [>= k, vocab], into run.verify_tokens on the
+  // device: their argmax when greedy, else drawn with the sequence's sampler (the distributions
+  // q stay on the device for the accept).
   void take_drafts(const Tensor& draft_logits);
   // The host time of proposing and taking this step's drafts (its share of a batched propose).
   void take_draft_seconds(double seconds) { step_.draft_seconds = seconds; }
-  // The verify forward of the step: [anchor, drafts...] at s.., k + 1 logit rows, with taps
-  // (device path: the tokens as ForwardRequest::device_tokens).
+  // The verify forward of the step: its block of run.verify_tokens as ForwardRequest::
+  // device_tokens at s.., k + 1 logit rows, with taps.
   ForwardRequest verify_request() const;
   int64_t verify_rows() const { return k_ + 1; }
-  // After the verify forward, host path: accepts (target_argmax [k + 1] when greedy,
-  // target_logits [k + 1, vocab] when sampled or wants_logits(): the i-th token committed
-  // reports row i's logprobs), commits and rolls the cache back; the drafter's observe of the
+  // Sampled: rejection sampling of the drafts against the verify logits [k + 1, vocab] on the
+  // device, writing [a, next, d_1 .. d_k] into `result` (I32 [>= k + 2]); nothing is read back.
+  void accept_on_device(const Tensor& verify_logits, const Tensor& result);
+  // After the step's read-back: commits d_1 .. d_a and next from this sequence's row of it,
+  // `result` = [a, next, d_1 .. d_k, ...], and rolls the cache back; the drafter's observe of the
   // accepted positions from `taps` (the verify rows' taps) is left in pending_observe().
-  // `verify_seconds`: the step's verify time, for the statistics.
-  Status accept(const Tensor& taps, std::span<const int32_t> target_argmax,
-                std::span<const float> target_logits, double verify_seconds);
-  // The same on the device path from this sequence's row of Backend::greedy_accept's result:
-  // [a, next, d_1 .. d_k, ...].
-  Status accept_device(const Tensor& taps, std::span<const int32_t> result, double verify_seconds);
+  // `verify_logits` [k + 1, vocab] (device): when wants_logits(), rows 0..a are read back, the
+  // i-th token committed reporting row i's logprobs. `verify_seconds`: for the statistics.
+  Status accept(const Tensor& taps, std::span<const int32_t> result, const Tensor& verify_logits,
+                double verify_seconds);
   const std::optional<ObserveRequest>& pending_observe() const { return pending_observe_; }
   // The caller ran pending_observe() (in `seconds`, its share of a batched observe).
   void observed(double seconds) {
@@ -142,7 +148,7 @@ class SpeculativeSequence {
     step_.observe_seconds = seconds;
   }
 
-  // The verify rows' host logits are needed even when greedy: logprobs are on.
+  // The committed tokens' logits rows are read back: logprobs are on.
   bool wants_logits() const { return options_.logprobs >= 0; }
   bool done() const { return done_; }
   const SpeculativeStep& last_step() const { return step_; }
@@ -163,27 +169,30 @@ class SpeculativeSequence {
   std::span<const int32_t> prompt_;
   SequenceKv kv_;
   Sampler sampler_;
+  DeviceSampling draft_sampling_;  // sampled: the step's drafts and their distributions q
   CommittedTokens out_;
   bool done_ = false;
   // The current step.
-  int64_t s_ = 0;                       // anchor position = tokens cached
-  int64_t k_ = 0;                       // drafts verified
-  std::vector<int32_t> verify_tokens_;  // [anchor, d_1..d_k] (device path: drafts at accept)
-  int64_t verify_row_ = 0;              // device path: first row of the block in run.verify_tokens
-  std::vector<float> draft_logits_, q_, p_;
+  int64_t s_ = 0;                // anchor position = tokens cached
+  int64_t k_ = 0;                // drafts verified
+  int32_t anchor_ = 0;           // the last committed token, at s
+  int64_t verify_row_ = 0;       // first row of the block in run.verify_tokens
+  std::vector<int32_t> drafts_;  // [k]: the drafts, from the read-back (for the record)
   SpeculativeStep step_;
   std::optional<ObserveRequest> pending_observe_;
 };
 
-// One speculative step of `seqs` (each begun by begin_step, at most run.max_seqs): drafts for
-// every sequence that wants some (one Drafter::propose_batch when the drafter has it, else one
-// propose each), one CausalLM::forward_batch verifying every block, each sequence accepting on
-// its own, one Drafter::observe_batch of the accepted positions. Device path sequences (greedy,
-// no logprobs): their anchors and block boundaries are uploaded with the step's indices, drafts
-// argmaxed on the device straight into the verify input, the target's argmax and
-// Backend::greedy_accept run on the device, and the only device-to-host read of the step is
-// greedy_accept's result (I32 [sequences, R + 1], run.accepted); the context update is launched
-// after it, and the next step's read-back waits for it.
+// One speculative step of `seqs` (each begun by begin_step, at most run.max_seqs), greedy and
+// sampled alike: their anchors and block boundaries are uploaded with the step's indices; drafts
+// for every sequence that wants some (one Drafter::propose_batch when the drafter has it, else
+// one propose each), chosen on the device straight into the verify input (argmax, or a draw with
+// the sequence's sampler); one CausalLM::forward_batch verifying every block; the acceptance on
+// the device (greedy: the target's argmax and one Backend::greedy_accept for every greedy block;
+// sampled: each sequence's rejection sampling); the step's only device-to-host read, every
+// sequence's [a, next, drafts] (I32 [sequences, R + 1], run.accepted), plus the committed rows'
+// logits of sequences that want logprobs; each sequence committing on its own; one
+// Drafter::observe_batch of the accepted positions, launched after the read-back (the next
+// step's read-back waits for it).
 Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs);
 
 }  // namespace bs::detail

@@ -1,13 +1,16 @@
 // Whole models on the CUDA backend against the CPU reference: logits of stories260K and of the
 // tiny goldens' checkpoints (bf16 tolerance), greedy decoding of stories260K from BOS, drafter
 // proposals, and greedy speculative decoding (single and batched, DFlash and FlashMap) on the GPU
-// == plain decoding on the GPU, reading back from the GPU once per step. Skipped without a GPU;
+// == plain decoding on the GPU, reading back from the GPU once per step; seeded sampled
+// speculative decoding on the GPU (reproducible, one read per step). Skipped without a GPU;
 // drafter checks are skipped when their test data or family is absent.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -249,23 +252,33 @@ TEST_F(CudaModels, BatchedSpeculativeMatchesPerPromptOnGpu) {
   }
 }
 
-TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
-  // The models run on a decorator of the CUDA backend that counts device-to-host reads (graph
-  // capture included): the prefill reads its logits row, every greedy step one small result.
-  test_util::CountingBackend counting(*gpu_);
-  auto g = load_target(kStories, counting);
+// Runs `body(target, drafter, name)` with stories260K and each shipped drafter loaded on
+// `backend` (here a read-counting decorator of the GPU backend).
+void for_each_shipped_drafter(
+    Backend& backend, const std::function<void(CausalLM&, Drafter&, const std::string&)>& body) {
+  auto g = load_target(kStories, backend);
   ASSERT_TRUE(g.ok()) << g.status().message();
   for (const char* name : {"stories260K-dflash", "stories260K-flashmap"}) {
     auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/" + name, **g, {});
     ASSERT_TRUE(d.ok()) << d.status().message();
+    body(**g, **d, name);
+  }
+}
+
+TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
+  // The models run on a decorator of the CUDA backend that counts device-to-host reads (graph
+  // capture included): the prefill reads its first token's id, every greedy step one small
+  // result.
+  test_util::CountingBackend counting(*gpu_);
+  for_each_shipped_drafter(counting, [&](CausalLM& g, Drafter& d, const std::string& name) {
     GenerateOptions o;
     o.max_tokens = 100;
     const std::vector<int32_t> bos = {1};
-    auto plain = generate_plain(**g, bos, o, nullptr, nullptr);
+    auto plain = generate_plain(g, bos, o, nullptr, nullptr);
     ASSERT_TRUE(plain.ok());
     counting.reset();
     GenerateStats st;
-    auto spec = generate_speculative(**g, **d, bos, o, nullptr, &st);
+    auto spec = generate_speculative(g, d, bos, o, nullptr, &st);
     ASSERT_TRUE(spec.ok()) << spec.status().message();
     EXPECT_EQ(*spec, *plain) << name;
     EXPECT_EQ(static_cast<int64_t>(counting.reads().size()), 1 + st.steps) << name;
@@ -275,11 +288,80 @@ TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
     o.draft_tokens = 4;
     counting.reset();
     std::vector<GenerateStats> stats;
-    auto batch = generate_speculative_batch(**g, **d, prompts, o, &stats);
+    auto batch = generate_speculative_batch(g, d, prompts, o, &stats);
     ASSERT_TRUE(batch.ok()) << batch.status().message();
     const int64_t steps = std::max(stats[0].steps, stats[1].steps);
     EXPECT_EQ(static_cast<int64_t>(counting.reads().size()), 2 + steps) << name << " batch";
-  }
+  });
+}
+
+TEST_F(CudaModels, SampledSpeculativeIsSeededAndReadsBackOncePerStepOnGpu) {
+  // Sampled speculative decoding on the GPU: each sequence's drafts are drawn on the device into
+  // the verify input and accepted by rejection sampling there, so a step reads back one small I32
+  // result (the prefill one token id). A seed reproduces the run, single and batched (a batch's
+  // rows equal a single sequence's within the 16 pinned rows, so the draws do too); logprobs
+  // (which read the committed rows' logits) do not change the tokens.
+  test_util::CountingBackend counting(*gpu_);
+  for_each_shipped_drafter(counting, [&](CausalLM& g, Drafter& d, const std::string& name) {
+    GenerateOptions o;
+    o.max_tokens = 60;  // no stop tokens: exactly 60 tokens, finish kLength
+    o.sampling = {.temperature = 0.9f, .top_k = 100, .top_p = 0.95f, .seed = 17};
+    const std::vector<int32_t> prompt = {1, 403, 407, 261};
+    counting.reset();
+    GenerateStats st;
+    auto a = generate_speculative(g, d, prompt, o, nullptr, &st);
+    ASSERT_TRUE(a.ok()) << name << ": " << a.status().message();
+    EXPECT_EQ(a->size(), 60u) << name;
+    EXPECT_EQ(st.generated_tokens, 60) << name;
+    EXPECT_EQ(st.finish, FinishReason::kLength) << name;
+    EXPECT_GT(st.accepted, 0) << name;
+    std::printf("[ %s sampled: %lld steps, %lld of %lld drafts accepted ]\n", name.c_str(),
+                static_cast<long long>(st.steps), static_cast<long long>(st.accepted),
+                static_cast<long long>(st.drafted));
+    const auto reads = counting.reads();
+    EXPECT_EQ(static_cast<int64_t>(reads.size()), 1 + st.steps) << name;
+    for (const auto& r : reads) {
+      EXPECT_TRUE(!r.f32 && r.dtype == DType::kI32) << name << ": a read of " << r.numel;
+    }
+    EXPECT_EQ(counting.syncs(), 0) << name;
+    for (int64_t t : *a) EXPECT_TRUE(t >= 0 && t < g.config().vocab_size) << name;
+
+    auto again = generate_speculative(g, d, prompt, o, nullptr, nullptr);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *a) << name << ": the same seed";
+    GenerateOptions with_logprobs = o;
+    with_logprobs.logprobs = 3;
+    int64_t reported = 0;
+    auto lp = generate_speculative(g, d, prompt, with_logprobs, nullptr, nullptr,
+                                   [&](const TokenLogprobs&) { ++reported; });
+    ASSERT_TRUE(lp.ok());
+    EXPECT_EQ(*lp, *a) << name << ": logprobs";
+    EXPECT_EQ(reported, 60) << name;
+    GenerateOptions other = o;
+    other.sampling.seed = 18;
+    auto b = generate_speculative(g, d, prompt, other, nullptr, nullptr);
+    ASSERT_TRUE(b.ok());
+    EXPECT_NE(*b, *a) << name << ": another seed";
+
+    // Batched (3 sequences of at most 5 verify rows): each equals its own run, one read a step.
+    const std::vector<std::vector<int32_t>> prompts = {
+        {1}, {1, 403, 407, 261, 378}, {1, 291, 376, 400, 428, 261, 297}};
+    o.draft_tokens = 4;
+    counting.reset();
+    std::vector<GenerateStats> stats;
+    auto batch = generate_speculative_batch(g, d, prompts, o, &stats);
+    ASSERT_TRUE(batch.ok()) << batch.status().message();
+    const int64_t batch_reads = static_cast<int64_t>(counting.reads().size());
+    int64_t steps = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      steps = std::max(steps, stats[i].steps);
+      EXPECT_EQ((*batch)[i].size(), 60u) << name << " prompt " << i;
+      auto alone = generate_speculative(g, d, prompts[i], o, nullptr, nullptr);
+      ASSERT_TRUE(alone.ok());
+      EXPECT_EQ((*batch)[i], *alone) << name << " prompt " << i;
+    }
+    EXPECT_EQ(batch_reads, 3 + steps) << name << " batch";
+  });
 }
 
 // Drafter data made by the drafter engineers (tests/data/<name>), against stories260K.

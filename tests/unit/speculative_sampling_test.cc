@@ -21,6 +21,7 @@
 #include "chi_square.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "engine/speculative_accept.h"
 #include "models/drafter.h"
 #include "models/registry.h"
@@ -183,7 +184,10 @@ class StoriesSampling : public ::testing::Test {
   }
 
   // Runs n seeded generations of 4 tokens (`drafter` null: plain) and tests the first three.
-  void check(Drafter* drafter, int64_t n, int64_t draft_tokens, const std::string& what) {
+  // `batched`: all n as requests of one Scheduler decoding up to 8 at a time (the batched step),
+  // else one generate_* each.
+  void check(Drafter* drafter, int64_t n, int64_t draft_tokens, const std::string& what,
+             bool batched = false) {
     std::map<std::array<int32_t, 3>, int64_t> counts;
     GenerateOptions o;
     o.max_tokens = 4;
@@ -191,16 +195,37 @@ class StoriesSampling : public ::testing::Test {
     o.sampling = params_;
     o.draft_tokens = draft_tokens;
     int64_t steps = 0, accepted = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      o.sampling.seed = 1000003 * static_cast<uint64_t>(i) + 17;
+    const auto count = [&](const std::vector<int32_t>& out, const GenerateStats& st) {
+      ASSERT_EQ(out.size(), 4u);
+      ++counts[{out[0], out[1], out[2]}];
+      steps += st.steps;
+      accepted += st.accepted;
+    };
+    // Batched runs take other seeds: a sample independent of the single-sequence one.
+    const auto seed = [&](int64_t i) {
+      return 1000003 * static_cast<uint64_t>(i) + (batched ? 29 : 17);
+    };
+    if (batched) {
+      Scheduler scheduler(*target_, drafter, {.max_num_seqs = 8, .max_context = 32});
+      for (int64_t i = 0; i < n; ++i) {
+        o.sampling.seed = seed(i);
+        ASSERT_TRUE(scheduler
+                        .add(static_cast<RequestId>(i), prompt_, o, nullptr,
+                             [&](Completion c) {
+                               ASSERT_TRUE(c.status.ok()) << c.status.message();
+                               count(c.tokens, c.stats);
+                             })
+                        .ok());
+      }
+      while (!scheduler.idle()) ASSERT_TRUE(scheduler.step().ok());
+    }
+    for (int64_t i = 0; i < n && !batched; ++i) {
+      o.sampling.seed = seed(i);
       GenerateStats st;
       auto out = drafter ? generate_speculative(*target_, *drafter, prompt_, o, nullptr, &st)
                          : generate_plain(*target_, prompt_, o, nullptr, &st);
       ASSERT_TRUE(out.ok()) << out.status().message();
-      ASSERT_EQ(out->size(), 4u);
-      ++counts[{(*out)[0], (*out)[1], (*out)[2]}];
-      steps += st.steps;
-      accepted += st.accepted;
+      count(*out, st);
     }
     std::string detail;
     const double pv = goodness_of_fit(counts, exact_, n, &detail);
@@ -289,6 +314,23 @@ TEST_F(StoriesSampling, RandomDFlashDrafterLeavesDistributionUnchanged) {
   auto drafter = load_drafter(kDrafter, *target_, {});
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();
   check(drafter->get(), 2500, 7, "dflash");
+}
+
+// The same through the Scheduler's batched step (sampled drafts drawn and accepted on the device
+// for up to 8 sequences per step, each with its own sampler): the near-target drafter (one propose
+// per sequence) and the shipped trained drafters (DFlash: one batched propose; FlashMap).
+TEST_F(StoriesSampling, NearTargetDrafterInBatchesLeavesDistributionUnchanged) {
+  NearTargetDrafter drafter(*backend_, static_cast<int64_t>(prompt_.size()), after1_, after2_);
+  check(&drafter, 5000, 3, "near_target_batched", /*batched=*/true);
+  EXPECT_GT(accepted_, 5000 / 5);
+}
+
+TEST_F(StoriesSampling, ShippedDrafterInBatchesLeavesDistributionUnchanged) {
+  for (const char* name : {"stories260K-dflash", "stories260K-flashmap"}) {
+    auto drafter = load_drafter(std::string(BS_SOURCE_DIR) + "/models/" + name, *target_, {});
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    check(drafter->get(), 2500, 0, std::string(name) + "_batched", /*batched=*/true);
+  }
 }
 
 }  // namespace

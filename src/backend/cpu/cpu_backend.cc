@@ -662,10 +662,9 @@ class CpuBackend final : public Backend {
         sampling::rejection_sample(d, {q.as<float>(), static_cast<size_t>(k * v)},
                                    {p.as<float>(), static_cast<size_t>(p.numel())}, v,
                                    {uniforms.as<float>(), static_cast<size_t>(k + 1)}, &next);
-    std::fill(o, o + k + 2, -1);
     o[0] = static_cast<int32_t>(a);
-    std::copy(d.begin(), d.begin() + a, o + 1);
-    o[a + 1] = next;
+    o[1] = next;
+    std::copy(d.begin(), d.end(), o + 2);
   }
 
  private:

@@ -190,7 +190,7 @@ size_t draw_workspace_bytes(int64_t rows, int64_t v);
 cudaError_t sample_from_probs(int32_t* out, const float* weights, const float* uniforms,
                               int64_t rows, int64_t v, void* workspace, cudaStream_t s);
 // Rejection sampling of drafts [k] (q [k, v], p [k + 1, v], uniforms [k + 1]) into out [k + 2] =
-// [a, accepted drafts, next, -1 ...]. q may be null when k == 0.
+// [a, next, drafts] (greedy_accept's row layout). q and drafts may be null when k == 0.
 cudaError_t rejection_sample(int32_t* out, const int32_t* drafts, const float* q, const float* p,
                              const float* uniforms, int64_t k, int64_t v, void* workspace,
                              cudaStream_t s);

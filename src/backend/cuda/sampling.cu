@@ -413,7 +413,7 @@ __device__ __forceinline__ float positive(float w) { return w > 0.0f ? w : 0.0f;
 // Where a draw's weights come from. Plain draws: row r of w (r = blockIdx.y), output out[r],
 // uniform uniforms[r]. Rejection sampling (row_of set): the one row a = *row_of (the number of
 // accepted drafts); weights max(p_a - q_a, 0), falling back to p_a when those are all zero, when
-// q is set and a < k, else p_a; output out[a + 1], uniform uniforms[k].
+// q is set and a < k, else p_a; output out[1], uniform uniforms[k].
 struct DrawSource {
   const float* w = nullptr;  // [rows, v]: probs / p
   const float* q = nullptr;  // [k, v] or null
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(kDrawThreads)
   __shared__ bool use_resid, empty;
   const int64_t r = src.row();
   const double* my = sums + static_cast<int64_t>(blockIdx.y) * src.chunks * 2;
-  int32_t* dst = src.row_of ? out + r + 1 : out + r;
+  int32_t* dst = src.row_of ? out + 1 : out + r;
   if (threadIdx.x == 0) {
     // The residual when it has mass, else p (the fallback), else the plain row's own weights.
     bool resid = src.residual(r);
@@ -515,8 +515,8 @@ __global__ void __launch_bounds__(kDrawThreads)
   if (threadIdx.x == 0) *dst = pick != INT_MAX ? pick : (last_positive >= 0 ? last_positive : 0);
 }
 
-// Accept tests of rejection sampling: out[0] = a, out[1 .. a] = the accepted drafts, the rest
-// -1 (draw_find_kernel then writes out[a + 1]). A draft outside [0, v) counts as rejected.
+// Accept tests of rejection sampling: out[0] = a, out[2 .. k + 1] = the drafts (draw_find_kernel
+// then writes out[1], the next token). A draft outside [0, v) counts as rejected.
 __global__ void accept_drafts_kernel(int32_t* out, const int32_t* drafts, const float* q,
                                      const float* p, const float* uniforms, int64_t k, int64_t v) {
   if (threadIdx.x != 0) return;
@@ -526,8 +526,7 @@ __global__ void accept_drafts_kernel(int32_t* out, const int32_t* drafts, const 
     if (d < 0 || d >= v || !(uniforms[a] * q[a * v + d] < p[a * v + d])) break;
   }
   out[0] = static_cast<int32_t>(a);
-  for (int64_t i = 0; i < a; ++i) out[1 + i] = drafts[i];
-  for (int64_t i = a + 1; i < k + 2; ++i) out[i] = -1;
+  for (int64_t i = 0; i < k; ++i) out[2 + i] = drafts[i];
 }
 
 cudaError_t launch_draw(int32_t* out, DrawSource src, int64_t slots, void* workspace,
