@@ -3,7 +3,7 @@
 // result: max |A u - λ u| / max|A| and max |uᵀu' - δ| over a few sampled eigenvectors. Results go
 // to docs/FLASHMAP.md ("Load time").
 //
-//   eigen_timing [--n 4096] [--kind random|gram] [--rows R] [--seed 1]
+//   eigen_timing [--n 4096] [--kind random|gram] [--rows R] [--seed 1] [--threads 0]
 //
 // random: a symmetric matrix of N(0, 1) entries (spread spectrum, little deflation: the slow case).
 // gram: XᵀX of an R x n N(0, 1) matrix X (R < n gives n - R zero eigenvalues, like a rank-deficient
@@ -22,12 +22,14 @@
 int main(int argc, char** argv) {
   int64_t n = 4096, rows = 0;
   uint64_t seed = 1;
+  int threads = 0;
   std::string kind = "random";
   CLI::App app{"Time symmetric_eigen on a synthetic matrix"};
   app.add_option("--n", n);
   app.add_option("--kind", kind)->check(CLI::IsMember({"random", "gram"}));
   app.add_option("--rows", rows, "gram: rows of X (default n / 2)");
   app.add_option("--seed", seed);
+  app.add_option("--threads", threads, "solver threads (0: the hardware's)");
   CLI11_PARSE(app, argc, argv);
 
   std::mt19937_64 rng(seed);
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
   const std::vector<double> a0 = a;
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto res = bs::symmetric_eigen(std::move(a), n);
+  auto res = bs::symmetric_eigen(std::move(a), n, threads);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!res.ok()) {
     fmt::print(stderr, "symmetric_eigen failed: {}\n", res.status().message());
@@ -75,8 +77,9 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print(
-      "n {} kind {} : {:.2f} s  (lambda max {:.6g}, min {:.6g}; residual {:.2e}, "
+      "n {} kind {} threads {} : {:.2f} s  (lambda max {:.6g}, min {:.6g}; residual {:.2e}, "
       "orthogonality {:.2e})\n",
-      n, kind, secs, e.values.front(), e.values.back(), resid / std::max(scale, 1e-300), ortho);
+      n, kind, threads, secs, e.values.front(), e.values.back(), resid / std::max(scale, 1e-300),
+      ortho);
   return 0;
 }
