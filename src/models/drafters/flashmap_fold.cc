@@ -419,7 +419,7 @@ struct MergeNode {
 
 // Scratch of merge, kept between merges (fresh pages of large buffers cost page faults).
 struct MergeWork {
-  std::vector<double> dd, zz, dl, zl, lam, delta, zh, uvec, gt, gb, res;
+  std::vector<double> dd, zz, dl, zl, lam, delta, zh, gt, gb, res;
   std::vector<int8_t> kind;
   std::vector<int64_t> order, keep, pole;
   struct Rotation {
@@ -539,16 +539,15 @@ void merge(double* d, double* z, int64_t n, const MergeNode& mg, MergeWork& ws, 
     return std::count_if(keep.begin(), keep.end(), [&](int64_t i) { return kind[i] == want; });
   };
   const int64_t k1 = count(1), k3 = count(3), k2 = K - k1 - k3, kt = k1 + k2, kb = k2 + k3;
-  // uvec[j * K + q] = component of root j's vector on pole[q].
-  std::vector<double>& uvec = ws.uvec;
-  uvec.resize(static_cast<size_t>(K * K));
+  // uvec[j * K + q] = component of root j's vector on pole[q] (in place of delta).
+  double* uvec = delta.data();
   parallel_for(pool, K, 16, [&](int64_t lo, int64_t hi) {
+    std::vector<double> uj(static_cast<size_t>(K));
     for (int64_t j = lo; j < hi; ++j) {
-      const double* dj = &delta[j * K];
-      double* uj = &uvec[j * K];
+      double* dj = &delta[j * K];
       for (int64_t q = 0; q < K; ++q) uj[q] = zh[pole[q]] / dj[pole[q]];
-      const double inv = 1.0 / norm2(uj, K);
-      for (int64_t q = 0; q < K; ++q) uj[q] *= inv;
+      const double inv = 1.0 / norm2(uj.data(), K);
+      for (int64_t q = 0; q < K; ++q) dj[q] = uj[q] * inv;
     }
   });
   // Per row of the block: the deflating rotations, then the non-deflated columns gathered (top
@@ -576,9 +575,9 @@ void merge(double* d, double* z, int64_t n, const MergeNode& mg, MergeWork& ws, 
   // New vectors: top rows = Q[top, kinds 1-2] U[kinds 1-2, :], bottom likewise with kinds 2-3.
   std::vector<double>& res = ws.res;
   res.resize(static_cast<size_t>(N * K));
-  dgemm(n1, K, kt, 1.0, {gt.data(), kt, 1}, {uvec.data(), 1, K}, 0.0, res.data(), K, 1, pool);
-  dgemm(n2, K, kb, 1.0, {gb.data(), kb, 1}, {uvec.data() + k1, 1, K}, 0.0, res.data() + n1 * K, K,
-        1, pool);
+  dgemm(n1, K, kt, 1.0, {gt.data(), kt, 1}, {uvec, 1, K}, 0.0, res.data(), K, 1, pool);
+  dgemm(n2, K, kb, 1.0, {gb.data(), kb, 1}, {uvec + k1, 1, K}, 0.0, res.data() + n1 * K, K, 1,
+        pool);
   parallel_for(pool, N, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       for (int64_t j = 0; j < K; ++j) z[(o + r) * n + o + keep[j]] = res[r * K + j];
