@@ -16,9 +16,11 @@ struct SymmetricEigen {
 };
 
 // Eigen-decomposition A = U diag(values) Uᵀ of a symmetric a[n, n] (row-major; only symmetry is
-// assumed, not definiteness): Householder tridiagonalisation, then implicit-shift QL. Values come
-// sorted descending and every eigenvector is signed so that its largest-magnitude entry (first on
-// ties) is positive, so the basis is canonical for distinct eigenvalues. O(n³).
-Result<SymmetricEigen> symmetric_eigen(std::vector<double> a, int64_t n);
+// assumed, not definiteness, and only the upper triangle is read): blocked Householder
+// tridiagonalisation, divide and conquer on the tridiagonal, blocked back-transformation. Values
+// come sorted descending and every eigenvector is signed so that its largest-magnitude entry
+// (first on ties) is positive, so the basis is canonical for distinct eigenvalues. O(n³), on
+// `threads` host threads (<= 0: the hardware's); the result does not depend on the thread count.
+Result<SymmetricEigen> symmetric_eigen(std::vector<double> a, int64_t n, int threads = 0);
 
 }  // namespace bs
