@@ -2,13 +2,7 @@
 # Runs on the GPU machine from the repo root: CUDA tests, then benches (stories260K, synthetic
 # Qwen3-8B + DFlash-b16 at forced 100% and 0% acceptance). Logs under $OUT.
 set -u
-D=build-cuda/dist
-export LD_LIBRARY_PATH=$PWD/$D/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-L=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
-[ -n "$L" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$L")
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-cp $D/blockspec build-cuda/blockspec
-B=build-cuda/blockspec
+. tools/device/device_env.sh
 {
   echo "repo: $PWD -> $(readlink -f /work/main)"; head -2 /etc/os-release
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv

@@ -2,13 +2,7 @@
 # Runs on the GPU machine from the repo root: the synthetic Qwen3-8B target with the FlashMap-b16
 # drafter (seed 000's shape, 500M) at forced 100% and 0% acceptance. Logs under $OUT.
 set -u
-D=build-cuda/dist
-export LD_LIBRARY_PATH=$PWD/$D/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-L=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
-[ -n "$L" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$L")
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-cp $D/blockspec build-cuda/blockspec
-B=build-cuda/blockspec
+. tools/device/device_env.sh
 S=/tmp/synth; [ "$(df --output=avail -BG /dev/shm | tail -1 | tr -dc 0-9)" -gt 40 ] && S=/dev/shm/synth
 $B synth --preset qwen3-8b --out $S/qwen3-8b > $OUT/synth_target.txt 2>&1; echo "synth target rc=$?"
 # The FlashMap drafter of seed 000's shape (flashmap-b16, 500M) at forced 100% and 0%, same flags
