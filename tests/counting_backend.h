@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ class CountingBackend final : public Backend {
   Device device() const override { return b_.device(); }
   std::string name() const override { return b_.name(); }
   DType activation_dtype() const override { return b_.activation_dtype(); }
+
+  // Memory as the inner backend reports it, or what set_memory_info gave (tests of KV sizing).
+  MemoryInfo memory_info() const override { return memory_ ? *memory_ : b_.memory_info(); }
+  void set_memory_info(MemoryInfo info) { memory_ = info; }
 
   using Backend::empty;
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
@@ -185,6 +190,7 @@ class CountingBackend final : public Backend {
   Backend& b_;
   std::vector<Read> reads_;
   int64_t syncs_ = 0;
+  std::optional<MemoryInfo> memory_;
 };
 
 }  // namespace bs::test_util

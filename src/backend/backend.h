@@ -46,6 +46,14 @@ struct KvLength {
   const Tensor* device = nullptr;
 };
 
+// Memory of the device a backend allocates from, in bytes: the CUDA device's (cudaMemGetInfo plus
+// what the backend's own allocator holds free), or the host's RAM (MemAvailable / MemTotal) for
+// the CPU backend.
+struct MemoryInfo {
+  int64_t free = 0;
+  int64_t total = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -55,6 +63,7 @@ class Backend {
   virtual DType activation_dtype() const = 0;
 
   // ---- Memory ----
+  virtual MemoryInfo memory_info() const = 0;
   virtual Tensor empty(std::initializer_list<int64_t> shape, DType dtype) = 0;
   Tensor empty(std::initializer_list<int64_t> shape) { return empty(shape, activation_dtype()); }
   // Converts host data of any checkpoint dtype into this backend's weight storage.

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "engine/kv_budget.h"
 #include "server/server.h"
 
 namespace bs::cli {
@@ -30,6 +31,7 @@ struct ServeArgs {
   bool drafter_fp8 = false;
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
+  double memory_utilization = 0.9;
   int64_t max_num_batched_tokens = 0;
   std::string tool_call_parser = "auto";
 };
@@ -54,9 +56,23 @@ int run_serve(const ServeArgs& a) {
                                           .drafter_fp8 = a.drafter_fp8,
                                           .tool_call_parser = a.tool_call_parser});
   if (!model.ok()) return fail(model.status());
+  auto kv = plan_kv_cache(*model->target, model->drafter.get(),
+                          {.tokens = a.kv_cache_tokens,
+                           .max_num_seqs = a.max_num_seqs,
+                           .max_context = model->max_model_len,
+                           .memory_utilization = a.memory_utilization});
+  if (!kv.ok()) return fail(kv.status());
   const std::string summary = fmt::format(
-      "model {} ({}), drafter {}, context {} tokens, max {} sequences", model->name, dirs.model,
-      dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len, a.max_num_seqs);
+      "model {} ({}), drafter {}, context {} tokens, max {} sequences, KV cache {} tokens "
+      "({}{})",
+      model->name, dirs.model, dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len,
+      a.max_num_seqs, kv->tokens(),
+      kv->bytes >= (1 << 30)
+          ? fmt::format("{:.2f} GiB", static_cast<double>(kv->bytes) / (1 << 30))
+          : fmt::format("{:.1f} MiB", static_cast<double>(kv->bytes) / (1 << 20)),
+      kv->shrunk ? fmt::format(", shrunk to fit memory: {:.1f} full context windows",
+                               static_cast<double>(kv->blocks) / kv->window_blocks)
+                 : "");
 
   // SIGINT / SIGTERM go to one waiting thread that stops the server (every other thread,
   // created after this, inherits the blocked mask).
@@ -71,7 +87,7 @@ int run_serve(const ServeArgs& a) {
                                          .port = a.port,
                                          .api_key = a.api_key,
                                          .max_num_seqs = a.max_num_seqs,
-                                         .kv_cache_tokens = a.kv_cache_tokens,
+                                         .kv_cache_tokens = kv->tokens(),
                                          .max_prefill_tokens = a.max_num_batched_tokens});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
@@ -122,9 +138,15 @@ void register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   g_cmd
       ->add_option("--kv-cache-tokens", g_args.kv_cache_tokens,
-                   "KV cache size in positions (default: max-num-seqs full context windows); a "
-                   "request waits until its prompt + max_tokens fit")
+                   "KV cache size in positions (default: max-num-seqs full context windows, "
+                   "fewer if they do not fit in memory); a request waits until its prompt + "
+                   "max_tokens fit")
       ->check(CLI::PositiveNumber);
+  g_cmd
+      ->add_option("--memory-utilization,--gpu-memory-utilization", g_args.memory_utilization,
+                   "Fraction of the device's memory (host RAM on the CPU) that weights and KV "
+                   "cache may take together; sizes the default KV cache")
+      ->check(CLI::Range(0.0, 1.0));
   g_cmd
       ->add_option("--max-num-batched-tokens", g_args.max_num_batched_tokens,
                    "Chunked prefill: prompt tokens prefilled per step, so a long prompt does not "

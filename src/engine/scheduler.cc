@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "engine/generation_common.h"
+#include "engine/kv_budget.h"
 #include "engine/kv_cache.h"
 #include "engine/plain_sequence.h"
 #include "engine/speculative_sequence.h"
@@ -118,12 +119,9 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
       max_prefill_tokens(options.max_prefill_tokens) {
   BS_CHECK(max_num_seqs >= 1);
   BS_CHECK(max_prefill_tokens >= 0);
-  const int64_t window =
-      options.max_context > 0 ? options.max_context : target.config().max_position_embeddings;
-  const int64_t per_window =
-      drafter ? detail::speculative_blocks(*drafter, 0, {.max_tokens = window}, window)
-              : (window + kKvBlockSize - 1) / kKvBlockSize;
-  num_blocks = options.kv_blocks > 0 ? options.kv_blocks : max_num_seqs * per_window;
+  num_blocks = options.kv_blocks > 0
+                   ? options.kv_blocks
+                   : default_kv_blocks(target, drafter, max_num_seqs, options.max_context);
   if (drafter) {
     spec.emplace(target, *drafter, num_blocks, max_num_seqs);
   } else {

@@ -161,6 +161,28 @@ class CudaOps : public ::testing::Test {
 
 constexpr double kBf16Tol = 1e-2;
 
+// memory_info reports the GPU's memory: a 1 GiB tensor takes 1 GiB of the free memory while it
+// lives; a small tensor released into the allocator's cache still counts as free.
+TEST_F(CudaOps, MemoryInfoFollowsAllocations) {
+  const MemoryInfo before = gpu_->memory_info();
+  EXPECT_GT(before.total, 0);
+  EXPECT_GT(before.free, 0);
+  EXPECT_LE(before.free, before.total);
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  {
+    Tensor big = gpu_->empty({kGiB / 2}, DType::kBF16);
+    const MemoryInfo during = gpu_->memory_info();
+    EXPECT_EQ(during.total, before.total);
+    // Other processes may allocate meanwhile; the tensor's own GiB must show.
+    EXPECT_LE(during.free, before.free - kGiB + (64 << 20));
+    EXPECT_GE(during.free, before.free - kGiB - (64 << 20));
+  }
+  const MemoryInfo after_big = gpu_->memory_info();
+  EXPECT_GE(after_big.free, before.free - (64 << 20));     // returned to CUDA
+  { Tensor small = gpu_->empty({1 << 20}, DType::kF32); }  // 4 MiB, kept in the cache
+  EXPECT_GE(gpu_->memory_info().free, after_big.free - (2 << 20));
+}
+
 TEST_F(CudaOps, MatmulShapesBiasAccumulate) {
   struct Case {
     int64_t n, k, m;

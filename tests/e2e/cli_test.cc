@@ -101,6 +101,20 @@ TEST(Cli, BadInputIsAClearError) {
   EXPECT_NE(r.err.find("prompt too long"), std::string::npos) << r.err;
 }
 
+// serve sizes its KV cache before it listens: a size that cannot fit is refused up front.
+TEST(Cli, ServeRefusesAKvCacheThatDoesNotFit) {
+  // At a utilization of 1e-6 the process may hold a few kB or MB: less than it already uses.
+  CliRun r = run("serve --port 0 --memory-utilization 0.000001");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no memory left for a KV cache"), std::string::npos) << r.err;
+  r = run("serve --port 0 --kv-cache-tokens 1000000000000");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--kv-cache-tokens"), std::string::npos) << r.err;
+  r = run("serve --port 0 --gpu-memory-utilization 1.5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("memory-utilization"), std::string::npos) << r.err;
+}
+
 TEST(Cli, ChatWrapsThePromptInTheTemplate) {
   CliRun r = run("generate --model " + kModel + " --no-drafter --chat --prompt hi");
   EXPECT_NE(r.exit_code, 0);

@@ -1,8 +1,11 @@
 // CPU reference backend: every activation and weight in fp32, multi-threaded over output
 // features / rows where the work is large enough to pay for it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -116,6 +119,27 @@ void check_f32(const Tensor& t) {
   BS_CHECK(t.dtype() == DType::kF32 && t.device() == Device::kCpu);
 }
 
+// The host's RAM from /proc/meminfo (MemAvailable counts reclaimable caches as free), or from
+// sysconf where that file is missing.
+MemoryInfo host_memory_info() {
+  MemoryInfo info;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    long long kib = 0;
+    while (std::fscanf(f, "%63s %lld kB", key, &kib) == 2) {
+      if (std::strcmp(key, "MemTotal:") == 0) info.total = kib * 1024;
+      if (std::strcmp(key, "MemAvailable:") == 0) info.free = kib * 1024;
+    }
+    std::fclose(f);
+  }
+  if (info.total <= 0 || info.free <= 0) {
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    info.total = page * static_cast<int64_t>(sysconf(_SC_PHYS_PAGES));
+    info.free = page * static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES));
+  }
+  return info;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads) {}
@@ -123,6 +147,8 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
   DType activation_dtype() const override { return DType::kF32; }
+
+  MemoryInfo memory_info() const override { return host_memory_info(); }
 
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
     int64_t n = 1;

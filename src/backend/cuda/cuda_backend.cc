@@ -116,6 +116,7 @@ class DevicePool {
       if (it != free_.end() && !it->second.empty()) {
         void* p = it->second.back();
         it->second.pop_back();
+        cached_bytes_ -= c;
         return p;
       }
     }
@@ -130,10 +131,17 @@ class DevicePool {
     }
     std::lock_guard<std::mutex> lock(mu_);
     free_[cap].push_back(p);
+    cached_bytes_ += cap;
+  }
+  // Bytes held free for reuse (allocated from CUDA, owned by no tensor).
+  int64_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_bytes_;
   }
 
  private:
   std::mutex mu_;
+  int64_t cached_bytes_ = 0;
   std::map<size_t, std::vector<void*>> free_;
 };
 
@@ -222,6 +230,13 @@ class CudaBackend final : public Backend {
   }
 
   // ---- Memory ----
+  MemoryInfo memory_info() const override {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return {.free = static_cast<int64_t>(free) + pool_->cached_bytes(),
+            .total = static_cast<int64_t>(total)};
+  }
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
