@@ -10,13 +10,6 @@ namespace {
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
-int64_t pool_bytes(const KvPool& pool) {
-  int64_t bytes = 0;
-  for (const Tensor& t : pool.k) bytes += static_cast<int64_t>(t.nbytes());
-  for (const Tensor& t : pool.v) bytes += static_cast<int64_t>(t.nbytes());
-  return bytes;
-}
-
 int64_t window_of(const CausalLM& target, int64_t max_context) {
   return max_context > 0 ? max_context : target.config().max_position_embeddings;
 }
@@ -44,8 +37,8 @@ Result<KvCachePlan> plan_kv_cache(CausalLM& target, Drafter* drafter,
   }
   KvCachePlan plan;
   // One block of each pool tells the bytes per block whatever the model's KV layout.
-  plan.block_bytes = pool_bytes(target.make_kv_pool(1));
-  if (drafter) plan.block_bytes += pool_bytes(drafter->make_kv_pool(1));
+  plan.block_bytes = kv_pool_bytes(target.make_kv_pool(1));
+  if (drafter) plan.block_bytes += kv_pool_bytes(drafter->make_kv_pool(1));
   plan.window_blocks = default_kv_blocks(target, drafter, 1, request.max_context);
   plan.wanted_blocks = request.tokens > 0 ? (request.tokens + kKvBlockSize - 1) / kKvBlockSize
                                           : request.max_num_seqs * plan.window_blocks;

@@ -19,6 +19,14 @@ struct KvPool {
   std::vector<Tensor> v;  // per layer [num_blocks, block_size, kv_heads, head_dim]
 };
 
+// Bytes of a pool's K and V tensors.
+inline int64_t kv_pool_bytes(const KvPool& kv) {
+  int64_t bytes = 0;
+  for (const Tensor& t : kv.k) bytes += static_cast<int64_t>(t.nbytes());
+  for (const Tensor& t : kv.v) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
 // Identifies a pool's tensors (for the keys of captured op sequences, Backend::run_captured).
 inline uintptr_t kv_pool_id(const KvPool& kv) {
   uintptr_t id = 0;

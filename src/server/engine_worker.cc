@@ -6,6 +6,8 @@
 #include <iterator>
 #include <utility>
 
+#include "engine/prompt_logprobs.h"
+
 namespace bs::server {
 
 namespace {
@@ -124,16 +126,53 @@ void EngineWorker::loop() {
   }
 }
 
+bool EngineWorker::echo_prompt(Job& job) {
+  job.append(job.echo_text);
+  if (job.options.logprobs >= 0) {
+    auto scored = prompt_logprobs(*model_.target, job.prompt, job.options.logprobs);
+    if (!scored.ok()) {
+      fail(job, scored.status());
+      return false;
+    }
+    TokenTexts texts(*model_.tokenizer);
+    for (size_t i = 0; i < job.prompt.size(); ++i) {
+      LogprobsEntry e{.logprobs = i ? (*scored)[i - 1] : TokenLogprobs{.token = job.prompt[0]},
+                      .scored = i > 0,
+                      .text = texts.text(job.prompt[i])};
+      for (const TopLogprob& t : e.logprobs.top) e.top_texts.push_back(texts.text(t.token));
+      texts.commit(job.prompt[i]);
+      job.append_logprobs(std::move(e));
+    }
+  }
+  if (job.options.max_tokens > 0) return true;
+  job.stats_.prompt_tokens = static_cast<int64_t>(job.prompt.size());
+  const double e2e = seconds_since(job.submitted_);
+  metrics_.record({.stats = &job.stats_, .finished_reason = "length", .e2e_seconds = e2e});
+  if (log_) {
+    fmt::print(stderr, "[{}] {} prompt tokens echoed, {:.3f} s\n", job.id, job.stats_.prompt_tokens,
+               e2e);
+  }
+  job.end(Status::Ok(), "length");
+  return false;
+}
+
 void EngineWorker::start(std::shared_ptr<Job> job) {
   if (job->cancelled()) {
     job->end(Status::Ok(), "abort");
     return;
   }
+  if (job->echo && !echo_prompt(*job)) return;
   const RequestId id = next_id_++;
   Active& a = active_[id];
   a.job = job;
-  a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop);
-  if (job->options.logprobs >= 0) a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer);
+  // An echoed reply is one text: the generated tokens' text continues the prompt's.
+  const std::span<const int32_t> before =
+      job->echo ? std::span<const int32_t>(job->prompt) : std::span<const int32_t>();
+  a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop, before);
+  if (job->options.logprobs >= 0) {
+    a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer);
+    for (const int32_t id : before) a.token_texts->commit(id);
+  }
   a.queued_before = seconds_since(job->submitted_);
   const auto on_token = [this, id](int32_t token) {
     Active& a = active_.at(id);

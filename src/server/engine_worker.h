@@ -29,6 +29,7 @@ namespace bs::server {
 // A committed token's logprobs with the token strings of it and its alternatives (TokenTexts).
 struct LogprobsEntry {
   TokenLogprobs logprobs;
+  bool scored = true;  // false: the prompt's first token (echo), which has no logprob
   std::string text;
   std::vector<std::string> top_texts;  // per logprobs.top
 };
@@ -43,6 +44,10 @@ class Job {
   std::vector<int32_t> prompt;
   GenerateOptions options;
   std::vector<std::string> stop;
+  // Echo (completions): the reply starts with `echo_text` (the prompt) and, with logprobs, the
+  // prompt tokens' logprobs (engine/prompt_logprobs.h); options.max_tokens may then be 0.
+  bool echo = false;
+  std::string echo_text;
 
   // The client went away: the worker skips the job or stops generating at the next token.
   void cancel() { cancelled_ = true; }
@@ -103,7 +108,10 @@ class EngineWorker {
   };
 
   void loop();
-  void start(std::shared_ptr<Job> job);          // hands a job to the scheduler
+  void start(std::shared_ptr<Job> job);  // hands a job to the scheduler
+  // Echo: the prompt's text and logprobs into the job; false when the job ended (an error, or
+  // max_tokens 0).
+  bool echo_prompt(Job& job);
   void finish(RequestId id, Completion result);  // the scheduler ended it
   void fail(Job& job, const Status& status);
   void publish_counts();  // the scheduler's counts to the metrics (worker thread)

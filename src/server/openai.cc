@@ -190,9 +190,6 @@ std::optional<ApiError> refuse_unsupported(const json& req) {
   int64_t best_of = 1;
   if (auto e = get_integer(req, "best_of", &best_of)) return e;
   if (best_of != 1) return bad("best_of", "best_of is not supported: only best_of = 1");
-  bool echo = false;
-  if (auto e = get_bool(req, "echo", &echo)) return e;
-  if (echo) return bad("echo", "echo is not supported");
   return std::nullopt;
 }
 
@@ -293,12 +290,16 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     return e;
   }
   if (auto e = refuse_unsupported(req)) return e;
+  if (auto e = get_bool(req, "echo", &out->echo)) return e;
+  if (chat && out->echo) return bad("echo", "echo is only supported by /v1/completions");
   if (auto e = parse_logprobs(req, chat, out)) return e;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     int64_t n = 0;
     if (!present(req, key)) continue;
     if (auto e = get_integer(req, key, &n)) return e;
-    if (n <= 0) return bad(key, fmt::format("{} must be at least 1, got {}", key, n));
+    if (n < 0 || (n == 0 && !out->echo)) {
+      return bad(key, fmt::format("{} must be at least 1 (0 only with echo), got {}", key, n));
+    }
     out->max_tokens = n;  // max_completion_tokens (second) wins
   }
   if (auto e = parse_sampling(req, out)) return e;

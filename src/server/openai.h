@@ -39,7 +39,10 @@ struct CompletionRequest {
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   // Chat: tools were given and tool_choice is not "none": tool calls are parsed from the reply.
   bool parse_tool_calls = false;
-  std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens; > 0
+  std::optional<int64_t>
+      max_tokens;  // max_completion_tokens, else max_tokens; > 0 (or 0 with echo)
+  // Completions: the reply starts with the prompt (and its tokens' logprobs with logprobs).
+  bool echo = false;
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool stream = false;
@@ -50,8 +53,8 @@ struct CompletionRequest {
 };
 
 // Parses `body` (JSON) into `out`; the first problem found as an ApiError (400) otherwise.
-// Unknown fields are ignored; n != 1, echo and best_of != 1 are refused, and so are
-// tool_choice "required" or a named function (the output is not constrained to a call).
+// Unknown fields are ignored; n != 1, best_of != 1 and echo in chat requests are refused, and so
+// are tool_choice "required" or a named function (the output is not constrained to a call).
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
                                                  CompletionRequest* out);
 

@@ -149,6 +149,13 @@ json Server::Impl::logprobs_json(const std::vector<LogprobsEntry>& logprobs, boo
     const TokenLogprobs& lp = e.logprobs;
     const std::string& text = e.text;
     tokens.push_back(text);
+    offsets.push_back(*text_offset);
+    for (char c : text) *text_offset += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    if (!e.scored) {  // an echoed prompt's first token: nothing before it to predict it
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(lp.logprob);
     json top = json::object();
     for (size_t i = 0; i < lp.top.size(); ++i) {
@@ -157,8 +164,6 @@ json Server::Impl::logprobs_json(const std::vector<LogprobsEntry>& logprobs, boo
     }
     if (!top.contains(text)) top[text] = lp.logprob;
     top_logprobs.push_back(std::move(top));
-    offsets.push_back(*text_offset);
-    for (char c : text) *text_offset += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   }
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_logprobs)},
@@ -310,6 +315,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   job->options.draft_tokens = model.draft_tokens;
   job->options.logprobs = r.logprobs;
   job->stop = std::move(r.stop);
+  job->echo = r.echo;
+  if (r.echo)
+    job->echo_text = r.prompt_is_ids ? model.tokenizer->decode(job->prompt) : r.prompt_text;
   worker.submit(job);
   const ToolCallParser tools = r.parse_tool_calls ? model.tool_call_parser : ToolCallParser::kNone;
   if (r.stream) return stream(res, std::move(job), chat, r.include_usage, tools);

@@ -5,11 +5,13 @@
 
 namespace bs::server {
 
-TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop)
+TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
+                       std::span<const int32_t> context)
     : decoder_(tokenizer, /*skip_special_tokens=*/true) {
   for (auto& s : stop) {
     if (!s.empty()) stop_.push_back(std::move(s));
   }
+  for (const int32_t id : context) decoder_.push(id);  // their text is not ours
 }
 
 std::string TextStream::push(int32_t id) {

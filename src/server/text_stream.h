@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,11 @@ namespace bs::server {
 
 class TextStream {
  public:
-  // Empty stop strings are ignored. `tokenizer` must outlive this.
-  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  // Empty stop strings are ignored. `tokenizer` must outlive this. `context`: tokens before the
+  // stream (an echoed prompt), decoded and dropped, so that the stream's text continues theirs
+  // (e.g. a word's leading space kept where a decode from the start would strip it).
+  TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
+             std::span<const int32_t> context = {});
 
   // The text that is final after token `id` (possibly empty). Nothing after stopped().
   std::string push(int32_t id);

@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "engine/generate.h"
+#include "io/safetensors.h"
 #include "models/drafter.h"
 #include "models/registry.h"
 #include "tokenizer/tokenizer.h"
@@ -343,7 +344,9 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": "hi", "stop": 3})", 400, "stop must be a string"},
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "only n = 1"},
-      {"/v1/completions", R"({"prompt": "hi", "echo": true})", 400, "echo is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "echo": "yes"})", 400, "echo must be a boolean"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})",
+       400, "echo is only supported by /v1/completions"},
       {"/v1/completions", R"({"prompt": "hi", "logprobs": 21})", 400,
        "logprobs must be in [0, 20], got 21"},
       {"/v1/completions", R"({"prompt": "hi", "logprobs": -1})", 400,
@@ -537,6 +540,81 @@ TEST(Server, CompletionLogprobsEqualTheEngines) {
     EXPECT_EQ(on.body["choices"][0]["text"], off.body["choices"][0]["text"]);
     EXPECT_EQ(on.body["choices"][0]["logprobs"]["top_logprobs"][0].size(), 1u) << on.raw;
   }
+}
+
+// Echo with logprobs scores the prompt (what evaluation harnesses send for log-likelihoods:
+// token ids, echo, logprobs, max_tokens 0 or 1). The reference is transformers: the stories260K
+// golden's fp32 logits at positions 0..39 of [BOS] + ids[:39] (row i predicts token i + 1).
+TEST(Server, EchoScoresThePromptAsTransformers) {
+  auto golden = io::Checkpoint::open_file(std::string(BS_TEST_DATA) +
+                                          "/stories260K-golden/golden.safetensors");
+  ASSERT_TRUE(golden.ok()) << golden.status().message();
+  const auto read = [&](const std::string& name) {
+    auto info = golden->get(name);
+    EXPECT_TRUE(info.ok()) << name;
+    std::vector<float> out((*info)->numel());
+    convert_to_f32((*info)->dtype, (*info)->data, out.data(), out.size());
+    return out;
+  };
+  const std::vector<float> logits = read("logits");  // [40, vocab]
+  const std::vector<float> ids = read("ids");
+  const int64_t V = static_cast<int64_t>(logits.size()) / 40;
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 39; ++i) prompt.push_back(static_cast<int32_t>(ids[i]));
+  Engine engine;
+  RunningServer server;
+  for (const int64_t max_tokens : {0, 1}) {
+    for (const bool stream : {false, true}) {
+      const std::string where = fmt::format("max_tokens {} stream {}", max_tokens, stream);
+      const json body = {{"prompt", prompt}, {"echo", true},     {"logprobs", 3},
+                         {"temperature", 0}, {"stream", stream}, {"max_tokens", max_tokens}};
+      const json lp = completion_logprobs(server.port(), body);
+      const size_t P = prompt.size();
+      ASSERT_EQ(lp["tokens"].size(), P + max_tokens) << where << lp.dump();
+      EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << where;
+      EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << where;
+      std::string text;
+      for (size_t i = 0; i < P; ++i) {
+        const std::string token =
+            engine.token_text({prompt.begin(), prompt.begin() + i}, prompt[i]);
+        EXPECT_EQ(lp["tokens"][i], token) << where << " token " << i;
+        EXPECT_EQ(lp["text_offset"][i], text.size()) << where;
+        text += token;
+        if (i == 0) continue;
+        // log_softmax of the golden row i - 1 at prompt[i], in double.
+        const float* row = logits.data() + (i - 1) * V;
+        const double mx = *std::max_element(row, row + V);
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+        const double want = row[prompt[i]] - mx - std::log(sum);
+        EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want, 1e-4) << where << " token " << i;
+        // Its top 3 hold the golden row's most likely token.
+        const int32_t best = static_cast<int32_t>(std::max_element(row, row + V) - row);
+        const std::string best_text = engine.token_text({prompt.begin(), prompt.begin() + i}, best);
+        EXPECT_TRUE(lp["top_logprobs"][i].contains(best_text)) << where << " token " << i;
+      }
+      const Reply r = post(server.port(), "/v1/completions", body.dump());
+      ASSERT_EQ(r.status, 200) << r.raw;
+      if (!stream) {
+        const json& choice = r.body["choices"][0];
+        // The text starts with the prompt (as the ids decode); max_tokens 0 ends with length.
+        EXPECT_EQ(choice["text"].get<std::string>().substr(0, text.size()), text) << where;
+        EXPECT_EQ(r.body["usage"]["prompt_tokens"], P) << where;
+        EXPECT_EQ(r.body["usage"]["completion_tokens"], max_tokens) << where;
+        EXPECT_EQ(choice["finish_reason"], "length") << where;
+        // The generated token is the golden greedy continuation.
+        if (max_tokens == 1) {
+          EXPECT_EQ(lp["tokens"][P], engine.token_text(prompt, static_cast<int32_t>(ids[39])));
+        }
+      }
+    }
+  }
+  // Echo without logprobs: the prompt text, then the completion of the same request without echo.
+  const json plain = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+  json echoed = plain;
+  echoed["echo"] = true;
+  EXPECT_EQ(completion_text(server.port(), echoed),
+            "Once upon a time" + completion_text(server.port(), plain));
 }
 
 TEST(Server, ChatLogprobsEqualTheEngines) {

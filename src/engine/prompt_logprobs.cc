@@ -1,0 +1,62 @@
+#include "engine/prompt_logprobs.h"
+
+#include <algorithm>
+
+#include "engine/kv_cache.h"
+#include "models/kv_pool.h"
+
+namespace bs {
+
+Result<std::vector<TokenLogprobs>> prompt_logprobs(CausalLM& target,
+                                                   std::span<const int32_t> prompt, int top_n,
+                                                   int64_t rows_per_forward) {
+  const auto P = static_cast<int64_t>(prompt.size());
+  const int64_t V = target.config().vocab_size;
+  if (P == 0) return InvalidArgument("prompt logprobs of an empty prompt");
+  if (top_n < 0 || top_n > kMaxTopLogprobs) {
+    return InvalidArgument("top logprobs {} not in [0, {}]", top_n, kMaxTopLogprobs);
+  }
+  if (P > target.config().max_position_embeddings) {
+    return InvalidArgument("prompt of {} tokens is longer than the model's {} positions", P,
+                           target.config().max_position_embeddings);
+  }
+  for (const int32_t t : prompt) {
+    if (t < 0 || t >= V) return InvalidArgument("prompt token id {} not in [0, {})", t, V);
+  }
+  const int64_t rows = std::clamp<int64_t>(rows_per_forward, 1, P);
+  const int64_t blocks = (P + kKvBlockSize - 1) / kKvBlockSize;
+  Backend& backend = target.backend();
+  // The cache, one forward's logits (device and host copies, F32 at most) and its activations
+  // (a few rows of hidden-size vectors, small next to the logits).
+  const int64_t need = kv_pool_bytes(target.make_kv_pool(1)) * blocks + 2 * rows * V * 4;
+  if (const MemoryInfo mem = backend.memory_info(); need > mem.free) {
+    return OutOfMemory(
+        "prompt logprobs of {} tokens need {:.1f} MiB of {} memory, {:.1f} MiB are free", P,
+        static_cast<double>(need) / (1 << 20), backend.name(),
+        static_cast<double>(mem.free) / (1 << 20));
+  }
+  KvPool pool = target.make_kv_pool(blocks);
+  BlockAllocator allocator(blocks);
+  SequenceKv seq(allocator, kKvBlockSize);
+  BS_RETURN_IF_ERROR(seq.reserve(P));
+  std::vector<TokenLogprobs> out(static_cast<size_t>(P - 1));
+  for (int64_t start = 0; start < P - 1; start += rows) {
+    const int64_t n = std::min(rows, P - start);
+    ForwardResult res;
+    BS_RETURN_IF_ERROR(target.forward({.tokens = prompt.subspan(start, n),
+                                       .start_pos = start,
+                                       .block_table = seq.block_table(),
+                                       .num_logits = n,
+                                       .tap_layers = {}},
+                                      pool, &res));
+    const std::vector<float> logits = backend.to_host_f32(res.logits);  // [n, V]
+    for (int64_t i = 0; i < n && start + i + 1 < P; ++i) {
+      token_logprobs(std::span<const float>(logits).subspan(i * V, V), prompt[start + i + 1], top_n,
+                     &out[start + i]);
+    }
+    seq.set_length(start + n);
+  }
+  return out;
+}
+
+}  // namespace bs
