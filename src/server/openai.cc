@@ -304,6 +304,15 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
   }
   if (auto e = parse_sampling(req, out)) return e;
   if (auto e = parse_stop(req, out)) return e;
+  if (auto e = get_bool(req, "ignore_eos", &out->ignore_eos)) return e;
+  if (present(req, "stop_token_ids") && !req.at("stop_token_ids").is_null()) {
+    if (!req.at("stop_token_ids").is_array()) {
+      return bad("stop_token_ids", "stop_token_ids must be a list of token ids");
+    }
+    if (auto e = get_ids(req.at("stop_token_ids"), "stop_token_ids", &out->stop_token_ids)) {
+      return e;
+    }
+  }
   if (auto e = get_bool(req, "stream", &out->stream)) return e;
   if (present(req, "stream_options")) {
     const json& so = req.at("stream_options");

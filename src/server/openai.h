@@ -45,6 +45,10 @@ struct CompletionRequest {
   bool echo = false;
   SamplingParams sampling;
   std::vector<std::string> stop;
+  // vLLM's extensions: generation does not end at the tokenizer's EOS ids (benchmark clients use
+  // it for fixed output lengths); these ids end it too (the token is kept, as an EOS is).
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
   bool stream = false;
   bool include_usage = false;
   // GenerateOptions::logprobs: -1 off, else the top alternatives per token. Completions:

@@ -310,7 +310,16 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   job->id = fmt::format("{}-{}{:06x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
   job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
   job->options.sampling = r.sampling;
-  job->options.stop_ids = model.tokenizer->eos_ids();
+  if (!r.ignore_eos) job->options.stop_ids = model.tokenizer->eos_ids();
+  for (const int32_t id : r.stop_token_ids) {
+    if (id >= model.target->config().vocab_size) {
+      return send_error(res, {.message = fmt::format("stop_token_ids: token id {} out of range "
+                                                     "(vocabulary of {})",
+                                                     id, model.target->config().vocab_size),
+                              .param = "stop_token_ids"});
+    }
+    job->options.stop_ids.push_back(id);
+  }
   job->options.max_context = model.max_model_len;
   job->options.draft_tokens = model.draft_tokens;
   job->options.logprobs = r.logprobs;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -313,6 +314,66 @@ TEST(Server, MaxTokensEndsWithLength) {
             post(server.port(), "/v1/completions", sampled).body["choices"][0]["text"]);
 }
 
+// ignore_eos: generation runs to max_tokens through EOS; stop_token_ids end it at the first of
+// them (kept in the output, as an EOS is), finish_reason "stop". stories260K's greedy stories
+// never emit </s>, so the test serves a copy whose EOS (generation_config.json's eos_token_id,
+// which a tokenizer_config.json without eos_token leaves in charge) is a token its greedy
+// continuation of the prompt contains.
+TEST(Server, IgnoreEosAndStopTokenIds) {
+  namespace fs = std::filesystem;
+  const std::string prompt = "Once upon a time";
+  std::vector<int32_t> reference;  // 200 greedy tokens, no stop
+  {
+    Engine engine;
+    auto backend = make_cpu_backend(1);
+    auto target = load_target(kModel, *backend);
+    ASSERT_TRUE(target.ok());
+    GenerateOptions none;
+    none.max_tokens = 200;
+    auto out =
+        generate_plain(**target, engine.tokenizer().encode(prompt, true), none, nullptr, nullptr);
+    ASSERT_TRUE(out.ok());
+    reference = *out;
+  }
+  const auto first_of = [&](int32_t id) {
+    return static_cast<size_t>(std::find(reference.begin(), reference.end(), id) -
+                               reference.begin());
+  };
+  const int32_t eos = reference[5], stop_id = reference[9];
+  ASSERT_LT(first_of(eos), 100u);
+  ASSERT_NE(first_of(stop_id), first_of(eos));
+  const fs::path dir = fs::temp_directory_path() / ("bs_server_eos_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    fs::copy_file(fs::path(kModel) / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "add_bos_token": true,
+             "add_eos_token": false, "legacy": true})";
+  std::ofstream(dir / "generation_config.json")
+      << fmt::format(R"({{"bos_token_id": 1, "eos_token_id": {}}})", eos);
+  {
+    RunningServer server({}, /*drafter=*/true, dir.string());
+    const json body = {{"prompt", prompt}, {"max_tokens", 200}, {"temperature", 0}};
+    const Reply plain = post(server.port(), "/v1/completions", body.dump());
+    ASSERT_EQ(plain.status, 200) << plain.raw;
+    EXPECT_EQ(plain.body["usage"]["completion_tokens"], first_of(eos) + 1);  // ends at the EOS
+    EXPECT_EQ(plain.body["choices"][0]["finish_reason"], "stop");
+    json ignoring = body;
+    ignoring["ignore_eos"] = true;
+    const Reply ignored = post(server.port(), "/v1/completions", ignoring.dump());
+    ASSERT_EQ(ignored.status, 200) << ignored.raw;
+    EXPECT_EQ(ignored.body["usage"]["completion_tokens"], 200);
+    EXPECT_EQ(ignored.body["choices"][0]["finish_reason"], "length");
+    ignoring["stop_token_ids"] = {stop_id};
+    const Reply stopped = post(server.port(), "/v1/completions", ignoring.dump());
+    ASSERT_EQ(stopped.status, 200) << stopped.raw;
+    EXPECT_EQ(stopped.body["usage"]["completion_tokens"], first_of(stop_id) + 1);
+    EXPECT_EQ(stopped.body["choices"][0]["finish_reason"], "stop");
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
   RunningServer server;
   const std::vector<int32_t> long_prompt(600, 300);
@@ -345,6 +406,14 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "only n = 1"},
       {"/v1/completions", R"({"prompt": "hi", "echo": "yes"})", 400, "echo must be a boolean"},
+      {"/v1/completions", R"({"prompt": "hi", "ignore_eos": 1})", 400,
+       "ignore_eos must be a boolean"},
+      {"/v1/completions", R"({"prompt": "hi", "stop_token_ids": 2})", 400,
+       "stop_token_ids must be a list"},
+      {"/v1/completions", R"({"prompt": "hi", "stop_token_ids": [2, -1]})", 400,
+       "non-negative token ids"},
+      {"/v1/completions", R"({"prompt": "hi", "stop_token_ids": [99999]})", 400,
+       "token id 99999 out of range"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})",
        400, "echo is only supported by /v1/completions"},
       {"/v1/completions", R"({"prompt": "hi", "logprobs": 21})", 400,
