@@ -48,6 +48,8 @@ class Job {
   // prompt tokens' logprobs (engine/prompt_logprobs.h); options.max_tokens may then be 0.
   bool echo = false;
   std::string echo_text;
+  // n of the request this job is a choice of (usage counts a prompt once for its n choices).
+  int choices_per_prompt = 1;
 
   // The client went away: the worker skips the job or stops generating at the next token.
   void cancel() { cancelled_ = true; }

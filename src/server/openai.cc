@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace bs::server {
@@ -62,31 +63,32 @@ std::optional<ApiError> get_ids(const json& v, const char* param, std::vector<in
   return std::nullopt;
 }
 
-// prompt: "text", ["text"], [ids...] or [[ids...]]; several prompts are refused (no batching
-// of one request's prompts).
-std::optional<ApiError> parse_prompt(const json& req, CompletionRequest* out) {
-  if (!present(req, "prompt")) return bad("prompt", "prompt is required");
-  json p = req.at("prompt");
-  if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
-    if (p.size() > 1) {
-      return bad("prompt", fmt::format("prompt holds {} prompts; this server takes one prompt per "
-                                       "request (send them as separate requests)",
-                                       p.size()));
-    }
-    p = json(p[0]);
-  }
+// One prompt: "text" or [ids...].
+std::optional<ApiError> parse_one_prompt(const json& p, PromptInput* out) {
   if (p.is_string()) {
-    out->prompt_text = p.get<std::string>();
-    if (out->prompt_text.empty()) return bad("prompt", "prompt is empty");
+    out->text = p.get<std::string>();
+    if (out->text.empty()) return bad("prompt", "prompt is empty");
     return std::nullopt;
   }
   if (p.is_array()) {
     if (p.empty()) return bad("prompt", "prompt is empty");
-    out->prompt_is_ids = true;
-    return get_ids(p, "prompt", &out->prompt_ids);
+    out->is_ids = true;
+    return get_ids(p, "prompt", &out->ids);
   }
   return bad("prompt",
              fmt::format("prompt must be a string or a list of token ids, got {}", type_name(p)));
+}
+
+// prompt: "text", [ids...], or a list of those (["text", ...], [[ids...], ...]): one group of n
+// choices per prompt.
+std::optional<ApiError> parse_prompt(const json& req, CompletionRequest* out) {
+  if (!present(req, "prompt")) return bad("prompt", "prompt is required");
+  const json& p = req.at("prompt");
+  const bool several = p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array());
+  for (const json& one : several ? p : json::array({p})) {
+    if (auto e = parse_one_prompt(one, &out->prompts.emplace_back())) return e;
+  }
+  return std::nullopt;
 }
 
 // tool_choice: "auto" (default) or "none" (the reply stays text). "required" and a named function
@@ -181,15 +183,28 @@ std::optional<ApiError> parse_stop(const json& req, CompletionRequest* out) {
              fmt::format("stop must be a string or a list of strings, got {}", type_name(s)));
 }
 
-// Fields the server does not implement: refused rather than silently ignored when they would
-// change the response.
-std::optional<ApiError> refuse_unsupported(const json& req) {
+// n: choices per prompt (n x prompts in 1..kMaxChoices); best_of (the likeliest of more samples)
+// only where it changes nothing: absent, null or n.
+std::optional<ApiError> parse_choices(const json& req, CompletionRequest* out) {
   int64_t n = 1;
-  if (auto e = get_integer(req, "n", &n)) return e;
-  if (n != 1) return bad("n", fmt::format("n = {} is not supported: only n = 1", n));
-  int64_t best_of = 1;
-  if (auto e = get_integer(req, "best_of", &best_of)) return e;
-  if (best_of != 1) return bad("best_of", "best_of is not supported: only best_of = 1");
+  if (present(req, "n") && !req.at("n").is_null()) {
+    if (auto e = get_integer(req, "n", &n)) return e;
+  }
+  const int64_t prompts = std::max<int64_t>(1, static_cast<int64_t>(out->prompts.size()));
+  if (n < 1 || n * prompts > kMaxChoices) {
+    return bad("n", fmt::format("n must be at least 1 and n x prompts at most {}, got n = {} with "
+                                "{} prompt(s)",
+                                kMaxChoices, n, prompts));
+  }
+  out->n = static_cast<int>(n);
+  if (present(req, "best_of") && !req.at("best_of").is_null()) {
+    int64_t best_of = 0;
+    if (auto e = get_integer(req, "best_of", &best_of)) return e;
+    if (best_of != n) {
+      return bad("best_of",
+                 fmt::format("best_of = {} is not supported: only best_of = n", best_of));
+    }
+  }
   return std::nullopt;
 }
 
@@ -289,7 +304,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
   } else if (auto e = parse_prompt(req, out)) {
     return e;
   }
-  if (auto e = refuse_unsupported(req)) return e;
+  if (auto e = parse_choices(req, out)) return e;
   if (auto e = get_bool(req, "echo", &out->echo)) return e;
   if (chat && out->echo) return bad("echo", "echo is only supported by /v1/completions");
   if (auto e = parse_logprobs(req, chat, out)) return e;

@@ -27,13 +27,22 @@ struct ApiError {
 nlohmann::json error_body(const ApiError& e);
 
 // A /v1/completions or /v1/chat/completions request, validated.
+// The most prompts x n choices one request may ask for.
+inline constexpr int kMaxChoices = 128;
+
+struct PromptInput {
+  std::string text;          // the prompt as text, or
+  std::vector<int32_t> ids;  // as token ids when is_ids
+  bool is_ids = false;
+};
+
 struct CompletionRequest {
   bool chat = false;
   std::string model;  // empty: not given
-  // Completions: the prompt as text, or as token ids when prompt_is_ids.
-  std::string prompt_text;
-  std::vector<int32_t> prompt_ids;
-  bool prompt_is_ids = false;
+  // Completions: one or more prompts, each text or token ids.
+  std::vector<PromptInput> prompts;
+  // Choices per prompt (OpenAI's n); the response lists them prompt by prompt.
+  int n = 1;
   // Chat: messages with content flattened to strings; template variables.
   nlohmann::ordered_json messages;  // key order kept (templates see it)
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
@@ -57,7 +66,7 @@ struct CompletionRequest {
 };
 
 // Parses `body` (JSON) into `out`; the first problem found as an ApiError (400) otherwise.
-// Unknown fields are ignored; n != 1, best_of != 1 and echo in chat requests are refused, and so
+// Unknown fields are ignored; best_of other than n and echo in chat requests are refused, and so
 // are tool_choice "required" or a named function (the output is not constrained to a call).
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
                                                  CompletionRequest* out);

@@ -22,6 +22,8 @@ using json = nlohmann::json;
 
 namespace {
 
+using Jobs = std::vector<std::shared_ptr<Job>>;
+
 constexpr int64_t kDefaultCompletionTokens = 16;  // OpenAI's default for /v1/completions
 constexpr size_t kMaxBodyBytes = 64 << 20;
 
@@ -70,14 +72,15 @@ struct Server::Impl {
 
   void add_routes();
   void completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  // The finished response of `job` (non-streaming) with its tokens' logprobs; chat replies are
-  // read for tool calls by `tools` (finish_reason "tool_calls" when any).
-  json response_body(const Job& job, const std::string& text,
-                     const std::vector<LogprobsEntry>& logprobs, bool chat,
-                     ToolCallParser tools) const;
-  // One SSE chunk: delta text (or nothing), finish_reason (or null) and logprobs (or null).
-  json chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish,
-             const json& logprobs = nullptr) const;
+  // The finished response (non-streaming) of request `id`: one choice per job, in order, with
+  // its text and its tokens' logprobs; chat replies are read for tool calls by `tools`
+  // (finish_reason "tool_calls" when any).
+  json response_body(const std::string& id, const Jobs& jobs, const std::vector<std::string>& texts,
+                     bool chat, ToolCallParser tools) const;
+  // One SSE chunk of request `id` for choice `index`: delta text (or nothing), finish_reason (or
+  // null) and logprobs (or null).
+  json chunk(const std::string& id, int index, bool chat, const json& delta_or_text,
+             const json& finish, const json& logprobs = nullptr) const;
   // choices[].logprobs for `logprobs` (the next tokens of the reply): chat
   // {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, completions
   // {tokens, token_logprobs, top_logprobs: [{text: logprob}] (the top N and the chosen token),
@@ -85,11 +88,14 @@ struct Server::Impl {
   // token strings before these tokens) advances past them.
   json logprobs_json(const std::vector<LogprobsEntry>& logprobs, bool chat,
                      int64_t* text_offset) const;
-  // Streams `job` as SSE; chat content goes through a ToolCallStream by `tools`.
-  void stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool include_usage,
-              ToolCallParser tools);
-  json usage(const Job& job) const;
-  json speculative(const Job& job) const;
+  // Streams the jobs of request `id` (choice i = jobs[i]) as SSE, each choice's text as it
+  // comes; chat content goes through a ToolCallStream by `tools`.
+  void stream(httplib::Response& res, const std::string& id, Jobs jobs, bool chat,
+              bool include_usage, ToolCallParser tools);
+  // Usage of a request's choices: prompt tokens once per prompt (n choices share one).
+  json usage(const Jobs& jobs, int n) const;
+  // The drafter's figures of these choices together.
+  json speculative(const Jobs& jobs) const;
 
   ServedModel model;
   ServerOptions options;
@@ -102,15 +108,25 @@ struct Server::Impl {
   std::atomic<bool> run_called{false};
 };
 
-json Server::Impl::usage(const Job& job) const {
-  const GenerateStats& st = job.stats();
-  return {{"prompt_tokens", st.prompt_tokens},
-          {"completion_tokens", st.generated_tokens},
-          {"total_tokens", st.prompt_tokens + st.generated_tokens}};
+json Server::Impl::usage(const Jobs& jobs, int n) const {
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const GenerateStats& st = jobs[i]->stats();
+    if (i % n == 0) prompt += st.prompt_tokens;
+    completion += st.generated_tokens;
+  }
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
 }
 
-json Server::Impl::speculative(const Job& job) const {
-  const GenerateStats& st = job.stats();
+json Server::Impl::speculative(const Jobs& jobs) const {
+  GenerateStats st;
+  for (const auto& job : jobs) {
+    st.steps += job->stats().steps;
+    st.drafted += job->stats().drafted;
+    st.accepted += job->stats().accepted;
+  }
   return {{"drafter", model.drafter->family()},
           {"acceptance_length", st.acceptance_length()},
           {"drafts", st.steps},
@@ -171,49 +187,71 @@ json Server::Impl::logprobs_json(const std::vector<LogprobsEntry>& logprobs, boo
           {"text_offset", std::move(offsets)}};
 }
 
-json Server::Impl::response_body(const Job& job, const std::string& text,
-                                 const std::vector<LogprobsEntry>& logprobs, bool chat,
+json Server::Impl::response_body(const std::string& id, const Jobs& jobs,
+                                 const std::vector<std::string>& texts, bool chat,
                                  ToolCallParser tools) const {
-  int64_t offset = 0;
-  json choice = {{"index", 0},
-                 {"logprobs", job.options.logprobs >= 0 ? logprobs_json(logprobs, chat, &offset)
-                                                        : json(nullptr)},
-                 {"finish_reason", job.finish_reason()}};
-  if (chat) {
-    const ParsedReply reply = parse_tool_calls(tools, text);
-    choice["message"] = chat_message(reply, call_id_prefix(job.id));
-    if (!reply.calls.empty()) choice["finish_reason"] = "tool_calls";
-  } else {
-    choice["text"] = text;
+  json choices = json::array();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& job = *jobs[i];
+    const std::string& text = texts[i];
+    std::vector<LogprobsEntry> logprobs;
+    job.take_logprobs(&logprobs);
+    int64_t offset = 0;
+    json choice = {{"index", i},
+                   {"logprobs", job.options.logprobs >= 0 ? logprobs_json(logprobs, chat, &offset)
+                                                          : json(nullptr)},
+                   {"finish_reason", job.finish_reason()}};
+    if (chat) {
+      const ParsedReply reply = parse_tool_calls(tools, text);
+      choice["message"] = chat_message(reply, call_id_prefix(job.id));
+      if (!reply.calls.empty()) choice["finish_reason"] = "tool_calls";
+    } else {
+      choice["text"] = text;
+    }
+    choices.push_back(std::move(choice));
   }
-  json body = {{"id", job.id},
+  const int n = jobs.front()->choices_per_prompt;
+  json body = {{"id", id},
                {"object", chat ? "chat.completion" : "text_completion"},
                {"created", created},
                {"model", model.name},
-               {"choices", json::array({choice})},
-               {"usage", usage(job)}};
-  if (model.drafter) body["blockspec"] = speculative(job);
+               {"choices", std::move(choices)},
+               {"usage", usage(jobs, n)}};
+  if (model.drafter) body["blockspec"] = speculative(jobs);
   return body;
 }
 
-json Server::Impl::chunk(const Job& job, bool chat, const json& delta_or_text, const json& finish,
-                         const json& logprobs) const {
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}};
+json Server::Impl::chunk(const std::string& id, int index, bool chat, const json& delta_or_text,
+                         const json& finish, const json& logprobs) const {
+  json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", finish}};
   choice[chat ? "delta" : "text"] = delta_or_text;
-  return {{"id", job.id},
+  return {{"id", id},
           {"object", chat ? "chat.completion.chunk" : "text_completion"},
           {"created", created},
           {"model", model.name},
           {"choices", json::array({choice})}};
 }
 
-void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
+void Server::Impl::stream(httplib::Response& res, const std::string& id, Jobs jobs, bool chat,
                           bool include_usage, ToolCallParser tools) {
   res.set_header("Cache-Control", "no-cache");
-  auto role_sent = std::make_shared<bool>(!chat);
-  auto text_offset = std::make_shared<int64_t>(0);  // of the next token (completions logprobs)
-  auto tool_stream = std::make_shared<ToolCallStream>(tools, call_id_prefix(job->id));
-  const auto provider = [this, job, chat, include_usage, role_sent, text_offset, tool_stream](
+  // Per choice: text taken from its job but not sent yet, the completions text offset of its
+  // next token, its tool-call reader, and whether its last chunk went out.
+  struct Choice {
+    std::string pending;
+    int64_t text_offset = 0;
+    std::unique_ptr<ToolCallStream> tools;
+    bool done = false;
+  };
+  auto state = std::make_shared<std::vector<Choice>>(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    (*state)[i].tools = std::make_unique<ToolCallStream>(tools, call_id_prefix(jobs[i]->id));
+  }
+  auto started = std::make_shared<bool>(false);
+  const auto cancel_all = [jobs] {
+    for (const auto& job : jobs) job->cancel();
+  };
+  const auto provider = [this, id, jobs, chat, include_usage, state, started, cancel_all](
                             size_t, httplib::DataSink& sink) {
     const auto send = [&](json event) {
       if (include_usage && !event.contains("usage") && !event.contains("error")) {
@@ -222,57 +260,79 @@ void Server::Impl::stream(httplib::Response& res, std::shared_ptr<Job> job, bool
       const std::string s = "data: " + dump(event) + "\n\n";
       return sink.write(s.data(), s.size());
     };
-    const auto text_delta = [&](const std::string& t) {
-      return chat ? json{{"content", t}} : json(t);
+    const auto finish_stream = [&] {
+      const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+      sink.done();
+      return true;
     };
-    if (!*role_sent) {
-      *role_sent = true;
-      if (!send(chunk(*job, chat, {{"role", "assistant"}, {"content", ""}}, nullptr))) {
-        job->cancel();
-        return false;
-      }
-    }
-    std::string text;
-    const bool ended = job->wait_text(&text, std::chrono::milliseconds(100));
-    text = tool_stream->push(text);
-    std::vector<LogprobsEntry> logprobs;
-    job->take_logprobs(&logprobs);
-    const json logprobs_field =
-        logprobs.empty() ? json(nullptr) : logprobs_json(logprobs, chat, text_offset.get());
-    if ((!text.empty() || !logprobs.empty()) &&
-        !send(chunk(*job, chat, text_delta(text), nullptr, logprobs_field))) {
-      job->cancel();  // the client went away
-      return false;
-    }
-    if (!ended) return true;
-    if (!job->status().ok()) {
-      send(error_body(
-          {.http_status = job_error_status(job->status()), .message = job->status().message()}));
-    } else {
-      for (json& delta : tool_stream->finish()) {
-        if (!send(chunk(*job, chat, delta, nullptr))) {
-          job->cancel();
+    if (!*started) {
+      *started = true;
+      for (int i = 0; chat && i < static_cast<int>(jobs.size()); ++i) {
+        if (!send(chunk(id, i, chat, {{"role", "assistant"}, {"content", ""}}, nullptr))) {
+          cancel_all();
           return false;
         }
       }
-      json last = chunk(*job, chat, chat ? json::object() : json(""),
-                        tool_stream->has_tool_calls() ? "tool_calls" : job->finish_reason());
-      if (model.drafter) last["blockspec"] = speculative(*job);
-      send(std::move(last));
-      if (include_usage) {
-        json u = chunk(*job, chat, nullptr, nullptr);
-        u["choices"] = json::array();
-        u["usage"] = usage(*job);
-        send(std::move(u));
-      }
     }
-    const std::string done = "data: [DONE]\n\n";
-    sink.write(done.data(), done.size());
-    sink.done();
-    return true;
+    // Waits a little on the first unfinished choice when none had news at the last look.
+    bool news = false;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Choice& c = (*state)[i];
+      if (c.done) continue;
+      Job& job = *jobs[i];
+      const bool ended = job.wait_text(&c.pending, std::chrono::milliseconds(0));
+      const std::string text = c.tools->push(std::exchange(c.pending, {}));
+      std::vector<LogprobsEntry> logprobs;
+      job.take_logprobs(&logprobs);
+      const json logprobs_field =
+          logprobs.empty() ? json(nullptr) : logprobs_json(logprobs, chat, &c.text_offset);
+      const json delta = chat ? json{{"content", text}} : json(text);
+      const int index = static_cast<int>(i);
+      if (!text.empty() || !logprobs.empty()) {
+        news = true;
+        if (!send(chunk(id, index, chat, delta, nullptr, logprobs_field))) {
+          cancel_all();  // the client went away
+          return false;
+        }
+      }
+      if (!ended) continue;
+      news = true;
+      c.done = true;
+      if (!job.status().ok()) {
+        cancel_all();
+        send(error_body(
+            {.http_status = job_error_status(job.status()), .message = job.status().message()}));
+        return finish_stream();
+      }
+      for (json& d : c.tools->finish()) {
+        if (!send(chunk(id, index, chat, d, nullptr))) {
+          cancel_all();
+          return false;
+        }
+      }
+      json last = chunk(id, index, chat, chat ? json::object() : json(""),
+                        c.tools->has_tool_calls() ? "tool_calls" : job.finish_reason());
+      if (model.drafter) last["blockspec"] = speculative({jobs[i]});
+      send(std::move(last));
+    }
+    const auto open =
+        std::find_if(state->begin(), state->end(), [](const Choice& c) { return !c.done; });
+    if (open != state->end()) {
+      if (!news)
+        jobs[open - state->begin()]->wait_text(&open->pending, std::chrono::milliseconds(100));
+      return true;
+    }
+    if (include_usage) {
+      json u = chunk(id, 0, chat, nullptr, nullptr);
+      u["choices"] = json::array();
+      u["usage"] = usage(jobs, jobs.front()->choices_per_prompt);
+      send(std::move(u));
+    }
+    return finish_stream();
   };
-  res.set_chunked_content_provider("text/event-stream", provider, [job](bool success) {
-    if (!success) job->cancel();
+  res.set_chunked_content_provider("text/event-stream", provider, [cancel_all](bool success) {
+    if (!success) cancel_all();
   });
 }
 
@@ -287,7 +347,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
                             .param = "model",
                             .code = "model_not_found"});
   }
-  auto job = std::make_shared<Job>();
+  // The prompts as token ids (chat: the rendered messages), and what echo repeats of each.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> echo_texts;
   if (chat) {
     if (!model.render_chat) {
       return send_error(res, {.http_status = model.chat_unavailable_status,
@@ -297,48 +359,70 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     auto text = model.render_chat(r.messages, r.template_kwargs);
     if (!text.ok())
       return send_error(res, {.message = text.status().message(), .param = "messages"});
-    job->prompt = model.tokenizer->encode(*text, /*add_special_tokens=*/false);
-  } else if (r.prompt_is_ids) {
-    job->prompt = std::move(r.prompt_ids);
-  } else {
-    job->prompt = model.tokenizer->encode(r.prompt_text, /*add_special_tokens=*/true);
+    prompts.push_back(model.tokenizer->encode(*text, /*add_special_tokens=*/false));
+    echo_texts.emplace_back();
   }
-  if (Status s = validate_prompt(*model.target, job->prompt, model.max_model_len); !s.ok()) {
-    return send_error(res, {.message = s.message(), .param = chat ? "messages" : "prompt"});
+  for (PromptInput& p : r.prompts) {
+    prompts.push_back(p.is_ids ? std::move(p.ids)
+                               : model.tokenizer->encode(p.text, /*add_special_tokens=*/true));
+    echo_texts.push_back(p.is_ids ? model.tokenizer->decode(prompts.back()) : p.text);
   }
-  const int64_t room = model.max_model_len - static_cast<int64_t>(job->prompt.size());
-  job->id = fmt::format("{}-{}{:06x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
-  job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
-  job->options.sampling = r.sampling;
-  if (!r.ignore_eos) job->options.stop_ids = model.tokenizer->eos_ids();
-  for (const int32_t id : r.stop_token_ids) {
-    if (id >= model.target->config().vocab_size) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (Status s = validate_prompt(*model.target, prompts[i], model.max_model_len); !s.ok()) {
+      const std::string which = prompts.size() > 1 ? fmt::format("prompt {}: ", i) : "";
+      return send_error(res,
+                        {.message = which + s.message(), .param = chat ? "messages" : "prompt"});
+    }
+  }
+  std::vector<int32_t> stop_ids;
+  if (!r.ignore_eos) stop_ids = model.tokenizer->eos_ids();
+  for (const int32_t token : r.stop_token_ids) {
+    if (token >= model.target->config().vocab_size) {
       return send_error(res, {.message = fmt::format("stop_token_ids: token id {} out of range "
                                                      "(vocabulary of {})",
-                                                     id, model.target->config().vocab_size),
+                                                     token, model.target->config().vocab_size),
                               .param = "stop_token_ids"});
     }
-    job->options.stop_ids.push_back(id);
+    stop_ids.push_back(token);
   }
-  job->options.max_context = model.max_model_len;
-  job->options.draft_tokens = model.draft_tokens;
-  job->options.logprobs = r.logprobs;
-  job->stop = std::move(r.stop);
-  job->echo = r.echo;
-  if (r.echo)
-    job->echo_text = r.prompt_is_ids ? model.tokenizer->decode(job->prompt) : r.prompt_text;
-  worker.submit(job);
+  const std::string id =
+      fmt::format("{}-{}{:06x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
+  Jobs jobs;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const int64_t room = model.max_model_len - static_cast<int64_t>(prompts[p].size());
+    for (int j = 0; j < r.n; ++j) {
+      auto job = std::make_shared<Job>();
+      // One engine request per choice; a choice's log lines name it after the request.
+      job->id = prompts.size() * r.n > 1 ? fmt::format("{}-{}", id, jobs.size()) : id;
+      job->choices_per_prompt = r.n;
+      job->prompt = prompts[p];
+      job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
+      job->options.sampling = r.sampling;
+      // The n choices of a seeded request draw from seeds seed, seed + 1, ...
+      if (r.sampling.seed) job->options.sampling.seed = *r.sampling.seed + j;
+      job->options.stop_ids = stop_ids;
+      job->options.max_context = model.max_model_len;
+      job->options.draft_tokens = model.draft_tokens;
+      job->options.logprobs = r.logprobs;
+      job->stop = r.stop;
+      job->echo = r.echo;
+      if (r.echo) job->echo_text = echo_texts[p];
+      jobs.push_back(std::move(job));
+    }
+  }
+  for (const auto& job : jobs) worker.submit(job);
   const ToolCallParser tools = r.parse_tool_calls ? model.tool_call_parser : ToolCallParser::kNone;
-  if (r.stream) return stream(res, std::move(job), chat, r.include_usage, tools);
-  std::string text;
-  job->wait(&text);
-  if (!job->status().ok()) {
-    return send_error(
-        res, {.http_status = job_error_status(job->status()), .message = job->status().message()});
+  if (r.stream) return stream(res, id, std::move(jobs), chat, r.include_usage, tools);
+  std::vector<std::string> texts(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i]->wait(&texts[i]);
+    if (!jobs[i]->status().ok()) {
+      for (const auto& other : jobs) other->cancel();
+      return send_error(res, {.http_status = job_error_status(jobs[i]->status()),
+                              .message = jobs[i]->status().message()});
+    }
   }
-  std::vector<LogprobsEntry> logprobs;
-  job->take_logprobs(&logprobs);
-  send_json(res, 200, response_body(*job, text, logprobs, chat, tools));
+  send_json(res, 200, response_body(id, jobs, texts, chat, tools));
 }
 
 void Server::Impl::add_routes() {

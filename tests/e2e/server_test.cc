@@ -17,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -374,6 +375,82 @@ TEST(Server, IgnoreEosAndStopTokenIds) {
   fs::remove_all(dir);
 }
 
+// Several prompts and n choices per prompt: choices listed prompt by prompt, each what a request
+// of its own gives (a seeded choice j draws with seed + j), streamed or not; usage counts each
+// prompt once.
+TEST(Server, SeveralPromptsAndNChoices) {
+  RunningServer server;
+  Engine engine;
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog"};
+  GenerateOptions greedy;
+  greedy.max_tokens = 20;
+  const json body = {{"prompt", prompts}, {"n", 2}, {"max_tokens", 20}, {"temperature", 0}};
+  const Reply r = post(server.port(), "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& choices = r.body["choices"];
+  ASSERT_EQ(choices.size(), 4u) << r.raw;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(choices[i]["index"], i);
+    EXPECT_EQ(choices[i]["text"], engine.text(prompts[i / 2], greedy, /*drafter=*/true)) << i;
+    const Reply alone =
+        post(server.port(), "/v1/completions",
+             json{{"prompt", prompts[i / 2]}, {"max_tokens", 20}, {"temperature", 0}}.dump());
+    EXPECT_EQ(choices[i]["finish_reason"], alone.body["choices"][0]["finish_reason"]);
+    if (i % 2 == 0) prompt_tokens += alone.body["usage"]["prompt_tokens"].get<int64_t>();
+    completion_tokens += alone.body["usage"]["completion_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], completion_tokens);
+
+  // Streamed: each index's text joins to its choice; one finish chunk per index; usage as above.
+  json streamed = body;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  const Reply sr = post(server.port(), "/v1/completions", streamed.dump());
+  ASSERT_EQ(sr.status, 200);
+  std::vector<std::string> texts(4);
+  std::vector<int> finishes(4);
+  json usage;
+  const auto events = sse_events(sr.raw);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (const auto& e : events) {
+    if (e == "[DONE]") continue;
+    const json event = json::parse(e);
+    EXPECT_EQ(event["id"], json::parse(events.front())["id"]);
+    if (event["choices"].empty()) {
+      usage = event["usage"];
+      continue;
+    }
+    const json& c = event["choices"][0];
+    const int index = c["index"].get<int>();
+    ASSERT_TRUE(index >= 0 && index < 4);
+    texts[index] += c["text"].get<std::string>();
+    finishes[index] += !c["finish_reason"].is_null();
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(texts[i], choices[i]["text"]) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+  EXPECT_EQ(usage, r.body["usage"]);
+
+  // Seeded sampling: choice j is the single request with seed 5 + j.
+  const json sampled = {
+      {"prompt", prompts[0]}, {"n", 3}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 5}};
+  const Reply sp = post(server.port(), "/v1/completions", sampled.dump());
+  ASSERT_EQ(sp.status, 200) << sp.raw;
+  std::set<std::string> distinct;
+  for (int j = 0; j < 3; ++j) {
+    json one = sampled;
+    one["n"] = 1;
+    one["seed"] = 5 + j;
+    EXPECT_EQ(sp.body["choices"][j]["text"], completion_text(server.port(), one)) << j;
+    distinct.insert(sp.body["choices"][j]["text"].get<std::string>());
+  }
+  EXPECT_GT(distinct.size(), 1u);
+}
+
 TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
   RunningServer server;
   const std::vector<int32_t> long_prompt(600, 300);
@@ -389,7 +466,8 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": ""})", 400, "prompt is empty"},
       {"/v1/completions", R"({"prompt": []})", 400, "prompt is empty"},
       {"/v1/completions", R"({"prompt": 42})", 400, "prompt must be a string"},
-      {"/v1/completions", R"({"prompt": ["a", "b"]})", 400, "one prompt per request"},
+      {"/v1/completions", R"({"prompt": ["a", 3]})", 400, "prompt must be a string or a list"},
+      {"/v1/completions", R"({"prompt": [[1, 2], []]})", 400, "prompt is empty"},
       {"/v1/completions", R"({"prompt": [1, -3]})", 400, "non-negative token ids"},
       {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "token id 99999 out of range"},
       {"/v1/completions", R"({"prompt": "hi", "max_tokens": 0})", 400,
@@ -404,7 +482,9 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": "hi", "top_p": 1.5})", 400, "top_p"},
       {"/v1/completions", R"({"prompt": "hi", "stop": 3})", 400, "stop must be a string"},
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
-      {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "only n = 1"},
+      {"/v1/completions", R"({"prompt": "hi", "n": 0})", 400, "n must be at least 1"},
+      {"/v1/completions", R"({"prompt": ["a", "b"], "n": 65})", 400, "at most 128"},
+      {"/v1/completions", R"({"prompt": "hi", "n": 2, "best_of": 3})", 400, "only best_of = n"},
       {"/v1/completions", R"({"prompt": "hi", "echo": "yes"})", 400, "echo must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "ignore_eos": 1})", 400,
        "ignore_eos must be a boolean"},
@@ -526,6 +606,30 @@ TEST(Server, ChatRendersTheModelsTemplate) {
     }
   }
   EXPECT_EQ(streamed, want.text);
+  // n = 2, streamed: each choice gets its role chunk and the same greedy text.
+  auto nr = cli.Post("/v1/chat/completions",
+                     R"({"messages": [{"role": "system", "content": "Tell a story."},
+                                      {"role": "user", "content": "Once upon a time"}],
+                         "chat_template_kwargs": {"cfg": {"z": 1, "a": [2, 3]}},
+                         "max_tokens": 20, "temperature": 0, "stream": true, "n": 2})",
+                     "application/json");
+  ASSERT_TRUE(nr);
+  std::vector<std::string> texts(2);
+  std::vector<int> roles(2);
+  for (const std::string& e : sse_events(nr->body)) {
+    if (e == "[DONE]") continue;
+    const json event = json::parse(e);
+    const json& choice = event["choices"][0];
+    const int index = choice["index"].get<int>();
+    ASSERT_TRUE(index == 0 || index == 1) << e;
+    const json& delta = choice["delta"];
+    roles[index] += delta.contains("role");
+    if (delta.contains("content") && delta["content"].is_string()) {
+      texts[index] += delta["content"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(roles, (std::vector<int>{1, 1}));
+  EXPECT_EQ(texts, (std::vector<std::string>{want.text, want.text}));
   std::filesystem::remove_all(dir);
 }
 
