@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 namespace bs::server {
 
@@ -208,6 +209,38 @@ std::optional<ApiError> parse_choices(const json& req, CompletionRequest* out) {
   return std::nullopt;
 }
 
+// Fields that would change the output but are not implemented: refused unless they hold their
+// neutral value (clients often send those), rather than silently ignored.
+std::optional<ApiError> refuse_unsupported(const json& req) {
+  const auto number_other_than = [&](const char* key, double neutral) -> std::optional<ApiError> {
+    if (!present(req, key) || req.at(key).is_null()) return std::nullopt;
+    double v = neutral;
+    if (auto e = get_number(req, key, &v)) return e;
+    if (v == neutral) return std::nullopt;
+    return bad(key, fmt::format("{} is not supported (only {}); got {}", key, neutral, v));
+  };
+  for (const auto& [key, neutral] : {std::pair{"presence_penalty", 0.0},
+                                     {"frequency_penalty", 0.0},
+                                     {"repetition_penalty", 1.0},
+                                     {"min_p", 0.0},
+                                     {"min_tokens", 0.0}}) {
+    if (auto e = number_other_than(key, neutral)) return e;
+  }
+  if (present(req, "logit_bias") && !req.at("logit_bias").is_null() &&
+      !(req.at("logit_bias").is_object() && req.at("logit_bias").empty())) {
+    return bad("logit_bias", "logit_bias is not supported");
+  }
+  if (present(req, "response_format") && !req.at("response_format").is_null()) {
+    const json& f = req.at("response_format");
+    if (!f.is_object() || f.value("type", "") != "text") {
+      return bad("response_format",
+                 "response_format is not supported (only {\"type\": \"text\"}): output is not "
+                 "constrained");
+    }
+  }
+  return std::nullopt;
+}
+
 // An integer field in [0, kMaxTopLogprobs] into *out.
 std::optional<ApiError> get_top_count(const json& req, const char* key, int* out) {
   int64_t n = 0;
@@ -305,6 +338,7 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     return e;
   }
   if (auto e = parse_choices(req, out)) return e;
+  if (auto e = refuse_unsupported(req)) return e;
   if (auto e = get_bool(req, "echo", &out->echo)) return e;
   if (chat && out->echo) return bad("echo", "echo is only supported by /v1/completions");
   if (auto e = parse_logprobs(req, chat, out)) return e;

@@ -483,6 +483,17 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": "hi", "stop": 3})", 400, "stop must be a string"},
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "n": 0})", 400, "n must be at least 1"},
+      {"/v1/completions", R"({"prompt": "hi", "presence_penalty": 0.5})", 400,
+       "presence_penalty is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "frequency_penalty": "x"})", 400,
+       "frequency_penalty must be a number"},
+      {"/v1/completions", R"({"prompt": "hi", "repetition_penalty": 1.2})", 400,
+       "repetition_penalty is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"5": 10}})", 400,
+       "logit_bias is not supported"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})",
+       400, "response_format is not supported"},
       {"/v1/completions", R"({"prompt": ["a", "b"], "n": 65})", 400, "at most 128"},
       {"/v1/completions", R"({"prompt": "hi", "n": 2, "best_of": 3})", 400, "only best_of = n"},
       {"/v1/completions", R"({"prompt": "hi", "echo": "yes"})", 400, "echo must be a boolean"},
@@ -536,6 +547,13 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
   // Still serving.
   EXPECT_EQ(get(server.port(), "/health").status, 200);
   EXPECT_EQ(post(server.port(), "/v1/completions", R"({"prompt": "hi", "max_tokens": 3})").status,
+            200);
+  // The neutral values of the unsupported fields, as clients often send them, are fine.
+  EXPECT_EQ(post(server.port(), "/v1/completions",
+                 R"({"prompt": "hi", "max_tokens": 3, "presence_penalty": 0, "frequency_penalty": 0,
+                     "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "logit_bias": {},
+                     "response_format": {"type": "text"}, "n": null, "best_of": null})")
+                .status,
             200);
 }
 
