@@ -256,9 +256,14 @@ Result<TransformerConfig> parse_transformer_config(const json& j, const std::str
     }
   } else {
     c.layer_types.assign(c.num_layers, "full_attention");
-    const bool explicit_sliding = has_field(t, "use_sliding_window") && use_sliding;
+    // Mistral applies its sliding_window (e.g. 4096 in Mistral-7B-v0.1) in every layer and has
+    // no use_sliding_window switch; Qwen2-style configs say use_sliding_window and from which
+    // layer (max_window_layers).
+    const bool mistral = c.model_type == "mistral" || c.architecture == "MistralForCausalLM";
+    const bool explicit_sliding = (has_field(t, "use_sliding_window") || mistral) && use_sliding;
     if (explicit_sliding && c.sliding_window.has_value()) {
-      BS_ASSIGN_OR_RETURN(int64_t mwl, get_int_or(t, "max_window_layers", f, c.num_layers));
+      BS_ASSIGN_OR_RETURN(int64_t mwl,
+                          get_int_or(t, "max_window_layers", f, mistral ? 0 : c.num_layers));
       for (int64_t i = std::max<int64_t>(mwl, 0); i < c.num_layers; ++i) {
         c.layer_types[i] = "sliding_attention";
       }

@@ -416,6 +416,30 @@ TEST(HfConfigTest, Qwen3UseSlidingWindowFalseDisablesWindow) {
   EXPECT_THAT(c->layer_types, ElementsAre("full_attention", "sliding_attention"));
 }
 
+// Mistral (no use_sliding_window switch): a sliding_window applies to every layer, as
+// transformers' Mistral masks it; null means none.
+TEST(HfConfigTest, MistralSlidingWindowCoversEveryLayer) {
+  json j = base_config();
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 4096;
+  auto c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->sliding_window.value_or(0), 4096);
+  EXPECT_THAT(c->layer_types, ElementsAre("sliding_attention", "sliding_attention"));
+  j["sliding_window"] = nullptr;
+  c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_FALSE(c->sliding_window.has_value());
+  EXPECT_THAT(c->layer_types, ElementsAre("full_attention", "full_attention"));
+  // A Llama config with a stray sliding_window keeps full attention (no switch says otherwise).
+  j = base_config();
+  j["sliding_window"] = 4096;
+  c = parse(j);
+  ASSERT_TRUE(c.ok());
+  EXPECT_THAT(c->layer_types, ElementsAre("full_attention", "full_attention"));
+}
+
 TEST(HfConfigTest, TextConfigNesting) {
   json inner = base_config();
   inner.erase("architectures");
