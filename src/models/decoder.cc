@@ -403,10 +403,12 @@ Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& b
     spec = llama_spec(config);
   } else if (config.architecture == "Qwen3ForCausalLM") {
     spec = qwen3_spec(config);
+  } else if (config.architecture == "Qwen2ForCausalLM") {
+    spec = qwen2_spec(config);
   } else {
     return Unimplemented(
         "{}/config.json: unsupported architecture '{}' (supported: LlamaForCausalLM, "
-        "Qwen3ForCausalLM)",
+        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
         dir, config.architecture);
   }
   if (config.hidden_act != "silu") {

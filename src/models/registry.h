@@ -14,5 +14,6 @@ Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& b
 // Family specs, one file per family under models/target/.
 TargetSpec llama_spec(const io::TransformerConfig& config);
 TargetSpec qwen3_spec(const io::TransformerConfig& config);
+TargetSpec qwen2_spec(const io::TransformerConfig& config);
 
 }  // namespace bs

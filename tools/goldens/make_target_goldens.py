@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent goldens for blockspec's Qwen3 and Llama CPU backends, made with Hugging Face transformers.
+"""Independent goldens for blockspec's Qwen3, Qwen2 and Llama CPU backends, made with Hugging Face transformers.
 
 Run on a machine with torch + transformers (>= 5) + safetensors + tokenizers (the GPU machine, see
 tools/goldens/README.md):
@@ -12,6 +12,7 @@ It writes, under OUTDIR:
     tiny-llama/        config.json generation_config.json model-0000{1,2}-of-00002.safetensors
                        model.safetensors.index.json (f32, 2 shards)                          golden.safetensors
     tiny-qwen3-yarn/   config.json generation_config.json model.safetensors (f16)           golden.safetensors
+    tiny-qwen2/        config.json generation_config.json model.safetensors (bf16)          golden.safetensors
     stories260K-golden/ golden.safetensors golden.txt
 
 The tiny checkpoints are random (seeded) models built with transformers' own classes and saved with
@@ -134,6 +135,28 @@ MODELS = {
                 "factor": 4.0,
                 "original_max_position_embeddings": 32,
             },
+            eos_token_id=2,
+        ),
+    ),
+    # Qwen2 (Qwen2ForCausalLM, also Qwen2.5 and DeepSeek-R1-Distill-Qwen): biases on q/k/v (random here, so
+    # they matter), none on o; no q/k norm; tied embeddings as the small Qwen2.5 models.
+    "tiny-qwen2": dict(
+        arch="qwen2",
+        seed=404,
+        storage="bfloat16",
+        shard=None,
+        cfg=dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             eos_token_id=2,
         ),
     ),
@@ -290,9 +313,14 @@ def ref_forward(model_dir, ids):
     for i in range(L):
         p = "model.layers.%d." % i
         h = rms(x, sd[p + "input_layernorm.weight"])
-        q = (h @ sd[p + "self_attn.q_proj.weight"].T).view(T, nh, hd).transpose(0, 1)
-        k = (h @ sd[p + "self_attn.k_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)
-        v = (h @ sd[p + "self_attn.v_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)
+        def proj(name):  # with the bias when the checkpoint has one (Qwen2: q, k, v)
+            y = h @ sd[p + "self_attn.%s_proj.weight" % name].T
+            b = sd.get(p + "self_attn.%s_proj.bias" % name)
+            return y if b is None else y + b
+
+        q = proj("q").view(T, nh, hd).transpose(0, 1)
+        k = proj("k").view(T, nkv, hd).transpose(0, 1)
+        v = proj("v").view(T, nkv, hd).transpose(0, 1)
         if qk_norm:
             q = rms(q, sd[p + "self_attn.q_norm.weight"])
             k = rms(k, sd[p + "self_attn.k_norm.weight"])
@@ -359,6 +387,7 @@ def build_and_save(name, spec, out_dir):
     import transformers
 
     cls = {"qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[spec["arch"]]
     cfg = cls[0](**json.loads(json.dumps(spec["cfg"])))
     torch.manual_seed(spec["seed"])
