@@ -365,7 +365,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   for (PromptInput& p : r.prompts) {
     prompts.push_back(p.is_ids ? std::move(p.ids)
                                : model.tokenizer->encode(p.text, /*add_special_tokens=*/true));
-    echo_texts.push_back(p.is_ids ? model.tokenizer->decode(prompts.back()) : p.text);
+    if (r.echo) echo_texts.push_back(p.is_ids ? model.tokenizer->decode(prompts.back()) : p.text);
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (Status s = validate_prompt(*model.target, prompts[i], model.max_model_len); !s.ok()) {

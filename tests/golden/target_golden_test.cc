@@ -115,7 +115,8 @@ TEST_P(TargetGolden, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, TargetGolden,
-                         ::testing::Values("tiny-qwen3", "tiny-llama", "tiny-qwen3-yarn", "tiny-qwen2"));
+                         ::testing::Values("tiny-qwen3", "tiny-llama", "tiny-qwen3-yarn",
+                                           "tiny-qwen2"));
 
 // The real stories260K checkpoint: greedy ids and logits from transformers.
 TEST(Stories260K, GreedyMatchesTransformers) {
