@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "models/kv_pool.h"
 
@@ -12,16 +13,9 @@ Result<std::vector<TokenLogprobs>> prompt_logprobs(CausalLM& target,
                                                    int64_t rows_per_forward) {
   const auto P = static_cast<int64_t>(prompt.size());
   const int64_t V = target.config().vocab_size;
-  if (P == 0) return InvalidArgument("prompt logprobs of an empty prompt");
+  BS_RETURN_IF_ERROR(validate_prompt(target, prompt, target.config().max_position_embeddings));
   if (top_n < 0 || top_n > kMaxTopLogprobs) {
     return InvalidArgument("top logprobs {} not in [0, {}]", top_n, kMaxTopLogprobs);
-  }
-  if (P > target.config().max_position_embeddings) {
-    return InvalidArgument("prompt of {} tokens is longer than the model's {} positions", P,
-                           target.config().max_position_embeddings);
-  }
-  for (const int32_t t : prompt) {
-    if (t < 0 || t >= V) return InvalidArgument("prompt token id {} not in [0, {})", t, V);
   }
   const int64_t rows = std::clamp<int64_t>(rows_per_forward, 1, P);
   const int64_t blocks = (P + kKvBlockSize - 1) / kKvBlockSize;

@@ -16,8 +16,9 @@ namespace bs {
 
 // Entries for prompt[1 .. P-1] (P - 1 of them; none for a one-token prompt). Runs its own
 // prefill over a temporary KV cache of the prompt's size, in forwards of at most
-// `rows_per_forward` rows, each reading its logits rows back. Errors: an empty prompt, top_n
-// outside [0, kMaxTopLogprobs], a prompt longer than the target's window, and (OutOfMemory)
+// `rows_per_forward` rows, each reading its logits rows back. Errors: what validate_prompt
+// refuses (against the target's max_position_embeddings), top_n outside [0, kMaxTopLogprobs], and
+// (OutOfMemory)
 // a cache and logits that do not fit in the memory the backend reports free.
 Result<std::vector<TokenLogprobs>> prompt_logprobs(CausalLM& target,
                                                    std::span<const int32_t> prompt, int top_n,

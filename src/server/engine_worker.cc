@@ -16,6 +16,15 @@ double seconds_since(Job::Clock::time_point t) {
   return std::chrono::duration<double>(Job::Clock::now() - t).count();
 }
 
+// `lp` with the texts of its token and alternatives after the tokens `texts` holds; commits the
+// token to `texts`.
+LogprobsEntry entry_of(const TokenLogprobs& lp, bool scored, TokenTexts& texts) {
+  LogprobsEntry e{.logprobs = lp, .scored = scored, .text = texts.text(lp.token)};
+  for (const TopLogprob& t : lp.top) e.top_texts.push_back(texts.text(t.token));
+  texts.commit(lp.token);
+  return e;
+}
+
 }  // namespace
 
 bool Job::wait_text(std::string* text, std::chrono::milliseconds timeout) {
@@ -135,14 +144,8 @@ bool EngineWorker::echo_prompt(Job& job) {
       return false;
     }
     TokenTexts texts(*model_.tokenizer);
-    for (size_t i = 0; i < job.prompt.size(); ++i) {
-      LogprobsEntry e{.logprobs = i ? (*scored)[i - 1] : TokenLogprobs{.token = job.prompt[0]},
-                      .scored = i > 0,
-                      .text = texts.text(job.prompt[i])};
-      for (const TopLogprob& t : e.logprobs.top) e.top_texts.push_back(texts.text(t.token));
-      texts.commit(job.prompt[i]);
-      job.append_logprobs(std::move(e));
-    }
+    job.append_logprobs(entry_of({.token = job.prompt[0]}, /*scored=*/false, texts));
+    for (const TokenLogprobs& lp : *scored) job.append_logprobs(entry_of(lp, true, texts));
   }
   if (job.options.max_tokens > 0) return true;
   job.stats_.prompt_tokens = static_cast<int64_t>(job.prompt.size());
@@ -185,10 +188,7 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   // logprobs entry belongs to a token of the reply.
   const auto on_logprobs = [this, id](const TokenLogprobs& lp) {
     Active& a = active_.at(id);
-    LogprobsEntry e{.logprobs = lp, .text = a.token_texts->text(lp.token)};
-    for (const TopLogprob& t : lp.top) e.top_texts.push_back(a.token_texts->text(t.token));
-    a.token_texts->commit(lp.token);
-    a.job->append_logprobs(std::move(e));
+    a.job->append_logprobs(entry_of(lp, /*scored=*/true, *a.token_texts));
   };
   if (Status s = scheduler_.add(id, job->prompt, job->options, on_token, on_done, on_logprobs);
       !s.ok()) {
