@@ -45,7 +45,7 @@ serve_bench() {  # NAME SERVE-ARGS...: serve, then bench-serve at 1 / 8 / 32 cli
   $B bench-serve --port 18181 --wait 120 --clients 1 --requests 1 --output-tokens 8 > /dev/null 2>&1  # warm-up
   for c in 1 8 32; do
     left "bench-serve $name $c" || break
-    timeout 100 $B bench-serve --port 18181 --clients $c --requests $((c * 3)) --prompt-tokens 128 --output-tokens 256 --json > $OUT/bs_${name}_c$c.json 2>&1
+    timeout 100 $B bench-serve --port 18181 --clients $c --requests $((c * 2)) --prompt-tokens 128 --output-tokens 256 --json > $OUT/bs_${name}_c$c.json 2>&1
     echo "-- bench-serve $name clients $c rc=$? ($((SECONDS - T0))s)"
     python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print({k: (round(v,1) if isinstance(v,float) else v) for k,v in j.items() if not isinstance(v,dict)}); print({k: {a: round(b,2) for a,b in j[k].items()} for k in ('ttft_ms','tpot_ms','itl_ms')})" $OUT/bs_${name}_c$c.json
   done
