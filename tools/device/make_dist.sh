@@ -13,6 +13,9 @@ for t in cuda_ops_test cuda_models_test bench_cli_test; do
 done
 [ -e $BUILD/eval_acceptance ] && cp $BUILD/eval_acceptance $D/
 strip $D/* 2>/dev/null || true
+# The test binaries find their data under the source path they were built from: recorded here
+# so that the device scripts can link it to the tree they run in.
+grep -m1 '^CMAKE_HOME_DIRECTORY' $BUILD/CMakeCache.txt | cut -d= -f2 > $D/source_dir.txt
 for b in $D/*; do [ -f "$b" ] && ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcublasLt|libcuda)\.so' |
   while read -r l; do cp -L "$l" $D/lib/; done
