@@ -60,7 +60,7 @@ struct Server::Impl {
   Impl(ServedModel m, ServerOptions o)
       : model(std::move(m)),
         options(std::move(o)),
-        metrics(model.name),
+        metrics(model.name, model.max_model_len),
         worker(model, metrics,
                {.max_num_seqs = options.max_num_seqs,
                 .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
@@ -390,11 +390,13 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   Jobs jobs;
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int64_t room = model.max_model_len - static_cast<int64_t>(prompts[p].size());
+    const auto group = std::make_shared<ChoiceGroup>(r.n);
     for (int j = 0; j < r.n; ++j) {
       auto job = std::make_shared<Job>();
       // One engine request per choice; a choice's log lines name it after the request.
       job->id = prompts.size() * r.n > 1 ? fmt::format("{}-{}", id, jobs.size()) : id;
       job->choices_per_prompt = r.n;
+      job->group = group;
       job->prompt = prompts[p];
       job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
       job->options.sampling = r.sampling;
