@@ -466,6 +466,27 @@ TEST(OpenAiCompat, MetricsHaveEverySeriesVllmsDashboardQueries) {
       EXPECT_FALSE(family_samples(e, family, "stories260K").empty()) << family;
     }
   }
+  // vLLM's buckets (vllm/v1/metrics/loggers.py): token counts 1-2-5 up to max_model_len (512),
+  // fixed ones for the latencies.
+  const auto bounds = [&](const std::string& family) {
+    std::vector<std::string> le;
+    for (const Sample& x : family_samples(e, family, "stories260K")) {
+      if (x.name == family + "_bucket") le.push_back(x.labels.at("le"));
+    }
+    return le;
+  };
+  using Bounds = std::vector<std::string>;
+  EXPECT_EQ(
+      bounds("vllm:request_prompt_tokens"),
+      (Bounds{"1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0", "+Inf"}));
+  EXPECT_EQ(bounds("vllm:request_params_n"), (Bounds{"1.0", "2.0", "5.0", "10.0", "20.0", "+Inf"}));
+  EXPECT_EQ(bounds("vllm:iteration_tokens_total").size(), 14u);
+  EXPECT_EQ(bounds("vllm:time_to_first_token_seconds").front(), "0.001");
+  EXPECT_EQ(bounds("vllm:time_to_first_token_seconds").size(), 23u);
+  EXPECT_EQ(bounds("vllm:inter_token_latency_seconds").front(), "0.01");
+  EXPECT_EQ(bounds("vllm:inter_token_latency_seconds").size(), 20u);
+  EXPECT_EQ(bounds("vllm:e2e_request_latency_seconds").front(), "0.3");
+  EXPECT_EQ(bounds("vllm:e2e_request_latency_seconds").at(20), "7680.0");
   // Two prompts x n = 2 (four requests, two groups), one streamed request, all greedy.
   auto r = s.call("POST", "/v1/completions",
                   R"({"prompt": ["Once upon a time", "The dog"], "n": 2, "max_tokens": 20,
