@@ -26,13 +26,13 @@ bool present(const Json& req, const char* key) {
 
 // Reads req[key] into *out when present (not null); a 400 naming the field and `kind` when
 // `is_kind` rejects its type.
-template <typename T, typename Pred>
-std::optional<ApiError> get_field(const json& req, const char* key, Pred is_kind, const char* kind,
+template <typename Json, typename T, typename Pred>
+std::optional<ApiError> get_field(const Json& req, const char* key, Pred is_kind, const char* kind,
                                   T* out) {
   if (!present(req, key)) return std::nullopt;
-  const json& v = req.at(key);
-  if (!is_kind(v)) return bad(key, fmt::format("{} must be {}, got {}", key, kind, type_name(v)));
-  *out = v.get<T>();
+  const Json& v = req.at(key);
+  if (!is_kind(v)) return bad(key, fmt::format("{} must be {}, got {}", key, kind, v.type_name()));
+  *out = v.template get<T>();
   return std::nullopt;
 }
 
@@ -46,9 +46,10 @@ std::optional<ApiError> get_integer(const json& req, const char* key, int64_t* o
       req, key, [](const json& v) { return v.is_number_integer(); }, "an integer", out);
 }
 
-std::optional<ApiError> get_bool(const json& req, const char* key, bool* out) {
+template <typename Json>
+std::optional<ApiError> get_bool(const Json& req, const char* key, bool* out) {
   return get_field(
-      req, key, [](const json& v) { return v.is_boolean(); }, "a boolean", out);
+      req, key, [](const Json& v) { return v.is_boolean(); }, "a boolean", out);
 }
 
 // A list of token ids: integers in int32 range (vocab range is the engine's check).
@@ -112,8 +113,72 @@ std::optional<ApiError> parse_tool_choice(const nlohmann::ordered_json& req,
   return bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or an object");
 }
 
-// messages: [{role, content}], content a string, null or a list of {"type": "text", "text"} parts
-// (joined with newlines).
+// A message's content as the template sees it (vLLM's "string" content format): a string as is,
+// null or absent as "", a list of {"type": "text", "text"} parts joined with newlines.
+std::optional<ApiError> normalize_content(const nlohmann::ordered_json& m, size_t i,
+                                          nlohmann::ordered_json* out) {
+  if (!m.contains("content") || m.at("content").is_null()) {
+    *out = "";
+    return std::nullopt;
+  }
+  const auto& c = m.at("content");
+  if (c.is_string()) {
+    *out = c;
+    return std::nullopt;
+  }
+  if (!c.is_array()) {
+    return bad("messages", fmt::format("messages[{}].content must be a string, null or a list of "
+                                       "text parts, got {}",
+                                       i, c.type_name()));
+  }
+  std::string text;
+  for (size_t k = 0; k < c.size(); ++k) {
+    const auto& part = c[k];
+    if (!part.is_object() || !part.contains("text") || !part.at("text").is_string() ||
+        (part.contains("type") && part.at("type") != "text")) {
+      return bad("messages", fmt::format("messages[{}].content[{}]: only {{\"type\": \"text\", "
+                                         "\"text\": ...}} parts are supported",
+                                         i, k));
+    }
+    if (k > 0) text += '\n';
+    text += part.at("text").get<std::string>();
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
+// An assistant message's tool_calls as templates expect them (vLLM, following transformers):
+// each function's arguments, a JSON string on the wire, parsed into the value it encodes (kept
+// as the string when it is not valid JSON; null or "" become {}).
+std::optional<ApiError> normalize_tool_calls(size_t i, nlohmann::ordered_json* calls) {
+  if (!calls->is_array()) {
+    return bad("messages", fmt::format("messages[{}].tool_calls must be a list", i));
+  }
+  for (size_t k = 0; k < calls->size(); ++k) {
+    auto& call = (*calls)[k];
+    if (!call.is_object() || !call.contains("function") || !call.at("function").is_object() ||
+        !call.at("function").contains("name") || !call.at("function").at("name").is_string()) {
+      return bad("messages", fmt::format("messages[{}].tool_calls[{}] must be {{\"type\": "
+                                         "\"function\", \"function\": {{\"name\", "
+                                         "\"arguments\"}}}}",
+                                         i, k));
+    }
+    auto& fn = call.at("function");
+    if (!fn.contains("arguments") || fn.at("arguments").is_null() || fn.at("arguments") == "") {
+      fn["arguments"] = nlohmann::ordered_json::object();
+    } else if (fn.at("arguments").is_string()) {
+      auto parsed = nlohmann::ordered_json::parse(fn.at("arguments").get<std::string>(), nullptr,
+                                                  /*allow_exceptions=*/false);
+      if (!parsed.is_discarded()) fn["arguments"] = std::move(parsed);
+    }
+  }
+  return std::nullopt;
+}
+
+// messages: [{role, content, ...}], normalised as vLLM does before rendering (templates index and
+// test these fields): content a string (normalize_content), an assistant's tool_calls with
+// parsed arguments (normalize_tool_calls; null tool_calls dropped), other fields (tool_call_id,
+// name, reasoning_content, ...) passed through.
 // `req` is ordered JSON: templates see objects in the request's key order (tojson of a tool
 // schema, dict.items()), as transformers' Python dicts keep it.
 std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, CompletionRequest* out) {
@@ -130,25 +195,19 @@ std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, Comple
       return bad("messages", fmt::format("messages[{}] must be an object with a string role", i));
     }
     json msg = m;
-    if (m.contains("content") && m.at("content").is_array()) {
-      std::string text;
-      for (const json& part : m.at("content")) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part.at("text").is_string()) {
-          return bad("messages",
-                     fmt::format("messages[{}].content: only text parts are supported", i));
-        }
-        if (!text.empty()) text += '\n';
-        text += part.at("text").get<std::string>();
+    if (auto e = normalize_content(m, i, &msg["content"])) return e;
+    if (msg.contains("tool_calls")) {
+      if (msg.at("tool_calls").is_null()) {
+        msg.erase("tool_calls");
+      } else if (auto e = normalize_tool_calls(i, &msg.at("tool_calls"))) {
+        return e;
       }
-      msg["content"] = text;
-    } else if (m.contains("content") && !m.at("content").is_string() &&
-               !m.at("content").is_null()) {
-      return bad("messages", fmt::format("messages[{}].content must be a string or a list of "
-                                         "text parts",
-                                         i));
     }
     out->messages.push_back(std::move(msg));
+  }
+  if (auto e = get_bool(req, "add_generation_prompt", &out->add_generation_prompt)) return e;
+  if (present(req, "continue_final_message") && req.at("continue_final_message") != false) {
+    return bad("continue_final_message", "continue_final_message is not supported");
   }
   if (present(req, "chat_template_kwargs")) {
     if (!req.at("chat_template_kwargs").is_object()) {
@@ -375,15 +434,23 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
 
 namespace bs::server {
 
-std::optional<ApiError> parse_tokenize_request(const std::string& body, std::string* prompt,
-                                               bool* add_special_tokens) {
+std::optional<ApiError> parse_tokenize_request(const std::string& body, TokenizeRequest* out) {
   json req;
   if (auto e = parse_json_object(body, &req)) return e;
-  if (!present(req, "prompt") || !req.at("prompt").is_string()) {
-    return bad("prompt", "prompt (a string) is required");
+  if (present(req, "messages")) {
+    CompletionRequest chat;
+    if (auto e = parse_messages(nlohmann::ordered_json::parse(body), &chat)) return e;
+    out->chat = true;
+    out->messages = std::move(chat.messages);
+    out->template_kwargs = std::move(chat.template_kwargs);
+    out->add_generation_prompt = chat.add_generation_prompt;
+    out->add_special_tokens = false;
+  } else if (!present(req, "prompt") || !req.at("prompt").is_string()) {
+    return bad("prompt", "prompt (a string) is required, or messages (a list of chat messages)");
+  } else {
+    out->prompt = req.at("prompt").get<std::string>();
   }
-  *prompt = req.at("prompt").get<std::string>();
-  return get_bool(req, "add_special_tokens", add_special_tokens);
+  return get_bool(req, "add_special_tokens", &out->add_special_tokens);
 }
 
 std::optional<ApiError> parse_detokenize_request(const std::string& body,

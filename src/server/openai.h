@@ -46,6 +46,7 @@ struct CompletionRequest {
   // Chat: messages with content flattened to strings; template variables.
   nlohmann::ordered_json messages;  // key order kept (templates see it)
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  bool add_generation_prompt = true;  // vLLM's field: the template's generation prompt
   // Chat: tools were given and tool_choice is not "none": tool calls are parsed from the reply.
   bool parse_tool_calls = false;
   std::optional<int64_t>
@@ -71,9 +72,19 @@ struct CompletionRequest {
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
                                                  CompletionRequest* out);
 
-// /tokenize: {"prompt": "text", "add_special_tokens": true}.
-std::optional<ApiError> parse_tokenize_request(const std::string& body, std::string* prompt,
-                                               bool* add_special_tokens);
+// /tokenize, as vLLM's: {"prompt": "text", "add_special_tokens": true}, or the chat form
+// {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false,
+// "chat_template_kwargs": {...}, "tools": [...]} whose messages the chat template renders
+// (normalised as for /v1/chat/completions).
+struct TokenizeRequest {
+  bool chat = false;
+  std::string prompt;                      // text form
+  nlohmann::ordered_json messages;         // chat form: as CompletionRequest's
+  nlohmann::ordered_json template_kwargs;  // chat form
+  bool add_generation_prompt = true;       // chat form
+  bool add_special_tokens = true;          // default false in the chat form (vLLM's)
+};
+std::optional<ApiError> parse_tokenize_request(const std::string& body, TokenizeRequest* out);
 // /detokenize: {"tokens": [ids]}.
 std::optional<ApiError> parse_detokenize_request(const std::string& body,
                                                  std::vector<int32_t>* tokens);

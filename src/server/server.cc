@@ -54,13 +54,30 @@ std::string call_id_prefix(const std::string& job_id) {
   return "call_" + job_id.substr(job_id.find('-') + 1);
 }
 
+// The chat template's text for `messages`, or the API error: the model's answer when it has no
+// template, a 400 naming messages when the template refuses them.
+std::optional<ApiError> render_chat(const ServedModel& model,
+                                    const nlohmann::ordered_json& messages,
+                                    const nlohmann::ordered_json& template_kwargs,
+                                    bool add_generation_prompt, std::string* text) {
+  if (!model.render_chat) {
+    return ApiError{.http_status = model.chat_unavailable_status,
+                    .message = model.chat_unavailable,
+                    .param = "messages"};
+  }
+  auto rendered = model.render_chat(messages, template_kwargs, add_generation_prompt);
+  if (!rendered.ok()) return ApiError{.message = rendered.status().message(), .param = "messages"};
+  *text = std::move(*rendered);
+  return std::nullopt;
+}
+
 }  // namespace
 
 struct Server::Impl {
   Impl(ServedModel m, ServerOptions o)
       : model(std::move(m)),
         options(std::move(o)),
-        metrics(model.name),
+        metrics(model.name, model.max_model_len),
         worker(model, metrics,
                {.max_num_seqs = options.max_num_seqs,
                 .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
@@ -351,15 +368,12 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echo_texts;
   if (chat) {
-    if (!model.render_chat) {
-      return send_error(res, {.http_status = model.chat_unavailable_status,
-                              .message = model.chat_unavailable,
-                              .param = "messages"});
+    std::string text;
+    if (auto e =
+            render_chat(model, r.messages, r.template_kwargs, r.add_generation_prompt, &text)) {
+      return send_error(res, *e);
     }
-    auto text = model.render_chat(r.messages, r.template_kwargs);
-    if (!text.ok())
-      return send_error(res, {.message = text.status().message(), .param = "messages"});
-    prompts.push_back(model.tokenizer->encode(*text, /*add_special_tokens=*/false));
+    prompts.push_back(model.tokenizer->encode(text, /*add_special_tokens=*/false));
     echo_texts.emplace_back();
   }
   for (PromptInput& p : r.prompts) {
@@ -390,11 +404,13 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   Jobs jobs;
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int64_t room = model.max_model_len - static_cast<int64_t>(prompts[p].size());
+    const auto group = std::make_shared<ChoiceGroup>(r.n);
     for (int j = 0; j < r.n; ++j) {
       auto job = std::make_shared<Job>();
       // One engine request per choice; a choice's log lines name it after the request.
       job->id = prompts.size() * r.n > 1 ? fmt::format("{}-{}", id, jobs.size()) : id;
       job->choices_per_prompt = r.n;
+      job->group = group;
       job->prompt = prompts[p];
       job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
       job->options.sampling = r.sampling;
@@ -466,11 +482,24 @@ void Server::Impl::add_routes() {
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"status", "ok"}});
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", model.name},        {"object", "model"},
-              {"created", created},      {"owned_by", "blockspec"},
-              {"root", model.model_dir}, {"max_model_len", model.max_model_len}};
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+  const json card = {{"id", model.name},        {"object", "model"},
+                     {"created", created},      {"owned_by", "blockspec"},
+                     {"root", model.model_dir}, {"max_model_len", model.max_model_len}};
+  http.Get("/v1/models", [card](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({card})}});
+  });
+  // The id may hold slashes (org/name), as served names often do.
+  http.Get(R"(/v1/models/(.+))", [this, card](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] == model.name) return send_json(res, 200, card);
+    send_error(res,
+               {.http_status = 404,
+                .message = fmt::format("The model '{}' does not exist; this server serves '{}'",
+                                       req.matches[1].str(), model.name),
+                .param = "model",
+                .code = "model_not_found"});
+  });
+  http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", BLOCKSPEC_VERSION}});
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completion(req, res, /*chat=*/false);
@@ -479,12 +508,15 @@ void Server::Impl::add_routes() {
     completion(req, res, /*chat=*/true);
   });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    std::string prompt;
-    bool add_special = true;
-    if (auto e = parse_tokenize_request(req.body, &prompt, &add_special)) {
-      return send_error(res, *e);
+    TokenizeRequest r;
+    if (auto e = parse_tokenize_request(req.body, &r)) return send_error(res, *e);
+    if (r.chat) {
+      if (auto e = render_chat(model, r.messages, r.template_kwargs, r.add_generation_prompt,
+                               &r.prompt)) {
+        return send_error(res, *e);
+      }
     }
-    const auto ids = model.tokenizer->encode(prompt, add_special);
+    const auto ids = model.tokenizer->encode(r.prompt, r.add_special_tokens);
     send_json(res, 200,
               {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model.max_model_len}});
   });

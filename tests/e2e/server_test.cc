@@ -1024,8 +1024,8 @@ TEST(Server, BatchedConcurrentRequestsEqualSingleRequestOutput) {
     for (size_t i = 0; i < cases.size(); ++i) {
       EXPECT_EQ(got[i], want[i]) << "drafter " << drafter << ", request " << i;
     }
-    EXPECT_EQ(metric(server.port(), "blockspec:num_requests_running{"), 0);
-    EXPECT_EQ(metric(server.port(), "blockspec:num_requests_waiting{"), 0);
+    EXPECT_EQ(metric(server.port(), "vllm:num_requests_running{"), 0);
+    EXPECT_EQ(metric(server.port(), "vllm:num_requests_waiting{"), 0);
   }
 }
 
@@ -1050,36 +1050,34 @@ TEST(Server, MetricsCountRequestsAndTokens) {
   const Reply first = get(server.port(), "/metrics");
   ASSERT_EQ(first.status, 200);
   for (const char* name :
-       {"blockspec:num_requests_running", "blockspec:num_requests_waiting",
-        "blockspec:prompt_tokens_total", "blockspec:generation_tokens_total",
-        "blockspec:request_success_total", "blockspec:spec_decode_num_drafts_total",
-        "blockspec:spec_decode_num_draft_tokens_total",
-        "blockspec:spec_decode_num_accepted_tokens_total",
-        "blockspec:time_to_first_token_seconds_bucket",
-        "blockspec:e2e_request_latency_seconds_sum"}) {
+       {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total", "vllm:request_success_total",
+        "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_sum"}) {
     EXPECT_NE(first.raw.find(name), std::string::npos) << name;
   }
-  const double prompt0 = metric(server.port(), "blockspec:prompt_tokens_total{");
-  const double gen0 = metric(server.port(), "blockspec:generation_tokens_total{");
+  const double prompt0 = metric(server.port(), "vllm:prompt_tokens_total{");
+  const double gen0 = metric(server.port(), "vllm:generation_tokens_total{");
   ASSERT_EQ(post(server.port(), "/v1/completions",
                  R"({"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0})")
                 .status,
             200);
-  EXPECT_EQ(metric(server.port(), "blockspec:prompt_tokens_total{"), prompt0 + 5);
-  EXPECT_EQ(metric(server.port(), "blockspec:generation_tokens_total{"), gen0 + 30);
+  EXPECT_EQ(metric(server.port(), "vllm:prompt_tokens_total{"), prompt0 + 5);
+  EXPECT_EQ(metric(server.port(), "vllm:generation_tokens_total{"), gen0 + 30);
   EXPECT_EQ(metric(server.port(),
-                   "blockspec:request_success_total{model_name=\"stories260K\","
+                   "vllm:request_success_total{model_name=\"stories260K\",engine=\"0\","
                    "finished_reason=\"length\"}"),
             1);
-  EXPECT_GT(metric(server.port(), "blockspec:spec_decode_num_drafts_total{"), 0);
-  EXPECT_GT(metric(server.port(), "blockspec:spec_decode_num_accepted_tokens_total{"), 0);
+  EXPECT_GT(metric(server.port(), "vllm:spec_decode_num_drafts_total{"), 0);
+  EXPECT_GT(metric(server.port(), "vllm:spec_decode_num_accepted_tokens_total{"), 0);
   EXPECT_GT(metric(server.port(),
-                   "blockspec:spec_decode_num_accepted_tokens_per_pos_total{model_name="
-                   "\"stories260K\",position=\"0\"}"),
+                   "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="
+                   "\"stories260K\",engine=\"0\",position=\"0\"}"),
             0);
-  EXPECT_EQ(metric(server.port(), "blockspec:e2e_request_latency_seconds_count{"), 1);
-  EXPECT_EQ(metric(server.port(), "blockspec:time_to_first_token_seconds_count{"), 1);
-  EXPECT_EQ(metric(server.port(), "blockspec:num_requests_running{"), 0);
+  EXPECT_EQ(metric(server.port(), "vllm:e2e_request_latency_seconds_count{"), 1);
+  EXPECT_EQ(metric(server.port(), "vllm:time_to_first_token_seconds_count{"), 1);
+  EXPECT_EQ(metric(server.port(), "vllm:num_requests_running{"), 0);
 }
 
 TEST(Server, ApiKeyIsEnforced) {
