@@ -316,11 +316,11 @@ std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) 
 }  // namespace
 
 json error_body(const ApiError& e) {
-  const char* type = e.http_status == 400   ? "invalid_request_error"
-                     : e.http_status == 401 ? "authentication_error"
-                     : e.http_status == 404 ? "not_found_error"
-                     : e.http_status == 501 ? "not_implemented_error"
-                                            : "server_error";
+  const char* type = e.http_status == 400 || e.http_status == 413 ? "invalid_request_error"
+                     : e.http_status == 401                       ? "authentication_error"
+                     : e.http_status == 404                       ? "not_found_error"
+                     : e.http_status == 501                       ? "not_implemented_error"
+                                                                  : "server_error";
   return {{"error",
            {{"message", e.message},
             {"type", type},
