@@ -116,6 +116,38 @@ bool host_and_port(const sockaddr_storage& a, socklen_t len, std::string* host, 
   return true;
 }
 
+// One connected socket of this process: its descriptor, its own port, its peer's address/port.
+struct Connection {
+  int fd;
+  int local_port;
+  std::string peer_host;
+  int peer_port;
+};
+
+// This process's connected sockets whose own port is `local_port` (from /proc/self/fd).
+std::vector<Connection> connections(int local_port) {
+  std::vector<Connection> out;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return out;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    Connection c{.fd = static_cast<int>(fd), .local_port = 0, .peer_host = {}, .peer_port = 0};
+    std::string local_host;
+    if (getsockname(c.fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
+        getpeername(c.fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 &&
+        host_and_port(local, local_len, &local_host, &c.local_port) && c.local_port == local_port &&
+        host_and_port(peer, peer_len, &c.peer_host, &c.peer_port)) {
+      out.push_back(std::move(c));
+    }
+  }
+  closedir(dir);
+  return out;
+}
+
 }  // namespace
 
 HttpServer::HttpServer(const TransportOptions& options) : options_(options) {
@@ -132,6 +164,49 @@ HttpServer::HttpServer(const TransportOptions& options) : options_(options) {
   set_keep_alive_timeout(options.keep_alive_timeout_s);
   set_keep_alive_max_count(options.keep_alive_max_requests);
   set_payload_max_length(options.max_request_bytes);
+  // Called once a response is written: the connection reads its next request from now.
+  set_logger([this](const httplib::Request& req, const httplib::Response&) {
+    std::lock_guard lock(mutex_);
+    const Peer peer{req.remote_addr, req.remote_port};
+    busy_.erase(peer);
+    reading_[peer] = std::chrono::steady_clock::now();
+  });
+}
+
+HttpServer::~HttpServer() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void HttpServer::request_began(const httplib::Request& req) {
+  std::lock_guard lock(mutex_);
+  busy_.insert({req.remote_addr, req.remote_port});
+}
+
+void HttpServer::watch(int port) {
+  const auto deadline = std::chrono::seconds(options_.request_deadline_s);
+  std::unique_lock lock(mutex_);
+  while (!cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) {
+    lock.unlock();
+    std::map<Peer, int> open;  // this process's connections to `port`, by client
+    for (const Connection& c : connections(port)) open[{c.peer_host, c.peer_port}] = c.fd;
+    const auto now = std::chrono::steady_clock::now();
+    lock.lock();
+    std::map<Peer, std::chrono::steady_clock::time_point> still;
+    for (const auto& [peer, fd] : open) {
+      const auto seen = reading_.find(peer);
+      const auto since = seen != reading_.end() ? seen->second : now;
+      still[peer] = since;
+      if (busy_.count(peer) == 0 && now - since > deadline) {
+        ::shutdown(fd, SHUT_RDWR);  // its thread's read fails and it closes the connection
+      }
+    }
+    reading_.swap(still);  // forget closed connections
+  }
 }
 
 Result<int> HttpServer::bind_exclusive(const std::string& host, int port) {
@@ -148,34 +223,17 @@ Result<int> HttpServer::bind_exclusive(const std::string& host, int port) {
   // httplib listens with a backlog of 5; listen() again on the bound socket raises it, so bursts
   // of connections wait in the kernel instead of being refused.
   ::listen(svr_sock_, options_.listen_backlog);
+  if (options_.request_deadline_s > 0 && !watcher_.joinable()) {
+    watcher_ = std::thread([this, bound] { watch(bound); });
+  }
   return bound;
 }
 
 int connection_socket(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof local, peer_len = sizeof peer;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
-      continue;  // not a connected socket
-    }
-    std::string local_host, peer_host;
-    int local_port = 0, peer_port = 0;
-    if (host_and_port(local, local_len, &local_host, &local_port) &&
-        host_and_port(peer, peer_len, &peer_host, &peer_port) && local_port == req.local_port &&
-        peer_port == req.remote_port && peer_host == req.remote_addr) {
-      found = static_cast<int>(fd);
-      break;
-    }
+  for (const Connection& c : connections(req.local_port)) {
+    if (c.peer_port == req.remote_port && c.peer_host == req.remote_addr) return c.fd;
   }
-  closedir(dir);
-  return found;
+  return -1;
 }
 
 bool peer_closed(int socket) {

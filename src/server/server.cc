@@ -70,6 +70,7 @@ struct Server::Impl {
                 .max_prefill_tokens = options.max_prefill_tokens},
                options.log_requests),
         http({.core_threads = core_handler_threads(options.max_num_seqs),
+              .request_deadline_s = options.request_deadline_s,
               .max_request_bytes = options.max_request_bytes}),
         limits{.max_depth = options.max_json_depth, .max_bytes = options.max_request_bytes},
         created(std::time(nullptr)),
@@ -449,6 +450,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
 
 void Server::Impl::add_routes() {
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    http.request_began(req);
     if (options.api_key.empty() || !needs_key(req.path) ||
         req.get_header_value("Authorization") == "Bearer " + options.api_key) {
       return httplib::Server::HandlerResponse::Unhandled;

@@ -35,6 +35,9 @@ struct ServerOptions {
   // nested deeper is a 400.
   size_t max_request_bytes = size_t{16} << 20;
   int max_json_depth = 64;
+  // Seconds a connection may take to deliver a request (or idle between two) before it is
+  // closed: bounds slow clients (slowloris). 0: no limit.
+  int request_deadline_s = 30;
 };
 
 class Server {

@@ -4,8 +4,11 @@
 // speculative decoding through the server is lossless.
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1427,6 +1430,35 @@ TEST(Server, LoadAndFaultTwoWavesOf256Clients) {
   }
   // The second wave reuses what the first allocated (threads, KV pool, buffers).
   EXPECT_LT(rss_kib() - rss_after_first, 32 * 1024) << "resident memory grew over a second wave";
+}
+
+// Issue 18: a client that trickles its request a byte at a time (each within the read timeout)
+// is closed at the request deadline instead of holding its thread forever; others are served.
+TEST(Server, SlowClientIsClosedAtTheRequestDeadline) {
+  RunningServer server({.request_deadline_s = 1});
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  const auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - start < std::chrono::seconds(8)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    closed = send(fd, "a", 1, MSG_NOSIGNAL) != 1;
+    char c;
+    if (!closed) closed = recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+    EXPECT_EQ(get(server.port(), "/health").status, 200);
+  }
+  close(fd);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(closed) << "a client trickling its headers was still connected after " << s << " s";
+  EXPECT_LT(s, 5.0);
 }
 
 TEST(Server, BinaryServesAndStopsOnSigterm) {
