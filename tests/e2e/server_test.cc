@@ -1461,6 +1461,41 @@ TEST(Server, SlowClientIsClosedAtTheRequestDeadline) {
   EXPECT_LT(s, 5.0);
 }
 
+// Streaming and non-streaming alike: a client that leaves while its request still waits for a
+// place is noticed before the request is admitted, so it generates nothing.
+TEST(Server, StreamingClientThatLeavesWhileQueuedGeneratesNothing) {
+  RunningServer server({.max_num_seqs = 1}, /*drafter=*/false);
+  const double before = series(server.port(), "generation_tokens_total");
+  constexpr int64_t kChoices = 32, kMaxTokens = 480;
+  std::thread busy([&] {
+    EXPECT_EQ(post(server.port(), "/v1/completions",
+                   json{{"prompt", "Once upon a time"},
+                        {"max_tokens", kMaxTokens},
+                        {"n", kChoices},
+                        {"ignore_eos", true}}
+                       .dump())
+                  .status,
+              200);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    httplib::Client cli("127.0.0.1", server.port());
+    cli.set_read_timeout(std::chrono::milliseconds(300));
+    auto r = cli.Post("/v1/completions",
+                      json{{"prompt", "The little dog"},
+                           {"max_tokens", kMaxTokens},
+                           {"ignore_eos", true},
+                           {"stream", true}}
+                          .dump(),
+                      "application/json");
+    EXPECT_FALSE(r) << "the streamed request was answered; the busy one ended too soon";
+  }
+  busy.join();
+  ASSERT_TRUE(drained(server.port(), std::chrono::seconds(30)));
+  EXPECT_EQ(series(server.port(), "generation_tokens_total") - before, kChoices * kMaxTokens)
+      << "the request of the client that left generated tokens";
+}
+
 TEST(Server, BinaryServesAndStopsOnSigterm) {
   int err_pipe[2];
   ASSERT_EQ(pipe(err_pipe), 0);
