@@ -37,7 +37,7 @@ struct TransportOptions {
   size_t max_request_bytes = size_t{16} << 20;  // larger bodies: 413 before they are read
 };
 
-// The handler threads for `options` and `max_num_seqs` admitted requests: every admitted and
+// The handler threads kept for `max_num_seqs` admitted requests: every admitted and
 // as many waiting requests, plus headroom for cheap routes.
 inline size_t core_handler_threads(int64_t max_num_seqs) {
   const int64_t n = 2 * max_num_seqs + 8;
