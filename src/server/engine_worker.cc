@@ -41,6 +41,13 @@ void Job::wait(std::string* text) {
   *text += std::exchange(text_, {});
 }
 
+bool Job::wait_until_ended(std::string* text, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return ended_; });
+  *text += std::exchange(text_, {});
+  return ended_;
+}
+
 void Job::take_logprobs(std::vector<LogprobsEntry>* logprobs) {
   std::lock_guard lock(mutex_);
   std::move(logprobs_.begin(), logprobs_.end(), std::back_inserter(*logprobs));

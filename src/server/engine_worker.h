@@ -70,6 +70,9 @@ class Job {
   bool wait_text(std::string* text, std::chrono::milliseconds timeout);
   // Blocks until the end; appends all remaining text.
   void wait(std::string* text);
+  // Blocks until the end or `timeout`; appends the text committed so far. True once ended (all
+  // text taken).
+  bool wait_until_ended(std::string* text, std::chrono::milliseconds timeout);
   // Appends the committed tokens' logprobs (options.logprobs >= 0) not yet taken, in order. They
   // may run ahead of the text (held back for stop strings); once the job has ended all are there.
   void take_logprobs(std::vector<LogprobsEntry>* logprobs);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -41,7 +42,14 @@ std::optional<ApiError> get_number(const json& req, const char* key, double* out
       req, key, [](const json& v) { return v.is_number(); }, "a number", out);
 }
 
+// An integer in int64 range (JSON integers up to 2^64 - 1 parse as unsigned: beyond int64 they
+// are refused here, before any arithmetic).
 std::optional<ApiError> get_integer(const json& req, const char* key, int64_t* out) {
+  if (present(req, key) && req.at(key).is_number_unsigned() &&
+      req.at(key).get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return bad(key, fmt::format("{} = {} is out of range (at most {})", key,
+                                req.at(key).get<uint64_t>(), std::numeric_limits<int64_t>::max()));
+  }
   return get_field(
       req, key, [](const json& v) { return v.is_number_integer(); }, "an integer", out);
 }
@@ -167,9 +175,10 @@ std::optional<ApiError> normalize_tool_calls(size_t i, nlohmann::ordered_json* c
     if (!fn.contains("arguments") || fn.at("arguments").is_null() || fn.at("arguments") == "") {
       fn["arguments"] = nlohmann::ordered_json::object();
     } else if (fn.at("arguments").is_string()) {
-      auto parsed = nlohmann::ordered_json::parse(fn.at("arguments").get<std::string>(), nullptr,
-                                                  /*allow_exceptions=*/false);
-      if (!parsed.is_discarded()) fn["arguments"] = std::move(parsed);
+      // Under the request limits: a string argument may hold a deeply nested document.
+      const std::string& text = fn.at("arguments").get_ref<const std::string&>();
+      auto parsed = parse_request_json_ordered(text, {.max_bytes = text.size()});
+      if (parsed.ok()) fn["arguments"] = std::move(*parsed);
     }
   }
   return std::nullopt;
@@ -251,7 +260,8 @@ std::optional<ApiError> parse_choices(const json& req, CompletionRequest* out) {
     if (auto e = get_integer(req, "n", &n)) return e;
   }
   const int64_t prompts = std::max<int64_t>(1, static_cast<int64_t>(out->prompts.size()));
-  if (n < 1 || n * prompts > kMaxChoices) {
+  // n alone first: n x prompts of an unchecked n can overflow.
+  if (n < 1 || n > kMaxChoices || prompts > kMaxChoices || n * prompts > kMaxChoices) {
     return bad("n", fmt::format("n must be at least 1 and n x prompts at most {}, got n = {} with "
                                 "{} prompt(s)",
                                 kMaxChoices, n, prompts));
@@ -343,25 +353,34 @@ std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) 
   if (top_k < 0 || top_k > std::numeric_limits<int>::max()) {
     return bad("top_k", fmt::format("top_k must be -1, 0 (off) or positive, got {}", top_k));
   }
+  // Sampling runs in float: a double beyond float range would become inf.
+  for (const auto& [key, v] : {std::pair{"temperature", temperature}, {"top_p", top_p}}) {
+    if (!std::isfinite(static_cast<float>(v))) {
+      return bad(key, fmt::format("{} = {} is out of range", key, v));
+    }
+  }
   out->sampling.temperature = static_cast<float>(temperature);
   out->sampling.top_p = static_cast<float>(top_p);
   out->sampling.top_k = static_cast<int>(top_k);
-  if (present(req, "seed")) {
+  if (present(req, "seed")) {  // any int64 (negative ones as their two's complement bits)
     if (auto e = get_integer(req, "seed", &seed)) return e;
     out->sampling.seed = static_cast<uint64_t>(seed);
   }
-  if (Status s = out->sampling.validate(); !s.ok()) return bad("", s.message());
+  if (Status s = out->sampling.validate(); !s.ok()) {
+    // The message starts with the field's name.
+    return bad(s.message().substr(0, s.message().find(' ')), s.message());
+  }
   return std::nullopt;
 }
 
 }  // namespace
 
 json error_body(const ApiError& e) {
-  const char* type = e.http_status == 400   ? "invalid_request_error"
-                     : e.http_status == 401 ? "authentication_error"
-                     : e.http_status == 404 ? "not_found_error"
-                     : e.http_status == 501 ? "not_implemented_error"
-                                            : "server_error";
+  const char* type = e.http_status == 400 || e.http_status == 413 ? "invalid_request_error"
+                     : e.http_status == 401                       ? "authentication_error"
+                     : e.http_status == 404                       ? "not_found_error"
+                     : e.http_status == 501                       ? "not_implemented_error"
+                                                                  : "server_error";
   return {{"error",
            {{"message", e.message},
             {"type", type},
@@ -369,12 +388,12 @@ json error_body(const ApiError& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
-std::optional<ApiError> parse_json_object(const std::string& body, json* out) {
-  try {
-    *out = json::parse(body);
-  } catch (const json::parse_error& e) {
-    return bad("", fmt::format("request body is not valid JSON: {}", e.what()));
-  }
+std::optional<ApiError> parse_json_object(const std::string& body, json* out,
+                                          const RequestLimits& limits) {
+  std::string field;
+  auto parsed = parse_request_json(body, limits, &field);
+  if (!parsed.ok()) return bad(field, parsed.status().message());
+  *out = std::move(*parsed);
   if (!out->is_object()) {
     return bad("", fmt::format("request body must be a JSON object, got {}", type_name(*out)));
   }
@@ -382,17 +401,20 @@ std::optional<ApiError> parse_json_object(const std::string& body, json* out) {
 }
 
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
-                                                 CompletionRequest* out) {
+                                                 CompletionRequest* out,
+                                                 const RequestLimits& limits) {
   json req;
-  if (auto e = parse_json_object(body, &req)) return e;
+  if (auto e = parse_json_object(body, &req, limits)) return e;
   out->chat = chat;
   if (present(req, "model")) {
     if (!req.at("model").is_string()) return bad("model", "model must be a string");
     out->model = req.at("model").get<std::string>();
   }
   if (chat) {
-    // Parsed again in key order (the body is valid JSON: parsed above).
-    if (auto e = parse_messages(nlohmann::ordered_json::parse(body), out)) return e;
+    // Parsed again in key order (the body is valid JSON within the limits: parsed above).
+    auto ordered = parse_request_json_ordered(body, limits);
+    if (!ordered.ok()) return bad("", ordered.status().message());
+    if (auto e = parse_messages(*ordered, out)) return e;
   } else if (auto e = parse_prompt(req, out)) {
     return e;
   }
@@ -407,6 +429,9 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     if (auto e = get_integer(req, key, &n)) return e;
     if (n < 0 || (n == 0 && !out->echo)) {
       return bad(key, fmt::format("{} must be at least 1 (0 only with echo), got {}", key, n));
+    }
+    if (n > kMaxTokensLimit) {
+      return bad(key, fmt::format("{} = {} is out of range (at most {})", key, n, kMaxTokensLimit));
     }
     out->max_tokens = n;  // max_completion_tokens (second) wins
   }
@@ -434,12 +459,15 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
 
 namespace bs::server {
 
-std::optional<ApiError> parse_tokenize_request(const std::string& body, TokenizeRequest* out) {
+std::optional<ApiError> parse_tokenize_request(const std::string& body, TokenizeRequest* out,
+                                               const RequestLimits& limits) {
   json req;
-  if (auto e = parse_json_object(body, &req)) return e;
+  if (auto e = parse_json_object(body, &req, limits)) return e;
   if (present(req, "messages")) {
     CompletionRequest chat;
-    if (auto e = parse_messages(nlohmann::ordered_json::parse(body), &chat)) return e;
+    auto ordered = parse_request_json_ordered(body, limits);
+    if (!ordered.ok()) return bad("", ordered.status().message());
+    if (auto e = parse_messages(*ordered, &chat)) return e;
     out->chat = true;
     out->messages = std::move(chat.messages);
     out->template_kwargs = std::move(chat.template_kwargs);
@@ -454,9 +482,10 @@ std::optional<ApiError> parse_tokenize_request(const std::string& body, Tokenize
 }
 
 std::optional<ApiError> parse_detokenize_request(const std::string& body,
-                                                 std::vector<int32_t>* tokens) {
+                                                 std::vector<int32_t>* tokens,
+                                                 const RequestLimits& limits) {
   json req;
-  if (auto e = parse_json_object(body, &req)) return e;
+  if (auto e = parse_json_object(body, &req, limits)) return e;
   if (!present(req, "tokens") || !req.at("tokens").is_array()) {
     return bad("tokens", "tokens (a list of token ids) is required");
   }
