@@ -194,6 +194,7 @@ class StoriesSampling : public ::testing::Test {
     o.max_context = 32;
     o.sampling = params_;
     o.draft_tokens = draft_tokens;
+    o.draft_confidence_min = confidence_min_;
     int64_t steps = 0, accepted = 0;
     const auto count = [&](const std::vector<int32_t>& out, const GenerateStats& st) {
       ASSERT_EQ(out.size(), 4u);
@@ -249,6 +250,7 @@ class StoriesSampling : public ::testing::Test {
   std::map<std::pair<int32_t, int32_t>, std::vector<float>> after2_;  // after prompt + t1 t2
   std::map<std::array<int32_t, 3>, double> exact_;
   int64_t accepted_ = 0;
+  double confidence_min_ = 0;  // GenerateOptions::draft_confidence_min of check()'s runs
 };
 
 // A drafter whose proposals overlap the target's (its logits are the target's own, perturbed) for
@@ -314,6 +316,25 @@ TEST_F(StoriesSampling, RandomDFlashDrafterLeavesDistributionUnchanged) {
   auto drafter = load_drafter(kDrafter, *target_, {});
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();
   check(drafter->get(), 2500, 7, "dflash");
+}
+
+// The DFlash relatives draw their own drafts (DSpark: Markov chain, q = filtered_probs(U + b);
+// DFlash2: selector walk, q over the top-16 candidates): the random test drafters, one sequence at
+// a time and batched, DSpark also with confidence cuts (the verified prefix depends on the drafts).
+TEST_F(StoriesSampling, RandomDSparkAndDFlash2DraftersLeaveDistributionUnchanged) {
+  for (const char* name : {"dspark-stories260K", "dflash2-stories260K"}) {
+    auto drafter = load_drafter(std::string(BS_TEST_DATA) + "/" + name, *target_, {});
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    check(drafter->get(), 2500, 0, name);
+    check(drafter->get(), 2500, 0, std::string(name) + "_batched", /*batched=*/true);
+  }
+}
+
+TEST_F(StoriesSampling, DSparkConfidenceCutLeavesDistributionUnchanged) {
+  auto drafter = load_drafter(std::string(BS_TEST_DATA) + "/dspark-stories260K", *target_, {});
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  confidence_min_ = 0.5;
+  check(drafter->get(), 2500, 0, "dspark_cut_batched", /*batched=*/true);
 }
 
 // The same through the Scheduler's batched step (sampled drafts drawn and accepted on the device
