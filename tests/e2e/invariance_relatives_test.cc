@@ -25,6 +25,7 @@ const std::string kStories = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 struct Case {
   std::string drafter, target;
   int32_t vocab;
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.drafter; }
 };
 
 class Relatives : public ::testing::TestWithParam<Case> {

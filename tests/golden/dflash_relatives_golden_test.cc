@@ -55,6 +55,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 struct Case {
   std::string dir, target, family;
+  friend void PrintTo(const Case& c, std::ostream* os) { *os << c.dir; }
 };
 
 // What one golden propose expects.
