@@ -51,7 +51,7 @@ struct ProposeScratch : LayerActivations {
   Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
   Tensor logits;        // [seqs * nd, V]
   // Relatives (DFlashModules): the convolved sublayer input and the sublayer output [seqs * B, H]
-  // (DFlash2); the greedy chain's rows F32 [seqs * nd, V] and drafts I32 [seqs * nd] (propose()).
+  // (DFlash2); the greedy chain's rows F32 [>= seqs * nd, V] and drafts I32 (propose() only).
   Tensor conv_in, sub_out, chain_rows, chain_ids;
 };
 
@@ -302,7 +302,12 @@ class DFlashDrafter final : public Drafter {
       *logits = prop_.logits.rows(0, S * nd);
       return Status::Ok();
     }
-    // Relatives: the rows of each request's greedy chain.
+    // Relatives: the rows of each request's greedy chain (scratch allocated on first use: the
+    // engine's propose_draw does not need it).
+    if (!prop_.chain_rows.defined() || prop_.chain_rows.dim(0) < S * nd) {
+      prop_.chain_rows = backend_.empty({S * nd, vocab_}, DType::kF32);
+      prop_.chain_ids = backend_.empty({S * nd}, DType::kI32);
+    }
     for (int64_t r = 0; r < S; ++r) {
       const DraftDraw greedy{.ids = prop_.chain_ids.rows(r * nd, reqs[r].num_drafts)};
       modules_->draw(prop_.last_n.rows(r * nd, reqs[r].num_drafts),
@@ -525,14 +530,10 @@ class DFlashDrafter final : public Drafter {
       prop_.last = backend_.empty({n * nd, m.hidden_size});
       prop_.last_n = backend_.empty({n * nd, m.hidden_size});
       prop_.logits = backend_.empty({n * nd, vocab_});
-      if (modules_) {
-        prop_.chain_rows = backend_.empty({n * nd, vocab_}, DType::kF32);
-        prop_.chain_ids = backend_.empty({n * nd}, DType::kI32);
-        if (modules_->has_convs()) {
-          prop_.conv_in = backend_.empty({rows, m.hidden_size});
-          prop_.sub_out = backend_.empty({rows, m.hidden_size});
-          modules_->reserve_rows(rows);
-        }
+      if (modules_ && modules_->has_convs()) {
+        prop_.conv_in = backend_.empty({rows, m.hidden_size});
+        prop_.sub_out = backend_.empty({rows, m.hidden_size});
+        modules_->reserve_rows(rows);
       }
       ++table_generation_;
     }
