@@ -160,6 +160,17 @@ class CountingBackend final : public Backend {
   void axpby(const Tensor& y, float a, const Tensor& x, float b, const Tensor& z) override {
     b_.axpby(y, a, x, b, z);
   }
+  void topk(const Tensor& values, const Tensor& ids, const Tensor& x) override {
+    b_.topk(values, ids, x);
+  }
+  void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) override {
+    b_.scale_softcap(y, x, multiplier, cap);
+  }
+  void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                    const Tensor& base, int64_t group, int64_t block_rows,
+                    bool accumulate) override {
+    b_.dynamic_conv(y, x, dyn, which, base, group, block_rows, accumulate);
+  }
   void softmax(const Tensor& y, const Tensor& x, float scale) override { b_.softmax(y, x, scale); }
   void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,
                      const Tensor& w, float gate, float eps) override {

@@ -273,6 +273,22 @@ class Backend {
   // bonus) and the drafts as given; a step commits d_1 .. d_a, then next.
   virtual void rejection_sample(const Tensor& out, const Tensor& drafts, const Tensor& q,
                                 const Tensor& p, const Tensor& uniforms) = 0;
+
+  // ---- Ops added for the DSpark / DFlash2 drafters (models/drafters/dspark.cc, dflash2.cc) ----
+  // values F32 [n, k] and ids I32 [n, k] = the k largest entries of each row of x[n, V]
+  // (1 <= k <= V), sorted by value descending, ties to the lower index.
+  virtual void topk(const Tensor& values, const Tensor& ids, const Tensor& x) = 0;
+  // y = cap > 0 ? cap * tanh(multiplier * x / cap) : multiplier * x, elementwise (same shape;
+  // y may alias x). Logit scaling and soft-capping.
+  virtual void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) = 0;
+  // Grouped dynamic causal convolution over blocks of `block_rows` consecutive rows (DFlash2):
+  //   y[i, c] (= or +=) sum over t < K with t <= i % block_rows of
+  //                     (base[t, c] + dyn[i, which, t, c / group]) * x[i - t, c]
+  // x, y [n, H] (n a multiple of block_rows), dyn [n, 2, K, H / group], base [K, H], which 0 or
+  // 1. y must not alias x.
+  virtual void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                            const Tensor& base, int64_t group, int64_t block_rows,
+                            bool accumulate) = 0;
 };
 
 // The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number

@@ -60,6 +60,7 @@ struct BenchArgs {
   std::string gemv = "all";
   bool kernels = false;
   bool drafter_fp8 = false;
+  double draft_confidence_min = 0;
   int flashmap_steps = 0;
   float flashmap_noise_scale = 1.0f;
 };
@@ -464,6 +465,7 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
   const int64_t p_len = std::min<int64_t>(32, ctx);
   GenerateOptions opt;
   opt.max_tokens = std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2));
+  if (drafter) opt.draft_confidence_min = a.draft_confidence_min;
   opt.max_context = std::min<int64_t>(max_pos, p_len + opt.max_tokens + 16);
   for (auto& p : prompts) p.resize(static_cast<size_t>(p_len));
   std::vector<GenerateStats> stats;
@@ -696,6 +698,7 @@ int run_bench(const BenchArgs& a) {
   GenerateOptions opt;
   opt.max_tokens = gen;
   opt.max_context = std::min<int64_t>(max_pos, p_len + gen + 2 * B + 16);
+  if (drafter) opt.draft_confidence_min = a.draft_confidence_min;
   GenerateStats st;
   auto plain = generate_plain(target, e2e_prompt, opt, nullptr, &st);
   if (!plain.ok()) return fail(plain.status());
@@ -728,7 +731,12 @@ int run_bench(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   g_cmd = app.add_subcommand("bench", "Time decode / verify / draft / context-update steps");
   g_cmd->add_option("--model", g_args.model, "Target model folder")->required();
-  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
+  g_cmd->add_option("--drafter", g_args.drafter,
+                    "Drafter folder (DFlash, DSpark, DFlash2 or FlashMap)");
+  g_cmd
+      ->add_option("--draft-confidence-min", g_args.draft_confidence_min,
+                   "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto");
   g_cmd->add_option(
       "--batch", g_args.batch,

@@ -35,6 +35,7 @@ struct GenerateArgs {
   int top_k = 0;
   std::optional<uint64_t> seed;
   int64_t draft_tokens = 0;
+  double draft_confidence_min = 0;
   std::string trace;
   int threads = 0;
   std::string device = "auto";
@@ -124,6 +125,7 @@ int run_generate(const GenerateArgs& a) {
   opt.sampling = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
   if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
   opt.draft_tokens = a.draft_tokens;
+  opt.draft_confidence_min = a.draft_confidence_min;
   opt.trace_path = a.trace;
   if (drafter && opt.draft_tokens > drafter->max_drafts()) {
     return fail(bs::InvalidArgument("--draft-tokens {} exceeds the drafter's maximum {}",
@@ -200,6 +202,9 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", g.seed, "Random seed (sampling and drafter noise)");
   gen->add_option("--draft-tokens", g.draft_tokens, "Drafts verified per step (default: block-1)")
       ->check(CLI::PositiveNumber);
+  gen->add_option("--draft-confidence-min", g.draft_confidence_min,
+                  "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   gen->add_option("--trace", g.trace, "Write one JSON line per speculative step to FILE");
   gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);

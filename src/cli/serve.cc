@@ -28,6 +28,7 @@ struct ServeArgs {
   std::string device = "auto";
   int threads = 0;
   int64_t draft_tokens = 0;
+  double draft_confidence_min = 0;
   bool drafter_fp8 = false;
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
@@ -54,6 +55,7 @@ int run_serve(const ServeArgs& a) {
                                           .threads = a.threads,
                                           .max_model_len = a.max_model_len,
                                           .draft_tokens = a.draft_tokens,
+                                          .draft_confidence_min = a.draft_confidence_min,
                                           .drafter_fp8 = a.drafter_fp8,
                                           .tool_call_parser = a.tool_call_parser});
   if (!model.ok()) return fail(model.status());
@@ -132,6 +134,10 @@ void register_serve(CLI::App& app) {
       ->add_option("--draft-tokens", g_args.draft_tokens,
                    "Drafts verified per step (default: block-1)")
       ->check(CLI::PositiveNumber);
+  g_cmd
+      ->add_option("--draft-confidence-min", g_args.draft_confidence_min,
+                   "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
                   "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
                   "unchanged");

@@ -37,6 +37,24 @@ void DeviceSampling::choose(Sampler& sampler, const Tensor& logits, const Tensor
   backend_.sample_from_probs(out, probs(), uniforms_.rows(0, n));
 }
 
+DraftDraw DeviceSampling::draw_for_drafter(Sampler& sampler, int64_t n, int64_t vocab,
+                                           const Tensor& out) {
+  BS_CHECK(out.dtype() == DType::kI32 && out.numel() == n);
+  DraftDraw d{.filter = sampler.filter(), .ids = out};
+  if (sampler.params().greedy()) {
+    d.filter.temperature = 0.0f;
+    return d;
+  }
+  reserve(n, vocab);
+  rows_ = n;
+  vocab_ = vocab;
+  drawn_ = out;
+  upload_uniforms(sampler, n);
+  d.uniforms = uniforms_.rows(0, n);
+  d.probs = probs();
+  return d;
+}
+
 void DeviceSampling::sample(Sampler& sampler, const Tensor& logits, std::vector<int32_t>* ids) {
   BS_CHECK(!sampler.params().greedy());
   const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;

@@ -22,7 +22,11 @@ struct GenerateOptions {
   std::vector<int32_t> stop_ids;  // usually the tokenizer's EOS ids
   int64_t max_context = 0;        // 0: the target's max_position_embeddings
   int64_t draft_tokens = 0;       // drafts verified per step (1..max_drafts); 0: max_drafts
-  std::string trace_path;         // JSON line per speculative step, when set
+  // Drafters with a confidence head (DSpark): verify only the drafts whose prefix survival a_j
+  // (the head's estimate that drafts 1..j are all accepted) is >= this; 0: off. Never changes the
+  // output (the cut depends on drafts 1..j-1 only: lossless, docs/DFLASH.md).
+  double draft_confidence_min = 0;
+  std::string trace_path;  // JSON line per speculative step, when set
   // Log-probabilities of the committed tokens (engine/logprobs.h), handed to the
   // LogprobsCallback: -1 off (no logits row is read back for them), 0..kMaxTopLogprobs: the
   // token's own logprob and that many top alternatives. Never changes the tokens.

@@ -431,6 +431,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       job->options.stop_ids = stop_ids;
       job->options.max_context = model.max_model_len;
       job->options.draft_tokens = model.draft_tokens;
+      job->options.draft_confidence_min = model.draft_confidence_min;
       job->options.logprobs = r.logprobs;
       job->stop = r.stop;
       job->echo = r.echo;

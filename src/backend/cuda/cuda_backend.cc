@@ -759,6 +759,29 @@ class CudaBackend final : public Backend {
                                        stream_));
   }
 
+  // ---- DSpark / DFlash2 ops ----
+  void topk(const Tensor& values, const Tensor& ids, const Tensor& x) override {
+    const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0, k = values.dim(-1);
+    BS_CHECK(values.dtype() == DType::kF32 && ids.dtype() == DType::kI32 && k >= 1 && k <= v &&
+             values.numel() == n * k && ids.numel() == n * k);
+    CUDA_CHECK(bs::cuda::topk(values.as<float>(), ids.as<int32_t>(), in(x), n, v, k, stream_));
+  }
+  void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) override {
+    BS_CHECK(y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::scale_softcap(out(y), in(x), x.numel(), multiplier, cap, stream_));
+  }
+  void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                    const Tensor& base, int64_t group, int64_t block_rows,
+                    bool accumulate) override {
+    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
+    BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
+    BS_CHECK(y.numel() == x.numel() && base.numel() == taps * h &&
+             dyn.numel() == n * 2 * taps * (h / group) && (which == 0 || which == 1) &&
+             y.data() != x.data());
+    CUDA_CHECK(bs::cuda::dynamic_conv(out(y), in(x), in(dyn), which, in(base), n, h, taps, group,
+                                      block_rows, accumulate, stream_));
+  }
+
   // ---- Speculative decoding on the device ----
   void greedy_accept(const Tensor& o, const Tensor& tokens, const Tensor& target_ids,
                      const Tensor& offsets) override {
