@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <deque>
 #include <optional>
@@ -48,6 +50,7 @@ struct Request {
   int64_t blocks = 0;     // worst-case KV blocks, held from admission to the end
   bool admitted = false;  // its blocks count against the pool
   bool cancelled = false;
+  int64_t committed = 0;  // tokens handed to on_token so far
   Clock::time_point added = Clock::now();
   Clock::time_point decode_start = added;
   double prefill_seconds = 0;  // its prefill chunks so far
@@ -91,6 +94,9 @@ struct Scheduler::Impl {
   // Completes and removes every request of `requests` for which `ending(request)` gives a status.
   template <typename Requests, typename Ending>
   void complete_if(Requests& requests, Ending ending);
+  // The batched step of the running requests failed with `s`: ends the newest when the failure is
+  // an out-of-memory before any token was committed (the others repeat the step), else every one.
+  void fail_step(const Status& s, const std::vector<int64_t>& committed_before);
 
   CausalLM& target;
   Drafter* drafter;
@@ -219,7 +225,10 @@ void Scheduler::Impl::admit_and_prefill() {
     Request& r = *prefilling.front();
     const int64_t n = budget < 0 ? 0 : std::min(budget, r.prompt_left());
     if (budget > 0) budget -= n;
-    const Status s = prefill(r, n);
+    const Status s =
+        catch_allocation_failure([&] { return prefill(r, n); })
+            .with_context(fmt::format("prefill of {} prompt tokens at position {}", r.prompt_left(),
+                                      r.prompt.size() - r.prompt_left()));
     if (s.ok() && !r.done() && r.prompt_left() > 0) continue;  // the budget is spent
     std::unique_ptr<Request> front = std::move(prefilling.front());
     prefilling.pop_front();
@@ -247,6 +256,25 @@ Status Scheduler::Impl::step_speculative() {
   seqs.clear();
   for (const auto& r : running) seqs.push_back(r->spec.get());
   return detail::speculative_step(*spec, seqs);
+}
+
+void Scheduler::Impl::fail_step(const Status& s, const std::vector<int64_t>& committed_before) {
+  bool committed = false;
+  for (size_t i = 0; i < running.size(); ++i)
+    committed |= running[i]->committed != committed_before[i];
+  if (s.code() == StatusCode::kOutOfMemory && !committed && running.size() > 1) {
+    // Nothing changed in the others' sequences: their step runs again next time, smaller.
+    std::unique_ptr<Request> newest = std::move(running.back());
+    running.pop_back();
+    complete(std::move(newest),
+             s.with_context(fmt::format("the batched step of {} requests ran out of memory and "
+                                        "ended the newest of them",
+                                        running.size() + 1)));
+    return;
+  }
+  Requests failed = std::move(running);
+  running.clear();
+  for (auto& r : failed) complete(std::move(r), s);
 }
 
 void Scheduler::Impl::begin_next_steps() {
@@ -278,6 +306,7 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
     return InvalidArgument("request id {} is already queued or running", id);
   }
   auto r = std::make_unique<Request>();
+  Request* const raw = r.get();
   BS_ASSIGN_OR_RETURN(r->blocks, begin_request(m.target, m.drafter, prompt, options, r->stats));
   if (r->blocks > m.num_blocks) {
     return InvalidArgument(
@@ -290,7 +319,11 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
   r->id = id;
   r->prompt = std::move(prompt);
   r->options = std::move(options);
-  r->on_token = std::move(on_token);
+  // Counts the commits (a failed batched step tells from them whether it may run again).
+  r->on_token = [raw, inner = std::move(on_token)](int32_t token) {
+    ++raw->committed;
+    return !inner || inner(token);
+  };
   r->on_done = std::move(on_done);
   r->on_logprobs = std::move(on_logprobs);
   m.waiting.push_back(std::move(r));
@@ -302,11 +335,14 @@ Status Scheduler::step() {
   m.retire_cancelled();
   m.admit_and_prefill();
   if (m.running.empty()) return Status::Ok();
-  const Status s = m.drafter ? m.step_speculative() : m.step_plain();
+  std::vector<int64_t> committed_before;
+  for (const auto& r : m.running) committed_before.push_back(r->committed);
+  const Status s =
+      catch_allocation_failure([&m] { return m.drafter ? m.step_speculative() : m.step_plain(); });
   if (!s.ok()) {
-    Requests failed = std::move(m.running);
-    m.running.clear();
-    for (auto& r : failed) m.complete(std::move(r), s);
+    const bool one = s.code() == StatusCode::kOutOfMemory && m.running.size() > 1;
+    m.fail_step(s, committed_before);
+    if (one && !m.running.empty()) return Status::Ok();  // the others go on
     return s;
   }
   m.begin_next_steps();

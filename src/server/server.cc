@@ -44,8 +44,10 @@ bool needs_key(const std::string& path) {
 }
 
 // The HTTP status of a failed job: 400 for a request the engine refuses (e.g. too large for the
-// KV cache), 500 for engine errors.
+// KV cache), 503 when the device ran out of memory for it (the server goes on; a retry may
+// succeed), 500 for other engine errors.
 int job_error_status(const Status& status) {
+  if (status.code() == StatusCode::kOutOfMemory) return 503;
   return status.code() == StatusCode::kInvalidArgument ? 400 : 500;
 }
 

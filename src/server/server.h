@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "engine/generate.h"
 #include "server/served_model.h"
 
 namespace bs::server {
@@ -28,7 +29,7 @@ struct ServerOptions {
   int64_t kv_cache_tokens = 0;
   // Chunked prefill: prompt tokens prefilled per scheduler step (SchedulerOptions::
   // max_prefill_tokens); 0: each admitted prompt whole.
-  int64_t max_prefill_tokens = 0;
+  int64_t max_prefill_tokens = kDefaultPrefillChunk;
 };
 
 class Server {

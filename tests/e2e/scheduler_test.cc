@@ -386,6 +386,82 @@ TEST_P(SchedulerTest, RunningRequestDecodesWhileAnotherPrefills) {
   }
 }
 
+// Out of memory (Backend's AllocationError, injected at every allocation point of a window of
+// steps in turn): the request whose prefill or batched step could not get memory ends alone
+// with kOutOfMemory, its blocks freed; every other request finishes with its single-run output
+// and the scheduler keeps serving new requests.
+TEST_P(SchedulerTest, AllocationFailureEndsOneRequestAndTheOthersGoOn) {
+  const GenerateOptions greedy{.max_tokens = 30, .stop_ids = {2}};
+  GenerateOptions longer = greedy;
+  longer.max_tokens = 60;
+  const std::vector<int32_t> p120 = long_prompt(*target_, 120, 7);
+  const std::vector<std::pair<std::vector<int32_t>, GenerateOptions>> requests = {
+      {kPrompts[1], longer}, {p120, greedy}, {kPrompts[2], greedy}, {kPrompts[3], greedy}};
+  std::vector<Expected> want;
+  for (const auto& [prompt, o] : requests) want.push_back(alone(prompt, o));
+  int fired = 0;
+  for (int64_t nth = 1; nth <= 400; ++nth) {
+    seen_.clear();
+    Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3, .max_prefill_tokens = 32});
+    ASSERT_TRUE(add(s, 0, requests[0].first, requests[0].second).ok());
+    ASSERT_TRUE(s.step().ok());
+    ASSERT_TRUE(s.step().ok());
+    // Armed while request 0 decodes, request 1 prefills in chunks and request 2 joins.
+    inject_allocation_failure(nth);
+    ASSERT_TRUE(add(s, 1, requests[1].first, requests[1].second).ok());
+    ASSERT_TRUE(add(s, 2, requests[2].first, requests[2].second).ok());
+    for (int step = 0; !s.idle(); ++step) {
+      ASSERT_TRUE(s.step().ok()) << "failure at allocation " << nth;
+      ASSERT_LT(step, 1000);
+    }
+    const bool did_fire = !allocation_failure_pending();
+    inject_allocation_failure(0);
+    int failed = 0;
+    for (RequestId id = 0; id < 3; ++id) {
+      const std::string where = fmt::format("failure at allocation {}, request {}", nth, id);
+      ASSERT_TRUE(seen_[id].completed) << where;
+      const Status& st = seen_[id].completion.status;
+      if (!st.ok()) {
+        ++failed;
+        EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << where << ": " << st.message();
+        EXPECT_NE(st.message().find("injected"), std::string::npos) << st.message();
+        continue;
+      }
+      expect_equal(id, want[id], where);
+    }
+    EXPECT_EQ(failed, did_fire ? 1 : 0) << "failure at allocation " << nth;
+    // Still serving, with every block back.
+    ASSERT_TRUE(add(s, 3, requests[3].first, requests[3].second).ok());
+    while (!s.idle()) ASSERT_TRUE(s.step().ok());
+    expect_equal(3, want[3], fmt::format("after the failure at allocation {}", nth));
+    if (!did_fire) break;
+    ++fired;
+  }
+  EXPECT_GE(fired, 2);  // prefills and batched steps allocate, so several points were hit
+}
+
+// The default prefill is chunked (kDefaultPrefillChunk tokens per forward) in the scheduler, the
+// server and generate_*; chunking changes no output of generate_plain / generate_speculative.
+TEST_P(SchedulerTest, GeneratePrefillsInChunksWithTheSameOutput) {
+  EXPECT_EQ(SchedulerOptions{}.max_prefill_tokens, kDefaultPrefillChunk);
+  EXPECT_EQ(GenerateOptions{}.prefill_chunk, kDefaultPrefillChunk);
+  const std::vector<int32_t> prompt = long_prompt(*target_, 300, 8);
+  GenerateOptions o{.max_tokens = 40, .stop_ids = {2}};
+  o.prefill_chunk = 0;
+  const Expected whole = alone(prompt, o);
+  for (const int64_t chunk : std::vector<int64_t>{1, 7, 64, 299, kDefaultPrefillChunk}) {
+    o.prefill_chunk = chunk;
+    const Expected chunked = alone(prompt, o);
+    EXPECT_EQ(chunked.tokens, whole.tokens) << "chunk " << chunk;
+    EXPECT_EQ(chunked.stats.accepted, whole.stats.accepted) << "chunk " << chunk;
+  }
+  // The scheduler with its default options equals the single run.
+  Scheduler s(*target_, drafter_.get(), {});
+  ASSERT_TRUE(add(s, 1, prompt, o).ok());
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+  expect_equal(1, whole, "default options");
+}
+
 INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,
                          ::testing::Values("plain", "stories260K-dflash", "stories260K-flashmap"),
                          [](const auto& info) { return test_util::param_name(info.param); });
