@@ -22,9 +22,18 @@ int64_t window_of(const CausalLM& target, int64_t max_context) {
 Result<int64_t> measure_step_scratch(CausalLM& target, Drafter* drafter, int64_t window,
                                      int64_t window_blocks, int64_t max_num_seqs, int64_t chunk) {
   Backend& backend = target.backend();
-  KvPool target_kv = target.make_kv_pool(window_blocks);
-  KvPool draft_kv;
-  if (drafter) draft_kv = drafter->make_kv_pool(window_blocks);
+  KvPool target_kv, draft_kv;
+  if (Status s = catch_allocation_failure([&] {
+        target_kv = target.make_kv_pool(window_blocks);
+        if (drafter) draft_kv = drafter->make_kv_pool(window_blocks);
+        return Status::Ok();
+      });
+      !s.ok()) {
+    return s.with_context(
+        fmt::format("the KV cache of one context window of {} tokens does not fit in the memory "
+                    "left after loading the model (lower --max-model-len)",
+                    window));
+  }
   std::vector<int32_t> table(static_cast<size_t>(window_blocks));
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   const std::vector<int> no_taps;
@@ -110,8 +119,11 @@ int64_t default_kv_blocks(const CausalLM& target, const Drafter* drafter, int64_
   return max_num_seqs * per_window;
 }
 
-Result<KvCachePlan> plan_kv_cache(CausalLM& target, Drafter* drafter,
-                                  const KvCacheRequest& request) {
+namespace {
+
+// plan_kv_cache without the conversion of an allocation failure.
+Result<KvCachePlan> plan_within_memory(CausalLM& target, Drafter* drafter,
+                                       const KvCacheRequest& request) {
   const double util = request.memory_utilization;
   if (!(util > 0.0 && util <= 1.0)) {
     return InvalidArgument("memory utilization {} is not in (0, 1]", util);
@@ -175,6 +187,21 @@ Result<KvCachePlan> plan_kv_cache(CausalLM& target, Drafter* drafter,
   }
   plan.bytes = plan.blocks * plan.block_bytes;
   return plan;
+}
+
+}  // namespace
+
+Result<KvCachePlan> plan_kv_cache(CausalLM& target, Drafter* drafter,
+                                  const KvCacheRequest& request) {
+  Result<KvCachePlan> plan = catch_allocation_failure(
+      [&]() -> Result<KvCachePlan> { return plan_within_memory(target, drafter, request); });
+  if (plan.ok() || plan.status().code() != StatusCode::kOutOfMemory ||
+      plan.status().message().find("(lower --") != std::string::npos) {
+    return plan;
+  }
+  return plan.status().with_context(
+      "sizing the KV cache: not even one block fits after loading the model (lower "
+      "--max-model-len, raise --memory-utilization or free the device)");
 }
 
 }  // namespace bs
