@@ -33,6 +33,7 @@ struct ServeArgs {
   int64_t kv_cache_tokens = 0;
   double memory_utilization = 0.9;
   int64_t max_num_batched_tokens = kDefaultPrefillChunk;
+  bool preemption = false;
   std::string tool_call_parser = "auto";
 };
 
@@ -93,7 +94,8 @@ int run_serve(const ServeArgs& a) {
                                          .api_key = a.api_key,
                                          .max_num_seqs = a.max_num_seqs,
                                          .kv_cache_tokens = kv->tokens(),
-                                         .max_prefill_tokens = a.max_num_batched_tokens});
+                                         .max_prefill_tokens = a.max_num_batched_tokens,
+                                         .preemption = a.preemption});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
   std::thread([&srv, signals] {
@@ -163,6 +165,10 @@ void register_serve(CLI::App& app) {
                    "stall the running requests and a step's memory does not grow with the prompt "
                    "(decode rows not counted; default 2048; 0: whole prompts)")
       ->check(CLI::NonNegativeNumber);
+  g_cmd->add_flag("--preemption", g_args.preemption,
+                  "Admit a request once its prompt fits the KV cache and, when the cache runs "
+                  "full, preempt the newest request (it re-prefills later; nothing is lost) "
+                  "instead of reserving every request's prompt + max_tokens at admission");
   g_cmd
       ->add_option("--tool-call-parser", g_args.tool_call_parser,
                    "How chat replies to requests with tools become tool_calls: hermes "

@@ -53,6 +53,15 @@ struct SchedulerOptions {
   // time and a step's activations are bounded by the chunk, not by the prompt. 0: each admitted
   // request's whole prompt in its admission step.
   int64_t max_prefill_tokens = kDefaultPrefillChunk;
+  // false: admission reserves a request's worst case (prompt + max_tokens), so an admitted request
+  // never runs out of KV and others wait. true (vLLM's recompute preemption): a request is
+  // admitted when its prompt fits the free blocks, blocks are taken as sequences grow, and when
+  // a step finds the pool full the newest admitted request is preempted: its blocks are freed and
+  // it is queued again ahead of later arrivals, to re-prefill its prompt and the tokens it had
+  // committed (none is streamed twice). A preempted request's output is its single run's for
+  // greedy requests (on the CPU bit for bit; speculative statistics differ) and for sampled plain
+  // ones (the sampler goes on); a sampled speculative request draws from its continued stream.
+  bool preemption = false;
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).
@@ -104,11 +113,12 @@ class Scheduler {
   // finished ids are ignored.
   void cancel(RequestId id);
 
-  bool idle() const;               // nothing running or waiting
-  int64_t num_running() const;     // admitted, not finished (prefilling ones included)
-  int64_t num_prefilling() const;  // admitted, prompt not all prefilled yet
-  int64_t num_waiting() const;     // queued
-  int64_t num_kv_blocks() const;   // the pool size
+  bool idle() const;                // nothing running or waiting
+  int64_t num_running() const;      // admitted, not finished (prefilling ones included)
+  int64_t num_prefilling() const;   // admitted, prompt not all prefilled yet
+  int64_t num_waiting() const;      // queued
+  int64_t num_kv_blocks() const;    // the pool size
+  int64_t num_preemptions() const;  // requests preempted so far (SchedulerOptions::preemption)
 
  private:
   struct Impl;

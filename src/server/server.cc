@@ -67,7 +67,8 @@ struct Server::Impl {
                {.max_num_seqs = options.max_num_seqs,
                 .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
                 .max_context = model.max_model_len,
-                .max_prefill_tokens = options.max_prefill_tokens},
+                .max_prefill_tokens = options.max_prefill_tokens,
+                .preemption = options.preemption},
                options.log_requests),
         created(std::time(nullptr)),
         id_prefix(fmt::format("{:08x}", std::random_device{}())) {}

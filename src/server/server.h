@@ -30,6 +30,9 @@ struct ServerOptions {
   // Chunked prefill: prompt tokens prefilled per scheduler step (SchedulerOptions::
   // max_prefill_tokens); 0: each admitted prompt whole.
   int64_t max_prefill_tokens = kDefaultPrefillChunk;
+  // Admit requests when their prompt fits and preempt the newest when the KV cache runs full
+  // (SchedulerOptions::preemption); false: reserve each request's worst case at admission.
+  bool preemption = false;
 };
 
 class Server {

@@ -440,6 +440,55 @@ TEST_P(SchedulerTest, AllocationFailureEndsOneRequestAndTheOthersGoOn) {
   EXPECT_GE(fired, 2);  // prefills and batched steps allocate, so several points were hit
 }
 
+// Preemption (recompute): a KV pool that holds one request's worst case but admits several
+// optimistically; when it runs full the newest request is preempted and later re-prefills its
+// prompt and committed tokens. Nothing is lost, nothing streamed twice, and every greedy output
+// (and every sampled plain one) equals its single run.
+TEST_P(SchedulerTest, PreemptionLosesNothingAndKeepsOutputs) {
+  const GenerateOptions greedy{.max_tokens = 80};  // no stop ids: every request grows to the end
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 31};
+  const std::vector<int32_t> p60 = long_prompt(*target_, 60, 9);
+  std::vector<Arrival> arrivals = {{0, kPrompts[1], greedy},
+                                   {0, kPrompts[2], greedy},
+                                   {1, p60, greedy},
+                                   {2, kPrompts[3], greedy},
+                                   {3, kPrompts[0], greedy}};
+  if (!drafter_) arrivals.push_back({4, kPrompts[2], sampled});
+  std::vector<Expected> want;
+  for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
+  // The largest worst case: p60 + 80 tokens (+ the drafter's block).
+  int64_t blocks = 0;
+  for (const Arrival& a : arrivals) {
+    auto need = kv_blocks_needed(*target_, drafter_.get(), a.prompt, a.options);
+    ASSERT_TRUE(need.ok());
+    blocks = std::max(blocks, *need);
+  }
+  for (const int64_t chunk : {int64_t{0}, int64_t{16}}) {
+    seen_.clear();
+    Scheduler s(
+        *target_, drafter_.get(),
+        {.max_num_seqs = 4, .kv_blocks = blocks, .max_prefill_tokens = chunk, .preemption = true});
+    int most_running = 0;
+    ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [&] {
+      most_running = std::max<int>(most_running, static_cast<int>(s.num_running()));
+    }));
+    EXPECT_GT(s.num_preemptions(), 0) << "chunk " << chunk;
+    EXPECT_GT(most_running, 1);  // admitted optimistically, more than the worst case allows
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      const std::string where = fmt::format("chunk {}, request {}", chunk, i);
+      const Seen& seen = seen_[i];
+      ASSERT_TRUE(seen.completed) << where;
+      EXPECT_TRUE(seen.completion.status.ok()) << where << ": " << seen.completion.status.message();
+      EXPECT_EQ(seen.completion.tokens, want[i].tokens) << where;
+      EXPECT_EQ(seen.streamed, want[i].tokens) << where << " (streamed)";
+      EXPECT_EQ(seen.completion.stats.generated_tokens, want[i].stats.generated_tokens) << where;
+      EXPECT_EQ(seen.completion.stats.prompt_tokens, want[i].stats.prompt_tokens) << where;
+      EXPECT_EQ(seen.completion.stats.finish, want[i].stats.finish) << where;
+    }
+  }
+}
+
 // The default prefill is chunked (kDefaultPrefillChunk tokens per forward) in the scheduler, the
 // server and generate_*; chunking changes no output of generate_plain / generate_speculative.
 TEST_P(SchedulerTest, GeneratePrefillsInChunksWithTheSameOutput) {

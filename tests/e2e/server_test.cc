@@ -1075,6 +1075,34 @@ TEST(Server, AllocationFailureIsA503AndTheServerGoesOn) {
   }
 }
 
+// --preemption with a KV cache that holds one request's worst case: concurrent requests are
+// admitted optimistically, preempted and re-prefilled as the cache runs full, and every reply is
+// 200 with the engine's greedy text.
+TEST(Server, PreemptionServesEveryRequestWithItsOwnOutput) {
+  Engine engine;
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Tom had a red",
+                                            "Lily and Ben", "One day"};
+  std::vector<std::string> want;
+  for (const std::string& p : prompts) want.push_back(engine.greedy(p, 100).text);
+  for (bool drafter : {true, false}) {
+    RunningServer server({.max_num_seqs = 4, .kv_cache_tokens = 160, .preemption = true}, drafter);
+    std::vector<Reply> replies(prompts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        replies[i] =
+            post(server.port(), "/v1/completions",
+                 json{{"prompt", prompts[i]}, {"max_tokens", 100}, {"temperature", 0}}.dump());
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+      EXPECT_EQ(replies[i].body["choices"][0]["text"], want[i]) << "drafter " << drafter;
+    }
+  }
+}
+
 TEST(Server, MetricsCountRequestsAndTokens) {
   RunningServer server;
   const Reply first = get(server.port(), "/metrics");
