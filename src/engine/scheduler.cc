@@ -240,6 +240,11 @@ void Scheduler::Impl::admit_waiting() {
       complete(std::move(r), Status::Ok());
       continue;
     }
+    if (static_cast<int64_t>(r->seq_prompt.size()) > detail::context_window(target, r->options)) {
+      r->stats.finish = FinishReason::kContext;  // preempted at the window's end, as its run ends
+      complete(std::move(r), Status::Ok());
+      continue;
+    }
     r->admitted = true;
     r->held = preemption ? 0 : r->blocks;
     reserved += r->held;
@@ -276,19 +281,22 @@ void Scheduler::Impl::preempt(std::unique_ptr<Request> r) {
 }
 
 bool Scheduler::Impl::preempt_newest(const Request* keep, size_t after) {
+  std::unique_ptr<Request> r;
   if (!prefilling.empty() && prefilling.back().get() != keep) {
-    std::unique_ptr<Request> r = std::move(prefilling.back());
+    r = std::move(prefilling.back());
     prefilling.pop_back();
-    preempt(std::move(r));
-    return true;
-  }
-  if (running.size() > after + 1 && running.back().get() != keep) {
-    std::unique_ptr<Request> r = std::move(running.back());
+  } else if (running.size() > after + 1 && running.back().get() != keep) {
+    r = std::move(running.back());
     running.pop_back();
-    preempt(std::move(r));
-    return true;
+  } else {
+    return false;
   }
-  return false;
+  if (r->done()) {  // it ended in this step (stop token, max_tokens): it just ends now
+    complete(std::move(r), Status::Ok());
+  } else {
+    preempt(std::move(r));
+  }
+  return true;
 }
 
 void Scheduler::Impl::admit_and_prefill() {

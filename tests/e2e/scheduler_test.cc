@@ -449,11 +449,13 @@ TEST_P(SchedulerTest, PreemptionLosesNothingAndKeepsOutputs) {
   GenerateOptions sampled = greedy;
   sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 31};
   const std::vector<int32_t> p60 = long_prompt(*target_, 60, 9);
+  GenerateOptions stopping = greedy;  // ends at a stop token, possibly in the step it is preempted
+  stopping.stop_ids = {2};
   std::vector<Arrival> arrivals = {{0, kPrompts[1], greedy},
-                                   {0, kPrompts[2], greedy},
+                                   {0, kPrompts[2], stopping},
                                    {1, p60, greedy},
                                    {2, kPrompts[3], greedy},
-                                   {3, kPrompts[0], greedy}};
+                                   {3, kPrompts[0], stopping}};
   if (!drafter_) arrivals.push_back({4, kPrompts[2], sampled});
   std::vector<Expected> want;
   for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
