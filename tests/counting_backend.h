@@ -39,6 +39,9 @@ class CountingBackend final : public Backend {
   MemoryInfo memory_info() const override { return memory_ ? *memory_ : b_.memory_info(); }
   void set_memory_info(MemoryInfo info) { memory_ = info; }
 
+  AllocationStats allocation_stats() const override { return b_.allocation_stats(); }
+  void reset_peak_allocated() override { b_.reset_peak_allocated(); }
+
   using Backend::empty;
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
     return b_.empty(shape, dtype);

@@ -33,7 +33,8 @@ struct ServeArgs {
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
   double memory_utilization = 0.9;
-  int64_t max_num_batched_tokens = 0;
+  int64_t max_num_batched_tokens = kDefaultPrefillChunk;
+  bool preemption = false;
   std::string tool_call_parser = "auto";
   int64_t max_request_bytes = int64_t{16} << 20;
 };
@@ -63,11 +64,12 @@ int run_serve(const ServeArgs& a) {
                           {.tokens = a.kv_cache_tokens,
                            .max_num_seqs = a.max_num_seqs,
                            .max_context = model->max_model_len,
-                           .memory_utilization = a.memory_utilization});
+                           .memory_utilization = a.memory_utilization,
+                           .max_prefill_tokens = a.max_num_batched_tokens});
   if (!kv.ok()) return fail(kv.status());
   const std::string summary = fmt::format(
       "model {} ({}), drafter {}, context {} tokens, max {} sequences, KV cache {} tokens "
-      "({}{})",
+      "({}{}{}), prefill chunk {} tokens",
       model->name, dirs.model, dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len,
       a.max_num_seqs, kv->tokens(),
       kv->bytes >= (1 << 30)
@@ -75,7 +77,11 @@ int run_serve(const ServeArgs& a) {
           : fmt::format("{:.1f} MiB", static_cast<double>(kv->bytes) / (1 << 20)),
       kv->shrunk ? fmt::format(", shrunk to fit memory: {:.1f} full context windows",
                                static_cast<double>(kv->blocks) / kv->window_blocks)
-                 : "");
+                 : "",
+      kv->scratch_bytes > 0 ? fmt::format(", {:.1f} MiB reserved for a step's scratch",
+                                          static_cast<double>(kv->scratch_bytes) / (1 << 20))
+                            : "",
+      a.max_num_batched_tokens);
 
   // SIGINT / SIGTERM go to one waiting thread that stops the server (every other thread,
   // created after this, inherits the blocked mask).
@@ -93,7 +99,8 @@ int run_serve(const ServeArgs& a) {
                       .max_num_seqs = a.max_num_seqs,
                       .kv_cache_tokens = kv->tokens(),
                       .max_prefill_tokens = a.max_num_batched_tokens,
-                      .max_request_bytes = static_cast<size_t>(a.max_request_bytes)});
+                      .max_request_bytes = static_cast<size_t>(a.max_request_bytes),
+                      .preemption = a.preemption});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
   std::thread([&srv, signals] {
@@ -101,6 +108,11 @@ int run_serve(const ServeArgs& a) {
     sigwait(&signals, &sig);
     srv.stop();
   }).detach();
+  if (const int64_t nth = arm_allocation_failure_from_env(); nth > 0) {
+    fmt::print(stderr,
+               "blockspec serve: BLOCKSPEC_FAIL_ALLOC_AT={}: allocation {} from now fails\n", nth,
+               nth);
+  }
   fmt::print(stderr, "blockspec serve: listening on http://{}:{} ({})\n", a.host, *port, summary);
   std::fflush(stderr);
   if (Status s = srv.run(); !s.ok()) return fail(s);
@@ -159,8 +171,13 @@ void register_serve(CLI::App& app) {
   g_cmd
       ->add_option("--max-num-batched-tokens", g_args.max_num_batched_tokens,
                    "Chunked prefill: prompt tokens prefilled per step, so a long prompt does not "
-                   "stall the running requests (decode rows not counted; default 0: whole prompts)")
+                   "stall the running requests and a step's memory does not grow with the prompt "
+                   "(decode rows not counted; default 2048; 0: whole prompts)")
       ->check(CLI::NonNegativeNumber);
+  g_cmd->add_flag("--preemption", g_args.preemption,
+                  "Admit a request once its prompt fits the KV cache and, when the cache runs "
+                  "full, preempt the newest request (it re-prefills later; nothing is lost) "
+                  "instead of reserving every request's prompt + max_tokens at admission");
   g_cmd
       ->add_option("--tool-call-parser", g_args.tool_call_parser,
                    "How chat replies to requests with tools become tool_calls: hermes "

@@ -9,9 +9,11 @@ namespace bs {
 void DeviceSampling::reserve(int64_t rows, int64_t vocab) {
   if (probs_.defined() && probs_.dim(0) >= rows && probs_.dim(1) == vocab) return;
   const int64_t cap = std::max<int64_t>(rows, probs_.defined() ? probs_.dim(0) : 1);
-  probs_ = backend_.empty({cap, vocab}, DType::kF32);
+  // probs_ last: it says what was reserved, so an AllocationError leaves a consistent state.
+  probs_ = Tensor();
   uniforms_ = backend_.empty({cap + 1}, DType::kF32);
   ids_ = backend_.empty({cap + 2}, DType::kI32);
+  probs_ = backend_.empty({cap, vocab}, DType::kF32);
 }
 
 void DeviceSampling::upload_uniforms(Sampler& sampler, int64_t n) {

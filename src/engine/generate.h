@@ -16,6 +16,12 @@
 
 namespace bs {
 
+// Prompt tokens per prefill forward unless told otherwise (generate_* and the Scheduler / serve's
+// --max-num-batched-tokens): a prefill's memory is bounded by this many rows whatever the prompt
+// (docs/RELIABILITY.md). 2,048 rows keep the GEMMs of an 8B model large enough to run at
+// tensor-core speed, like vLLM's default max_num_batched_tokens for chunked prefill.
+inline constexpr int64_t kDefaultPrefillChunk = 2048;
+
 struct GenerateOptions {
   int64_t max_tokens = 256;
   SamplingParams sampling;
@@ -31,6 +37,11 @@ struct GenerateOptions {
   // LogprobsCallback: -1 off (no logits row is read back for them), 0..kMaxTopLogprobs: the
   // token's own logprob and that many top alternatives. Never changes the tokens.
   int logprobs = -1;
+  // generate_plain / generate_speculative: prompt tokens per prefill forward (chunked prefill, so
+  // that a prefill's activations and scratch are bounded by the chunk, not by the prompt; the
+  // output is the same). 0: the whole prompt in one forward. (The Scheduler has its own budget,
+  // SchedulerOptions::max_prefill_tokens.)
+  int64_t prefill_chunk = kDefaultPrefillChunk;
 };
 
 enum class FinishReason { kStop, kLength, kContext, kCancelled };

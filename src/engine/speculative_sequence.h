@@ -165,6 +165,9 @@ class SpeculativeSequence {
   const SpeculativeStep& last_step() const { return step_; }
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
+  // The tokens committed so far and the sampler (a preempted request's resumption, Scheduler).
+  std::span<const int32_t> committed() const { return out_.tokens(); }
+  Sampler& sampler() { return sampler_; }
 
  private:
   Status observe(const Tensor& taps, int64_t start);

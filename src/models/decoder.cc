@@ -343,10 +343,13 @@ class DecoderLM final : public CausalLM {
 
   void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols, int64_t num_seqs) {
     const auto& c = config_;
+    // The sizes are recorded after their buffers exist: an allocation failure (AllocationError)
+    // leaves scratch that still matches them, so the next forward works.
     if (rows > s_.rows) {
       const int64_t r = std::max<int64_t>(rows, 16);
-      s_.rows = r;
       ++s_.generation;
+      s_.rows = 0;
+      s_.tap_cols = 0;
       s_.ids = backend_.empty({r}, DType::kI32);
       s_.logit_rows = backend_.empty({r}, DType::kI32);
       s_.positions = backend_.empty({r}, DType::kI32);
@@ -354,12 +357,13 @@ class DecoderLM final : public CausalLM {
       s_.allocate_layers(backend_, c, r);
       s_.gathered = backend_.empty({r, c.hidden_size});
       s_.logits = backend_.empty({r, c.vocab_size});
-      s_.tap_cols = 0;
+      s_.rows = r;
     }
     if (tap_cols > 0 && (tap_cols != s_.tap_cols || s_.taps.dim(0) < s_.rows)) {
+      ++s_.generation;
+      s_.tap_cols = 0;
       s_.taps = backend_.empty({s_.rows, tap_cols});
       s_.tap_cols = tap_cols;
-      ++s_.generation;
     }
     // Block tables: one row per sequence; the capacity only grows (graphs bind it).
     const int64_t seqs = std::max<int64_t>(num_seqs, 1);
@@ -372,8 +376,9 @@ class DecoderLM final : public CausalLM {
           std::max<int64_t>({table_blocks, 64, table_blocks > old_cap ? 2 * old_cap : old_cap});
       const int64_t rows_needed =
           std::max(seqs, s_.block_table.defined() ? s_.block_table.dim(0) : int64_t{1});
-      s_.block_table = backend_.empty({rows_needed, cap}, DType::kI32);
+      Tensor table = backend_.empty({rows_needed, cap}, DType::kI32);
       s_.kv_len = backend_.empty({rows_needed}, DType::kI32);
+      s_.block_table = std::move(table);
       ++s_.generation;
     }
   }

@@ -1049,6 +1049,64 @@ TEST(Server, RequestTooLargeForTheKvCacheIsAClearError) {
   EXPECT_EQ(ok.body["choices"][0]["text"], engine.greedy("Once upon a time", 40).text);
 }
 
+// Out of memory for one request (an injected allocation failure, docs/RELIABILITY.md): that
+// request gets a 503 naming the allocation, the server goes on serving the next ones exactly.
+TEST(Server, AllocationFailureIsA503AndTheServerGoesOn) {
+  Engine engine;
+  const std::string want = engine.greedy("Once upon a time", 40).text;
+  for (bool drafter : {true, false}) {
+    RunningServer server({}, drafter);
+    const std::string body =
+        R"({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0})";
+    ASSERT_EQ(post(server.port(), "/v1/completions", body).status, 200);  // scratch grown
+    inject_allocation_failure(1);
+    // A longer prompt than before: its prefill needs larger scratch.
+    std::string longer;
+    for (int i = 0; i < 10; ++i) longer += "The little dog ran to the park. ";
+    const Reply failed =
+        post(server.port(), "/v1/completions", json{{"prompt", longer}, {"max_tokens", 5}}.dump());
+    const bool fired = !allocation_failure_pending();
+    inject_allocation_failure(0);
+    ASSERT_TRUE(fired);
+    EXPECT_EQ(failed.status, 503) << failed.raw;
+    EXPECT_NE(failed.raw.find("out of host memory"), std::string::npos) << failed.raw;
+    EXPECT_NE(failed.raw.find("injected"), std::string::npos) << failed.raw;
+    for (int i = 0; i < 2; ++i) {
+      const Reply ok = post(server.port(), "/v1/completions", body);
+      ASSERT_EQ(ok.status, 200) << ok.raw;
+      EXPECT_EQ(ok.body["choices"][0]["text"], want) << "drafter " << drafter;
+    }
+  }
+}
+
+// --preemption with a KV cache that holds one request's worst case: concurrent requests are
+// admitted optimistically, preempted and re-prefilled as the cache runs full, and every reply is
+// 200 with the engine's greedy text.
+TEST(Server, PreemptionServesEveryRequestWithItsOwnOutput) {
+  Engine engine;
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Tom had a red",
+                                            "Lily and Ben", "One day"};
+  std::vector<std::string> want;
+  for (const std::string& p : prompts) want.push_back(engine.greedy(p, 100).text);
+  for (bool drafter : {true, false}) {
+    RunningServer server({.max_num_seqs = 4, .kv_cache_tokens = 160, .preemption = true}, drafter);
+    std::vector<Reply> replies(prompts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        replies[i] =
+            post(server.port(), "/v1/completions",
+                 json{{"prompt", prompts[i]}, {"max_tokens", 100}, {"temperature", 0}}.dump());
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+      EXPECT_EQ(replies[i].body["choices"][0]["text"], want[i]) << "drafter " << drafter;
+    }
+  }
+}
+
 TEST(Server, MetricsCountRequestsAndTokens) {
   RunningServer server;
   const Reply first = get(server.port(), "/metrics");

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -140,6 +142,19 @@ MemoryInfo host_memory_info() {
   return info;
 }
 
+// Bytes held by a backend's live allocations and their peak; shared with the tensors' deleters,
+// which may outlive the backend.
+struct ByteCounter {
+  std::atomic<int64_t> held{0};
+  std::atomic<int64_t> peak{0};
+  void add(int64_t bytes) {
+    const int64_t now = held.fetch_add(bytes) + bytes;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads) {}
@@ -154,13 +169,25 @@ class CpuBackend final : public Backend {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = std::max<size_t>(64, static_cast<size_t>(n) * dtype_size(dtype));
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    check_injected_allocation_failure("host", static_cast<int64_t>(rounded));
     // 64-byte aligned, zero-initialised.
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    BS_CHECK(p != nullptr);
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      throw AllocationError("host", static_cast<int64_t>(rounded), "aligned_alloc returned null");
+    }
     std::memset(p, 0, bytes);
-    std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
+    counter_->add(static_cast<int64_t>(rounded));
+    std::shared_ptr<void> storage(p, [counter = counter_, rounded](void* q) {
+      std::free(q);
+      counter->add(-static_cast<int64_t>(rounded));
+    });
     return Tensor(std::move(storage), p, dtype, Device::kCpu, shape);
   }
+  AllocationStats allocation_stats() const override {
+    return {.held = counter_->held.load(), .peak = counter_->peak.load()};
+  }
+  void reset_peak_allocated() override { counter_->peak.store(counter_->held.load()); }
 
   Tensor upload_weight(DType src_dtype, const void* src,
                        std::initializer_list<int64_t> shape) override {
@@ -779,8 +806,8 @@ class CpuBackend final : public Backend {
                          }
                        });
   }
-
   ThreadPool pool_;
+  std::shared_ptr<ByteCounter> counter_ = std::make_shared<ByteCounter>();
   std::vector<const float*> key_rows_, value_rows_;  // attention scratch: position -> row
 };
 

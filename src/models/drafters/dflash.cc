@@ -502,7 +502,8 @@ class DFlashDrafter final : public Drafter {
     if (rows <= obs_.rows) return;
     const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
                   kv_dim = m.num_kv_heads * m.head_dim;
-    obs_.rows = r;
+    // The size is recorded once the buffers exist (an AllocationError leaves a consistent state).
+    obs_.rows = 0;
     ++obs_generation_;
     obs_.ctx = backend_.empty({r, m.hidden_size});
     obs_.fused = backend_.empty({r, L * 2 * kv_dim});
@@ -510,6 +511,7 @@ class DFlashDrafter final : public Drafter {
     obs_.gather_ids = backend_.empty({2 * L * r}, DType::kI32);
     obs_.positions = backend_.empty({L * r}, DType::kI32);
     obs_.slots = backend_.empty({r}, DType::kI32);
+    obs_.rows = r;
   }
 
   // Propose scratch for `seqs` blocks and a [seqs, >= table_blocks] table. Growing either
@@ -519,7 +521,8 @@ class DFlashDrafter final : public Drafter {
     const int64_t B = c_.block_size;
     if (seqs > prop_.seqs) {
       const int64_t n = std::max(seqs, 2 * prop_.seqs), rows = n * B;
-      prop_.seqs = n;
+      prop_.seqs = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
+      ++table_generation_;
       prop_.ids = backend_.empty({rows}, DType::kI32);
       prop_.positions = backend_.empty({rows}, DType::kI32);
       prop_.slots = backend_.empty({rows}, DType::kI32);
@@ -535,7 +538,7 @@ class DFlashDrafter final : public Drafter {
         prop_.sub_out = backend_.empty({rows, m.hidden_size});
         modules_->reserve_rows(rows);
       }
-      ++table_generation_;
+      prop_.seqs = n;
     }
     const int64_t cap = table_.defined() ? table_.dim(1) : 0;
     if (!table_.defined() || table_.dim(0) < prop_.seqs || cap < table_blocks) {

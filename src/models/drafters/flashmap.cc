@@ -767,13 +767,14 @@ KvPool FlashMapDrafterImpl::make_kv_pool(int64_t num_blocks) {
 void FlashMapDrafterImpl::ensure_observe_scratch(int64_t rows) {
   if (rows <= o_.rows) return;
   const int64_t r = std::max<int64_t>(rows, 16), A = attn_dim();
-  o_.rows = r;
+  o_.rows = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
   o_.ctx = backend_.empty({r, c_.hidden});
   o_.fused = backend_.empty({r, c_.layers * 2 * A});
   o_.k = backend_.empty({r, A});
   o_.v = backend_.empty({r, A});
   o_.positions = backend_.empty({r}, DType::kI32);
   o_.slots = backend_.empty({r}, DType::kI32);
+  o_.rows = r;
 }
 
 void FlashMapDrafterImpl::write_context_kv(KvPool& kv, const Tensor& rows, const Tensor& fused,
