@@ -161,6 +161,32 @@ TEST(Cli, MaxTokensPastTheContextWindowIsNamed) {
   EXPECT_EQ(fits.err.find("context window"), std::string::npos) << fits.err;
 }
 
+// A model whose weights cannot fit is refused before loading, with the sizes (here the memory
+// available is set by BLOCKSPEC_AVAILABLE_MEMORY; stories260K takes 1,040,128 B in F32).
+TEST(Cli, AModelThatCannotFitIsRefusedBeforeLoading) {
+  const std::string expected =
+      "blockspec: error: " + kModel +
+      ": the model does not fit in memory: its weights take 1015.8 KiB (F32 on the cpu backend), "
+      "257.1 MiB with a margin for the runtime, and 1.0 MiB is available (set by "
+      "BLOCKSPEC_AVAILABLE_MEMORY); raise or unset BLOCKSPEC_AVAILABLE_MEMORY\n";
+  CliRun r =
+      run("generate --device cpu --no-drafter --model " + kModel, "BLOCKSPEC_AVAILABLE_MEMORY=1M");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, expected);
+  EXPECT_EQ(r.out, "");
+  // (timeout: a serve that did start would never exit)
+  r = run("serve --device cpu --port 0 --model " + kModel,
+          "BLOCKSPEC_AVAILABLE_MEMORY=1M timeout 60");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("the model does not fit in memory"), std::string::npos) << r.err;
+  // Enough: it loads and runs, silently (no progress lines for a fast load).
+  r = run("generate --device cpu --no-drafter --max-tokens 3 --prompt 'Tom had a red' --model " +
+              kModel,
+          "BLOCKSPEC_AVAILABLE_MEMORY=1G");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("load"), std::string::npos) << r.err;
+}
+
 // serve sizes its KV cache before it listens: a size that cannot fit is refused up front.
 TEST(Cli, ServeRefusesAKvCacheThatDoesNotFit) {
   // At a utilization of 1e-6 the process may hold a few kB or MB: less than it already uses.

@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "models/layer_activations.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -686,6 +687,7 @@ Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json&
                            c.mask_token_id, t.vocab_size);
   }
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  BS_RETURN_IF_ERROR(check_checkpoint_fits("drafter " + dir, ckpt, target.backend()));
   auto drafter =
       std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size, t.vocab_size);
   BS_RETURN_IF_ERROR(drafter->load(ckpt, target, options.fp8_weights)
