@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "models/drafter.h"
@@ -742,13 +743,12 @@ void register_bench(CLI::App& app) {
       "--batch", g_args.batch,
       "Sequences decoded together (> 1: batched plain and, with --drafter, speculative decoding)");
   g_cmd->add_option("--iters", g_args.iters, "Timed iterations per measurement")
-      ->check(CLI::PositiveNumber);
-  g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(1));
+  g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")->check(at_least(0));
   g_cmd->add_option("--context", g_args.context, "Tokens in the KV cache while timing steps")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd->add_option("--gen-tokens", g_args.gen_tokens, "Tokens for the end-to-end generation runs")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd->add_option("--copy-mb", g_args.copy_mb,
                     "Buffer for the copy-bandwidth measurement (default 2048 GPU, 256 CPU)");
   g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)");
@@ -760,11 +760,11 @@ void register_bench(CLI::App& app) {
   g_cmd
       ->add_option("--flashmap-steps", g_args.flashmap_steps,
                    "FlashMap jumps per draft (default: config)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   g_cmd
       ->add_option("--flashmap-noise-scale", g_args.flashmap_noise_scale,
                    "FlashMap noise scale (0: deterministic drafts)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   register_synth(app);
   register_bench_serve(app);
 }

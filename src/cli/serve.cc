@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "engine/kv_budget.h"
 #include "server/server.h"
 
@@ -130,7 +131,7 @@ void register_serve(CLI::App& app) {
   g_cmd->add_flag("--no-drafter", g_args.no_drafter, "Plain autoregressive decoding");
   g_cmd->add_option("--host", g_args.host, "Address to listen on");
   g_cmd->add_option("--port", g_args.port, "Port to listen on (0: any free port)")
-      ->check(CLI::Range(0, 65535));
+      ->check(number_in(0, 65535));
   g_cmd->add_option("--served-model-name", g_args.served_model_name,
                     "Model name in the API (default: the model folder's name)");
   g_cmd->add_option("--api-key", g_args.api_key,
@@ -138,42 +139,42 @@ void register_serve(CLI::App& app) {
   g_cmd
       ->add_option("--max-model-len", g_args.max_model_len,
                    "Context window in tokens, prompt + output (default: the model's)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto (CUDA when a GPU is present)");
   g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   g_cmd
       ->add_option("--draft-tokens", g_args.draft_tokens,
                    "Drafts verified per step (default: block-1)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd
       ->add_option("--draft-confidence-min", g_args.draft_confidence_min,
                    "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_in(0, 1));
   g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
                   "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
                   "unchanged");
   g_cmd
       ->add_option("--max-num-seqs", g_args.max_num_seqs,
                    "Requests decoded together (continuous batching); more wait")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd
       ->add_option("--kv-cache-tokens", g_args.kv_cache_tokens,
                    "KV cache size in positions (default: max-num-seqs full context windows, "
                    "fewer if they do not fit in memory); a request waits until its prompt + "
                    "max_tokens fit")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd
       ->add_option("--memory-utilization,--gpu-memory-utilization", g_args.memory_utilization,
                    "Fraction of the device's memory (host RAM on the CPU) that weights and KV "
                    "cache may take together; sizes the default KV cache")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_in(0, 1));
   g_cmd
       ->add_option("--max-num-batched-tokens", g_args.max_num_batched_tokens,
                    "Chunked prefill: prompt tokens prefilled per step, so a long prompt does not "
                    "stall the running requests and a step's memory does not grow with the prompt "
                    "(decode rows not counted; default 2048; 0: whole prompts)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   g_cmd->add_flag("--preemption", g_args.preemption,
                   "Admit a request once its prompt fits the KV cache and, when the cache runs "
                   "full, preempt the newest request (it re-prefills later; nothing is lost) "

@@ -10,6 +10,7 @@
 #include "models/layer_activations.h"
 #include "models/registry.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -51,10 +52,15 @@ class DecoderLM final : public CausalLM {
     const auto& c = config_;
     const int64_t h = c.hidden_size, hd = c.head_dim, q_dim = c.num_heads * hd,
                   kv_dim = c.num_kv_heads * hd, inter = c.intermediate_size;
-    WeightLoader w(ckpt, backend_, "model.");
+    int64_t file_bytes = 0;
+    for (const auto& name : ckpt.names()) {
+      if (const auto info = ckpt.get(name); info.ok()) file_bytes += (*info)->nbytes;
+    }
+    LoadProgress progress(ckpt.dir(), static_cast<int64_t>(ckpt.size()), file_bytes);
+    WeightLoader w(ckpt, backend_, "model.", &progress);
     BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {c.vocab_size, h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
-    WeightLoader top(ckpt, backend_, "");
+    WeightLoader top(ckpt, backend_, "", &progress);
     if (top.has("lm_head.weight")) {
       BS_ASSIGN_OR_RETURN(lm_head_, top.load("lm_head.weight", {c.vocab_size, h}));
     } else if (c.tie_word_embeddings) {
@@ -98,10 +104,7 @@ class DecoderLM final : public CausalLM {
     inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
                                        {static_cast<int64_t>(rope.inv_freq.size())});
     attention_scaling_ = rope.attention_scaling;
-    for (const auto& name : ckpt.names()) {
-      const auto info = ckpt.get(name);
-      if (info.ok()) weight_bytes_ += static_cast<int64_t>((*info)->nbytes);
-    }
+    weight_bytes_ = file_bytes;
     return Status::Ok();
   }
 
@@ -421,6 +424,8 @@ Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& b
                          config.hidden_act);
   }
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  // Refused before loading when the weights cannot fit, rather than killed half-way.
+  BS_RETURN_IF_ERROR(check_checkpoint_fits(dir, ckpt, backend));
   auto model = std::make_unique<DecoderLM>(std::move(config), std::move(spec), backend);
   BS_RETURN_IF_ERROR(model->load(ckpt).with_context("loading " + dir));
   return std::unique_ptr<CausalLM>(std::move(model));

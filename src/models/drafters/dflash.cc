@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "models/layer_activations.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -812,6 +813,7 @@ Result<std::unique_ptr<Drafter>> load_dflash_family(const std::string& dir, DFla
                            c.mask_token_id, t.vocab_size);
   }
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  BS_RETURN_IF_ERROR(check_checkpoint_fits("drafter " + dir, ckpt, target.backend()));
   const std::string family = modules ? modules->family() : "dflash";
   auto drafter = std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size,
                                                  t.vocab_size, std::move(modules));

@@ -18,6 +18,7 @@
 #include "models/drafters/flashmap_fold.h"
 #include "models/kv_pool.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -1060,6 +1061,7 @@ Result<std::unique_ptr<FlashMapDrafter>> load_flashmap_drafter(
   const int64_t steps = options.flashmap_steps > 0 ? options.flashmap_steps : c.num_steps;
   BS_ASSIGN_OR_RETURN(std::vector<double> grid, jump_grid(c, steps, file));
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  BS_RETURN_IF_ERROR(check_checkpoint_fits("drafter " + dir, ckpt, target.backend()));
   auto drafter = std::make_unique<FlashMapDrafterImpl>(std::move(c), target, target.backend());
   BS_RETURN_IF_ERROR(
       drafter->load(dir, ckpt, options, load_options, steps, grid).with_context("loading " + dir));
