@@ -96,6 +96,11 @@ void check_cuda_tensor(const Tensor& t) { BS_CHECK(t.defined() && t.device() == 
 // cudaMalloc of the backend goes through malloc() here, which counts the bytes held (for the KV
 // plan's warm-up) and turns a failure into AllocationError after giving the cached free buffers
 // back to CUDA and trying once more.
+// Thrown by an allocation or a workspace growth attempted while run_captured captures a graph
+// (CUDA forbids cudaMalloc and synchronisation then): run_captured abandons the capture and runs
+// the ops eagerly, so the memory is there when the key is captured on its next use.
+struct GrowthDuringCapture {};
+
 class DevicePool {
  public:
   ~DevicePool() {
@@ -138,9 +143,14 @@ class DevicePool {
     return cached_bytes_;
   }
 
+  // Set by run_captured while it captures: malloc then throws GrowthDuringCapture.
+  void set_capturing(bool on) { capturing_ = on; }
+  bool capturing() const { return capturing_; }
+
   // cudaMalloc, counted; AllocationError when the device has no room even after the cached free
   // buffers went back to CUDA.
   void* malloc(size_t bytes) {
+    if (capturing_) throw GrowthDuringCapture{};
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -195,6 +205,7 @@ class DevicePool {
   }
 
   std::mutex mu_;
+  bool capturing_ = false;
   int64_t cached_bytes_ = 0;
   int64_t held_ = 0, peak_ = 0;
   std::map<size_t, std::vector<void*>> free_;
@@ -457,16 +468,28 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       const uint64_t before = capture_generation_;
       capture_keep_ = &c.keep;
-      try {
-        ops();
-      } catch (...) {  // an AllocationError: end the capture, keep no graph, pass it on
+      pool_->set_capturing(true);
+      const auto abandon_capture = [&] {
+        pool_->set_capturing(false);
         capture_keep_ = nullptr;
         cudaStreamEndCapture(stream_, &graph);
         if (graph != nullptr) cudaGraphDestroy(graph);
         cudaGetLastError();
         c.keep.clear();
+      };
+      try {
+        ops();
+      } catch (const GrowthDuringCapture&) {
+        // These shapes need memory the eager first use did not (a longer context, say): nothing
+        // captured has run, so run the ops eagerly now; the next use captures.
+        abandon_capture();
+        ops();
+        return;
+      } catch (...) {  // an AllocationError: end the capture, keep no graph, pass it on
+        abandon_capture();
         throw;
       }
+      pool_->set_capturing(false);
       capture_keep_ = nullptr;
       CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       BS_CHECK(capture_generation_ == before && "a workspace grew during graph capture");
@@ -910,6 +933,7 @@ class CudaBackend final : public Backend {
   // which makes run_captured capture its graphs again (they hold the old address).
   void* scratch(void** buf, size_t* cap, size_t bytes) {
     if (bytes > *cap) {
+      if (pool_->capturing()) throw GrowthDuringCapture{};  // run_captured runs the ops eagerly
       if (*buf) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         pool_->free(*buf, *cap);
