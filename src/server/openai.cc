@@ -192,7 +192,7 @@ std::optional<ApiError> parse_choices(const json& req, CompletionRequest* out) {
     if (auto e = get_integer(req, "n", &n)) return e;
   }
   const int64_t prompts = std::max<int64_t>(1, static_cast<int64_t>(out->prompts.size()));
-  if (n < 1 || n * prompts > kMaxChoices) {
+  if (n < 1 || n > kMaxChoices / prompts) {  // not n * prompts: that overflows for a huge n
     return bad("n", fmt::format("n must be at least 1 and n x prompts at most {}, got n = {} with "
                                 "{} prompt(s)",
                                 kMaxChoices, n, prompts));
@@ -313,7 +313,7 @@ json error_body(const ApiError& e) {
 std::optional<ApiError> parse_json_object(const std::string& body, json* out) {
   try {
     *out = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     return bad("", fmt::format("request body is not valid JSON: {}", e.what()));
   }
   if (!out->is_object()) {
