@@ -16,6 +16,8 @@
 
 namespace {
 
+constexpr int kMaxDepth = 64;
+
 std::vector<std::unique_ptr<bs::ChatTemplate>> load_templates() {
   std::vector<std::unique_ptr<bs::ChatTemplate>> out;
   for (const char* name : {"qwen3", "qwq_32b", "deepseek_r1_distill_qwen", "mistral_7b_v0_1",
@@ -34,9 +36,17 @@ std::vector<std::unique_ptr<bs::ChatTemplate>> load_templates() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto templates = load_templates();
-  auto doc = nlohmann::ordered_json::parse(bs::fuzz::as_text(data, size), nullptr,
-                                           /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return 0;
+  // Nesting is bounded as the server's request parser bounds it (issue 18): deeper documents never
+  // reach a template.
+  bool too_deep = false;
+  auto doc = nlohmann::ordered_json::parse(
+      bs::fuzz::as_text(data, size),
+      [&](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+        too_deep = too_deep || depth > kMaxDepth;
+        return true;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep || doc.is_discarded() || !doc.is_object()) return 0;
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (auto it = doc.find("messages"); it != doc.end()) {
     messages = *it;

@@ -44,9 +44,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string back = l.tok->decode(ids, /*skip_special_tokens=*/true);
     // Byte-level BPE (with Qwen3's NFC normalizer) is lossless on valid UTF-8 up to NFC, when
     // the text holds no special token (all of Qwen3's start with "<|").
-    if (l.byte_level && size % 2 == 1 && bs::is_valid_utf8(text) &&
+    if (l.byte_level && size % 2 == 1 && bs::unicode::is_valid_utf8(text) &&
         text.find("<|") == std::string_view::npos &&
-        back != bs::normalize(text, bs::NormalForm::kNfc)) {
+        back != bs::unicode::normalize(text, bs::unicode::NormalForm::kNfc)) {
       std::abort();
     }
     // The input read as little-endian ids, through decode.
