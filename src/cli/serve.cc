@@ -34,6 +34,7 @@ struct ServeArgs {
   double memory_utilization = 0.9;
   int64_t max_num_batched_tokens = 0;
   std::string tool_call_parser = "auto";
+  int64_t max_request_bytes = int64_t{16} << 20;
 };
 
 CLI::App* g_cmd = nullptr;
@@ -83,12 +84,14 @@ int run_serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  server::Server srv(std::move(*model), {.host = a.host,
-                                         .port = a.port,
-                                         .api_key = a.api_key,
-                                         .max_num_seqs = a.max_num_seqs,
-                                         .kv_cache_tokens = kv->tokens(),
-                                         .max_prefill_tokens = a.max_num_batched_tokens});
+  server::Server srv(std::move(*model),
+                     {.host = a.host,
+                      .port = a.port,
+                      .api_key = a.api_key,
+                      .max_num_seqs = a.max_num_seqs,
+                      .kv_cache_tokens = kv->tokens(),
+                      .max_prefill_tokens = a.max_num_batched_tokens,
+                      .max_request_bytes = static_cast<size_t>(a.max_request_bytes)});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
   std::thread([&srv, signals] {
@@ -158,6 +161,11 @@ void register_serve(CLI::App& app) {
                    "(<tool_call> blocks), llama3_json (the reply is one JSON call), none; auto: "
                    "hermes when the chat template mentions <tool_call>, else none")
       ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
+  g_cmd
+      ->add_option("--max-request-bytes", g_args.max_request_bytes,
+                   "Largest request body in bytes; larger ones are refused with 413 before they "
+                   "are read (default 16 MiB)")
+      ->check(CLI::PositiveNumber);
 }
 
 bool run_serve_if_parsed(int* rc) {

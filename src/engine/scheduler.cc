@@ -329,5 +329,9 @@ int64_t Scheduler::num_running() const {
 int64_t Scheduler::num_prefilling() const { return static_cast<int64_t>(impl_->prefilling.size()); }
 int64_t Scheduler::num_waiting() const { return static_cast<int64_t>(impl_->waiting.size()); }
 int64_t Scheduler::num_kv_blocks() const { return impl_->num_blocks; }
+int64_t Scheduler::num_kv_blocks_used() const {
+  const BlockAllocator& a = impl_->spec ? impl_->spec->allocator : *impl_->allocator;
+  return a.num_blocks() - a.free_blocks();
+}
 
 }  // namespace bs

@@ -98,11 +98,12 @@ class Scheduler {
   // finished ids are ignored.
   void cancel(RequestId id);
 
-  bool idle() const;               // nothing running or waiting
-  int64_t num_running() const;     // admitted, not finished (prefilling ones included)
-  int64_t num_prefilling() const;  // admitted, prompt not all prefilled yet
-  int64_t num_waiting() const;     // queued
-  int64_t num_kv_blocks() const;   // the pool size
+  bool idle() const;                   // nothing running or waiting
+  int64_t num_running() const;         // admitted, not finished (prefilling ones included)
+  int64_t num_prefilling() const;      // admitted, prompt not all prefilled yet
+  int64_t num_waiting() const;         // queued
+  int64_t num_kv_blocks() const;       // the pool size
+  int64_t num_kv_blocks_used() const;  // blocks the running requests hold now (KV usage metric)
 
  private:
   struct Impl;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iterator>
 #include <utility>
@@ -38,6 +39,13 @@ void Job::wait(std::string* text) {
   std::unique_lock lock(mutex_);
   cv_.wait(lock, [&] { return ended_; });
   *text += std::exchange(text_, {});
+}
+
+bool Job::wait_until_ended(std::string* text, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return ended_; });
+  *text += std::exchange(text_, {});
+  return ended_;
 }
 
 void Job::take_logprobs(std::vector<LogprobsEntry>* logprobs) {
@@ -104,6 +112,9 @@ void EngineWorker::publish_counts() {
   running_ = scheduler_.num_running();
   scheduled_waiting_ = scheduler_.num_waiting();
   publish_queue();
+  metrics_.set_kv_cache_usage(
+      static_cast<double>(scheduler_.num_kv_blocks_used()) /
+      static_cast<double>(std::max<int64_t>(1, scheduler_.num_kv_blocks())));
 }
 
 void EngineWorker::publish_queue() {
@@ -123,9 +134,12 @@ void EngineWorker::loop() {
     for (const auto& [id, active] : active_) {
       if (active.job->cancelled()) scheduler_.cancel(id);  // the client went away
     }
+    ++steps_;
+    step_tokens_ = 0;
     if (Status s = scheduler_.step(); !s.ok() && log_) {
       fmt::print(stderr, "engine step failed: {}\n", s.message());
     }
+    if (step_tokens_ > 0) metrics_.record_iteration(step_tokens_);
     publish_counts();
   }
   // Shutting down: the scheduler ends every job it holds (cancelled) without running the model.
@@ -151,6 +165,7 @@ bool EngineWorker::echo_prompt(Job& job) {
   job.stats_.prompt_tokens = static_cast<int64_t>(job.prompt.size());
   const double e2e = seconds_since(job.submitted_);
   metrics_.record({.stats = &job.stats_, .finished_reason = "length", .e2e_seconds = e2e});
+  end_choice(job);
   if (log_) {
     fmt::print(stderr, "[{}] {} prompt tokens echoed, {:.3f} s\n", job.id, job.stats_.prompt_tokens,
                e2e);
@@ -179,7 +194,18 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   a.queued_before = seconds_since(job->submitted_);
   const auto on_token = [this, id](int32_t token) {
     Active& a = active_.at(id);
-    if (a.ttft < 0) a.ttft = seconds_since(a.job->submitted_);
+    // vLLM's iteration tokens (a prompt counts in the step of its first token) and inter-token
+    // latency (once per step, from the previous step that gave this request tokens).
+    const auto now = Job::Clock::now();
+    ++step_tokens_;
+    if (a.ttft < 0) {
+      a.ttft = seconds_since(a.job->submitted_);
+      step_tokens_ += static_cast<int64_t>(a.job->prompt.size());
+    } else if (a.last_step != steps_) {
+      metrics_.record_inter_token(std::chrono::duration<double>(now - a.last_output).count());
+    }
+    a.last_output = now;
+    a.last_step = steps_;
     a.job->append(a.text->push(token));
     return !a.text->stopped() && !a.job->cancelled();
   };
@@ -197,8 +223,22 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   }
 }
 
+void EngineWorker::end_choice(const Job& job) {
+  int n = 1;
+  int64_t max_generated = job.stats_.generated_tokens;
+  if (job.group) {
+    ChoiceGroup& g = *job.group;
+    g.max_generated = std::max(g.max_generated, max_generated);
+    if (--g.left > 0) return;
+    n = g.n;
+    max_generated = g.max_generated;
+  }
+  metrics_.record_group(n, max_generated);
+}
+
 void EngineWorker::fail(Job& job, const Status& status) {
   metrics_.record({.stats = nullptr});
+  end_choice(job);
   if (log_) fmt::print(stderr, "[{}] error: {}\n", job.id, status.message());
   job.end(status, "abort");
 }
@@ -221,7 +261,9 @@ void EngineWorker::finish(RequestId id, Completion result) {
                    .finished_reason = reason,
                    .queue_seconds = a.queued_before + result.queue_seconds,
                    .ttft_seconds = a.ttft,
-                   .e2e_seconds = e2e});
+                   .e2e_seconds = e2e,
+                   .max_tokens = job.options.max_tokens});
+  end_choice(job);
   if (log_) {
     const double tps =
         st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds : 0;

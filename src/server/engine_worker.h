@@ -34,6 +34,15 @@ struct LogprobsEntry {
   std::vector<std::string> top_texts;  // per logprobs.top
 };
 
+// The n choices of one prompt: the last of them to end reports the group to the metrics
+// (vllm:request_params_n, vllm:request_max_num_generation_tokens). Engine worker thread only.
+struct ChoiceGroup {
+  explicit ChoiceGroup(int n) : n(n), left(n) {}
+  const int n;
+  int left;
+  int64_t max_generated = 0;
+};
+
 // One generation request. The submitter fills the inputs, then only reads through the methods.
 class Job {
  public:
@@ -50,6 +59,7 @@ class Job {
   std::string echo_text;
   // n of the request this job is a choice of (usage counts a prompt once for its n choices).
   int choices_per_prompt = 1;
+  std::shared_ptr<ChoiceGroup> group;  // shared by those choices; null: a group of its own
 
   // The client went away: the worker skips the job or stops generating at the next token.
   void cancel() { cancelled_ = true; }
@@ -60,6 +70,9 @@ class Job {
   bool wait_text(std::string* text, std::chrono::milliseconds timeout);
   // Blocks until the end; appends all remaining text.
   void wait(std::string* text);
+  // Blocks until the end or `timeout`; appends the text committed so far. True once ended (all
+  // text taken).
+  bool wait_until_ended(std::string* text, std::chrono::milliseconds timeout);
   // Appends the committed tokens' logprobs (options.logprobs >= 0) not yet taken, in order. They
   // may run ahead of the text (held back for stop strings); once the job has ended all are there.
   void take_logprobs(std::vector<LogprobsEntry>* logprobs);
@@ -107,6 +120,8 @@ class EngineWorker {
     std::unique_ptr<TokenTexts> token_texts;  // with logprobs
     double ttft = -1;                         // submitted -> first token
     double queued_before = 0;                 // submitted -> handed to the scheduler
+    Job::Clock::time_point last_output;       // when the last step that gave it tokens did
+    uint64_t last_step = 0;                   // that step's number (steps_ then)
   };
 
   void loop();
@@ -116,8 +131,9 @@ class EngineWorker {
   bool echo_prompt(Job& job);
   void finish(RequestId id, Completion result);  // the scheduler ended it
   void fail(Job& job, const Status& status);
-  void publish_counts();  // the scheduler's counts to the metrics (worker thread)
-  void publish_queue();   // under mutex_
+  void end_choice(const Job& job);  // the job's ChoiceGroup to the metrics when it was the last
+  void publish_counts();            // the scheduler's counts to the metrics (worker thread)
+  void publish_queue();             // under mutex_
 
   ServedModel& model_;
   Metrics& metrics_;
@@ -125,6 +141,8 @@ class EngineWorker {
   Scheduler scheduler_;                 // worker thread only
   std::map<RequestId, Active> active_;  // worker thread only
   RequestId next_id_ = 0;               // worker thread only
+  uint64_t steps_ = 0;                  // scheduler steps begun (worker thread only)
+  int64_t step_tokens_ = 0;             // this step's vllm:iteration_tokens_total (worker thread)
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;       // submitted, not yet in the scheduler

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -26,13 +27,13 @@ bool present(const Json& req, const char* key) {
 
 // Reads req[key] into *out when present (not null); a 400 naming the field and `kind` when
 // `is_kind` rejects its type.
-template <typename T, typename Pred>
-std::optional<ApiError> get_field(const json& req, const char* key, Pred is_kind, const char* kind,
+template <typename Json, typename T, typename Pred>
+std::optional<ApiError> get_field(const Json& req, const char* key, Pred is_kind, const char* kind,
                                   T* out) {
   if (!present(req, key)) return std::nullopt;
-  const json& v = req.at(key);
-  if (!is_kind(v)) return bad(key, fmt::format("{} must be {}, got {}", key, kind, type_name(v)));
-  *out = v.get<T>();
+  const Json& v = req.at(key);
+  if (!is_kind(v)) return bad(key, fmt::format("{} must be {}, got {}", key, kind, v.type_name()));
+  *out = v.template get<T>();
   return std::nullopt;
 }
 
@@ -41,14 +42,22 @@ std::optional<ApiError> get_number(const json& req, const char* key, double* out
       req, key, [](const json& v) { return v.is_number(); }, "a number", out);
 }
 
+// An integer in int64 range (JSON integers up to 2^64 - 1 parse as unsigned: beyond int64 they
+// are refused here, before any arithmetic).
 std::optional<ApiError> get_integer(const json& req, const char* key, int64_t* out) {
+  if (present(req, key) && req.at(key).is_number_unsigned() &&
+      req.at(key).get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return bad(key, fmt::format("{} = {} is out of range (at most {})", key,
+                                req.at(key).get<uint64_t>(), std::numeric_limits<int64_t>::max()));
+  }
   return get_field(
       req, key, [](const json& v) { return v.is_number_integer(); }, "an integer", out);
 }
 
-std::optional<ApiError> get_bool(const json& req, const char* key, bool* out) {
+template <typename Json>
+std::optional<ApiError> get_bool(const Json& req, const char* key, bool* out) {
   return get_field(
-      req, key, [](const json& v) { return v.is_boolean(); }, "a boolean", out);
+      req, key, [](const Json& v) { return v.is_boolean(); }, "a boolean", out);
 }
 
 // A list of token ids: integers in int32 range (vocab range is the engine's check).
@@ -112,8 +121,73 @@ std::optional<ApiError> parse_tool_choice(const nlohmann::ordered_json& req,
   return bad("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or an object");
 }
 
-// messages: [{role, content}], content a string, null or a list of {"type": "text", "text"} parts
-// (joined with newlines).
+// A message's content as the template sees it (vLLM's "string" content format): a string as is,
+// null or absent as "", a list of {"type": "text", "text"} parts joined with newlines.
+std::optional<ApiError> normalize_content(const nlohmann::ordered_json& m, size_t i,
+                                          nlohmann::ordered_json* out) {
+  if (!m.contains("content") || m.at("content").is_null()) {
+    *out = "";
+    return std::nullopt;
+  }
+  const auto& c = m.at("content");
+  if (c.is_string()) {
+    *out = c;
+    return std::nullopt;
+  }
+  if (!c.is_array()) {
+    return bad("messages", fmt::format("messages[{}].content must be a string, null or a list of "
+                                       "text parts, got {}",
+                                       i, c.type_name()));
+  }
+  std::string text;
+  for (size_t k = 0; k < c.size(); ++k) {
+    const auto& part = c[k];
+    if (!part.is_object() || !part.contains("text") || !part.at("text").is_string() ||
+        (part.contains("type") && part.at("type") != "text")) {
+      return bad("messages", fmt::format("messages[{}].content[{}]: only {{\"type\": \"text\", "
+                                         "\"text\": ...}} parts are supported",
+                                         i, k));
+    }
+    if (k > 0) text += '\n';
+    text += part.at("text").get<std::string>();
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
+// An assistant message's tool_calls as templates expect them (vLLM, following transformers):
+// each function's arguments, a JSON string on the wire, parsed into the value it encodes (kept
+// as the string when it is not valid JSON; null or "" become {}).
+std::optional<ApiError> normalize_tool_calls(size_t i, nlohmann::ordered_json* calls) {
+  if (!calls->is_array()) {
+    return bad("messages", fmt::format("messages[{}].tool_calls must be a list", i));
+  }
+  for (size_t k = 0; k < calls->size(); ++k) {
+    auto& call = (*calls)[k];
+    if (!call.is_object() || !call.contains("function") || !call.at("function").is_object() ||
+        !call.at("function").contains("name") || !call.at("function").at("name").is_string()) {
+      return bad("messages", fmt::format("messages[{}].tool_calls[{}] must be {{\"type\": "
+                                         "\"function\", \"function\": {{\"name\", "
+                                         "\"arguments\"}}}}",
+                                         i, k));
+    }
+    auto& fn = call.at("function");
+    if (!fn.contains("arguments") || fn.at("arguments").is_null() || fn.at("arguments") == "") {
+      fn["arguments"] = nlohmann::ordered_json::object();
+    } else if (fn.at("arguments").is_string()) {
+      // Under the request limits: a string argument may hold a deeply nested document.
+      const std::string& text = fn.at("arguments").get_ref<const std::string&>();
+      auto parsed = parse_request_json_ordered(text, {.max_bytes = text.size()});
+      if (parsed.ok()) fn["arguments"] = std::move(*parsed);
+    }
+  }
+  return std::nullopt;
+}
+
+// messages: [{role, content, ...}], normalised as vLLM does before rendering (templates index and
+// test these fields): content a string (normalize_content), an assistant's tool_calls with
+// parsed arguments (normalize_tool_calls; null tool_calls dropped), other fields (tool_call_id,
+// name, reasoning_content, ...) passed through.
 // `req` is ordered JSON: templates see objects in the request's key order (tojson of a tool
 // schema, dict.items()), as transformers' Python dicts keep it.
 std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, CompletionRequest* out) {
@@ -130,25 +204,19 @@ std::optional<ApiError> parse_messages(const nlohmann::ordered_json& req, Comple
       return bad("messages", fmt::format("messages[{}] must be an object with a string role", i));
     }
     json msg = m;
-    if (m.contains("content") && m.at("content").is_array()) {
-      std::string text;
-      for (const json& part : m.at("content")) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part.at("text").is_string()) {
-          return bad("messages",
-                     fmt::format("messages[{}].content: only text parts are supported", i));
-        }
-        if (!text.empty()) text += '\n';
-        text += part.at("text").get<std::string>();
+    if (auto e = normalize_content(m, i, &msg["content"])) return e;
+    if (msg.contains("tool_calls")) {
+      if (msg.at("tool_calls").is_null()) {
+        msg.erase("tool_calls");
+      } else if (auto e = normalize_tool_calls(i, &msg.at("tool_calls"))) {
+        return e;
       }
-      msg["content"] = text;
-    } else if (m.contains("content") && !m.at("content").is_string() &&
-               !m.at("content").is_null()) {
-      return bad("messages", fmt::format("messages[{}].content must be a string or a list of "
-                                         "text parts",
-                                         i));
     }
     out->messages.push_back(std::move(msg));
+  }
+  if (auto e = get_bool(req, "add_generation_prompt", &out->add_generation_prompt)) return e;
+  if (present(req, "continue_final_message") && req.at("continue_final_message") != false) {
+    return bad("continue_final_message", "continue_final_message is not supported");
   }
   if (present(req, "chat_template_kwargs")) {
     if (!req.at("chat_template_kwargs").is_object()) {
@@ -192,7 +260,8 @@ std::optional<ApiError> parse_choices(const json& req, CompletionRequest* out) {
     if (auto e = get_integer(req, "n", &n)) return e;
   }
   const int64_t prompts = std::max<int64_t>(1, static_cast<int64_t>(out->prompts.size()));
-  if (n < 1 || n > kMaxChoices / prompts) {  // not n * prompts: that overflows for a huge n
+  // n alone first: n x prompts of an unchecked n can overflow.
+  if (n < 1 || n > kMaxChoices || prompts > kMaxChoices || n * prompts > kMaxChoices) {
     return bad("n", fmt::format("n must be at least 1 and n x prompts at most {}, got n = {} with "
                                 "{} prompt(s)",
                                 kMaxChoices, n, prompts));
@@ -284,25 +353,34 @@ std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) 
   if (top_k < 0 || top_k > std::numeric_limits<int>::max()) {
     return bad("top_k", fmt::format("top_k must be -1, 0 (off) or positive, got {}", top_k));
   }
+  // Sampling runs in float: a double beyond float range would become inf.
+  for (const auto& [key, v] : {std::pair{"temperature", temperature}, {"top_p", top_p}}) {
+    if (!std::isfinite(static_cast<float>(v))) {
+      return bad(key, fmt::format("{} = {} is out of range", key, v));
+    }
+  }
   out->sampling.temperature = static_cast<float>(temperature);
   out->sampling.top_p = static_cast<float>(top_p);
   out->sampling.top_k = static_cast<int>(top_k);
-  if (present(req, "seed")) {
+  if (present(req, "seed")) {  // any int64 (negative ones as their two's complement bits)
     if (auto e = get_integer(req, "seed", &seed)) return e;
     out->sampling.seed = static_cast<uint64_t>(seed);
   }
-  if (Status s = out->sampling.validate(); !s.ok()) return bad("", s.message());
+  if (Status s = out->sampling.validate(); !s.ok()) {
+    // The message starts with the field's name.
+    return bad(s.message().substr(0, s.message().find(' ')), s.message());
+  }
   return std::nullopt;
 }
 
 }  // namespace
 
 json error_body(const ApiError& e) {
-  const char* type = e.http_status == 400   ? "invalid_request_error"
-                     : e.http_status == 401 ? "authentication_error"
-                     : e.http_status == 404 ? "not_found_error"
-                     : e.http_status == 501 ? "not_implemented_error"
-                                            : "server_error";
+  const char* type = e.http_status == 400 || e.http_status == 413 ? "invalid_request_error"
+                     : e.http_status == 401                       ? "authentication_error"
+                     : e.http_status == 404                       ? "not_found_error"
+                     : e.http_status == 501                       ? "not_implemented_error"
+                                                                  : "server_error";
   return {{"error",
            {{"message", e.message},
             {"type", type},
@@ -310,12 +388,12 @@ json error_body(const ApiError& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
-std::optional<ApiError> parse_json_object(const std::string& body, json* out) {
-  try {
-    *out = json::parse(body);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
-    return bad("", fmt::format("request body is not valid JSON: {}", e.what()));
-  }
+std::optional<ApiError> parse_json_object(const std::string& body, json* out,
+                                          const RequestLimits& limits) {
+  std::string field;
+  auto parsed = parse_request_json(body, limits, &field);
+  if (!parsed.ok()) return bad(field, parsed.status().message());
+  *out = std::move(*parsed);
   if (!out->is_object()) {
     return bad("", fmt::format("request body must be a JSON object, got {}", type_name(*out)));
   }
@@ -323,17 +401,20 @@ std::optional<ApiError> parse_json_object(const std::string& body, json* out) {
 }
 
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
-                                                 CompletionRequest* out) {
+                                                 CompletionRequest* out,
+                                                 const RequestLimits& limits) {
   json req;
-  if (auto e = parse_json_object(body, &req)) return e;
+  if (auto e = parse_json_object(body, &req, limits)) return e;
   out->chat = chat;
   if (present(req, "model")) {
     if (!req.at("model").is_string()) return bad("model", "model must be a string");
     out->model = req.at("model").get<std::string>();
   }
   if (chat) {
-    // Parsed again in key order (the body is valid JSON: parsed above).
-    if (auto e = parse_messages(nlohmann::ordered_json::parse(body), out)) return e;
+    // Parsed again in key order (the body is valid JSON within the limits: parsed above).
+    auto ordered = parse_request_json_ordered(body, limits);
+    if (!ordered.ok()) return bad("", ordered.status().message());
+    if (auto e = parse_messages(*ordered, out)) return e;
   } else if (auto e = parse_prompt(req, out)) {
     return e;
   }
@@ -348,6 +429,9 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
     if (auto e = get_integer(req, key, &n)) return e;
     if (n < 0 || (n == 0 && !out->echo)) {
       return bad(key, fmt::format("{} must be at least 1 (0 only with echo), got {}", key, n));
+    }
+    if (n > kMaxTokensLimit) {
+      return bad(key, fmt::format("{} = {} is out of range (at most {})", key, n, kMaxTokensLimit));
     }
     out->max_tokens = n;  // max_completion_tokens (second) wins
   }
@@ -375,21 +459,33 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
 
 namespace bs::server {
 
-std::optional<ApiError> parse_tokenize_request(const std::string& body, std::string* prompt,
-                                               bool* add_special_tokens) {
+std::optional<ApiError> parse_tokenize_request(const std::string& body, TokenizeRequest* out,
+                                               const RequestLimits& limits) {
   json req;
-  if (auto e = parse_json_object(body, &req)) return e;
-  if (!present(req, "prompt") || !req.at("prompt").is_string()) {
-    return bad("prompt", "prompt (a string) is required");
+  if (auto e = parse_json_object(body, &req, limits)) return e;
+  if (present(req, "messages")) {
+    CompletionRequest chat;
+    auto ordered = parse_request_json_ordered(body, limits);
+    if (!ordered.ok()) return bad("", ordered.status().message());
+    if (auto e = parse_messages(*ordered, &chat)) return e;
+    out->chat = true;
+    out->messages = std::move(chat.messages);
+    out->template_kwargs = std::move(chat.template_kwargs);
+    out->add_generation_prompt = chat.add_generation_prompt;
+    out->add_special_tokens = false;
+  } else if (!present(req, "prompt") || !req.at("prompt").is_string()) {
+    return bad("prompt", "prompt (a string) is required, or messages (a list of chat messages)");
+  } else {
+    out->prompt = req.at("prompt").get<std::string>();
   }
-  *prompt = req.at("prompt").get<std::string>();
-  return get_bool(req, "add_special_tokens", add_special_tokens);
+  return get_bool(req, "add_special_tokens", &out->add_special_tokens);
 }
 
 std::optional<ApiError> parse_detokenize_request(const std::string& body,
-                                                 std::vector<int32_t>* tokens) {
+                                                 std::vector<int32_t>* tokens,
+                                                 const RequestLimits& limits) {
   json req;
-  if (auto e = parse_json_object(body, &req)) return e;
+  if (auto e = parse_json_object(body, &req, limits)) return e;
   if (!present(req, "tokens") || !req.at("tokens").is_array()) {
     return bad("tokens", "tokens (a list of token ids) is required");
   }

@@ -10,6 +10,7 @@
 
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
+#include "server/request_json.h"
 
 namespace bs::server {
 
@@ -27,8 +28,12 @@ struct ApiError {
 nlohmann::json error_body(const ApiError& e);
 
 // A /v1/completions or /v1/chat/completions request, validated.
-// The most prompts x n choices one request may ask for.
+// The most prompts x n choices one request may ask for (n itself is checked against it before
+// any multiplication).
 inline constexpr int kMaxChoices = 128;
+// The largest max_tokens / max_completion_tokens accepted (generation ends at the context window
+// anyway); keeps prompt + max_tokens far from integer overflow.
+inline constexpr int64_t kMaxTokensLimit = (int64_t{1} << 31) - 1;
 
 struct PromptInput {
   std::string text;          // the prompt as text, or
@@ -46,6 +51,7 @@ struct CompletionRequest {
   // Chat: messages with content flattened to strings; template variables.
   nlohmann::ordered_json messages;  // key order kept (templates see it)
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  bool add_generation_prompt = true;  // vLLM's field: the template's generation prompt
   // Chat: tools were given and tool_choice is not "none": tool calls are parsed from the reply.
   bool parse_tool_calls = false;
   std::optional<int64_t>
@@ -68,17 +74,33 @@ struct CompletionRequest {
 // Parses `body` (JSON) into `out`; the first problem found as an ApiError (400) otherwise.
 // Unknown fields are ignored; best_of other than n and echo in chat requests are refused, and so
 // are tool_choice "required" or a named function (the output is not constrained to a call).
+// The body is parsed by parse_request_json under `limits` (nesting depth, size).
 std::optional<ApiError> parse_completion_request(const std::string& body, bool chat,
-                                                 CompletionRequest* out);
+                                                 CompletionRequest* out,
+                                                 const RequestLimits& limits = {});
 
-// /tokenize: {"prompt": "text", "add_special_tokens": true}.
-std::optional<ApiError> parse_tokenize_request(const std::string& body, std::string* prompt,
-                                               bool* add_special_tokens);
+// /tokenize, as vLLM's: {"prompt": "text", "add_special_tokens": true}, or the chat form
+// {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false,
+// "chat_template_kwargs": {...}, "tools": [...]} whose messages the chat template renders
+// (normalised as for /v1/chat/completions).
+struct TokenizeRequest {
+  bool chat = false;
+  std::string prompt;                      // text form
+  nlohmann::ordered_json messages;         // chat form: as CompletionRequest's
+  nlohmann::ordered_json template_kwargs;  // chat form
+  bool add_generation_prompt = true;       // chat form
+  bool add_special_tokens = true;          // default false in the chat form (vLLM's)
+};
+std::optional<ApiError> parse_tokenize_request(const std::string& body, TokenizeRequest* out,
+                                               const RequestLimits& limits = {});
 // /detokenize: {"tokens": [ids]}.
 std::optional<ApiError> parse_detokenize_request(const std::string& body,
-                                                 std::vector<int32_t>* tokens);
+                                                 std::vector<int32_t>* tokens,
+                                                 const RequestLimits& limits = {});
 
-// Parses `body` as a JSON object (400 naming the parse error otherwise).
-std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::json* out);
+// Parses `body` as a JSON object under `limits` (parse_request_json); a 400 naming the problem
+// (and the top-level field concerned, as param) otherwise.
+std::optional<ApiError> parse_json_object(const std::string& body, nlohmann::json* out,
+                                          const RequestLimits& limits = {});
 
 }  // namespace bs::server

@@ -48,9 +48,9 @@ Result<ServedModel> load_served_model(const ModelOptions& options) {
                                                  : ToolCallParser::kNone);
   if (tmpl.ok()) {
     std::shared_ptr<const ChatTemplate> t = std::move(*tmpl);
-    m.render_chat = [t](const nlohmann::ordered_json& messages,
-                        const nlohmann::ordered_json& extra) {
-      return t->render(messages, /*add_generation_prompt=*/true, extra);
+    m.render_chat = [t](const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra,
+                        bool add_generation_prompt) {
+      return t->render(messages, add_generation_prompt, extra);
     };
   } else if (tmpl.status().code() == StatusCode::kNotFound) {
     m.chat_unavailable = "model " + m.name + " has no chat template; use /v1/completions";

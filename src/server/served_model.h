@@ -18,10 +18,12 @@
 
 namespace bs::server {
 
-// Renders OpenAI chat messages (+ template variables) into prompt text with the generation
-// prompt appended; InvalidArgument when the template rejects them.
+// Renders chat messages (normalised as openai.h parse_messages leaves them) and template variables
+// into prompt text, with the generation prompt appended when asked; InvalidArgument when the
+// template rejects them.
 using ChatRenderer = std::function<Result<std::string>(const nlohmann::ordered_json& messages,
-                                                       const nlohmann::ordered_json& extra)>;
+                                                       const nlohmann::ordered_json& extra,
+                                                       bool add_generation_prompt)>;
 
 struct ModelOptions {
   std::string model_dir;    // Hugging Face folder

@@ -12,6 +12,7 @@
 
 #include "engine/generate.h"
 #include "server/engine_worker.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/tool_calls.h"
@@ -25,7 +26,8 @@ namespace {
 using Jobs = std::vector<std::shared_ptr<Job>>;
 
 constexpr int64_t kDefaultCompletionTokens = 16;  // OpenAI's default for /v1/completions
-constexpr size_t kMaxBodyBytes = 64 << 20;
+// How often a handler waiting on its jobs checks that its client is still connected.
+constexpr auto kClientCheck = std::chrono::milliseconds(100);
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -54,19 +56,40 @@ std::string call_id_prefix(const std::string& job_id) {
   return "call_" + job_id.substr(job_id.find('-') + 1);
 }
 
+// The chat template's text for `messages`, or the API error: the model's answer when it has no
+// template, a 400 naming messages when the template refuses them.
+std::optional<ApiError> render_chat(const ServedModel& model,
+                                    const nlohmann::ordered_json& messages,
+                                    const nlohmann::ordered_json& template_kwargs,
+                                    bool add_generation_prompt, std::string* text) {
+  if (!model.render_chat) {
+    return ApiError{.http_status = model.chat_unavailable_status,
+                    .message = model.chat_unavailable,
+                    .param = "messages"};
+  }
+  auto rendered = model.render_chat(messages, template_kwargs, add_generation_prompt);
+  if (!rendered.ok()) return ApiError{.message = rendered.status().message(), .param = "messages"};
+  *text = std::move(*rendered);
+  return std::nullopt;
+}
+
 }  // namespace
 
 struct Server::Impl {
   Impl(ServedModel m, ServerOptions o)
       : model(std::move(m)),
         options(std::move(o)),
-        metrics(model.name),
+        metrics(model.name, model.max_model_len),
         worker(model, metrics,
                {.max_num_seqs = options.max_num_seqs,
                 .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
                 .max_context = model.max_model_len,
                 .max_prefill_tokens = options.max_prefill_tokens},
                options.log_requests),
+        http({.core_threads = core_handler_threads(options.max_num_seqs),
+              .request_deadline_s = options.request_deadline_s,
+              .max_request_bytes = options.max_request_bytes}),
+        limits{.max_depth = options.max_json_depth, .max_bytes = options.max_request_bytes},
         created(std::time(nullptr)),
         id_prefix(fmt::format("{:08x}", std::random_device{}())) {}
 
@@ -90,8 +113,9 @@ struct Server::Impl {
                      int64_t* text_offset) const;
   // Streams the jobs of request `id` (choice i = jobs[i]) as SSE, each choice's text as it
   // comes; chat content goes through a ToolCallStream by `tools`.
+  // `client`: the connection's socket (connection_socket), checked while waiting.
   void stream(httplib::Response& res, const std::string& id, Jobs jobs, bool chat,
-              bool include_usage, ToolCallParser tools);
+              bool include_usage, ToolCallParser tools, int client);
   // Usage of a request's choices: prompt tokens once per prompt (n choices share one).
   json usage(const Jobs& jobs, int n) const;
   // The drafter's figures of these choices together.
@@ -101,7 +125,8 @@ struct Server::Impl {
   ServerOptions options;
   Metrics metrics;
   EngineWorker worker;  // declared after what it uses, before http (handlers wait on it)
-  httplib::Server http;
+  HttpServer http;
+  RequestLimits limits;
   int64_t created;
   std::string id_prefix;
   std::atomic<uint64_t> next_id{0};
@@ -233,7 +258,7 @@ json Server::Impl::chunk(const std::string& id, int index, bool chat, const json
 }
 
 void Server::Impl::stream(httplib::Response& res, const std::string& id, Jobs jobs, bool chat,
-                          bool include_usage, ToolCallParser tools) {
+                          bool include_usage, ToolCallParser tools, int client) {
   res.set_header("Cache-Control", "no-cache");
   // Per choice: text taken from its job but not sent yet, the completions text offset of its
   // next token, its tool-call reader, and whether its last chunk went out.
@@ -251,8 +276,12 @@ void Server::Impl::stream(httplib::Response& res, const std::string& id, Jobs jo
   const auto cancel_all = [jobs] {
     for (const auto& job : jobs) job->cancel();
   };
-  const auto provider = [this, id, jobs, chat, include_usage, state, started, cancel_all](
+  const auto provider = [this, id, jobs, chat, include_usage, state, started, cancel_all, client](
                             size_t, httplib::DataSink& sink) {
+    if (peer_closed(client)) {  // the client left, perhaps while its jobs wait for the KV cache
+      cancel_all();
+      return false;
+    }
     const auto send = [&](json event) {
       if (include_usage && !event.contains("usage") && !event.contains("error")) {
         event["usage"] = nullptr;
@@ -338,7 +367,7 @@ void Server::Impl::stream(httplib::Response& res, const std::string& id, Jobs jo
 
 void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   CompletionRequest r;
-  if (auto e = parse_completion_request(req.body, chat, &r)) return send_error(res, *e);
+  if (auto e = parse_completion_request(req.body, chat, &r, limits)) return send_error(res, *e);
   if (!r.model.empty() && r.model != model.name) {
     return send_error(res, {.http_status = 404,
                             .message = fmt::format("model '{}' does not exist; this server "
@@ -351,15 +380,12 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echo_texts;
   if (chat) {
-    if (!model.render_chat) {
-      return send_error(res, {.http_status = model.chat_unavailable_status,
-                              .message = model.chat_unavailable,
-                              .param = "messages"});
+    std::string text;
+    if (auto e =
+            render_chat(model, r.messages, r.template_kwargs, r.add_generation_prompt, &text)) {
+      return send_error(res, *e);
     }
-    auto text = model.render_chat(r.messages, r.template_kwargs);
-    if (!text.ok())
-      return send_error(res, {.message = text.status().message(), .param = "messages"});
-    prompts.push_back(model.tokenizer->encode(*text, /*add_special_tokens=*/false));
+    prompts.push_back(model.tokenizer->encode(text, /*add_special_tokens=*/false));
     echo_texts.emplace_back();
   }
   for (PromptInput& p : r.prompts) {
@@ -390,11 +416,13 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   Jobs jobs;
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int64_t room = model.max_model_len - static_cast<int64_t>(prompts[p].size());
+    const auto group = std::make_shared<ChoiceGroup>(r.n);
     for (int j = 0; j < r.n; ++j) {
       auto job = std::make_shared<Job>();
       // One engine request per choice; a choice's log lines name it after the request.
       job->id = prompts.size() * r.n > 1 ? fmt::format("{}-{}", id, jobs.size()) : id;
       job->choices_per_prompt = r.n;
+      job->group = group;
       job->prompt = prompts[p];
       job->options.max_tokens = r.max_tokens.value_or(chat ? room : kDefaultCompletionTokens);
       job->options.sampling = r.sampling;
@@ -410,12 +438,23 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       jobs.push_back(std::move(job));
     }
   }
+  if (jobs.empty()) {  // parse_completion_request guarantees n >= 1 and a prompt; never answer none
+    return send_error(res, {.http_status = 500, .message = "internal error: no choices"});
+  }
   for (const auto& job : jobs) worker.submit(job);
   const ToolCallParser tools = r.parse_tool_calls ? model.tool_call_parser : ToolCallParser::kNone;
-  if (r.stream) return stream(res, id, std::move(jobs), chat, r.include_usage, tools);
+  const int client = connection_socket(req);
+  if (r.stream) return stream(res, id, std::move(jobs), chat, r.include_usage, tools, client);
   std::vector<std::string> texts(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
-    jobs[i]->wait(&texts[i]);
+    // A client that disconnects cancels its jobs: their KV blocks free at the next step.
+    while (!jobs[i]->wait_until_ended(&texts[i], kClientCheck)) {
+      if (peer_closed(client)) {
+        for (const auto& job : jobs) job->cancel();
+        res.status = 499;  // nginx's "client closed request": nobody reads it
+        return;
+      }
+    }
     if (!jobs[i]->status().ok()) {
       for (const auto& other : jobs) other->cancel();
       return send_error(res, {.http_status = job_error_status(jobs[i]->status()),
@@ -426,8 +465,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
 }
 
 void Server::Impl::add_routes() {
-  http.set_payload_max_length(kMaxBodyBytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    http.request_began(req);
     if (options.api_key.empty() || !needs_key(req.path) ||
         req.get_header_value("Authorization") == "Bearer " + options.api_key) {
       return httplib::Server::HandlerResponse::Unhandled;
@@ -439,18 +478,25 @@ void Server::Impl::add_routes() {
     return httplib::Server::HandlerResponse::Handled;
   });
   // Called for every status >= 400: fills in the bodies httplib leaves empty (no route, ...).
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                 httplib::Response& res) {
-    if (!res.body.empty() || res.is_chunked_content_provider_) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    const int status = res.status;
-    send_error(res, {.http_status = status,
-                     .message = status == 404 ? fmt::format("no route {} {}", req.method, req.path)
-                                              : fmt::format("HTTP {} for {} {}", status, req.method,
-                                                            req.path)});
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty() || res.is_chunked_content_provider_) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        const int status = res.status;
+        std::string message = fmt::format("HTTP {} for {} {}", status, req.method, req.path);
+        if (status == 404) message = fmt::format("no route {} {}", req.method, req.path);
+        if (status == 413) {
+          // cpp-httplib also answers 413 to form-encoded bodies over 8 KiB.
+          message = fmt::format(
+              "request body too large: the limit is {} bytes (serve "
+              "--max-request-bytes), 8192 for application/x-www-form-urlencoded "
+              "(send JSON as application/json)",
+              options.max_request_bytes);
+        }
+        send_error(res, {.http_status = status, .message = message});
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   http.set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown exception";
@@ -466,11 +512,24 @@ void Server::Impl::add_routes() {
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"status", "ok"}});
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", model.name},        {"object", "model"},
-              {"created", created},      {"owned_by", "blockspec"},
-              {"root", model.model_dir}, {"max_model_len", model.max_model_len}};
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+  const json card = {{"id", model.name},        {"object", "model"},
+                     {"created", created},      {"owned_by", "blockspec"},
+                     {"root", model.model_dir}, {"max_model_len", model.max_model_len}};
+  http.Get("/v1/models", [card](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({card})}});
+  });
+  // The id may hold slashes (org/name), as served names often do.
+  http.Get(R"(/v1/models/(.+))", [this, card](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] == model.name) return send_json(res, 200, card);
+    send_error(res,
+               {.http_status = 404,
+                .message = fmt::format("The model '{}' does not exist; this server serves '{}'",
+                                       req.matches[1].str(), model.name),
+                .param = "model",
+                .code = "model_not_found"});
+  });
+  http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", BLOCKSPEC_VERSION}});
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completion(req, res, /*chat=*/false);
@@ -479,18 +538,21 @@ void Server::Impl::add_routes() {
     completion(req, res, /*chat=*/true);
   });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    std::string prompt;
-    bool add_special = true;
-    if (auto e = parse_tokenize_request(req.body, &prompt, &add_special)) {
-      return send_error(res, *e);
+    TokenizeRequest r;
+    if (auto e = parse_tokenize_request(req.body, &r, limits)) return send_error(res, *e);
+    if (r.chat) {
+      if (auto e = render_chat(model, r.messages, r.template_kwargs, r.add_generation_prompt,
+                               &r.prompt)) {
+        return send_error(res, *e);
+      }
     }
-    const auto ids = model.tokenizer->encode(prompt, add_special);
+    const auto ids = model.tokenizer->encode(r.prompt, r.add_special_tokens);
     send_json(res, 200,
               {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", model.max_model_len}});
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     std::vector<int32_t> ids;
-    if (auto e = parse_detokenize_request(req.body, &ids)) return send_error(res, *e);
+    if (auto e = parse_detokenize_request(req.body, &ids, limits)) return send_error(res, *e);
     send_json(res, 200, {{"prompt", model.tokenizer->decode(ids)}});
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -506,14 +568,7 @@ Server::Server(ServedModel model, ServerOptions options)
 Server::~Server() { stop(); }
 
 Result<int> Server::bind() {
-  auto& o = impl_->options;
-  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
-                               : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (port <= 0) {
-    return FailedPrecondition("cannot listen on {}:{} (address in use or not available)", o.host,
-                              o.port);
-  }
-  return port;
+  return impl_->http.bind_exclusive(impl_->options.host, impl_->options.port);
 }
 
 Status Server::run() {

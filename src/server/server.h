@@ -6,9 +6,11 @@
 //
 // Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
 // POST /tokenize, POST /detokenize, GET /metrics. HTTP handler threads parse and tokenize; one
-// engine worker thread generates (engine_worker.h).
+// engine worker thread generates (engine_worker.h). The transport (exclusive port, a handler pool
+// that grows with the connections, timeouts, size limits) is http_transport.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +31,13 @@ struct ServerOptions {
   // Chunked prefill: prompt tokens prefilled per scheduler step (SchedulerOptions::
   // max_prefill_tokens); 0: each admitted prompt whole.
   int64_t max_prefill_tokens = 0;
+  // Request limits (docs/SERVER.md, "Limits and transport"): a larger body is a 413; a JSON body
+  // nested deeper is a 400.
+  size_t max_request_bytes = size_t{16} << 20;
+  int max_json_depth = 64;
+  // Seconds a connection may take to deliver a request (or idle between two) before it is
+  // closed: bounds slow clients (slowloris). 0: no limit.
+  int request_deadline_s = 30;
 };
 
 class Server {

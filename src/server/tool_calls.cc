@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "server/request_json.h"
+
 namespace bs::server {
 
 namespace {
@@ -50,7 +52,11 @@ size_t object_end(std::string_view s, size_t pos) {
 // A call from one JSON object text: a string "name" and an object under one of `arg_keys`.
 std::optional<ToolCall> call_from_json(std::string_view text,
                                        std::initializer_list<const char*> arg_keys) {
-  const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // The model's text: depth-limited like a request (a deep document would overflow the stack in
+  // dump); too deep or invalid is no call.
+  auto parsed = parse_request_json_ordered(text, {.max_bytes = text.size()});
+  if (!parsed.ok()) return std::nullopt;
+  const ordered_json& j = *parsed;
   if (!j.is_object() || !j.contains("name") || !j.at("name").is_string()) return std::nullopt;
   for (const char* key : arg_keys) {
     if (j.contains(key) && j.at(key).is_object()) {

@@ -549,6 +549,85 @@ TEST_F(CudaOps, PagedAttentionAllShapes) {
   }
 }
 
+// Prompt rows (more than 16 per sequence, causal, head dim 64 / 128) take the tensor-core flash
+// prefill kernel: random head counts, GQA ratios, chunk offsets (queries at [start, start + n)
+// over the cache [0, start + n)), sliding windows and shuffled block tables against the CPU.
+TEST_F(CudaOps, FlashPrefillMatchesCpuAcrossShapes) {
+  std::uniform_int_distribution<int> pick(0, 1 << 20);
+  for (int it = 0; it < 24; ++it) {
+    const int64_t hd = it % 2 ? 128 : 64;
+    const int64_t kv_heads = int64_t{1} << (pick(rng_) % 4), group = int64_t{1} << (pick(rng_) % 4);
+    const int64_t heads = kv_heads * group;
+    const int64_t n = 17 + pick(rng_) % 240;
+    const int64_t start = it < 4 ? 0 : pick(rng_) % 700;  // the chunk's offset in the cache
+    const int64_t kv_len = start + n;
+    const int64_t window = it % 5 == 4 ? 20 + pick(rng_) % 180 : 0;
+    const int64_t bs = 16, blocks = (kv_len + bs - 1) / bs + 2;
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng_);
+    std::vector<int32_t> slots(kv_len);
+    for (int64_t p = 0; p < kv_len; ++p) slots[p] = table[p / bs] * bs + p % bs;
+    const int64_t row = kv_heads * hd;
+    const auto kv = rnd(kv_len * row), vv = rnd(kv_len * row), qv = rnd(n * heads * hd);
+    const Shape pool{blocks, bs, kv_heads, hd};
+    Tensor gkp = make(*gpu_, pool, DType::kBF16), gvp = make(*gpu_, pool, DType::kBF16);
+    Tensor ckp = make(*cpu_, pool, DType::kF32), cvp = make(*cpu_, pool, DType::kF32);
+    gpu_->kv_write(gkp, gvp, gpu_act({kv_len, kv_heads, hd}, kv),
+                   gpu_act({kv_len, kv_heads, hd}, vv), gpu_ints(slots));
+    cpu_->kv_write(ckp, cvp, cpu_act({kv_len, kv_heads, hd}, kv),
+                   cpu_act({kv_len, kv_heads, hd}, vv), cpu_ints(slots));
+    Tensor gq = gpu_act({n, heads, hd}, qv), cq = cpu_act({n, heads, hd}, qv);
+    Tensor go = make(*gpu_, {n, heads, hd}, DType::kBF16);
+    Tensor co = make(*cpu_, {n, heads, hd}, DType::kF32);
+    const AttentionMask mask{.causal = true, .window = window};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const Tensor gtable = gpu_ints(table);
+    gpu_->paged_attention(go, gq, gkp, gvp, gtable, kv_len, mask, scale);
+    cpu_->paged_attention(co, cq, ckp, cvp, cpu_ints(table), kv_len, mask, scale);
+    const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                             " hd " + std::to_string(hd) + " start " + std::to_string(start) +
+                             " n " + std::to_string(n) + " window " + std::to_string(window);
+    expect_close(go, co, kBf16Tol, what);
+    // A device length under a larger launch bound gives the same bits.
+    Tensor gd = make(*gpu_, {n, heads, hd}, DType::kBF16);
+    const Tensor len = gpu_ints({static_cast<int32_t>(kv_len)});
+    gpu_->paged_attention(gd, gq, gkp, gvp, gtable, KvLength(blocks * bs, &len), mask, scale);
+    EXPECT_EQ(gpu_->to_host_f32(gd), gpu_->to_host_f32(go)) << "device length, " << what;
+    // Row invariance: the first 17+ rows as a call of their own (a shorter chunk ending earlier)
+    // equal the same rows of the whole call.
+    const int64_t part = 17 + pick(rng_) % (n - 16);
+    Tensor gp = make(*gpu_, {part, heads, hd}, DType::kBF16);
+    gpu_->paged_attention(gp, gq.rows(0, part), gkp, gvp, gtable, kv_len - n + part, mask, scale);
+    const auto whole = gpu_->to_host_f32(go), first = gpu_->to_host_f32(gp);
+    EXPECT_TRUE(std::equal(first.begin(), first.end(), whole.begin()))
+        << "rows 0.." << part << " alone, " << what;
+  }
+}
+
+// A batch of prompt chunks (paged_attention_batch with more than 16 rows per sequence, device
+// lengths) equals each sequence's own call bit for bit.
+TEST_F(CudaOps, FlashPrefillBatchRowsEqualSingleSequenceCalls) {
+  const int64_t heads = 32, kv_heads = 8, hd = 128, capacity = 40, n = 48;
+  const std::vector<int32_t> lens{48, 130, 577};
+  const int64_t num_seqs = static_cast<int64_t>(lens.size()), blocks = num_seqs * capacity;
+  const PagedKv kv = random_paged_kv(blocks, blocks * 16, kv_heads, hd, /*shuffle=*/true);
+  const Tensor tables = kv.table.view({num_seqs, capacity});
+  Tensor q = gpu_act({num_seqs * n, heads, hd}, rnd(num_seqs * n * heads * hd));
+  Tensor out = make(*gpu_, {num_seqs * n, heads, hd}, DType::kBF16);
+  gpu_->paged_attention_batch(out, q, kv.k_pool, kv.v_pool, tables, gpu_ints(lens), capacity * 16,
+                              {}, 0.088f);
+  const auto batched = gpu_->to_host_f32(out);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    Tensor single = make(*gpu_, {n, heads, hd}, DType::kBF16);
+    gpu_->paged_attention(single, q.rows(s * n, n), kv.k_pool, kv.v_pool,
+                          tables.rows(s, 1).view({capacity}), lens[s], {}, 0.088f);
+    const auto want = gpu_->to_host_f32(single);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), batched.begin() + s * n * heads * hd))
+        << "sequence " << s << " kv_len " << lens[s];
+  }
+}
+
 TEST_F(CudaOps, ArgmaxFirstIndexOnTies) {
   // Long rows take the two-pass (chunked) kernel: ties across chunks, a maximum in the last,
   // partial chunk, all-equal and all -inf rows.
@@ -786,11 +865,11 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
   // prologue_attention runs as one launch on the GPU (queries and the call's own keys / values
   // computed inside the attention blocks); it must give the bits of the two separate ops, for the
   // output and for both pools, for decode (n 1) and verify (n 16) rows, one or several sequences.
-  const int64_t heads = 8, kv_heads = 2, capacity = 8, bs = 16;  // launch bound 128 keys
+  const int64_t heads = 8, kv_heads = 2, capacity = 12, bs = 16;  // launch bound 192 keys
   for (const auto& [hd, with_norm] :
        std::vector<std::pair<int64_t, bool>>{{128, true}, {128, false}, {64, true}, {256, true}}) {
     for (const int64_t num_seqs : {1, 3}) {
-      for (const int64_t n : {1, 16}) {
+      for (const int64_t n : {1, 16, 40}) {  // 40: prompt rows (prologue, then flash prefill)
         const int64_t blocks = num_seqs * capacity, rows = num_seqs * n;
         const int64_t width = (heads + 2 * kv_heads) * hd;
         const PagedKv kv = random_paged_kv(blocks, blocks * bs, kv_heads, hd, /*shuffle=*/true);
@@ -798,7 +877,7 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
         gpu_->copy_to_host(table.data(), kv.table);
         std::vector<int32_t> lens(num_seqs), pos, slots;
         for (int64_t s = 0; s < num_seqs; ++s) {
-          // Within the 128-key bound; sequence 1's 16 rows straddle the 64-key chunk boundary.
+          // Within the 192-key bound; sequence 1's 16 rows straddle the 64-key chunk boundary.
           lens[s] = static_cast<int32_t>(n + 20 + 37 * s);
           for (int64_t r = 0; r < n; ++r) {
             const int32_t p = static_cast<int32_t>(lens[s] - n + r);

@@ -139,4 +139,41 @@ TEST(Cli, ChatWrapsThePromptInTheTemplate) {
   EXPECT_NE(chat.err.find("prompt"), std::string::npos);
 }
 
+// --print-prompt prints the text generate would tokenize (with --chat the rendered template,
+// --chat-template-kwargs its variables) and exits without loading the model or generating.
+TEST(Cli, ChatPrintPromptAndTemplateKwargs) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(BS_BINARY_DIR) / ("cli_chat_kwargs_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(fs::path(kModel) / f, dir / f);  // no weights: --print-prompt loads none
+  }
+  std::ofstream(dir / "chat_template.jinja")
+      << "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+         "{% if add_generation_prompt %}<assistant>{% endif %}"
+         "{% if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}";
+  const std::string common = "generate --model " + dir.string() + " --prompt 'Tell a story'";
+  CliRun r = run(common + " --chat --print-prompt");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "<user>Tell a story<assistant>\n");
+  EXPECT_EQ(r.err, "");
+  r = run(common + " --chat --print-prompt --chat-template-kwargs '{\"enable_thinking\": false}'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "<user>Tell a story<assistant><no_think>\n");
+  r = run(common + " --print-prompt");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "Tell a story\n");
+  for (const char* bad : {"'{enable_thinking: false}'", "'[1]'", "''"}) {
+    r = run(common + " --chat --print-prompt --chat-template-kwargs " + bad);
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find("--chat-template-kwargs"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  r = run(common + " --print-prompt --chat-template-kwargs '{}'");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("needs --chat"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -1,4 +1,5 @@
-// Fuzzes the OpenAI request parsers of the server (src/server/openai.h): /v1/completions and
+// Fuzzes the OpenAI request parsers of the server (src/server/openai.h, over the depth- and
+// range-limited parse_request_json of request_json.h): /v1/completions and
 // /v1/chat/completions bodies, /tokenize and /detokenize. Every body is a request or an ApiError
 // (a 400), never an exception or a crash; an accepted request is within the documented limits.
 #include <cstdint>
@@ -18,9 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (req.max_tokens && *req.max_tokens < 0) std::abort();
     }
   }
-  std::string prompt;
-  bool add_special = false;
-  (void)bs::server::parse_tokenize_request(body, &prompt, &add_special);
+  bs::server::TokenizeRequest tokenize;
+  (void)bs::server::parse_tokenize_request(body, &tokenize);
   std::vector<int32_t> tokens;
   (void)bs::server::parse_detokenize_request(body, &tokens);
   return 0;

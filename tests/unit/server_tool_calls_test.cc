@@ -42,6 +42,20 @@ TEST(ToolCalls, HermesOneCallNoText) {
   EXPECT_EQ(c.arguments, R"({"city":"Paris","days":3})");  // key order kept
 }
 
+// A reply the model nested a million levels deep is text, not a call (and no crash: the JSON is
+// parsed under parse_request_json's depth limit, never built, dumped or destroyed recursively).
+TEST(ToolCalls, DeeplyNestedArgumentsAreTextNotACrash) {
+  const int depth = 1000000;
+  const std::string text =
+      "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(depth, '[') +
+      std::string(depth, ']') + "}</tool_call>";
+  const std::string object_args =
+      "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + std::string(depth, '[') +
+      std::string(depth, ']') + "}}</tool_call>";
+  EXPECT_TRUE(parse_tool_calls(kHermes, text).calls.empty());
+  EXPECT_TRUE(parse_tool_calls(kHermes, object_args).calls.empty());
+}
+
 TEST(ToolCalls, HermesMultipleCallsWithTextAround) {
   const std::string text =
       "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"

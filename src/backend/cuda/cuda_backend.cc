@@ -635,6 +635,11 @@ class CudaBackend final : public Backend {
     a.causal = mask.causal;
     a.window = mask.window;
     a.scale = scale;
+    if (o.dtype() == DType::kBF16 && q_scratch.dtype() == DType::kBF16 && use_flash_prefill(a)) {
+      CUDA_CHECK(bs::cuda::attention_prologue(p, stream_));  // prompt rows: prologue, then flash
+      CUDA_CHECK(bs::cuda::flash_prefill(a, kv_lens.as<int32_t>(), stream_));
+      return;
+    }
     if (o.dtype() == DType::kBF16 && fused_prologue_enabled() &&
         prologue_attention_supported(a, p)) {
       void* ws = attention_workspace(
@@ -687,6 +692,17 @@ class CudaBackend final : public Backend {
     a.eps = eps;
     a.attention_scaling = attention_scaling;
     return a;
+  }
+  // Prompt rows (more than kSkinnyMaxRows per sequence, causal, BF16, head dim 64 / 128) take
+  // the tensor-core flash kernel; decode, verify and draft rows keep the split-KV kernel, whose
+  // rounding the speculative pass relies on. BLOCKSPEC_FLASH_PREFILL=0 turns it off (a
+  // measurement switch).
+  static bool use_flash_prefill(const AttentionArgs& a) {
+    static const bool enabled = [] {
+      const char* v = std::getenv("BLOCKSPEC_FLASH_PREFILL");
+      return v == nullptr || std::string_view(v) != "0";
+    }();
+    return enabled && a.n > kSkinnyMaxRows && flash_prefill_supported(a);
   }
   // BLOCKSPEC_FUSED_PROLOGUE=0: the prologue and the attention as two launches (a measurement
   // switch; the results are the same bits).
@@ -857,6 +873,10 @@ class CudaBackend final : public Backend {
     a.causal = mask.causal;
     a.window = mask.window;
     a.scale = scale;
+    if (q.dtype() == kvt && o.dtype() == kvt && use_flash_prefill(a)) {
+      CUDA_CHECK(bs::cuda::flash_prefill(a, kv_len_dev, stream_));
+      return;
+    }
     if (q.dtype() == kvt && o.dtype() == kvt && split_attention_supported(a)) {
       void* ws = attention_workspace(split_attention_workspace(rows, heads, hd, kv_len));
       CUDA_CHECK(split_attention(a, kv_len_dev, ws, stream_));

@@ -123,6 +123,15 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
                             cudaStream_t s);
 
+// Causal flash-attention prefill (flash_prefill.cu) for BF16 q / out / paged pools, head dim 64
+// or 128: one block per (64 query rows, head, sequence), tensor-core scores and P V (mma.sync
+// m16n8k16), online softmax in fp32, GQA. Same arguments and kv_len_dev rule as split_attention
+// (no workspace); a query row's result does not depend on the other rows of the launch. Meant
+// for prompt rows (more than kSkinnyMaxRows per sequence); it rounds differently from the
+// split-KV kernel.
+bool flash_prefill_supported(const AttentionArgs& a);
+cudaError_t flash_prefill(const AttentionArgs& a, const int32_t* kv_len_dev, cudaStream_t s);
+
 // The decoder-layer attention prologue (Backend::attention_prologue), BF16 activations and
 // pools, F32 norms (null: none) and inv_freq.
 struct PrologueArgs {
