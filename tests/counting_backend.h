@@ -39,6 +39,9 @@ class CountingBackend final : public Backend {
   MemoryInfo memory_info() const override { return memory_ ? *memory_ : b_.memory_info(); }
   void set_memory_info(MemoryInfo info) { memory_ = info; }
 
+  AllocationStats allocation_stats() const override { return b_.allocation_stats(); }
+  void reset_peak_allocated() override { b_.reset_peak_allocated(); }
+
   using Backend::empty;
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
     return b_.empty(shape, dtype);
@@ -159,6 +162,17 @@ class CountingBackend final : public Backend {
   }
   void axpby(const Tensor& y, float a, const Tensor& x, float b, const Tensor& z) override {
     b_.axpby(y, a, x, b, z);
+  }
+  void topk(const Tensor& values, const Tensor& ids, const Tensor& x) override {
+    b_.topk(values, ids, x);
+  }
+  void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) override {
+    b_.scale_softcap(y, x, multiplier, cap);
+  }
+  void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                    const Tensor& base, int64_t group, int64_t block_rows,
+                    bool accumulate) override {
+    b_.dynamic_conv(y, x, dyn, which, base, group, block_rows, accumulate);
   }
   void softmax(const Tensor& y, const Tensor& x, float scale) override { b_.softmax(y, x, scale); }
   void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,

@@ -1,10 +1,47 @@
 #include "backend/backend.h"
 
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+
 #ifdef BLOCKSPEC_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
 
 namespace bs {
+
+AllocationError::AllocationError(std::string device, int64_t bytes, std::string detail)
+    : bytes_(bytes),
+      message_(fmt::format("out of {} memory: allocating {:.1f} MiB ({} bytes) failed{}{}", device,
+                           static_cast<double>(bytes) / (1 << 20), bytes,
+                           detail.empty() ? "" : ": ", detail)) {}
+
+namespace {
+// Allocations left until the injected failure (<= 0: none armed).
+std::atomic<int64_t> g_alloc_countdown{0};
+}  // namespace
+
+void inject_allocation_failure(int64_t nth) { g_alloc_countdown.store(nth > 0 ? nth : 0); }
+
+bool allocation_failure_pending() { return g_alloc_countdown.load() > 0; }
+
+int64_t arm_allocation_failure_from_env() {
+  const char* v = std::getenv("BLOCKSPEC_FAIL_ALLOC_AT");
+  if (v == nullptr) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || n <= 0) return 0;
+  inject_allocation_failure(n);
+  return n;
+}
+
+void check_injected_allocation_failure(const std::string& device, int64_t bytes) {
+  if (g_alloc_countdown.load(std::memory_order_relaxed) <= 0) return;
+  if (g_alloc_countdown.fetch_sub(1) == 1) {
+    throw AllocationError(device, bytes, "injected failure (BLOCKSPEC_FAIL_ALLOC_AT)");
+  }
+}
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int threads) {
   if (device == "cpu") return make_cpu_backend(threads);

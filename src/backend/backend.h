@@ -6,9 +6,11 @@
 // an op over the last dimension d are numel / d.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,6 +56,58 @@ struct MemoryInfo {
   int64_t total = 0;
 };
 
+// Allocation failure (docs/RELIABILITY.md, "Out of memory"). Backend::empty and upload_weight
+// cannot return a Status (they are called from inside every op sequence), so running out of
+// device or host memory throws this, the code base's one exception: it unwinds to the nearest
+// step boundary (the Scheduler's prefill of one request and its batched step, generate_*,
+// plan_kv_cache's warm-up, model loading), which turns it into a kOutOfMemory Status with
+// to_status() and frees what the failed step held. Everything else about memory (the KV plan,
+// admission) keeps it from happening in normal operation. Programming errors still abort.
+class AllocationError : public std::bad_alloc {
+ public:
+  AllocationError(std::string device, int64_t bytes, std::string detail);
+  const char* what() const noexcept override { return message_.c_str(); }
+  int64_t bytes() const { return bytes_; }
+  Status to_status() const { return {StatusCode::kOutOfMemory, message_}; }
+
+ private:
+  int64_t bytes_ = 0;
+  std::string message_;
+};
+
+// Runs `f` (returning Status or Result<T>), turning an AllocationError or std::bad_alloc thrown
+// inside into a kOutOfMemory Status.
+template <typename F>
+auto catch_allocation_failure(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const AllocationError& e) {
+    return e.to_status();
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kOutOfMemory, "out of host memory (std::bad_alloc)");
+  }
+}
+
+// Test hook (fault injection): the n-th allocation through Backend::empty / upload_weight of
+// any backend from now on (n >= 1) throws AllocationError as if memory had run out, once; 0
+// disarms. `blockspec serve` arms it from the environment variable BLOCKSPEC_FAIL_ALLOC_AT=n when
+// it starts listening (arm_allocation_failure_from_env), so n counts the requests' allocations.
+void inject_allocation_failure(int64_t nth);
+// True while an injected failure is armed and has not fired yet.
+bool allocation_failure_pending();
+// Reads BLOCKSPEC_FAIL_ALLOC_AT; returns the n armed (0: unset or not a positive number).
+int64_t arm_allocation_failure_from_env();
+// Called by backends at each allocation: throws the injected failure when its turn has come.
+void check_injected_allocation_failure(const std::string& device, int64_t bytes);
+
+// How much a backend's own allocations hold (tensors from empty, weights, workspaces, cached free
+// buffers), now and at most since the last Backend::reset_peak_allocated(). Zero where a backend
+// does not count.
+struct AllocationStats {
+  int64_t held = 0;
+  int64_t peak = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -64,8 +118,16 @@ class Backend {
 
   // ---- Memory ----
   virtual MemoryInfo memory_info() const = 0;
+  // Zero-filled tensors. Throw AllocationError when memory runs out (see above).
   virtual Tensor empty(std::initializer_list<int64_t> shape, DType dtype) = 0;
   Tensor empty(std::initializer_list<int64_t> shape) { return empty(shape, activation_dtype()); }
+  // empty() with the failure as a Status (kOutOfMemory naming the bytes).
+  Result<Tensor> try_empty(std::initializer_list<int64_t> shape, DType dtype) {
+    return catch_allocation_failure([&]() -> Result<Tensor> { return empty(shape, dtype); });
+  }
+  // Peak accounting for the KV plan's warm-up (engine/kv_budget.h).
+  virtual AllocationStats allocation_stats() const { return {}; }
+  virtual void reset_peak_allocated() {}
   // Converts host data of any checkpoint dtype into this backend's weight storage.
   virtual Tensor upload_weight(DType src_dtype, const void* src,
                                std::initializer_list<int64_t> shape) = 0;
@@ -273,6 +335,22 @@ class Backend {
   // bonus) and the drafts as given; a step commits d_1 .. d_a, then next.
   virtual void rejection_sample(const Tensor& out, const Tensor& drafts, const Tensor& q,
                                 const Tensor& p, const Tensor& uniforms) = 0;
+
+  // ---- Ops added for the DSpark / DFlash2 drafters (models/drafters/dspark.cc, dflash2.cc) ----
+  // values F32 [n, k] and ids I32 [n, k] = the k largest entries of each row of x[n, V]
+  // (1 <= k <= V), sorted by value descending, ties to the lower index.
+  virtual void topk(const Tensor& values, const Tensor& ids, const Tensor& x) = 0;
+  // y = cap > 0 ? cap * tanh(multiplier * x / cap) : multiplier * x, elementwise (same shape;
+  // y may alias x). Logit scaling and soft-capping.
+  virtual void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) = 0;
+  // Grouped dynamic causal convolution over blocks of `block_rows` consecutive rows (DFlash2):
+  //   y[i, c] (= or +=) sum over t < K with t <= i % block_rows of
+  //                     (base[t, c] + dyn[i, which, t, c / group]) * x[i - t, c]
+  // x, y [n, H] (n a multiple of block_rows), dyn [n, 2, K, H / group], base [K, H], which 0 or
+  // 1. y must not alias x.
+  virtual void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                            const Tensor& base, int64_t group, int64_t block_rows,
+                            bool accumulate) = 0;
 };
 
 // The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number

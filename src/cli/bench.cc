@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "models/drafter.h"
@@ -60,6 +61,7 @@ struct BenchArgs {
   std::string gemv = "all";
   bool kernels = false;
   bool drafter_fp8 = false;
+  double draft_confidence_min = 0;
   int flashmap_steps = 0;
   float flashmap_noise_scale = 1.0f;
 };
@@ -464,6 +466,7 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
   const int64_t p_len = std::min<int64_t>(32, ctx);
   GenerateOptions opt;
   opt.max_tokens = std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2));
+  if (drafter) opt.draft_confidence_min = a.draft_confidence_min;
   opt.max_context = std::min<int64_t>(max_pos, p_len + opt.max_tokens + 16);
   for (auto& p : prompts) p.resize(static_cast<size_t>(p_len));
   std::vector<GenerateStats> stats;
@@ -696,6 +699,7 @@ int run_bench(const BenchArgs& a) {
   GenerateOptions opt;
   opt.max_tokens = gen;
   opt.max_context = std::min<int64_t>(max_pos, p_len + gen + 2 * B + 16);
+  if (drafter) opt.draft_confidence_min = a.draft_confidence_min;
   GenerateStats st;
   auto plain = generate_plain(target, e2e_prompt, opt, nullptr, &st);
   if (!plain.ok()) return fail(plain.status());
@@ -728,19 +732,23 @@ int run_bench(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   g_cmd = app.add_subcommand("bench", "Time decode / verify / draft / context-update steps");
   g_cmd->add_option("--model", g_args.model, "Target model folder")->required();
-  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
+  g_cmd->add_option("--drafter", g_args.drafter,
+                    "Drafter folder (DFlash, DSpark, DFlash2 or FlashMap)");
+  g_cmd
+      ->add_option("--draft-confidence-min", g_args.draft_confidence_min,
+                   "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto");
   g_cmd->add_option(
       "--batch", g_args.batch,
       "Sequences decoded together (> 1: batched plain and, with --drafter, speculative decoding)");
   g_cmd->add_option("--iters", g_args.iters, "Timed iterations per measurement")
-      ->check(CLI::PositiveNumber);
-  g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(1));
+  g_cmd->add_option("--warmup", g_args.warmup, "Untimed iterations first")->check(at_least(0));
   g_cmd->add_option("--context", g_args.context, "Tokens in the KV cache while timing steps")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd->add_option("--gen-tokens", g_args.gen_tokens, "Tokens for the end-to-end generation runs")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd->add_option("--copy-mb", g_args.copy_mb,
                     "Buffer for the copy-bandwidth measurement (default 2048 GPU, 256 CPU)");
   g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)");
@@ -752,11 +760,11 @@ void register_bench(CLI::App& app) {
   g_cmd
       ->add_option("--flashmap-steps", g_args.flashmap_steps,
                    "FlashMap jumps per draft (default: config)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   g_cmd
       ->add_option("--flashmap-noise-scale", g_args.flashmap_noise_scale,
                    "FlashMap noise scale (0: deterministic drafts)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   register_synth(app);
   register_bench_serve(app);
 }

@@ -2,13 +2,17 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "engine/generate.h"
 #include "models/drafter.h"
 #include "models/registry.h"
@@ -18,6 +22,8 @@
 namespace {
 
 namespace fs = std::filesystem;
+using bs::cli::at_least;
+using bs::cli::number_in;
 
 int fail(const bs::Status& status) {
   fmt::print(stderr, "blockspec: error: {}\n", status.message());
@@ -30,11 +36,13 @@ struct GenerateArgs {
   bool no_drafter = false;
   std::string prompt;
   int64_t max_tokens = 256;
+  bool max_tokens_given = false;  // --max-tokens on the command line
   float temperature = 0.0f;
   float top_p = 1.0f;
   int top_k = 0;
   std::optional<uint64_t> seed;
   int64_t draft_tokens = 0;
+  double draft_confidence_min = 0;
   std::string trace;
   int threads = 0;
   std::string device = "auto";
@@ -119,18 +127,33 @@ int run_generate(const GenerateArgs& a) {
     prompt.push_back((*tokenizer)->bos_id());
   }
 
+  // Generation also ends at the context window; say so before it happens rather than stop short
+  // silently. The last token generated is never fed back, hence the + 1.
+  const int64_t window = (*target)->config().max_position_embeddings;
+  const int64_t room = window - static_cast<int64_t>(prompt.size()) + 1;
+  if (static_cast<int64_t>(prompt.size()) < window && a.max_tokens > room) {
+    fmt::print(stderr,
+               "blockspec: note: --max-tokens {}{} is more than the context window leaves: the "
+               "model's window is {} tokens and the prompt takes {}, so generation stops at the "
+               "window, after at most {} tokens\n",
+               a.max_tokens, a.max_tokens_given ? "" : " (the default)", window, prompt.size(),
+               room);
+  }
+
   bs::GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
   opt.sampling = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
   if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
   opt.draft_tokens = a.draft_tokens;
+  opt.draft_confidence_min = a.draft_confidence_min;
   opt.trace_path = a.trace;
   if (drafter && opt.draft_tokens > drafter->max_drafts()) {
     return fail(bs::InvalidArgument("--draft-tokens {} exceeds the drafter's maximum {}",
                                     opt.draft_tokens, drafter->max_drafts()));
   }
 
-  bs::StreamDecoder stream(**tokenizer, /*skip_special_tokens=*/true);
+  // The reply continues the prompt's text (e.g. " ball" after "Tom had a red", its space kept).
+  bs::StreamDecoder stream(**tokenizer, /*skip_special_tokens=*/true, prompt);
   const auto on_token = [&](int32_t id) {
     const std::string text = stream.push(id);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -148,8 +171,9 @@ int run_generate(const GenerateArgs& a) {
 
   const double total = st.prefill_seconds + st.decode_seconds;
   fmt::print(
-      stderr, "[{} tokens prompt, {} generated, {:.1f} tokens/s decode, {:.3f} s total]\n",
+      stderr, "[{} tokens prompt, {} generated{}, {:.1f} tokens/s decode, {:.3f} s total]\n",
       st.prompt_tokens, st.generated_tokens,
+      st.finish == bs::FinishReason::kContext ? " (stopped at the context window)" : "",
       st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds : 0.0,
       total);
   if (drafter) {
@@ -174,11 +198,82 @@ int run_tokenize(const std::string& model_dir, const std::string& text, bool no_
   return 0;
 }
 
+// Levenshtein distance (ASCII command names).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The error for a command line whose first argument is not a command (CLI11 would say "A
+// subcommand is required"): names the closest command when one is close, else lists them.
+// Empty when the first argument is an option or a command.
+std::string command_error(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names.push_back(sub->get_name());
+  }
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  if (argc < 2) return fmt::format("a command is required: {} (blockspec --help)", list);
+  const std::string_view word = argv[1];
+  if (word.starts_with('-') || std::ranges::find(names, word) != names.end()) return {};
+  const std::string* best = nullptr;
+  size_t best_distance = 0;
+  for (const auto& n : names) {
+    const size_t d = edit_distance(word, n);
+    if (best == nullptr || d < best_distance) best = &n, best_distance = d;
+  }
+  // Close: a typo or two, or the start of a command name.
+  if (best != nullptr && (best_distance <= std::max<size_t>(2, word.size() / 3) ||
+                          (word.size() >= 3 && best->starts_with(word)))) {
+    return fmt::format("unknown command '{}'; did you mean '{}'?", word, *best);
+  }
+  return fmt::format("unknown command '{}'; the commands are {} (blockspec --help)", word, list);
+}
+
+struct TokenizeArgs {
+  std::string model;
+  std::string text;
+  bool no_special = false;
+};
+
+int parse_and_run(CLI::App& app, int argc, char** argv, CLI::App* gen, GenerateArgs& g,
+                  CLI::App* tok, const TokenizeArgs& t) {
+  if (const std::string error = command_error(app, argc, argv); !error.empty()) {
+    fmt::print(stderr, "blockspec: error: {}\n", error);
+    return 1;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every user error exits 1 (CLI11's own codes vary).
+    return app.exit(e) == 0 ? 0 : 1;
+  }
+  g.max_tokens_given = gen->get_option("--max-tokens")->count() > 0;
+  if (gen->parsed()) return run_generate(g);
+  if (tok->parsed()) return run_tokenize(t.model, t.text, t.no_special);
+  if (int rc = 1; bs::cli::run_serve_if_parsed(&rc)) return rc;
+  return bs::cli::run_registered(app);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"blockspec: block-diffusion speculative decoding for LLMs (lossless)"};
   app.require_subcommand(1);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("blockspec: error: {}\nRun with --help for more information.\n", e.what());
+  });
   app.set_version_flag("--version", "blockspec 0.1.0");
 
   GenerateArgs g;
@@ -191,25 +286,26 @@ int main(int argc, char** argv) {
                 "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
                 "unchanged");
   gen->add_option("--prompt", g.prompt, "Prompt text (empty: start from BOS)");
-  gen->add_option("--max-tokens", g.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+  gen->add_option("--max-tokens", g.max_tokens, "Tokens to generate")->check(at_least(1));
   gen->add_option("--temperature", g.temperature, "Sampling temperature; 0 = greedy")
-      ->check(CLI::Range(0.0, 100.0));
-  gen->add_option("--top-p", g.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--top-k", g.top_k, "Keep the k most likely tokens; 0 = off")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0, 100));
+  gen->add_option("--top-p", g.top_p, "Nucleus sampling mass")->check(number_in(0, 1));
+  gen->add_option("--top-k", g.top_k, "Keep the k most likely tokens; 0 = off")->check(at_least(0));
   gen->add_option("--seed", g.seed, "Random seed (sampling and drafter noise)");
   gen->add_option("--draft-tokens", g.draft_tokens, "Drafts verified per step (default: block-1)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
+  gen->add_option("--draft-confidence-min", g.draft_confidence_min,
+                  "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
+      ->check(number_in(0, 1));
   gen->add_option("--trace", g.trace, "Write one JSON line per speculative step to FILE");
-  gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")->check(at_least(0));
   gen->add_option("--device", g.device, "cpu, cuda or auto (CUDA when a GPU is present)");
   gen->add_option("--flashmap-steps", g.flashmap_steps,
                   "FlashMap jumps per draft (default: config)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   gen->add_option("--flashmap-noise-scale", g.flashmap_noise_scale,
                   "FlashMap noise scale (0: deterministic drafts)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   gen->add_flag("--ignore-eos", g.ignore_eos, "Do not stop at end-of-sequence tokens");
   gen->add_flag("--chat", g.chat,
                 "Wrap the prompt as one user message in the model's chat template");
@@ -220,23 +316,19 @@ int main(int argc, char** argv) {
                 "Print the prompt text (with --chat: the rendered chat template) and exit "
                 "without generating");
 
-  std::string tok_model, tok_text;
-  bool tok_no_special = false;
+  TokenizeArgs t;
   auto* tok = app.add_subcommand("tokenize", "Print the token ids of TEXT, space-separated");
-  tok->add_option("--model", tok_model, "Folder with tokenizer.json")->required();
-  tok->add_option("text", tok_text, "Text to tokenize")->required();
-  tok->add_flag("--no-special", tok_no_special, "Do not add BOS/special tokens");
+  tok->add_option("--model", t.model, "Folder with tokenizer.json")->required();
+  tok->add_option("text", t.text, "Text to tokenize")->required();
+  tok->add_flag("--no-special", t.no_special, "Do not add BOS/special tokens");
 
   bs::cli::register_bench(app);
   bs::cli::register_serve(app);
 
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return parse_and_run(app, argc, argv, gen, g, tok, t);
+  } catch (const std::exception& e) {  // never abort: whatever escaped is reported
+    fmt::print(stderr, "blockspec: error: {}\n", e.what());
+    return 1;
   }
-  if (gen->parsed()) return run_generate(g);
-  if (tok->parsed()) return run_tokenize(tok_model, tok_text, tok_no_special);
-  if (int rc = 1; bs::cli::run_serve_if_parsed(&rc)) return rc;
-  return bs::cli::run_registered(app);
 }

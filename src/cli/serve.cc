@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "engine/kv_budget.h"
 #include "server/server.h"
 
@@ -28,11 +29,13 @@ struct ServeArgs {
   std::string device = "auto";
   int threads = 0;
   int64_t draft_tokens = 0;
+  double draft_confidence_min = 0;
   bool drafter_fp8 = false;
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
   double memory_utilization = 0.9;
-  int64_t max_num_batched_tokens = 0;
+  int64_t max_num_batched_tokens = kDefaultPrefillChunk;
+  bool preemption = false;
   std::string tool_call_parser = "auto";
   int64_t max_request_bytes = int64_t{16} << 20;
 };
@@ -54,6 +57,7 @@ int run_serve(const ServeArgs& a) {
                                           .threads = a.threads,
                                           .max_model_len = a.max_model_len,
                                           .draft_tokens = a.draft_tokens,
+                                          .draft_confidence_min = a.draft_confidence_min,
                                           .drafter_fp8 = a.drafter_fp8,
                                           .tool_call_parser = a.tool_call_parser});
   if (!model.ok()) return fail(model.status());
@@ -61,11 +65,12 @@ int run_serve(const ServeArgs& a) {
                           {.tokens = a.kv_cache_tokens,
                            .max_num_seqs = a.max_num_seqs,
                            .max_context = model->max_model_len,
-                           .memory_utilization = a.memory_utilization});
+                           .memory_utilization = a.memory_utilization,
+                           .max_prefill_tokens = a.max_num_batched_tokens});
   if (!kv.ok()) return fail(kv.status());
   const std::string summary = fmt::format(
       "model {} ({}), drafter {}, context {} tokens, max {} sequences, KV cache {} tokens "
-      "({}{})",
+      "({}{}{}), prefill chunk {} tokens",
       model->name, dirs.model, dirs.drafter.empty() ? "none" : dirs.drafter, model->max_model_len,
       a.max_num_seqs, kv->tokens(),
       kv->bytes >= (1 << 30)
@@ -73,7 +78,11 @@ int run_serve(const ServeArgs& a) {
           : fmt::format("{:.1f} MiB", static_cast<double>(kv->bytes) / (1 << 20)),
       kv->shrunk ? fmt::format(", shrunk to fit memory: {:.1f} full context windows",
                                static_cast<double>(kv->blocks) / kv->window_blocks)
-                 : "");
+                 : "",
+      kv->scratch_bytes > 0 ? fmt::format(", {:.1f} MiB reserved for a step's scratch",
+                                          static_cast<double>(kv->scratch_bytes) / (1 << 20))
+                            : "",
+      a.max_num_batched_tokens);
 
   // SIGINT / SIGTERM go to one waiting thread that stops the server (every other thread,
   // created after this, inherits the blocked mask).
@@ -91,7 +100,8 @@ int run_serve(const ServeArgs& a) {
                       .max_num_seqs = a.max_num_seqs,
                       .kv_cache_tokens = kv->tokens(),
                       .max_prefill_tokens = a.max_num_batched_tokens,
-                      .max_request_bytes = static_cast<size_t>(a.max_request_bytes)});
+                      .max_request_bytes = static_cast<size_t>(a.max_request_bytes),
+                      .preemption = a.preemption});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
   std::thread([&srv, signals] {
@@ -99,6 +109,11 @@ int run_serve(const ServeArgs& a) {
     sigwait(&signals, &sig);
     srv.stop();
   }).detach();
+  if (const int64_t nth = arm_allocation_failure_from_env(); nth > 0) {
+    fmt::print(stderr,
+               "blockspec serve: BLOCKSPEC_FAIL_ALLOC_AT={}: allocation {} from now fails\n", nth,
+               nth);
+  }
   fmt::print(stderr, "blockspec serve: listening on http://{}:{} ({})\n", a.host, *port, summary);
   std::fflush(stderr);
   if (Status s = srv.run(); !s.ok()) return fail(s);
@@ -116,7 +131,7 @@ void register_serve(CLI::App& app) {
   g_cmd->add_flag("--no-drafter", g_args.no_drafter, "Plain autoregressive decoding");
   g_cmd->add_option("--host", g_args.host, "Address to listen on");
   g_cmd->add_option("--port", g_args.port, "Port to listen on (0: any free port)")
-      ->check(CLI::Range(0, 65535));
+      ->check(number_in(0, 65535));
   g_cmd->add_option("--served-model-name", g_args.served_model_name,
                     "Model name in the API (default: the model folder's name)");
   g_cmd->add_option("--api-key", g_args.api_key,
@@ -124,37 +139,46 @@ void register_serve(CLI::App& app) {
   g_cmd
       ->add_option("--max-model-len", g_args.max_model_len,
                    "Context window in tokens, prompt + output (default: the model's)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd->add_option("--device", g_args.device, "cpu, cuda or auto (CUDA when a GPU is present)");
   g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   g_cmd
       ->add_option("--draft-tokens", g_args.draft_tokens,
                    "Drafts verified per step (default: block-1)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
+  g_cmd
+      ->add_option("--draft-confidence-min", g_args.draft_confidence_min,
+                   "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
+      ->check(number_in(0, 1));
   g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
                   "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
                   "unchanged");
   g_cmd
       ->add_option("--max-num-seqs", g_args.max_num_seqs,
                    "Requests decoded together (continuous batching); more wait")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd
       ->add_option("--kv-cache-tokens", g_args.kv_cache_tokens,
                    "KV cache size in positions (default: max-num-seqs full context windows, "
                    "fewer if they do not fit in memory); a request waits until its prompt + "
                    "max_tokens fit")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   g_cmd
       ->add_option("--memory-utilization,--gpu-memory-utilization", g_args.memory_utilization,
                    "Fraction of the device's memory (host RAM on the CPU) that weights and KV "
                    "cache may take together; sizes the default KV cache")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_in(0, 1));
   g_cmd
       ->add_option("--max-num-batched-tokens", g_args.max_num_batched_tokens,
                    "Chunked prefill: prompt tokens prefilled per step, so a long prompt does not "
-                   "stall the running requests (decode rows not counted; default 0: whole prompts)")
-      ->check(CLI::NonNegativeNumber);
+                   "stall the running requests and a step's memory does not grow with the prompt "
+                   "(decode rows not counted; default 2048; 0: whole prompts)")
+      ->check(at_least(0));
+  g_cmd->add_flag("--preemption", g_args.preemption,
+                  "Admit a request once its prompt fits the KV cache and, when the cache runs "
+                  "full, preempt the newest request (it re-prefills later; nothing is lost) "
+                  "instead of reserving every request's prompt + max_tokens at admission");
   g_cmd
       ->add_option("--tool-call-parser", g_args.tool_call_parser,
                    "How chat replies to requests with tools become tool_calls: hermes "

@@ -205,6 +205,11 @@ class Writer {
     auto* v = add(name, std::move(shape));
     if (v) std::fill(v->begin(), v->end(), f32_to_bf16(value));
   }
+  // Uniform values center +- amp.
+  void uniform(const std::string& name, std::vector<int64_t> shape, float center, float amp) {
+    auto* v = add(name, std::move(shape));
+    if (v) fill_uniform(*v, center, amp, hash_name(name, seed_));
+  }
   // e_j scaled by sign.
   void unit_norm(const std::string& name, int64_t d, float sign) {
     auto* v = add(name, {d});
@@ -443,6 +448,67 @@ Status write_dflash(Writer& w, const Preset& p, int acceptance) {
   return w.finish();
 }
 
+// DSpark (dspark-b7) and DFlash2 (dflash2-b16) drafters: the DFlash construction plus their
+// modules at the published shapes (Markov rank 256 and a confidence head; 2-tap convolutions in
+// groups of 16 and a rank-256 top-16 selector). Their extra logit terms are small (codebooks and
+// Markov factors of amplitude 0.02), far below the +-1 margin of the forced token, and DFlash2's
+// convolutions keep dimension j: the finishing convolution sees a sublayer output whose column j
+// is zero (o_proj / down_proj row j), so the residual's j stays C.
+constexpr int64_t kMarkovRank = 256, kSelectorRank = 256, kConvGroup = 16;
+
+json relative_config(const Preset& p, uint64_t seed, int acceptance, bool dspark) {
+  json c = dflash_config(p, seed, acceptance);
+  c.erase("block_size");
+  json& d = c["dflash_config"];
+  if (dspark) {
+    c["architectures"] = {"DSparkDraftModel"};
+    c["block_size"] = 7;
+    d["projector_type"] = "dspark";
+    d["markov_rank"] = kMarkovRank;
+    d["markov_head_type"] = "vanilla";
+    d["enable_confidence_head"] = true;
+    d["confidence_head_with_markov"] = true;
+  } else {
+    c["architectures"] = {"DFlash2DraftModel"};
+    c["is_causal"] = false;
+    d["block_size"] = 16;
+    d["conv_kernel_size"] = 2;
+    d["conv_group_size"] = kConvGroup;
+    d["selector_rank"] = kSelectorRank;
+    d["selector_top_k"] = 16;
+  }
+  return c;
+}
+
+Status write_relative(Writer& w, const Preset& p, int acceptance, bool dspark) {
+  const int64_t h = p.hidden, v = p.vocab;
+  w.linear("fc.weight", h, h * static_cast<int64_t>(p.taps.size()), false);
+  w.norm("hidden_norm.weight", h);
+  w.unit_norm("norm.weight", h, acceptance == 0 ? -1.0f : 1.0f);
+  for (int64_t i = 0; i < p.d_layers; ++i) {
+    const std::string pre = fmt::format("layers.{}.", i);
+    write_decoder_layer(w, p, pre);
+    if (!dspark) {
+      for (const char* sub : {"attention_conv", "mlp_conv"}) {
+        w.uniform(pre + sub + ".base_kernel", {2, 2, h}, 0.5f, 0.5f);
+        w.linear(pre + sub + ".kernel_projection.weight", 2 * 2 * (h / kConvGroup), h, false);
+      }
+    }
+    BS_RETURN_IF_ERROR(w.flush(1ull << 30));
+  }
+  if (dspark) {
+    w.uniform("markov_head.markov_w1.weight", {v, kMarkovRank}, 0.0f, 0.02f);
+    w.uniform("markov_head.markov_w2.weight", {v, kMarkovRank}, 0.0f, 0.02f);
+    w.uniform("confidence_head.proj.weight", {1, h + kMarkovRank}, 0.0f, 0.02f);
+    w.constant("confidence_head.proj.bias", {1}, 2.0f);
+  } else {
+    w.uniform("candidate_selector.predecessor_codebook", {v, kSelectorRank}, 0.0f, 0.02f);
+    w.uniform("candidate_selector.successor_codebook", {v, kSelectorRank}, 0.0f, 0.02f);
+    w.linear("candidate_selector.hidden_projection.weight", kSelectorRank, h, false);
+  }
+  return w.finish();
+}
+
 // ------------------------------------------------------------------------------------------------
 // FlashMap drafter (flashmap-b16; tensors and config fields of docs/FLASHMAP.md).
 //
@@ -599,9 +665,12 @@ int run_synth(const SynthArgs& a) {
     fmt::print(stderr, "blockspec: error: unknown preset '{}' (qwen3-8b, tiny)\n", a.preset);
     return 1;
   }
-  const bool dflash = a.drafter == "dflash-b16", flashmap = a.drafter == "flashmap-b16";
-  if (!a.drafter.empty() && !dflash && !flashmap) {
-    fmt::print(stderr, "blockspec: error: unknown drafter '{}' (dflash-b16, flashmap-b16)\n",
+  const bool dflash = a.drafter == "dflash-b16", flashmap = a.drafter == "flashmap-b16",
+             dspark = a.drafter == "dspark-b7", dflash2 = a.drafter == "dflash2-b16";
+  if (!a.drafter.empty() && !dflash && !flashmap && !dspark && !dflash2) {
+    fmt::print(stderr,
+               "blockspec: error: unknown drafter '{}' (dflash-b16, dspark-b7, dflash2-b16, "
+               "flashmap-b16)\n",
                a.drafter);
     return 1;
   }
@@ -626,15 +695,17 @@ int run_synth(const SynthArgs& a) {
     const std::string dir = a.drafter_out.empty()
                                 ? fmt::format("{}-{}-acc{}", a.out, a.drafter, a.acceptance)
                                 : a.drafter_out;
-    Writer w(dir, a.seed ^ (dflash ? 0xD1F1A5Full : 0xF1A5A4A9ull), a.dry_run);
-    const Status st =
-        dflash ? write_dflash(w, *p, a.acceptance) : write_flashmap(w, *p, a.acceptance);
+    Writer w(dir, a.seed ^ (flashmap ? 0xF1A5A4A9ull : 0xD1F1A5Full), a.dry_run);
+    const Status st = dflash     ? write_dflash(w, *p, a.acceptance)
+                      : flashmap ? write_flashmap(w, *p, a.acceptance)
+                                 : write_relative(w, *p, a.acceptance, dspark);
     if (!st.ok()) {
       fmt::print(stderr, "blockspec: error: {}\n", st.message());
       return 1;
     }
-    const json cfg = dflash ? dflash_config(*p, a.seed, a.acceptance)
-                            : flashmap_config(*p, a.seed, a.acceptance);
+    const json cfg = dflash     ? dflash_config(*p, a.seed, a.acceptance)
+                     : flashmap ? flashmap_config(*p, a.seed, a.acceptance)
+                                : relative_config(*p, a.seed, a.acceptance, dspark);
     if (!a.dry_run) write_json(fs::path(dir) / "config.json", cfg);
     fmt::print("drafter: {} ({}, forced acceptance {}%): {}{}\n", dir, a.drafter, a.acceptance,
                w.summary(), dry_note);
@@ -651,7 +722,7 @@ void register_synth(CLI::App& app) {
   g_cmd->add_option("--preset", g_args.preset, "qwen3-8b or tiny")->required();
   g_cmd->add_option("--out", g_args.out, "Target checkpoint folder")->required();
   g_cmd->add_option("--drafter", g_args.drafter,
-                    "Also write a drafter: dflash-b16 or flashmap-b16");
+                    "Also write a drafter: dflash-b16, dspark-b7, dflash2-b16 or flashmap-b16");
   g_cmd->add_option("--drafter-out", g_args.drafter_out,
                     "Drafter folder (default: OUT-DRAFTER-accN)");
   g_cmd->add_option("--acceptance", g_args.acceptance,

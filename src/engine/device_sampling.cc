@@ -9,9 +9,11 @@ namespace bs {
 void DeviceSampling::reserve(int64_t rows, int64_t vocab) {
   if (probs_.defined() && probs_.dim(0) >= rows && probs_.dim(1) == vocab) return;
   const int64_t cap = std::max<int64_t>(rows, probs_.defined() ? probs_.dim(0) : 1);
-  probs_ = backend_.empty({cap, vocab}, DType::kF32);
+  // probs_ last: it says what was reserved, so an AllocationError leaves a consistent state.
+  probs_ = Tensor();
   uniforms_ = backend_.empty({cap + 1}, DType::kF32);
   ids_ = backend_.empty({cap + 2}, DType::kI32);
+  probs_ = backend_.empty({cap, vocab}, DType::kF32);
 }
 
 void DeviceSampling::upload_uniforms(Sampler& sampler, int64_t n) {
@@ -35,6 +37,24 @@ void DeviceSampling::choose(Sampler& sampler, const Tensor& logits, const Tensor
   backend_.filtered_probs(probs(), logits, {&filter, 1});
   upload_uniforms(sampler, n);
   backend_.sample_from_probs(out, probs(), uniforms_.rows(0, n));
+}
+
+DraftDraw DeviceSampling::draw_for_drafter(Sampler& sampler, int64_t n, int64_t vocab,
+                                           const Tensor& out) {
+  BS_CHECK(out.dtype() == DType::kI32 && out.numel() == n);
+  DraftDraw d{.filter = sampler.filter(), .ids = out};
+  if (sampler.params().greedy()) {
+    d.filter.temperature = 0.0f;
+    return d;
+  }
+  reserve(n, vocab);
+  rows_ = n;
+  vocab_ = vocab;
+  drawn_ = out;
+  upload_uniforms(sampler, n);
+  d.uniforms = uniforms_.rows(0, n);
+  d.probs = probs();
+  return d;
 }
 
 void DeviceSampling::sample(Sampler& sampler, const Tensor& logits, std::vector<int32_t>* ids) {

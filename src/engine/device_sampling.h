@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "engine/sampler.h"
 #include "engine/speculative_accept.h"
+#include "models/drafter.h"
 
 namespace bs {
 
@@ -49,6 +50,17 @@ class DeviceSampling {
               const Tensor& out);
   // The same into this object's own buffer, read back.
   AcceptResult accept(Sampler& sampler, const DeviceSampling& drafts, const Tensor& verify_logits);
+
+  // The buffers a drafter that draws its own drafts (Drafter::draws_drafts) fills, for n drafts
+  // over `vocab` into `out` (I32 [n] on the backend): greedy, only the filter (temperature 0) and
+  // `out`; sampled, also n uniforms from `sampler` (as choose() takes them) and this object's
+  // probs for q, so that accept() then reads the drafter's draws as choose()'s.
+  DraftDraw draw_for_drafter(Sampler& sampler, int64_t n, int64_t vocab, const Tensor& out);
+  // Keeps only the first n drafts of the last draw, whose ids now live in `out` (I32 [n]).
+  void keep_drafts(int64_t n, const Tensor& out) {
+    rows_ = n;
+    drawn_ = out;
+  }
 
   // On the device: the last call's distributions F32 [n, V] (a draw's n rows, an accept's p) and
   // the last draw's ids I32 [n] (undefined after an accept).

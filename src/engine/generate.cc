@@ -79,10 +79,13 @@ Status validate_prompt(const CausalLM& target, std::span<const int32_t> prompt,
   return Status::Ok();
 }
 
-Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const int32_t> prompt,
-                                            const GenerateOptions& options,
-                                            const TokenCallback& on_token, GenerateStats* stats,
-                                            const LogprobsCallback& on_logprobs) {
+namespace {
+
+// generate_plain without the conversion of an allocation failure.
+Result<std::vector<int32_t>> run_plain(CausalLM& target, std::span<const int32_t> prompt,
+                                       const GenerateOptions& options,
+                                       const TokenCallback& on_token, GenerateStats* stats,
+                                       const LogprobsCallback& on_logprobs) {
   const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
@@ -94,7 +97,11 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
   detail::PlainSequence seq(allocator, options, max_context, prompt, on_token, on_logprobs, st);
   const Tensor token = target.backend().empty({1}, DType::kI32);  // chosen on the device
   auto t0 = Clock::now();
-  // The first step is the prefill: the whole prompt, logits of the last row only.
+  // The prefill: the prompt's head in chunks without logits, then the first step feeds the rest
+  // (at most one chunk) with logits of its last row only.
+  while (options.prefill_chunk > 0 && seq.prompt_left() > options.prefill_chunk) {
+    BS_RETURN_IF_ERROR(seq.prefill_chunk(target, pool, options.prefill_chunk));
+  }
   for (bool stepped = true; stepped;) {
     const bool prefill = !seq.prefilled();
     BS_RETURN_IF_ERROR(detail::plain_step(target, pool, token, seq, &stepped));
@@ -105,6 +112,17 @@ Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const in
   }
   st.decode_seconds = seconds_since(t0);
   return seq.finish();
+}
+
+}  // namespace
+
+Result<std::vector<int32_t>> generate_plain(CausalLM& target, std::span<const int32_t> prompt,
+                                            const GenerateOptions& options,
+                                            const TokenCallback& on_token, GenerateStats* stats,
+                                            const LogprobsCallback& on_logprobs) {
+  return catch_allocation_failure([&]() -> Result<std::vector<int32_t>> {
+    return run_plain(target, prompt, options, on_token, stats, on_logprobs);
+  });
 }
 
 }  // namespace bs

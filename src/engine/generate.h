@@ -16,17 +16,32 @@
 
 namespace bs {
 
+// Prompt tokens per prefill forward unless told otherwise (generate_* and the Scheduler / serve's
+// --max-num-batched-tokens): a prefill's memory is bounded by this many rows whatever the prompt
+// (docs/RELIABILITY.md). 2,048 rows keep the GEMMs of an 8B model large enough to run at
+// tensor-core speed, like vLLM's default max_num_batched_tokens for chunked prefill.
+inline constexpr int64_t kDefaultPrefillChunk = 2048;
+
 struct GenerateOptions {
   int64_t max_tokens = 256;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // usually the tokenizer's EOS ids
   int64_t max_context = 0;        // 0: the target's max_position_embeddings
   int64_t draft_tokens = 0;       // drafts verified per step (1..max_drafts); 0: max_drafts
-  std::string trace_path;         // JSON line per speculative step, when set
+  // Drafters with a confidence head (DSpark): verify only the drafts whose prefix survival a_j
+  // (the head's estimate that drafts 1..j are all accepted) is >= this; 0: off. Never changes the
+  // output (the cut depends on drafts 1..j-1 only: lossless, docs/DFLASH.md).
+  double draft_confidence_min = 0;
+  std::string trace_path;  // JSON line per speculative step, when set
   // Log-probabilities of the committed tokens (engine/logprobs.h), handed to the
   // LogprobsCallback: -1 off (no logits row is read back for them), 0..kMaxTopLogprobs: the
   // token's own logprob and that many top alternatives. Never changes the tokens.
   int logprobs = -1;
+  // generate_plain / generate_speculative: prompt tokens per prefill forward (chunked prefill, so
+  // that a prefill's activations and scratch are bounded by the chunk, not by the prompt; the
+  // output is the same). 0: the whole prompt in one forward. (The Scheduler has its own budget,
+  // SchedulerOptions::max_prefill_tokens.)
+  int64_t prefill_chunk = kDefaultPrefillChunk;
 };
 
 enum class FinishReason { kStop, kLength, kContext, kCancelled };

@@ -36,6 +36,7 @@ class CommittedTokens {
   // its logprobs go to on_logprobs before on_token sees the token.
   bool commit(int32_t token, std::span<const float> logits = {});
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+  std::span<const int32_t> tokens() const { return tokens_; }
   int32_t back() const { return tokens_.back(); }
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish();

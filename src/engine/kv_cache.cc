@@ -12,7 +12,7 @@ BlockAllocator::BlockAllocator(int64_t num_blocks)
 
 Result<int32_t> BlockAllocator::allocate() {
   if (free_.empty()) {
-    return OutOfMemory("KV cache is full: all {} blocks are in use", num_blocks_);
+    return OutOfMemory("{}: all {} blocks are in use", kKvCacheFull, num_blocks_);
   }
   const int32_t b = free_.back();
   free_.pop_back();

@@ -4,16 +4,20 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
 
 namespace bs {
 
+// The start of allocate()'s error, which tells a full KV pool from a device out of memory.
+inline constexpr std::string_view kKvCacheFull = "KV cache is full";
+
 class BlockAllocator {
  public:
   explicit BlockAllocator(int64_t num_blocks);
-  // OutOfMemory naming the pool size when every block is taken.
+  // OutOfMemory naming the pool size when every block is taken (message starts kKvCacheFull).
   Result<int32_t> allocate();
   void release(int32_t block);
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }

@@ -63,6 +63,9 @@ class PlainSequence {
   Status prefill_chunk(CausalLM& target, KvPool& pool, int64_t n);
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
+  // The tokens committed so far and the sampler (a preempted request's resumption, Scheduler).
+  std::span<const int32_t> committed() const { return out_.tokens(); }
+  Sampler& sampler() { return sampler_; }
 
  private:
   const GenerateOptions& options_;

@@ -8,9 +8,10 @@
 
 namespace bs {
 
-Result<std::vector<TokenLogprobs>> prompt_logprobs(CausalLM& target,
-                                                   std::span<const int32_t> prompt, int top_n,
-                                                   int64_t rows_per_forward) {
+namespace {
+
+Result<std::vector<TokenLogprobs>> score_prompt(CausalLM& target, std::span<const int32_t> prompt,
+                                                int top_n, int64_t rows_per_forward) {
   const auto P = static_cast<int64_t>(prompt.size());
   const int64_t V = target.config().vocab_size;
   BS_RETURN_IF_ERROR(validate_prompt(target, prompt, target.config().max_position_embeddings));
@@ -51,6 +52,16 @@ Result<std::vector<TokenLogprobs>> prompt_logprobs(CausalLM& target,
     seq.set_length(start + n);
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::vector<TokenLogprobs>> prompt_logprobs(CausalLM& target,
+                                                   std::span<const int32_t> prompt, int top_n,
+                                                   int64_t rows_per_forward) {
+  return catch_allocation_failure([&]() -> Result<std::vector<TokenLogprobs>> {
+    return score_prompt(target, prompt, top_n, rows_per_forward);
+  });
 }
 
 }  // namespace bs

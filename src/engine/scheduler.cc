@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <deque>
 #include <optional>
@@ -48,6 +50,14 @@ struct Request {
   int64_t blocks = 0;     // worst-case KV blocks, held from admission to the end
   bool admitted = false;  // its blocks count against the pool
   bool cancelled = false;
+  int64_t committed = 0;  // tokens handed to on_token so far
+  // Preemption (SchedulerOptions::preemption): the tokens committed before the request was last
+  // preempted, and what its current sequence runs on: prompt + resumed, max_tokens less them.
+  std::vector<int32_t> resumed;
+  std::vector<int32_t> seq_prompt;
+  GenerateOptions seq_options;
+  std::optional<Sampler> sampler;  // a preempted plain sequence's sampler, carried over
+  int64_t held = 0;                // blocks counted in Impl::reserved while admitted
   Clock::time_point added = Clock::now();
   Clock::time_point decode_start = added;
   double prefill_seconds = 0;  // its prefill chunks so far
@@ -63,6 +73,12 @@ struct Request {
 };
 
 using Requests = std::vector<std::unique_ptr<Request>>;
+
+// The KV pool had no block left (BlockAllocator), as opposed to the device's memory.
+bool is_kv_full(const Status& s) {
+  return s.code() == StatusCode::kOutOfMemory &&
+         s.message().find(kKvCacheFull) != std::string::npos;
+}
 
 }  // namespace
 
@@ -91,11 +107,22 @@ struct Scheduler::Impl {
   // Completes and removes every request of `requests` for which `ending(request)` gives a status.
   template <typename Requests, typename Ending>
   void complete_if(Requests& requests, Ending ending);
+  // The batched step of the running requests failed with `s`: ends the newest when the failure is
+  // an out-of-memory before any token was committed (the others repeat the step), else every one.
+  void fail_step(const Status& s, const std::vector<int64_t>& committed_before);
+  // Preemption: frees the request's sequence (its KV blocks) and queues it again before every
+  // later arrival, to re-prefill its prompt and the tokens it committed.
+  void preempt(std::unique_ptr<Request> r);
+  // Preempts the most recently admitted request other than `keep` (prefilling first, then
+  // running after index `after`); false when there is none.
+  bool preempt_newest(const Request* keep, size_t after);
+  BlockAllocator& kv_allocator() { return spec ? spec->allocator : *allocator; }
 
   CausalLM& target;
   Drafter* drafter;
   int64_t max_num_seqs = 0;
   int64_t max_prefill_tokens = 0;  // per step; 0: every admitted prompt whole
+  bool preemption = false;
   int64_t num_blocks = 0;
   std::optional<detail::SpeculativeRun> spec;  // with a drafter: both pools, the allocator
   KvPool pool;                                 // without: the target's pool
@@ -104,7 +131,8 @@ struct Scheduler::Impl {
   std::deque<std::unique_ptr<Request>> waiting;
   std::deque<std::unique_ptr<Request>> prefilling;  // admitted, prompt partly cached, FIFO
   Requests running;                                 // each with its next step begun
-  int64_t reserved = 0;                             // blocks of the admitted requests' worst cases
+  int64_t reserved = 0;  // blocks of the admitted requests' worst cases (without preemption)
+  int64_t num_preemptions = 0;
   // Plain step scratch.
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
@@ -116,7 +144,8 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
     : target(target),
       drafter(drafter),
       max_num_seqs(options.max_num_seqs),
-      max_prefill_tokens(options.max_prefill_tokens) {
+      max_prefill_tokens(options.max_prefill_tokens),
+      preemption(options.preemption) {
   BS_CHECK(max_num_seqs >= 1);
   BS_CHECK(max_prefill_tokens >= 0);
   num_blocks = options.kv_blocks > 0
@@ -133,14 +162,17 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
 
 void Scheduler::Impl::complete(std::unique_ptr<Request> r, Status status) {
   Completion c{.id = r->id, .status = std::move(status), .queue_seconds = r->queue_seconds};
+  c.tokens = std::move(r->resumed);
   if (r->plain || r->spec) {
     if (r->prompt_left() == 0) r->stats.decode_seconds = seconds_since(r->decode_start);
-    c.tokens = r->plain ? r->plain->finish() : r->spec->finish();
+    const std::vector<int32_t> last = r->plain ? r->plain->finish() : r->spec->finish();
+    c.tokens.insert(c.tokens.end(), last.begin(), last.end());
   }
   r->plain.reset();  // returns the KV blocks
   r->spec.reset();
-  if (r->admitted) reserved -= r->blocks;
+  if (r->admitted) reserved -= r->held;
   c.stats = std::move(r->stats);
+  c.stats.generated_tokens = static_cast<int64_t>(c.tokens.size());
   if (r->on_done) r->on_done(std::move(c));
 }
 
@@ -187,28 +219,84 @@ Status Scheduler::Impl::prefill(Request& r, int64_t max_tokens) {
 }
 
 void Scheduler::Impl::admit_waiting() {
+  // With preemption a request is admitted when its prompt (+ the first step's block) fits the
+  // free blocks beside a watermark of one block per running request; else its worst case must
+  // fit beside the others' worst cases.
+  const auto fits = [&](const Request& r) {
+    if (!preemption) return reserved + r.blocks <= num_blocks;
+    const int64_t first_step = drafter ? drafter->block_size() : 1;
+    const int64_t need =
+        (static_cast<int64_t>(r.seq_prompt.size()) + first_step + kKvBlockSize - 1) / kKvBlockSize;
+    const auto admitted = static_cast<int64_t>(running.size() + prefilling.size());
+    return need + admitted <= kv_allocator().free_blocks();
+  };
   while (!waiting.empty() &&
          static_cast<int64_t>(running.size() + prefilling.size()) < max_num_seqs &&
-         reserved + waiting.front()->blocks <= num_blocks) {
+         fits(*waiting.front())) {
     std::unique_ptr<Request> r = std::move(waiting.front());
     waiting.pop_front();
-    r->queue_seconds = seconds_since(r->added);
-    if (r->options.max_tokens <= 0) {  // generate_* run nothing either
+    if (r->resumed.empty()) r->queue_seconds = seconds_since(r->added);
+    if (r->seq_options.max_tokens <= 0) {  // generate_* run nothing either
+      complete(std::move(r), Status::Ok());
+      continue;
+    }
+    if (static_cast<int64_t>(r->seq_prompt.size()) > detail::context_window(target, r->options)) {
+      r->stats.finish = FinishReason::kContext;  // preempted at the window's end, as its run ends
       complete(std::move(r), Status::Ok());
       continue;
     }
     r->admitted = true;
-    reserved += r->blocks;
+    r->held = preemption ? 0 : r->blocks;
+    reserved += r->held;
     if (drafter) {
       r->spec = std::make_unique<detail::SpeculativeSequence>(
-          *spec, r->options, r->prompt, r->on_token, r->on_logprobs, r->stats);
+          *spec, r->seq_options, r->seq_prompt, r->on_token, r->on_logprobs, r->stats);
     } else {
       r->plain = std::make_unique<detail::PlainSequence>(
-          *allocator, r->options, detail::context_window(target, r->options), r->prompt,
+          *allocator, r->seq_options, detail::context_window(target, r->options), r->seq_prompt,
           r->on_token, r->on_logprobs, r->stats);
+      if (r->sampler) r->plain->sampler() = *r->sampler;  // the stream goes on
     }
     prefilling.push_back(std::move(r));
   }
+}
+
+void Scheduler::Impl::preempt(std::unique_ptr<Request> r) {
+  const std::span<const int32_t> done = r->plain ? r->plain->committed() : r->spec->committed();
+  r->resumed.insert(r->resumed.end(), done.begin(), done.end());
+  if (r->plain) r->sampler = r->plain->sampler();
+  r->plain.reset();  // returns the KV blocks
+  r->spec.reset();
+  if (r->admitted) reserved -= r->held;
+  r->admitted = false;
+  r->held = 0;
+  r->seq_prompt = r->prompt;
+  r->seq_prompt.insert(r->seq_prompt.end(), r->resumed.begin(), r->resumed.end());
+  r->seq_options.max_tokens = r->options.max_tokens - static_cast<int64_t>(r->resumed.size());
+  ++num_preemptions;
+  // Before every request that arrived after it (the queue is in arrival order).
+  auto at = std::find_if(waiting.begin(), waiting.end(),
+                         [&](const auto& w) { return w->added > r->added; });
+  waiting.insert(at, std::move(r));
+}
+
+bool Scheduler::Impl::preempt_newest(const Request* keep, size_t after) {
+  std::unique_ptr<Request> r;
+  if (!prefilling.empty() && prefilling.back().get() != keep) {
+    r = std::move(prefilling.back());
+    prefilling.pop_back();
+  } else if (running.size() > after + 1 && running.back().get() != keep) {
+    r = std::move(running.back());
+    running.pop_back();
+  } else {
+    return false;
+  }
+  if (r->done()) {  // it ended in this step (stop token, max_tokens): it just ends now
+    complete(std::move(r), Status::Ok());
+  } else {
+    preempt(std::move(r));
+  }
+  return true;
 }
 
 void Scheduler::Impl::admit_and_prefill() {
@@ -219,10 +307,17 @@ void Scheduler::Impl::admit_and_prefill() {
     Request& r = *prefilling.front();
     const int64_t n = budget < 0 ? 0 : std::min(budget, r.prompt_left());
     if (budget > 0) budget -= n;
-    const Status s = prefill(r, n);
+    const Status s =
+        catch_allocation_failure([&] { return prefill(r, n); })
+            .with_context(fmt::format("prefill of {} prompt tokens at position {}", r.prompt_left(),
+                                      r.seq_prompt.size() - r.prompt_left()));
     if (s.ok() && !r.done() && r.prompt_left() > 0) continue;  // the budget is spent
     std::unique_ptr<Request> front = std::move(prefilling.front());
     prefilling.pop_front();
+    if (preemption && is_kv_full(s)) {  // the running requests grew into its room: wait again
+      preempt(std::move(front));
+      return;
+    }
     if (!s.ok() || front->done()) {
       complete(std::move(front), s);
     } else {
@@ -249,12 +344,54 @@ Status Scheduler::Impl::step_speculative() {
   return detail::speculative_step(*spec, seqs);
 }
 
+void Scheduler::Impl::fail_step(const Status& s, const std::vector<int64_t>& committed_before) {
+  bool committed = false;
+  for (size_t i = 0; i < running.size(); ++i)
+    committed |= running[i]->committed != committed_before[i];
+  if (s.code() == StatusCode::kOutOfMemory && !committed && running.size() > 1) {
+    // Nothing changed in the others' sequences: their step runs again next time, smaller.
+    std::unique_ptr<Request> newest = std::move(running.back());
+    running.pop_back();
+    complete(std::move(newest),
+             s.with_context(fmt::format("the batched step of {} requests ran out of memory and "
+                                        "ended the newest of them",
+                                        running.size() + 1)));
+    return;
+  }
+  Requests failed = std::move(running);
+  running.clear();
+  for (auto& r : failed) complete(std::move(r), s);
+}
+
 void Scheduler::Impl::begin_next_steps() {
-  complete_if(running, [](Request& r) -> std::optional<Status> {
-    const Result<bool> stepping = r.begin_step();
-    if (stepping.ok() && *stepping) return std::nullopt;
-    return stepping.status();
-  });
+  if (!preemption) {
+    complete_if(running, [](Request& r) -> std::optional<Status> {
+      const Result<bool> stepping = r.begin_step();
+      if (stepping.ok() && *stepping) return std::nullopt;
+      return stepping.status();
+    });
+    return;
+  }
+  // Oldest first; a step that finds the pool full preempts the newest other request and tries
+  // again, or, being the newest itself, waits to be prefilled again.
+  for (size_t i = 0; i < running.size();) {
+    Request& r = *running[i];
+    Result<bool> stepping = r.begin_step();
+    while (!stepping.ok() && is_kv_full(stepping.status()) && preempt_newest(&r, i)) {
+      stepping = r.begin_step();
+    }
+    if (stepping.ok() && *stepping) {
+      ++i;
+      continue;
+    }
+    std::unique_ptr<Request> ended = std::move(running[i]);
+    running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!stepping.ok() && is_kv_full(stepping.status()) && !running.empty()) {
+      preempt(std::move(ended));
+    } else {
+      complete(std::move(ended), stepping.status());
+    }
+  }
 }
 
 Scheduler::Scheduler(CausalLM& target, Drafter* drafter, SchedulerOptions options)
@@ -278,6 +415,7 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
     return InvalidArgument("request id {} is already queued or running", id);
   }
   auto r = std::make_unique<Request>();
+  Request* const raw = r.get();
   BS_ASSIGN_OR_RETURN(r->blocks, begin_request(m.target, m.drafter, prompt, options, r->stats));
   if (r->blocks > m.num_blocks) {
     return InvalidArgument(
@@ -290,7 +428,13 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
   r->id = id;
   r->prompt = std::move(prompt);
   r->options = std::move(options);
-  r->on_token = std::move(on_token);
+  r->seq_prompt = r->prompt;
+  r->seq_options = r->options;
+  // Counts the commits (a failed batched step tells from them whether it may run again).
+  r->on_token = [raw, inner = std::move(on_token)](int32_t token) {
+    ++raw->committed;
+    return !inner || inner(token);
+  };
   r->on_done = std::move(on_done);
   r->on_logprobs = std::move(on_logprobs);
   m.waiting.push_back(std::move(r));
@@ -302,11 +446,14 @@ Status Scheduler::step() {
   m.retire_cancelled();
   m.admit_and_prefill();
   if (m.running.empty()) return Status::Ok();
-  const Status s = m.drafter ? m.step_speculative() : m.step_plain();
+  std::vector<int64_t> committed_before;
+  for (const auto& r : m.running) committed_before.push_back(r->committed);
+  const Status s =
+      catch_allocation_failure([&m] { return m.drafter ? m.step_speculative() : m.step_plain(); });
   if (!s.ok()) {
-    Requests failed = std::move(m.running);
-    m.running.clear();
-    for (auto& r : failed) m.complete(std::move(r), s);
+    const bool one = s.code() == StatusCode::kOutOfMemory && m.running.size() > 1;
+    m.fail_step(s, committed_before);
+    if (one && !m.running.empty()) return Status::Ok();  // the others go on
     return s;
   }
   m.begin_next_steps();
@@ -333,5 +480,6 @@ int64_t Scheduler::num_kv_blocks_used() const {
   const BlockAllocator& a = impl_->spec ? impl_->spec->allocator : *impl_->allocator;
   return a.num_blocks() - a.free_blocks();
 }
+int64_t Scheduler::num_preemptions() const { return impl_->num_preemptions; }
 
 }  // namespace bs

@@ -50,8 +50,18 @@ struct SchedulerOptions {
   int64_t max_context = 0;  // for the default pool size; 0: the target's max_position_embeddings
   // Chunked prefill: prompt tokens prefilled per step, over all admitted requests (>= 0), so a
   // long prompt delays the running requests' steps by at most this many tokens' forward at a
-  // time. 0: each admitted request's whole prompt in its admission step.
-  int64_t max_prefill_tokens = 0;
+  // time and a step's activations are bounded by the chunk, not by the prompt. 0: each admitted
+  // request's whole prompt in its admission step.
+  int64_t max_prefill_tokens = kDefaultPrefillChunk;
+  // false: admission reserves a request's worst case (prompt + max_tokens), so an admitted request
+  // never runs out of KV and others wait. true (vLLM's recompute preemption): a request is
+  // admitted when its prompt fits the free blocks, blocks are taken as sequences grow, and when
+  // a step finds the pool full the newest admitted request is preempted: its blocks are freed and
+  // it is queued again ahead of later arrivals, to re-prefill its prompt and the tokens it had
+  // committed (none is streamed twice). A preempted request's output is its single run's for
+  // greedy requests (on the CPU bit for bit; speculative statistics differ) and for sampled plain
+  // ones (the sampler goes on); a sampled speculative request draws from its continued stream.
+  bool preemption = false;
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).
@@ -89,9 +99,14 @@ class Scheduler {
              LogprobsCallback on_logprobs = nullptr);
 
   // Admits what fits, prefills (within max_prefill_tokens) and runs one batched step (see the top
-  // of this file); does nothing when idle. A request's own failure (its prefill) goes to its
-  // on_done only; when the batched step fails, every request in the batch ends with that error,
-  // which step() also returns (waiting and still prefilling requests stay).
+  // of this file); does nothing when idle. A request's own failure (its prefill, an allocation
+  // failure included) goes to its on_done only. When the batched step fails, every request in the
+  // batch ends with that error, which step() also returns (waiting and still prefilling requests
+  // stay) -- except for an out-of-memory (kOutOfMemory, Backend's AllocationError) thrown before
+  // any request of the step committed a token: then only the newest running request ends with it,
+  // its KV blocks and scratch freed, and the others repeat the step at the next call (which
+  // returns Ok). A greedy request's output is unchanged by that; a sampled one's draws of the
+  // failed step are not replayed (its stream goes on from where the failed step left it).
   Status step();
 
   // Ends the request at the next step (kCancelled, with the tokens committed so far); unknown or
@@ -104,6 +119,7 @@ class Scheduler {
   int64_t num_waiting() const;         // queued
   int64_t num_kv_blocks() const;       // the pool size
   int64_t num_kv_blocks_used() const;  // blocks the running requests hold now (KV usage metric)
+  int64_t num_preemptions() const;     // requests preempted so far (SchedulerOptions::preemption)
 
  private:
   struct Impl;

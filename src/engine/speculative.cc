@@ -31,12 +31,14 @@ namespace bs {
 using detail::Clock;
 using detail::seconds_since;
 
-Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& drafter,
-                                                  std::span<const int32_t> prompt,
-                                                  const GenerateOptions& options,
-                                                  const TokenCallback& on_token,
-                                                  GenerateStats* stats,
-                                                  const LogprobsCallback& on_logprobs) {
+namespace {
+
+// generate_speculative without the conversion of an allocation failure.
+Result<std::vector<int32_t>> run_speculative(CausalLM& target, Drafter& drafter,
+                                             std::span<const int32_t> prompt,
+                                             const GenerateOptions& options,
+                                             const TokenCallback& on_token, GenerateStats* stats,
+                                             const LogprobsCallback& on_logprobs) {
   const int64_t max_context = detail::context_window(target, options);
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
@@ -61,8 +63,11 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                  max_context));
   detail::SpeculativeSequence seq(run, options, prompt, on_token, on_logprobs, st);
 
-  // ---- Prefill: the prompt, its taps observed by the drafter, the first token. ----
-  BS_RETURN_IF_ERROR(seq.prefill());
+  // ---- Prefill: the prompt (in chunks of options.prefill_chunk), its taps observed by the
+  // drafter, the first token. ----
+  do {
+    BS_RETURN_IF_ERROR(seq.prefill(options.prefill_chunk));
+  } while (seq.prompt_left() > 0);
   st.prefill_seconds = seconds_since(t0);
   t0 = Clock::now();
 
@@ -94,6 +99,19 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
     if (!trace) return InvalidArgument("writing trace file '{}' failed", options.trace_path);
   }
   return seq.finish();
+}
+
+}  // namespace
+
+Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& drafter,
+                                                  std::span<const int32_t> prompt,
+                                                  const GenerateOptions& options,
+                                                  const TokenCallback& on_token,
+                                                  GenerateStats* stats,
+                                                  const LogprobsCallback& on_logprobs) {
+  return catch_allocation_failure([&]() -> Result<std::vector<int32_t>> {
+    return run_speculative(target, drafter, prompt, options, on_token, stats, on_logprobs);
+  });
 }
 
 }  // namespace bs

@@ -14,6 +14,16 @@ Result<int64_t> begin_speculative(const CausalLM& target, const Drafter& drafter
     return InvalidArgument("draft_tokens {} out of range [0, {}] (0: the drafter's maximum, {})",
                            options.draft_tokens, drafter.max_drafts(), drafter.max_drafts());
   }
+  if (!(options.draft_confidence_min >= 0.0 && options.draft_confidence_min <= 1.0)) {
+    return InvalidArgument("draft_confidence_min {} out of range [0, 1]",
+                           options.draft_confidence_min);
+  }
+  if (options.draft_confidence_min > 0.0 && !drafter.has_confidence()) {
+    return InvalidArgument(
+        "draft_confidence_min needs a drafter with a confidence head (DSpark with "
+        "enable_confidence_head); the {} drafter has none",
+        drafter.family());
+  }
   const int64_t budget = options.draft_tokens > 0 ? options.draft_tokens : drafter.max_drafts();
   stats.position_offered.assign(static_cast<size_t>(budget), 0);
   stats.position_accepted.assign(static_cast<size_t>(budget), 0);
@@ -147,6 +157,29 @@ void SpeculativeSequence::take_drafts(const Tensor& draft_logits) {
                          run_.verify_tokens.rows(verify_row_ + 1, k_));
 }
 
+DraftDraw SpeculativeSequence::draft_draw() {
+  return draft_sampling_.draw_for_drafter(sampler_, k_, run_.target.config().vocab_size,
+                                          run_.verify_tokens.rows(verify_row_ + 1, k_));
+}
+
+bool SpeculativeSequence::wants_confidence() const {
+  return options_.draft_confidence_min > 0.0 && run_.drafter.has_confidence();
+}
+
+void SpeculativeSequence::cut_drafts(std::span<const float> survival) {
+  int64_t keep = 0;
+  while (keep < k_ && keep < static_cast<int64_t>(survival.size()) &&
+         survival[static_cast<size_t>(keep)] >= options_.draft_confidence_min) {
+    ++keep;
+  }
+  k_ = keep;
+}
+
+void SpeculativeSequence::move_block(int64_t row) {
+  verify_row_ = row;
+  if (!greedy() && k_ > 0) draft_sampling_.keep_drafts(k_, run_.verify_tokens.rows(row + 1, k_));
+}
+
 ForwardRequest SpeculativeSequence::verify_request() const {
   return {.start_pos = s_,
           .block_table = kv_.block_table(),
@@ -227,6 +260,26 @@ Status propose_all(SpeculativeRun& run, std::span<SpeculativeSequence* const> se
   }
   if (wanting.empty()) return Status::Ok();
   const auto t = Clock::now();
+  if (run.drafter.draws_drafts()) {
+    // The drafter draws (DSpark's Markov chain, DFlash2's selector walk): one call for all, the
+    // drafts land in run.verify_tokens; with a confidence cut, each sequence then keeps its
+    // confident prefix (the one read-back of the propose).
+    std::vector<DraftDraw> draws;
+    bool confidence = false;
+    for (SpeculativeSequence* seq : wanting) {
+      draws.push_back(seq->draft_draw());
+      confidence |= seq->wants_confidence();
+    }
+    std::vector<std::vector<float>> survival;
+    BS_RETURN_IF_ERROR(
+        run.drafter.propose_draw(run.draft_kv, reqs, draws, confidence ? &survival : nullptr));
+    const double seconds = seconds_since(t);
+    for (size_t r = 0; r < wanting.size(); ++r) {
+      if (confidence && wanting[r]->wants_confidence()) wanting[r]->cut_drafts(survival[r]);
+      wanting[r]->take_draft_seconds(seconds);
+    }
+    return Status::Ok();
+  }
   if (run.batched_propose && wanting.size() > 1) {
     Tensor logits;
     const Status st = run.drafter.propose_batch(run.draft_kv, reqs, &logits);
@@ -288,7 +341,7 @@ Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* cons
     offsets.push_back(offsets.back() + static_cast<int32_t>(seq->verify_rows()));
     any_greedy |= seq->greedy();
   }
-  const int64_t rows = offsets.back();
+  int64_t rows = offsets.back();
   run.tokens_host.assign(static_cast<size_t>(rows), 0);
   for (int64_t i = 0; i < num_seqs; ++i) {
     run.tokens_host[static_cast<size_t>(offsets[i])] = seqs[i]->anchor();
@@ -297,6 +350,26 @@ Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* cons
   backend.copy_from_host(run.verify_tokens.rows(0, rows), run.tokens_host.data());
   if (any_greedy) backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
   BS_RETURN_IF_ERROR(propose_all(run, seqs));
+  // Confidence cuts shrank some blocks: close the gaps (through run.target_ids, free until the
+  // verify) so that the blocks lie back to back again.
+  bool moved = false;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    moved |= offsets[i] + seqs[i]->verify_rows() != offsets[i + 1];
+  }
+  if (moved) {
+    backend.copy(run.target_ids.rows(0, rows), run.verify_tokens.rows(0, rows));
+    int32_t row = 0;
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      const int64_t n = seqs[i]->verify_rows();
+      backend.copy(run.verify_tokens.rows(row, n), run.target_ids.rows(offsets[i], n));
+      seqs[i]->move_block(row);
+      offsets[i] = row;
+      row += static_cast<int32_t>(n);
+    }
+    offsets[num_seqs] = row;
+    rows = row;
+    if (any_greedy) backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
+  }
 
   run.reqs.clear();
   for (SpeculativeSequence* seq : seqs) run.reqs.push_back(seq->verify_request());

@@ -124,6 +124,17 @@ class SpeculativeSequence {
   // device: their argmax when greedy, else drawn with the sequence's sampler (the distributions
   // q stay on the device for the accept).
   void take_drafts(const Tensor& draft_logits);
+  // Drafters that draw their own drafts (Drafter::draws_drafts): the buffers and randomness of
+  // this step's k drafts, drawn straight into run.verify_tokens as take_drafts does.
+  DraftDraw draft_draw();
+  // A confidence cut is on (GenerateOptions::draft_confidence_min) and the drafter can report.
+  bool wants_confidence() const;
+  // Verifies only drafts 1..j with survival[j - 1] >= draft_confidence_min (survival = a_1..a_k
+  // of this step's drafts): k shrinks to the first j whose a_j falls below. speculative_step then
+  // moves the block (move_block).
+  void cut_drafts(std::span<const float> survival);
+  // The block now starts at `row` of run.verify_tokens (after cuts compacted the blocks).
+  void move_block(int64_t row);
   // The host time of proposing and taking this step's drafts (its share of a batched propose).
   void take_draft_seconds(double seconds) { step_.draft_seconds = seconds; }
   // The verify forward of the step: its block of run.verify_tokens as ForwardRequest::
@@ -154,6 +165,9 @@ class SpeculativeSequence {
   const SpeculativeStep& last_step() const { return step_; }
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
+  // The tokens committed so far and the sampler (a preempted request's resumption, Scheduler).
+  std::span<const int32_t> committed() const { return out_.tokens(); }
+  Sampler& sampler() { return sampler_; }
 
  private:
   Status observe(const Tensor& taps, int64_t start);

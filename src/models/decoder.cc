@@ -10,6 +10,7 @@
 #include "models/layer_activations.h"
 #include "models/registry.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -51,10 +52,15 @@ class DecoderLM final : public CausalLM {
     const auto& c = config_;
     const int64_t h = c.hidden_size, hd = c.head_dim, q_dim = c.num_heads * hd,
                   kv_dim = c.num_kv_heads * hd, inter = c.intermediate_size;
-    WeightLoader w(ckpt, backend_, "model.");
+    int64_t file_bytes = 0;
+    for (const auto& name : ckpt.names()) {
+      if (const auto info = ckpt.get(name); info.ok()) file_bytes += (*info)->nbytes;
+    }
+    LoadProgress progress(ckpt.dir(), static_cast<int64_t>(ckpt.size()), file_bytes);
+    WeightLoader w(ckpt, backend_, "model.", &progress);
     BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {c.vocab_size, h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
-    WeightLoader top(ckpt, backend_, "");
+    WeightLoader top(ckpt, backend_, "", &progress);
     if (top.has("lm_head.weight")) {
       BS_ASSIGN_OR_RETURN(lm_head_, top.load("lm_head.weight", {c.vocab_size, h}));
     } else if (c.tie_word_embeddings) {
@@ -98,10 +104,7 @@ class DecoderLM final : public CausalLM {
     inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
                                        {static_cast<int64_t>(rope.inv_freq.size())});
     attention_scaling_ = rope.attention_scaling;
-    for (const auto& name : ckpt.names()) {
-      const auto info = ckpt.get(name);
-      if (info.ok()) weight_bytes_ += static_cast<int64_t>((*info)->nbytes);
-    }
+    weight_bytes_ = file_bytes;
     return Status::Ok();
   }
 
@@ -343,10 +346,13 @@ class DecoderLM final : public CausalLM {
 
   void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols, int64_t num_seqs) {
     const auto& c = config_;
+    // The sizes are recorded after their buffers exist: an allocation failure (AllocationError)
+    // leaves scratch that still matches them, so the next forward works.
     if (rows > s_.rows) {
       const int64_t r = std::max<int64_t>(rows, 16);
-      s_.rows = r;
       ++s_.generation;
+      s_.rows = 0;
+      s_.tap_cols = 0;
       s_.ids = backend_.empty({r}, DType::kI32);
       s_.logit_rows = backend_.empty({r}, DType::kI32);
       s_.positions = backend_.empty({r}, DType::kI32);
@@ -354,12 +360,13 @@ class DecoderLM final : public CausalLM {
       s_.allocate_layers(backend_, c, r);
       s_.gathered = backend_.empty({r, c.hidden_size});
       s_.logits = backend_.empty({r, c.vocab_size});
-      s_.tap_cols = 0;
+      s_.rows = r;
     }
     if (tap_cols > 0 && (tap_cols != s_.tap_cols || s_.taps.dim(0) < s_.rows)) {
+      ++s_.generation;
+      s_.tap_cols = 0;
       s_.taps = backend_.empty({s_.rows, tap_cols});
       s_.tap_cols = tap_cols;
-      ++s_.generation;
     }
     // Block tables: one row per sequence; the capacity only grows (graphs bind it).
     const int64_t seqs = std::max<int64_t>(num_seqs, 1);
@@ -372,8 +379,9 @@ class DecoderLM final : public CausalLM {
           std::max<int64_t>({table_blocks, 64, table_blocks > old_cap ? 2 * old_cap : old_cap});
       const int64_t rows_needed =
           std::max(seqs, s_.block_table.defined() ? s_.block_table.dim(0) : int64_t{1});
-      s_.block_table = backend_.empty({rows_needed, cap}, DType::kI32);
+      Tensor table = backend_.empty({rows_needed, cap}, DType::kI32);
       s_.kv_len = backend_.empty({rows_needed}, DType::kI32);
+      s_.block_table = std::move(table);
       ++s_.generation;
     }
   }
@@ -416,6 +424,8 @@ Result<std::unique_ptr<CausalLM>> load_target(const std::string& dir, Backend& b
                          config.hidden_act);
   }
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  // Refused before loading when the weights cannot fit, rather than killed half-way.
+  BS_RETURN_IF_ERROR(check_checkpoint_fits(dir, ckpt, backend));
   auto model = std::make_unique<DecoderLM>(std::move(config), std::move(spec), backend);
   BS_RETURN_IF_ERROR(model->load(ckpt).with_context("loading " + dir));
   return std::unique_ptr<CausalLM>(std::move(model));

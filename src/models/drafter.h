@@ -44,8 +44,23 @@ struct ProposeRequest {
                                          // (noise_seed, position))
 };
 
-// One sequence's observe (Drafter::observe_batch): its block table, its taps [n, cols] for
-// positions [start_pos, start_pos + n).
+// How a drafter that draws its own drafts (Drafter::draws_drafts) picks one request's drafts.
+// DSpark's Markov chain and DFlash2's selector walk choose row k from a distribution that depends
+// on the draft of row k - 1, so the engine cannot draw them from independent logits rows; it hands
+// the drafter its sampler's parameters, the uniforms and the output buffers instead.
+struct DraftDraw {
+  // The sequence's sampler's parameters; temperature <= 0 (the default here): greedy (argmax).
+  sampling::FilterParams filter{.temperature = 0.0f};
+  Tensor uniforms;  // F32 [num_drafts] on the backend, one per draft (sampled)
+  Tensor ids;       // out: I32 [num_drafts] on the backend, the drafts
+  // out: F32 [num_drafts, vocab] on the backend, the distribution q each draft was drawn from
+  // (sampled; undefined when greedy): the rejection sampling's q (lossless).
+  Tensor probs;
+};
+
+// One sequence's observe (Drafter::observe_batch)// One sequence's observe
+// (Drafter::observe_batch): its block table, its taps [n, cols] for positions [start_pos, start_pos
+// + n).
 struct ObserveRequest {
   std::span<const int32_t> block_table;
   Tensor taps;
@@ -80,6 +95,26 @@ class Drafter {
     (void)reqs;
     (void)logits;
     return Unimplemented("{} drafter: no batched propose", family());
+  }
+  // True for drafters whose drafts depend on each other (DSpark, DFlash2): the engine then draws
+  // through propose_draw, greedy and sampled alike; their propose() returns the logits rows of
+  // the greedy chain (each row's argmax is its greedy draft).
+  virtual bool draws_drafts() const { return false; }
+  // True when the drafter has a confidence head (DSpark): propose_draw can report, per request,
+  // the prefix survival a_j = c_1 ... c_j of its drafts (the chance that drafts 1..j are all
+  // accepted).
+  virtual bool has_confidence() const { return false; }
+  // Drafts of every request, drawn as draws[i] says (draws[i].ids gets reqs[i].num_drafts ids);
+  // when `confidences` is set, (*confidences)[i] = request i's a_1 .. a_k (read back to the
+  // host: one synchronisation).
+  virtual Status propose_draw(KvPool& kv, std::span<const ProposeRequest> reqs,
+                              std::span<const DraftDraw> draws,
+                              std::vector<std::vector<float>>* confidences) {
+    (void)kv;
+    (void)reqs;
+    (void)draws;
+    (void)confidences;
+    return Unimplemented("{} drafter: no propose_draw", family());
   }
   // The observes of several sequences; the caches end up as after one observe per request. The
   // default is exactly that loop; a drafter may run all rows in one pass.

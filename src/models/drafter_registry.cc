@@ -1,10 +1,14 @@
 // The drafter half of the model registry: maps a drafter checkpoint's config.json to a family.
 //   DFlash    architectures contains "DFlashDraftModel", or (no architectures) a dflash_config
 //             that is not DSpark's / DFlash2's
+//   DSpark    architectures containing "DSpark", or (no architectures) a dflash_config with
+//             projector_type "dspark" or markov_rank
+//   DFlash2   architectures containing "DFlash2", or (no architectures) a dflash_config with
+//             conv_kernel_size or selector_rank
 //   FlashMap  architectures containing "FlashMap", or a config with time_grids /
 //             timestep_embed_dim (top level or one object deep)
-// Known relatives that are not served yet (DSpark, DFlash2) and anything else: Unimplemented,
-// naming the architecture.
+// Anything else: Unimplemented, naming the architecture. This is the only place that maps a
+// config to a drafter class.
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -13,6 +17,8 @@
 #include "io/json_file.h"
 #include "models/drafter.h"
 #include "models/drafters/dflash.h"
+#include "models/drafters/dflash2.h"
+#include "models/drafters/dspark.h"
 #include "models/drafters/flashmap.h"
 
 namespace bs {
@@ -55,6 +61,8 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
       archs.empty() ? "(none)" : fmt::format("{}", fmt::join(archs, ", "));
 
   if (arch_has("DFlashDraftModel", true)) return load_dflash(dir, config, target, options);
+  if (arch_has("DSpark", false)) return load_dspark(dir, config, target, options);
+  if (arch_has("DFlash2", false)) return load_dflash2(dir, config, target, options);
   if (arch_has("FlashMap", false) || has_key_shallow(config, "time_grids") ||
       has_key_shallow(config, "timestep_embed_dim")) {
     if (options.fp8_weights) {
@@ -65,12 +73,6 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
     }
     return load_flashmap(dir, config, target, options);
   }
-  if (arch_has("DSpark", false) || arch_has("DFlash2", false)) {
-    return Unimplemented(
-        "{}: drafter architecture '{}' is not supported yet (served: "
-        "DFlashDraftModel, FlashMap)",
-        file, arch_list);
-  }
   if (archs.empty() && io::has_field(config, "dflash_config")) {
     const json& d = config["dflash_config"];
     const bool dspark =
@@ -78,13 +80,14 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
                           d.contains("markov_rank"));
     const bool dflash2 =
         d.is_object() && (d.contains("conv_kernel_size") || d.contains("selector_rank"));
-    if (!dspark && !dflash2) return load_dflash(dir, config, target, options);
-    return Unimplemented("{}: dflash_config describes a {} drafter, which is not supported yet",
-                         file, dspark ? "DSpark" : "DFlash2");
+    if (dspark) return load_dspark(dir, config, target, options);
+    if (dflash2) return load_dflash2(dir, config, target, options);
+    return load_dflash(dir, config, target, options);
   }
   return Unimplemented(
-      "{}: unsupported drafter architecture '{}' (supported: DFlashDraftModel, FlashMap)", file,
-      arch_list);
+      "{}: unsupported drafter architecture '{}' (supported: DFlashDraftModel, DSparkDraftModel, "
+      "DFlash2DraftModel, FlashMap)",
+      file, arch_list);
 }
 
 }  // namespace bs

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "models/weight_budget.h"
 
 namespace bs {
 
@@ -24,7 +25,9 @@ Tensor upload(Backend& backend, DType dtype, const void* data, const std::vector
 
 Result<Tensor> WeightLoader::load(const std::string& name, std::vector<int64_t> shape) const {
   BS_ASSIGN_OR_RETURN(const io::TensorInfo* info, ckpt_.get(prefix_ + name, shape));
-  return upload(backend_, info->dtype, info->data, info->shape);
+  Tensor t = upload(backend_, info->dtype, info->data, info->shape);
+  if (progress_) progress_->add(static_cast<int64_t>(info->nbytes));
+  return t;
 }
 
 Result<Tensor> WeightLoader::load_stacked(const std::vector<std::string>& names,
@@ -57,7 +60,11 @@ Result<Tensor> WeightLoader::load_stacked(const std::vector<std::string>& names,
     }
     off += static_cast<size_t>(p->numel()) * dtype_size(dtype);
   }
-  return upload(backend_, dtype, host.data(), stacked);
+  Tensor t = upload(backend_, dtype, host.data(), stacked);
+  if (progress_) {
+    for (const auto* p : parts) progress_->add(static_cast<int64_t>(p->nbytes));
+  }
+  return t;
 }
 
 Result<Tensor> WeightLoader::load_optional(const std::string& name,

@@ -9,11 +9,15 @@
 
 namespace bs {
 
+class LoadProgress;  // models/weight_budget.h
+
 class WeightLoader {
  public:
-  // `prefix` is prepended to every name ("model." for HF targets, "" for drafters).
-  WeightLoader(const io::Checkpoint& ckpt, Backend& backend, std::string prefix = "")
-      : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)) {}
+  // `prefix` is prepended to every name ("model." for HF targets, "" for drafters). `progress`
+  // (optional) counts every tensor loaded.
+  WeightLoader(const io::Checkpoint& ckpt, Backend& backend, std::string prefix = "",
+               LoadProgress* progress = nullptr)
+      : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)), progress_(progress) {}
 
   // Loads prefix+name, requiring exactly `shape`.
   Result<Tensor> load(const std::string& name, std::vector<int64_t> shape) const;
@@ -31,6 +35,7 @@ class WeightLoader {
   const io::Checkpoint& ckpt_;
   Backend& backend_;
   std::string prefix_;
+  LoadProgress* progress_;
 };
 
 // A dense projection weight [m, k] as loaded, or after to_fp8() as FP8 rows only

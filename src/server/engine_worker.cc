@@ -183,13 +183,12 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   const RequestId id = next_id_++;
   Active& a = active_[id];
   a.job = job;
-  // An echoed reply is one text: the generated tokens' text continues the prompt's.
-  const std::span<const int32_t> before =
-      job->echo ? std::span<const int32_t>(job->prompt) : std::span<const int32_t>();
-  a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop, before);
+  // The generated tokens' text continues the prompt's (echoed or not), as a decode of the
+  // whole sequence reads: e.g. " ball" after "Tom had a red", where a decode of the reply alone
+  // would strip its leading space.
+  a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop, job->prompt);
   if (job->options.logprobs >= 0) {
-    a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer);
-    for (const int32_t id : before) a.token_texts->commit(id);
+    a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer, job->prompt);
   }
   a.queued_before = seconds_since(job->submitted_);
   const auto on_token = [this, id](int32_t token) {

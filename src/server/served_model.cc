@@ -29,6 +29,12 @@ Result<ServedModel> load_served_model(const ModelOptions& options) {
     }
   }
   m.draft_tokens = options.draft_tokens;
+  if (options.draft_confidence_min > 0 && (!m.drafter || !m.drafter->has_confidence())) {
+    return InvalidArgument(
+        "--draft-confidence-min needs a drafter with a confidence head (DSpark with "
+        "enable_confidence_head)");
+  }
+  m.draft_confidence_min = options.draft_confidence_min;
   const int64_t window = m.target->config().max_position_embeddings;
   if (options.max_model_len < 0 || options.max_model_len > window) {
     return InvalidArgument("--max-model-len {} is outside [1, {}] (the model's context window)",

@@ -31,9 +31,10 @@ struct ModelOptions {
   std::string served_name;  // empty: the model folder's name
   std::string device = "auto";
   int threads = 0;
-  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
-  int64_t draft_tokens = 0;   // 0: the drafter's maximum
-  bool drafter_fp8 = false;   // DrafterOptions::fp8_weights
+  int64_t max_model_len = 0;        // 0: the model's max_position_embeddings
+  int64_t draft_tokens = 0;         // 0: the drafter's maximum
+  double draft_confidence_min = 0;  // GenerateOptions::draft_confidence_min (DSpark)
+  bool drafter_fp8 = false;         // DrafterOptions::fp8_weights
   // "hermes", "llama3_json", "none", or "auto": hermes when the chat template mentions
   // <tool_call>, else none.
   std::string tool_call_parser = "auto";
@@ -44,6 +45,7 @@ struct ServedModel {
   std::string model_dir;
   int64_t max_model_len = 0;  // context window in tokens (prompt + generated)
   int64_t draft_tokens = 0;
+  double draft_confidence_min = 0;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;  // declared before the models that use it
   std::unique_ptr<CausalLM> target;

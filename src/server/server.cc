@@ -46,8 +46,10 @@ bool needs_key(const std::string& path) {
 }
 
 // The HTTP status of a failed job: 400 for a request the engine refuses (e.g. too large for the
-// KV cache), 500 for engine errors.
+// KV cache), 503 when the device ran out of memory for it (the server goes on; a retry may
+// succeed), 500 for other engine errors.
 int job_error_status(const Status& status) {
+  if (status.code() == StatusCode::kOutOfMemory) return 503;
   return status.code() == StatusCode::kInvalidArgument ? 400 : 500;
 }
 
@@ -84,7 +86,8 @@ struct Server::Impl {
                {.max_num_seqs = options.max_num_seqs,
                 .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
                 .max_context = model.max_model_len,
-                .max_prefill_tokens = options.max_prefill_tokens},
+                .max_prefill_tokens = options.max_prefill_tokens,
+                .preemption = options.preemption},
                options.log_requests),
         http({.core_threads = core_handler_threads(options.max_num_seqs),
               .request_deadline_s = options.request_deadline_s,
@@ -431,6 +434,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       job->options.stop_ids = stop_ids;
       job->options.max_context = model.max_model_len;
       job->options.draft_tokens = model.draft_tokens;
+      job->options.draft_confidence_min = model.draft_confidence_min;
       job->options.logprobs = r.logprobs;
       job->stop = r.stop;
       job->echo = r.echo;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "engine/generate.h"
 #include "server/served_model.h"
 
 namespace bs::server {
@@ -30,7 +31,7 @@ struct ServerOptions {
   int64_t kv_cache_tokens = 0;
   // Chunked prefill: prompt tokens prefilled per scheduler step (SchedulerOptions::
   // max_prefill_tokens); 0: each admitted prompt whole.
-  int64_t max_prefill_tokens = 0;
+  int64_t max_prefill_tokens = kDefaultPrefillChunk;
   // Request limits (docs/SERVER.md, "Limits and transport"): a larger body is a 413; a JSON body
   // nested deeper is a 400.
   size_t max_request_bytes = size_t{16} << 20;
@@ -38,6 +39,9 @@ struct ServerOptions {
   // Seconds a connection may take to deliver a request (or idle between two) before it is
   // closed: bounds slow clients (slowloris). 0: no limit.
   int request_deadline_s = 30;
+  // Admit requests when their prompt fits and preempt the newest when the KV cache runs full
+  // (SchedulerOptions::preemption); false: reserve each request's worst case at admission.
+  bool preemption = false;
 };
 
 class Server {

@@ -7,11 +7,10 @@ namespace bs::server {
 
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
                        std::span<const int32_t> context)
-    : decoder_(tokenizer, /*skip_special_tokens=*/true) {
+    : decoder_(tokenizer, /*skip_special_tokens=*/true, context) {
   for (auto& s : stop) {
     if (!s.empty()) stop_.push_back(std::move(s));
   }
-  for (const int32_t id : context) decoder_.push(id);  // their text is not ours
 }
 
 std::string TextStream::push(int32_t id) {
@@ -54,23 +53,18 @@ std::string TextStream::release() {
   return out;
 }
 
-TokenTexts::TokenTexts(const Tokenizer& tokenizer)
-    : decoder_(tokenizer, /*skip_special_tokens=*/false) {}
+TokenTexts::TokenTexts(const Tokenizer& tokenizer, std::span<const int32_t> context)
+    : decoder_(tokenizer, /*skip_special_tokens=*/false, context) {}
 
 std::string TokenTexts::text(int32_t id) const {
-  // A copy of the decoder takes the token and gives everything it holds; what the context held
-  // before is not the token's (unless the token changed it, e.g. completed a character).
+  // A copy of the decoder takes the token and gives everything it holds (what the context held
+  // is dropped by the decoder unless the token changed it, e.g. completed a character).
   StreamDecoder d = decoder_;
   std::string out = d.push(id);
   out += d.flush();
-  if (out.starts_with(held_)) out.erase(0, held_.size());
   return out;
 }
 
-void TokenTexts::commit(int32_t id) {
-  decoder_.push(id);
-  StreamDecoder d = decoder_;
-  held_ = d.flush();
-}
+void TokenTexts::commit(int32_t id) { decoder_.add_context({&id, 1}); }
 
 }  // namespace bs::server

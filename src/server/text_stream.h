@@ -20,9 +20,10 @@ namespace bs::server {
 
 class TextStream {
  public:
-  // Empty stop strings are ignored. `tokenizer` must outlive this. `context`: tokens before the
-  // stream (an echoed prompt), decoded and dropped, so that the stream's text continues theirs
-  // (e.g. a word's leading space kept where a decode from the start would strip it).
+  // Empty stop strings are ignored. `tokenizer` must outlive this. `context`: the tokens before
+  // the stream (the prompt), decoded and dropped, so that the stream's text continues theirs
+  // (e.g. a word's leading space kept where a decode from the start would strip it; see
+  // StreamDecoder).
   TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
              std::span<const int32_t> context = {});
 
@@ -44,13 +45,15 @@ class TextStream {
   bool stopped_ = false;
 };
 
-// Token strings for logprobs: the text a token adds after the tokens committed before it (a
-// word's leading space kept, as decoding in context gives it), for the committed token and for
-// its alternatives alike. Special tokens read as their content (e.g. "</s>"); a token that ends
-// inside a UTF-8 character reads with U+FFFD for the incomplete bytes.
+// Token strings for logprobs: the text a token adds after the tokens committed before it (the
+// prompt, then the reply so far; a word's leading space kept, as decoding in context gives it),
+// for the committed token and for its alternatives alike. Special tokens read as their content
+// (e.g. "</s>"); a token that ends inside a UTF-8 character reads with U+FFFD for the incomplete
+// bytes.
 class TokenTexts {
  public:
-  explicit TokenTexts(const Tokenizer& tokenizer);
+  // `context`: the tokens committed first (the prompt).
+  explicit TokenTexts(const Tokenizer& tokenizer, std::span<const int32_t> context = {});
 
   // The text of `id` after the committed tokens (the context is unchanged).
   std::string text(int32_t id) const;
@@ -59,7 +62,6 @@ class TokenTexts {
 
  private:
   StreamDecoder decoder_;
-  std::string held_;  // the context's text the decoder still holds back (its flush)
 };
 
 }  // namespace bs::server

@@ -341,22 +341,50 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < vocab_size_ && special_[id] != 0;
 }
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens,
+                             std::span<const int32_t> context)
     : tokenizer_(&tokenizer),
       skip_special_tokens_(skip_special_tokens),
-      state_(tokenizer.decoder_, tokenizer.clean_up_spaces_) {}
+      state_(tokenizer.decoder_, tokenizer.clean_up_spaces_) {
+  if (!context.empty()) add_context(context);
+}
 
 std::string StreamDecoder::push(int32_t id) {
   std::string out;
   tokenizer_->decode_one(id, skip_special_tokens_, state_, out);
+  drop_context_text(out);
   return out;
 }
 
 std::string StreamDecoder::flush() {
   std::string out;
   state_.finish(out);
+  drop_context_text(out);
   state_ = DecodeState(tokenizer_->decoder_, tokenizer_->clean_up_spaces_);
+  context_held_.clear();
   return out;
+}
+
+void StreamDecoder::add_context(std::span<const int32_t> ids) {
+  std::string dropped;
+  for (const int32_t id : ids) {
+    tokenizer_->decode_one(id, skip_special_tokens_, state_, dropped);
+    dropped.clear();
+  }
+  DecodeState end = state_;  // what a decode of the context alone would still give
+  context_held_.clear();
+  end.finish(context_held_);
+}
+
+void StreamDecoder::drop_context_text(std::string& out) {
+  if (context_held_.empty() || out.empty()) return;
+  const size_t n = std::min(out.size(), context_held_.size());
+  if (out.compare(0, n, context_held_, 0, n) == 0) {
+    out.erase(0, n);
+    context_held_.erase(0, n);
+  } else {
+    context_held_.clear();  // the continuation changed it: the new text is the continuation's
+  }
 }
 
 }  // namespace bs

@@ -91,18 +91,35 @@ class Tokenizer {
 // final. Never emits part of a UTF-8 character (incomplete byte-fallback / byte-level sequences
 // are held back) and strips like a full decode: the concatenation of all pushes and flush()
 // equals decode(all ids), and every returned chunk is valid UTF-8.
+//
+// With a context (e.g. the prompt), the pushes continue the context's text, as vLLM's
+// incremental detokenizer does: they return decode(context + pushed) minus decode(context). A
+// decoder's whole-text rules then apply to the whole text, not to the continuation alone, e.g.
+// SentencePiece's Strip of one leading space: after "Tom had a red", "▁ball" reads " ball", not
+// "ball". Text the context still held back (an incomplete UTF-8 character, a space awaiting
+// clean-up) is the context's: dropped when the continuation repeats it unchanged, released with
+// the continuation when the continuation changes it (e.g. completes the character).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false,
+                         std::span<const int32_t> context = {});
 
   std::string push(int32_t id);
-  // Ends the stream (held-back incomplete bytes become U+FFFD); the decoder then starts afresh.
+  // Ends the stream (held-back incomplete bytes become U+FFFD); the decoder then starts afresh,
+  // without context.
   std::string flush();
+  // Appends `ids` to the context: their text, and whatever pushed text is still held back,
+  // becomes context (decoded and dropped).
+  void add_context(std::span<const int32_t> ids);
 
  private:
+  // Drops from the front of `out` the context's held-back text that it repeats.
+  void drop_context_text(std::string& out);
+
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
   DecodeState state_;
+  std::string context_held_;  // the context's text that state_ still holds back
 };
 
 }  // namespace bs

@@ -308,7 +308,49 @@ TEST_F(SynthFlashMap, Qwen3_8bShapeInADryRun) {
 TEST_F(SynthFlashMap, UnknownDrafterNamesTheKnownOnes) {
   std::string out;
   EXPECT_NE(run(bin() + " synth --preset tiny --out " + dir_ + "-x --drafter dspark", &out), 0);
-  EXPECT_NE(out.find("dflash-b16, flashmap-b16"), std::string::npos) << out;
+  EXPECT_NE(out.find("dflash-b16, dspark-b7, dflash2-b16, flashmap-b16"), std::string::npos) << out;
+}
+
+// synth's DSpark (7 drafts per step) and DFlash2 (15) drafters force 100 % / 0 % acceptance too,
+// and generate's output equals the plain one.
+TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("bs_synth_rel_" + std::to_string(getpid()))).string();
+  const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
+  std::string plain;
+  for (const char* drafter : {"dspark-b7", "dflash2-b16"}) {
+    for (int acc : {100, 0}) {
+      SCOPED_TRACE(std::string(drafter) + " " + std::to_string(acc));
+      std::string out;
+      ASSERT_EQ(run(bin + " synth --preset tiny --out " + dir + " --drafter " + drafter +
+                        " --acceptance " + std::to_string(acc),
+                    &out),
+                0)
+          << out;
+      if (plain.empty()) {
+        ASSERT_EQ(run(bin + " generate --model " + dir +
+                          " --no-drafter --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                      &plain),
+                  0)
+            << plain;
+      }
+      const std::string ddir = dir + "-" + drafter + "-acc" + std::to_string(acc);
+      ASSERT_EQ(run(bin + " generate --model " + dir + " --drafter " + ddir +
+                        " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                    &out),
+                0)
+          << out;
+      EXPECT_EQ(out.substr(0, out.find('\n')), plain.substr(0, plain.find('\n'))) << out;
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
+      EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+      EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
+      std::error_code ec;
+      fs::remove_all(ddir, ec);
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace

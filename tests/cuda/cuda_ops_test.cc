@@ -1256,5 +1256,47 @@ TEST_F(CudaOps, CapturedSequencesReplayWithNewContents) {
   }
 }
 
+// DSpark / DFlash2 ops: topk (ties to the lower index, every rank), scale_softcap, and the
+// grouped dynamic convolution over blocks of rows (both kernels, accumulate).
+TEST_F(CudaOps, RelativeOpsMatchCpu) {
+  const int64_t n = 3, v = 5000;
+  std::vector<float> xv = rnd(n * v);
+  for (int64_t i = 0; i < n * v; i += 97) xv[i] = 2.5f;  // ties among the largest entries
+  Tensor gx = gpu_act({n, v}, xv), cx = cpu_act({n, v}, xv);
+  for (const int64_t k : {1, 16, 100}) {
+    Tensor gval = make(*gpu_, {n, k}, DType::kF32), cval = make(*cpu_, {n, k}, DType::kF32);
+    Tensor gid = make(*gpu_, {n, k}, DType::kI32), cid = make(*cpu_, {n, k}, DType::kI32);
+    gpu_->topk(gval, gid, gx);
+    cpu_->topk(cval, cid, cx);
+    std::vector<int32_t> gi(n * k), ci(n * k);
+    gpu_->copy_to_host(gi.data(), gid);
+    cpu_->copy_to_host(ci.data(), cid);
+    EXPECT_EQ(gi, ci) << "topk k=" << k;
+    EXPECT_EQ(gpu_->to_host_f32(gval), cpu_->to_host_f32(cval)) << "topk k=" << k;
+  }
+  for (const float cap : {0.0f, 3.0f}) {
+    Tensor gy = make(*gpu_, {n, v}, DType::kF32), cy = make(*cpu_, {n, v}, DType::kF32);
+    gpu_->scale_softcap(gy, gx, 0.7f, cap);
+    cpu_->scale_softcap(cy, cx, 0.7f, cap);
+    expect_close(gy, cy, 1e-6, "scale_softcap cap=" + std::to_string(cap));
+  }
+  const int64_t block = 4, rows = 3 * block, h = 64, group = 16, taps = 2;
+  const auto xs = rnd(rows * h), dyn = rnd(rows * 2 * taps * (h / group)), base = rnd(taps * h);
+  const auto ys = rnd(rows * h);
+  for (const int64_t which : {0, 1}) {
+    for (const bool acc : {false, true}) {
+      Tensor gxx = gpu_act({rows, h}, xs), cxx = cpu_act({rows, h}, xs);
+      Tensor gd = gpu_act({rows, 2 * taps * (h / group)}, dyn);
+      Tensor cd = cpu_act({rows, 2 * taps * (h / group)}, dyn);
+      Tensor gb = weight(*gpu_, {taps, h}, base), cb = weight(*cpu_, {taps, h}, base);
+      Tensor gy = gpu_act({rows, h}, ys, DType::kF32), cy = cpu_act({rows, h}, ys);
+      gpu_->dynamic_conv(gy, gxx, gd, which, gb, group, block, acc);
+      cpu_->dynamic_conv(cy, cxx, cd, which, cb, group, block, acc);
+      expect_close(gy, cy, 2e-2,
+                   "dynamic_conv which=" + std::to_string(which) + " acc=" + std::to_string(acc));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bs

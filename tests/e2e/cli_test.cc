@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -16,12 +17,13 @@ struct CliRun {
   std::string err;  // stderr
 };
 
-CliRun run(const std::string& args) {
+CliRun run(const std::string& args, const std::string& env = "") {
   // One stderr file per call: ctest runs the tests of this file in parallel processes.
   static int counter = 0;
   const std::string err_file = std::string(BS_BINARY_DIR) + "/cli_test_stderr_" +
                                std::to_string(getpid()) + "_" + std::to_string(counter++) + ".txt";
-  const std::string cmd = std::string(BS_BINARY_DIR) + "/blockspec " + args + " 2>" + err_file;
+  const std::string cmd =
+      env + (env.empty() ? "" : " ") + BS_BINARY_DIR + "/blockspec " + args + " 2>" + err_file;
   CliRun r{};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -61,6 +63,17 @@ TEST(Cli, GreedyContinuesAPrompt) {
   EXPECT_EQ(r.out.rfind(", there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
+// The reply continues the prompt's text: its first word keeps its leading space, as vLLM and
+// llama.cpp print it (SentencePiece's decoder strips one leading space of the whole text only).
+TEST(Cli, TheReplyKeepsTheLeadingSpaceOfItsFirstWord) {
+  for (const char* drafter : {"--no-drafter", ""}) {
+    const CliRun r = run("generate --model " + kModel + " " + drafter +
+                         " --prompt 'Tom had a red' --max-tokens 3");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, " ball.\n") << drafter;
+  }
+}
+
 TEST(Cli, TokenizePrintsIds) {
   const CliRun r = run("tokenize --model " + kModel + " 'Tom had a red'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -78,27 +91,100 @@ TEST(Cli, SeededSamplingIsReproducible) {
 
 TEST(Cli, BadInputIsAClearError) {
   CliRun r = run("generate --model /nonexistent/model --prompt hi");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
 
   r = run("generate --model " + kModel + " --no-such-flag");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
 
   r = run("generate --model " + kModel + " --temperature -1");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
 
   r = run("generate --model " + kModel + " --max-tokens abc");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("max-tokens"), std::string::npos) << r.err;
 
   // stories260K has a 512-token context window.
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += "the dog ran ";
   r = run("generate --model " + kModel + " --no-drafter --prompt '" + long_prompt + "'");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("prompt too long"), std::string::npos) << r.err;
+}
+
+// User errors: one readable line naming the flag or command, exit code 1.
+TEST(Cli, UserErrorsAreReadableAndExitWith1) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"generate --max-tokens 0", "--max-tokens: must be at least 1, got 0"},
+      {"generate --top-p 2", "--top-p: must be between 0 and 1, got 2"},
+      {"generate --threads x", "--threads: must be a number (at least 0), got 'x'"},
+      {"serve --port 70000", "--port: must be between 0 and 65535, got 70000"},
+      {"generat --prompt hi", "unknown command 'generat'; did you mean 'generate'?"},
+      {"serv", "unknown command 'serv'; did you mean 'serve'?"},
+      {"frobnicate", "unknown command 'frobnicate'; the commands are generate, tokenize"},
+      {"", "a command is required: generate, tokenize"},
+      {"generate --no-such-flag", "no-such-flag"},
+      {"tokenize hi", "--model is required"},
+      {"generate --model /nonexistent/model", "/nonexistent/model"},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = run(c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.args;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_LT(r.err.size(), 300u) << c.args << ": " << r.err;  // no 309-digit ranges
+  }
+  EXPECT_EQ(run("--version").exit_code, 0);
+  EXPECT_EQ(run("generate --help").exit_code, 0);
+}
+
+// Generation also ends at the context window (512 tokens for stories260K): the CLI says so
+// before, in one line, and the summary says why it stopped.
+TEST(Cli, MaxTokensPastTheContextWindowIsNamed) {
+  const std::string args =
+      "generate --model " + kModel + " --no-drafter --ignore-eos --prompt 'Tom had a red' ";
+  const CliRun r = run(args + "--max-tokens 1000");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--max-tokens 1000 is more than the context window leaves: the model's "
+                       "window is 512 tokens and the prompt takes 7, so generation stops at the "
+                       "window, after at most 506 tokens\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("506 generated (stopped at the context window)"), std::string::npos)
+      << r.err;
+  const CliRun fits = run(args + "--max-tokens 20");
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_EQ(fits.err.find("context window"), std::string::npos) << fits.err;
+}
+
+// A model whose weights cannot fit is refused before loading, with the sizes (here the memory
+// available is set by BLOCKSPEC_AVAILABLE_MEMORY; stories260K takes 1,040,128 B in F32).
+TEST(Cli, AModelThatCannotFitIsRefusedBeforeLoading) {
+  const std::string expected =
+      "blockspec: error: " + kModel +
+      ": the model does not fit in memory: its weights take 1015.8 KiB (F32 on the cpu backend), "
+      "257.1 MiB with a margin for the runtime, and 1.0 MiB is available (set by "
+      "BLOCKSPEC_AVAILABLE_MEMORY); raise or unset BLOCKSPEC_AVAILABLE_MEMORY\n";
+  CliRun r =
+      run("generate --device cpu --no-drafter --model " + kModel, "BLOCKSPEC_AVAILABLE_MEMORY=1M");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, expected);
+  EXPECT_EQ(r.out, "");
+  // (timeout: a serve that did start would never exit)
+  r = run("serve --device cpu --port 0 --model " + kModel,
+          "BLOCKSPEC_AVAILABLE_MEMORY=1M timeout 60");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("the model does not fit in memory"), std::string::npos) << r.err;
+  // Enough: it loads and runs, silently (no progress lines for a fast load).
+  r = run("generate --device cpu --no-drafter --max-tokens 3 --prompt 'Tom had a red' --model " +
+              kModel,
+          "BLOCKSPEC_AVAILABLE_MEMORY=1G");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("load"), std::string::npos) << r.err;
 }
 
 // serve sizes its KV cache before it listens: a size that cannot fit is refused up front.

@@ -17,11 +17,11 @@
 namespace bs {
 namespace {
 
-const std::string kTarget = std::string(BS_SHARED_DIR) + "/data/stories260K-hf";
+const std::string kTarget = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 const std::string kDrafter = std::string(BS_TEST_DATA) + "/flashmap-stories260K";
 const std::string kDrafterDv = std::string(BS_TEST_DATA) + "/flashmap-stories260K-dv128";
 
-// Token ids of the stories260K tokenizer (specs/resources.md §1.2), BOS first.
+// Token ids of the stories260K tokenizer (models/MANIFEST.md), BOS first.
 const std::vector<std::vector<int32_t>> kPrompts = {
     {1},
     {1, 274, 287, 381, 261, 352, 266},            // "Tom had a red"

@@ -143,6 +143,53 @@ TEST_P(KvBudget, RefusesWhenTheWeightsLeaveNoRoom) {
   }
 }
 
+// The warm-up measures the worst-case step and reserves it before the KV cache: the scratch of
+// a prefill chunk grows with the chunk (whole prompts: a prompt filling the window), never with
+// the prompt once chunked, and an allocation failure during the warm-up is a clear error.
+TEST_P(KvBudget, WarmUpReservesTheWorstCaseStep) {
+  set_memory(512 * kGiB, 1024 * kGiB);
+  auto chunked =
+      plan({.max_num_seqs = 4, .max_prefill_tokens = 32, .warm_up = StepWarmUp::kAlways});
+  ASSERT_TRUE(chunked.ok()) << chunked.status().message();
+  EXPECT_GT(chunked->scratch_bytes, 0);
+  EXPECT_EQ(chunked->available_bytes, 512 * kGiB - 1024 * kGiB / 10 - chunked->scratch_bytes);
+  auto whole = plan({.max_num_seqs = 4, .max_prefill_tokens = 0, .warm_up = StepWarmUp::kAlways});
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  // 511 rows of activations against 32: the whole-prompt prefill needs more.
+  EXPECT_GT(whole->scratch_bytes, chunked->scratch_bytes);
+  // The CPU skips the warm-up by default (host memory is not the limit there).
+  auto cpu = plan({.max_num_seqs = 4});
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->scratch_bytes, 0);
+
+  // A fresh model (whose scratch has not grown yet) cannot get memory for the warm-up, at each
+  // of its allocations in turn: a clear error naming the option to lower, never an abort.
+  auto t = load_target(std::string(BS_SOURCE_DIR) + "/models/stories260K", *backend_);
+  ASSERT_TRUE(t.ok());
+  bool saw_prefill = false;
+  for (int64_t nth = 1; nth < 1000; ++nth) {
+    inject_allocation_failure(nth);
+    auto failed = plan_kv_cache(
+        **t, nullptr,
+        {.max_num_seqs = 4, .max_prefill_tokens = 300, .warm_up = StepWarmUp::kAlways});
+    const bool fired = !allocation_failure_pending();
+    inject_allocation_failure(0);
+    if (!fired) {
+      EXPECT_TRUE(failed.ok()) << failed.status().message();
+      break;
+    }
+    ASSERT_FALSE(failed.ok()) << nth;
+    EXPECT_EQ(failed.status().code(), StatusCode::kOutOfMemory);
+    const std::string& m = failed.status().message();
+    EXPECT_TRUE(m.find("--max-num-batched-tokens") != std::string::npos ||
+                m.find("--max-model-len") != std::string::npos ||
+                m.find("--max-num-seqs") != std::string::npos)
+        << m;
+    saw_prefill |= m.find("300 prompt tokens") != std::string::npos;
+  }
+  EXPECT_TRUE(saw_prefill);
+}
+
 TEST_P(KvBudget, RealHostMemoryIsReported) {
   // Without an override the CPU backend reports the host's RAM: some free, no more than total.
   const MemoryInfo m = cpu_->memory_info();

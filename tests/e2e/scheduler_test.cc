@@ -386,6 +386,133 @@ TEST_P(SchedulerTest, RunningRequestDecodesWhileAnotherPrefills) {
   }
 }
 
+// Out of memory (Backend's AllocationError, injected at every allocation point of a window of
+// steps in turn): the request whose prefill or batched step could not get memory ends alone
+// with kOutOfMemory, its blocks freed; every other request finishes with its single-run output
+// and the scheduler keeps serving new requests.
+TEST_P(SchedulerTest, AllocationFailureEndsOneRequestAndTheOthersGoOn) {
+  const GenerateOptions greedy{.max_tokens = 30, .stop_ids = {2}};
+  GenerateOptions longer = greedy;
+  longer.max_tokens = 60;
+  const std::vector<int32_t> p120 = long_prompt(*target_, 120, 7);
+  const std::vector<std::pair<std::vector<int32_t>, GenerateOptions>> requests = {
+      {kPrompts[1], longer}, {p120, greedy}, {kPrompts[2], greedy}, {kPrompts[3], greedy}};
+  std::vector<Expected> want;
+  for (const auto& [prompt, o] : requests) want.push_back(alone(prompt, o));
+  int fired = 0;
+  for (int64_t nth = 1; nth <= 400; ++nth) {
+    seen_.clear();
+    Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3, .max_prefill_tokens = 32});
+    ASSERT_TRUE(add(s, 0, requests[0].first, requests[0].second).ok());
+    ASSERT_TRUE(s.step().ok());
+    ASSERT_TRUE(s.step().ok());
+    // Armed while request 0 decodes, request 1 prefills in chunks and request 2 joins.
+    inject_allocation_failure(nth);
+    ASSERT_TRUE(add(s, 1, requests[1].first, requests[1].second).ok());
+    ASSERT_TRUE(add(s, 2, requests[2].first, requests[2].second).ok());
+    for (int step = 0; !s.idle(); ++step) {
+      ASSERT_TRUE(s.step().ok()) << "failure at allocation " << nth;
+      ASSERT_LT(step, 1000);
+    }
+    const bool did_fire = !allocation_failure_pending();
+    inject_allocation_failure(0);
+    int failed = 0;
+    for (RequestId id = 0; id < 3; ++id) {
+      const std::string where = fmt::format("failure at allocation {}, request {}", nth, id);
+      ASSERT_TRUE(seen_[id].completed) << where;
+      const Status& st = seen_[id].completion.status;
+      if (!st.ok()) {
+        ++failed;
+        EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << where << ": " << st.message();
+        EXPECT_NE(st.message().find("injected"), std::string::npos) << st.message();
+        continue;
+      }
+      expect_equal(id, want[id], where);
+    }
+    EXPECT_EQ(failed, did_fire ? 1 : 0) << "failure at allocation " << nth;
+    // Still serving, with every block back.
+    ASSERT_TRUE(add(s, 3, requests[3].first, requests[3].second).ok());
+    while (!s.idle()) ASSERT_TRUE(s.step().ok());
+    expect_equal(3, want[3], fmt::format("after the failure at allocation {}", nth));
+    if (!did_fire) break;
+    ++fired;
+  }
+  EXPECT_GE(fired, 2);  // prefills and batched steps allocate, so several points were hit
+}
+
+// Preemption (recompute): a KV pool that holds one request's worst case but admits several
+// optimistically; when it runs full the newest request is preempted and later re-prefills its
+// prompt and committed tokens. Nothing is lost, nothing streamed twice, and every greedy output
+// (and every sampled plain one) equals its single run.
+TEST_P(SchedulerTest, PreemptionLosesNothingAndKeepsOutputs) {
+  const GenerateOptions greedy{.max_tokens = 80};  // no stop ids: every request grows to the end
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 31};
+  const std::vector<int32_t> p60 = long_prompt(*target_, 60, 9);
+  GenerateOptions stopping = greedy;  // ends at a stop token, possibly in the step it is preempted
+  stopping.stop_ids = {2};
+  std::vector<Arrival> arrivals = {{0, kPrompts[1], greedy},
+                                   {0, kPrompts[2], stopping},
+                                   {1, p60, greedy},
+                                   {2, kPrompts[3], greedy},
+                                   {3, kPrompts[0], stopping}};
+  if (!drafter_) arrivals.push_back({4, kPrompts[2], sampled});
+  std::vector<Expected> want;
+  for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
+  // The largest worst case: p60 + 80 tokens (+ the drafter's block).
+  int64_t blocks = 0;
+  for (const Arrival& a : arrivals) {
+    auto need = kv_blocks_needed(*target_, drafter_.get(), a.prompt, a.options);
+    ASSERT_TRUE(need.ok());
+    blocks = std::max(blocks, *need);
+  }
+  for (const int64_t chunk : {int64_t{0}, int64_t{16}}) {
+    seen_.clear();
+    Scheduler s(
+        *target_, drafter_.get(),
+        {.max_num_seqs = 4, .kv_blocks = blocks, .max_prefill_tokens = chunk, .preemption = true});
+    int most_running = 0;
+    ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [&] {
+      most_running = std::max<int>(most_running, static_cast<int>(s.num_running()));
+    }));
+    EXPECT_GT(s.num_preemptions(), 0) << "chunk " << chunk;
+    EXPECT_GT(most_running, 1);  // admitted optimistically, more than the worst case allows
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      const std::string where = fmt::format("chunk {}, request {}", chunk, i);
+      const Seen& seen = seen_[i];
+      ASSERT_TRUE(seen.completed) << where;
+      EXPECT_TRUE(seen.completion.status.ok()) << where << ": " << seen.completion.status.message();
+      EXPECT_EQ(seen.completion.tokens, want[i].tokens) << where;
+      EXPECT_EQ(seen.streamed, want[i].tokens) << where << " (streamed)";
+      EXPECT_EQ(seen.completion.stats.generated_tokens, want[i].stats.generated_tokens) << where;
+      EXPECT_EQ(seen.completion.stats.prompt_tokens, want[i].stats.prompt_tokens) << where;
+      EXPECT_EQ(seen.completion.stats.finish, want[i].stats.finish) << where;
+    }
+  }
+}
+
+// The default prefill is chunked (kDefaultPrefillChunk tokens per forward) in the scheduler, the
+// server and generate_*; chunking changes no output of generate_plain / generate_speculative.
+TEST_P(SchedulerTest, GeneratePrefillsInChunksWithTheSameOutput) {
+  EXPECT_EQ(SchedulerOptions{}.max_prefill_tokens, kDefaultPrefillChunk);
+  EXPECT_EQ(GenerateOptions{}.prefill_chunk, kDefaultPrefillChunk);
+  const std::vector<int32_t> prompt = long_prompt(*target_, 300, 8);
+  GenerateOptions o{.max_tokens = 40, .stop_ids = {2}};
+  o.prefill_chunk = 0;
+  const Expected whole = alone(prompt, o);
+  for (const int64_t chunk : std::vector<int64_t>{1, 7, 64, 299, kDefaultPrefillChunk}) {
+    o.prefill_chunk = chunk;
+    const Expected chunked = alone(prompt, o);
+    EXPECT_EQ(chunked.tokens, whole.tokens) << "chunk " << chunk;
+    EXPECT_EQ(chunked.stats.accepted, whole.stats.accepted) << "chunk " << chunk;
+  }
+  // The scheduler with its default options equals the single run.
+  Scheduler s(*target_, drafter_.get(), {});
+  ASSERT_TRUE(add(s, 1, prompt, o).ok());
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+  expect_equal(1, whole, "default options");
+}
+
 INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,
                          ::testing::Values("plain", "stories260K-dflash", "stories260K-flashmap"),
                          [](const auto& info) { return test_util::param_name(info.param); });

@@ -93,8 +93,19 @@ class Engine {
     GenerateStats st;
     auto out = generate_plain(*target_, ids, opt, nullptr, &st);
     EXPECT_TRUE(out.ok());
-    return {tokenizer_->decode(*out, /*skip_special_tokens=*/true), st.prompt_tokens,
-            st.generated_tokens, st.finish == FinishReason::kStop ? "stop" : "length"};
+    return {continuation(ids, *out), st.prompt_tokens, st.generated_tokens,
+            st.finish == FinishReason::kStop ? "stop" : "length"};
+  }
+  // The text `out` adds after `prompt`, as a full decode of both reads (skipping special tokens):
+  // e.g. " ball." after "Tom had a red" (the leading space kept).
+  std::string continuation(const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& out) const {
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), out.begin(), out.end());
+    const std::string before = tokenizer_->decode(prompt, /*skip_special_tokens=*/true);
+    const std::string text = tokenizer_->decode(all, /*skip_special_tokens=*/true);
+    EXPECT_EQ(text.substr(0, before.size()), before);
+    return text.substr(before.size());
   }
   // The single-request output the server must give for `opt` (stop ids: the tokenizer's EOS):
   // generate_speculative with the shipped drafter, or generate_plain.
@@ -105,7 +116,7 @@ class Engine {
     auto out = drafter ? generate_speculative(*target_, *drafter_, ids, opt, nullptr, nullptr)
                        : generate_plain(*target_, ids, opt, nullptr, nullptr);
     EXPECT_TRUE(out.ok());
-    return tokenizer_->decode(*out, /*skip_special_tokens=*/true);
+    return continuation(ids, *out);
   }
   // The logprobs of each token the server generates for token ids `ids` with `opt` (stop ids:
   // the tokenizer's EOS): generate_speculative with the shipped drafter, or generate_plain.
@@ -699,7 +710,7 @@ TEST(Server, CompletionLogprobsEqualTheEngines) {
                    {"logprobs", 3}};
       const json lp = completion_logprobs(server.port(), body);
       ASSERT_EQ(lp["tokens"].size(), want.size()) << where << lp.dump();
-      std::vector<int32_t> context;
+      std::vector<int32_t> context = ids;  // token texts continue the prompt's
       std::string joined;
       for (size_t i = 0; i < want.size(); ++i) {
         const std::string text = engine.token_text(context, want[i].token);
@@ -734,6 +745,29 @@ TEST(Server, CompletionLogprobsEqualTheEngines) {
     EXPECT_TRUE(off.body["choices"][0]["logprobs"].is_null()) << off.raw;
     EXPECT_EQ(on.body["choices"][0]["text"], off.body["choices"][0]["text"]);
     EXPECT_EQ(on.body["choices"][0]["logprobs"]["top_logprobs"][0].size(), 1u) << on.raw;
+  }
+}
+
+// The reply continues the prompt's text: its first word keeps its leading space (" ball.", as
+// vLLM and llama.cpp return; SentencePiece's decoder strips one leading space of the whole text
+// only), streamed or not, in the logprob token texts too; echo reads as prompt + reply.
+TEST(Server, TheReplyKeepsTheLeadingSpaceOfItsFirstWord) {
+  RunningServer server;
+  for (const bool stream : {false, true}) {
+    const std::string where = fmt::format("stream {}", stream);
+    json body = {
+        {"prompt", "Tom had a red"}, {"max_tokens", 3}, {"temperature", 0}, {"stream", stream}};
+    EXPECT_EQ(completion_text(server.port(), body), " ball.") << where;
+    body["logprobs"] = 1;
+    const json lp = completion_logprobs(server.port(), body);
+    ASSERT_EQ(lp["tokens"].size(), 3u) << where << lp.dump();
+    EXPECT_EQ(lp["tokens"][0], " b") << where;
+    EXPECT_EQ(lp["text_offset"][1], 2) << where;
+    body["echo"] = true;
+    EXPECT_EQ(completion_text(server.port(), body), "Tom had a red ball.") << where;
+    const json echoed = completion_logprobs(server.port(), body);
+    ASSERT_EQ(echoed["tokens"].size(), 10u) << where << echoed.dump();
+    EXPECT_EQ(echoed["tokens"][7], " b") << where;
   }
 }
 
@@ -835,7 +869,7 @@ TEST(Server, ChatLogprobsEqualTheEngines) {
   ASSERT_EQ(r.status, 200) << r.raw;
   const json& content = r.body["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), want.size()) << r.raw;
-  std::vector<int32_t> context;
+  std::vector<int32_t> context = ids;  // token texts continue the prompt's
   for (size_t i = 0; i < want.size(); ++i) {
     const std::string text = engine.token_text(context, want[i].token);
     EXPECT_EQ(content[i]["token"], text);
@@ -1047,6 +1081,64 @@ TEST(Server, RequestTooLargeForTheKvCacheIsAClearError) {
                         R"({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0})");
   ASSERT_EQ(ok.status, 200) << ok.raw;
   EXPECT_EQ(ok.body["choices"][0]["text"], engine.greedy("Once upon a time", 40).text);
+}
+
+// Out of memory for one request (an injected allocation failure, docs/RELIABILITY.md): that
+// request gets a 503 naming the allocation, the server goes on serving the next ones exactly.
+TEST(Server, AllocationFailureIsA503AndTheServerGoesOn) {
+  Engine engine;
+  const std::string want = engine.greedy("Once upon a time", 40).text;
+  for (bool drafter : {true, false}) {
+    RunningServer server({}, drafter);
+    const std::string body =
+        R"({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0})";
+    ASSERT_EQ(post(server.port(), "/v1/completions", body).status, 200);  // scratch grown
+    inject_allocation_failure(1);
+    // A longer prompt than before: its prefill needs larger scratch.
+    std::string longer;
+    for (int i = 0; i < 10; ++i) longer += "The little dog ran to the park. ";
+    const Reply failed =
+        post(server.port(), "/v1/completions", json{{"prompt", longer}, {"max_tokens", 5}}.dump());
+    const bool fired = !allocation_failure_pending();
+    inject_allocation_failure(0);
+    ASSERT_TRUE(fired);
+    EXPECT_EQ(failed.status, 503) << failed.raw;
+    EXPECT_NE(failed.raw.find("out of host memory"), std::string::npos) << failed.raw;
+    EXPECT_NE(failed.raw.find("injected"), std::string::npos) << failed.raw;
+    for (int i = 0; i < 2; ++i) {
+      const Reply ok = post(server.port(), "/v1/completions", body);
+      ASSERT_EQ(ok.status, 200) << ok.raw;
+      EXPECT_EQ(ok.body["choices"][0]["text"], want) << "drafter " << drafter;
+    }
+  }
+}
+
+// --preemption with a KV cache that holds one request's worst case: concurrent requests are
+// admitted optimistically, preempted and re-prefilled as the cache runs full, and every reply is
+// 200 with the engine's greedy text.
+TEST(Server, PreemptionServesEveryRequestWithItsOwnOutput) {
+  Engine engine;
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Tom had a red",
+                                            "Lily and Ben", "One day"};
+  std::vector<std::string> want;
+  for (const std::string& p : prompts) want.push_back(engine.greedy(p, 100).text);
+  for (bool drafter : {true, false}) {
+    RunningServer server({.max_num_seqs = 4, .kv_cache_tokens = 160, .preemption = true}, drafter);
+    std::vector<Reply> replies(prompts.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        replies[i] =
+            post(server.port(), "/v1/completions",
+                 json{{"prompt", prompts[i]}, {"max_tokens", 100}, {"temperature", 0}}.dump());
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+      EXPECT_EQ(replies[i].body["choices"][0]["text"], want[i]) << "drafter " << drafter;
+    }
+  }
 }
 
 TEST(Server, MetricsCountRequestsAndTokens) {

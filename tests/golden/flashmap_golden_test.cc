@@ -18,7 +18,7 @@
 namespace bs {
 namespace {
 
-const std::string kTarget = std::string(BS_SHARED_DIR) + "/data/stories260K-hf";
+const std::string kTarget = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 const std::string kDrafter = std::string(BS_TEST_DATA) + "/flashmap-stories260K";
 const std::string kDrafterDv = std::string(BS_TEST_DATA) + "/flashmap-stories260K-dv128";
 const std::string kGolden = std::string(BS_TEST_DATA) + "/flashmap-goldens/golden.safetensors";

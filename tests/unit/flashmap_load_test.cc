@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kTarget = std::string(BS_SHARED_DIR) + "/data/stories260K-hf";
+const std::string kTarget = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 const std::string kDrafter = std::string(BS_TEST_DATA) + "/flashmap-stories260K";
 const std::string kDrafterDv = std::string(BS_TEST_DATA) + "/flashmap-stories260K-dv128";
 

@@ -43,7 +43,7 @@ Status parse_status(const json& j) {
 }
 
 TEST(HfConfigTest, Stories260K) {
-  auto c = load_transformer_config(BS_SHARED_DIR "/data/stories260K-hf");
+  auto c = load_transformer_config(BS_SOURCE_DIR "/models/stories260K");
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->architecture, "LlamaForCausalLM");
   EXPECT_EQ(c->model_type, "llama");

@@ -134,7 +134,7 @@ TEST(SafetensorsTest, WriterRejectsDuplicateAndNegative) {
 }
 
 TEST(SafetensorsTest, ReadsStories260K) {
-  const std::string dir = BS_SHARED_DIR "/data/stories260K-hf";
+  const std::string dir = BS_SOURCE_DIR "/models/stories260K";
   auto ck = Checkpoint::open(dir);
   ASSERT_TRUE(ck.ok()) << ck.status().message();
   EXPECT_EQ(ck->size(), 47u);
@@ -172,17 +172,17 @@ TEST(SafetensorsTest, ReadsStories260K) {
 }
 
 TEST(SafetensorsTest, MissingTensorNamesDir) {
-  auto ck = Checkpoint::open(BS_SHARED_DIR "/data/stories260K-hf");
+  auto ck = Checkpoint::open(BS_SOURCE_DIR "/models/stories260K");
   ASSERT_TRUE(ck.ok());
   auto t = ck->get("nope.weight");
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(t.status().message(), HasSubstr("tensor 'nope.weight' not found in"));
-  EXPECT_THAT(t.status().message(), HasSubstr("stories260K-hf"));
+  EXPECT_THAT(t.status().message(), HasSubstr("models/stories260K"));
 }
 
 TEST(SafetensorsTest, ShapeMismatchNamesBothShapes) {
-  auto ck = Checkpoint::open(BS_SHARED_DIR "/data/stories260K-hf");
+  auto ck = Checkpoint::open(BS_SOURCE_DIR "/models/stories260K");
   ASSERT_TRUE(ck.ok());
   auto t = ck->get("model.embed_tokens.weight", {64, 512});
   ASSERT_FALSE(t.ok());

@@ -263,7 +263,7 @@ TEST(RopeTest, YarnFactorOneIsDefault) {
 }
 
 TEST(RopeTest, FromStoriesConfig) {
-  auto c = io::load_transformer_config(BS_SHARED_DIR "/data/stories260K-hf");
+  auto c = io::load_transformer_config(BS_SOURCE_DIR "/models/stories260K");
   ASSERT_TRUE(c.ok()) << c.status().message();
   const RopeTable t = compute_rope(c->rope, c->head_dim, c->max_position_embeddings);
   ASSERT_EQ(t.inv_freq.size(), 4u);

@@ -79,5 +79,31 @@ TEST(TextStream, HeldBackPrefixIsReleasedWhenItDoesNotMatch) {
   EXPECT_EQ(join(chunks), "Lily and Lilo");
 }
 
+// After a prompt, the reply's text and its tokens' logprob texts continue the prompt's text:
+// " ball." and " b…", where a decode of the reply alone reads "ball." (SentencePiece's decoder
+// strips one leading space of the whole text, not of the reply). vLLM returns " ball." too.
+TEST(TextStream, ContinuesThePromptsText) {
+  auto tok = Tokenizer::load(kModel);
+  ASSERT_TRUE(tok.ok());
+  const std::vector<int32_t> prompt = (*tok)->encode("Tom had a red", true);
+  const std::vector<int32_t> all = (*tok)->encode("Tom had a red ball. The end", true);
+  ASSERT_EQ(std::vector<int32_t>(all.begin(), all.begin() + prompt.size()), prompt);
+  TextStream stream(**tok, {". The"}, prompt);
+  TokenTexts texts(**tok, prompt);
+  std::string out, joined;
+  for (size_t i = prompt.size(); i < all.size() && !stream.stopped(); ++i) {
+    out += stream.push(all[i]);
+    joined += texts.text(all[i]);
+    texts.commit(all[i]);
+  }
+  out += stream.finish();
+  EXPECT_EQ(out, " ball");
+  EXPECT_EQ(joined.substr(0, 6), " ball.");
+  // The first token's text and an alternative's keep their space.
+  const TokenTexts first(**tok, prompt);
+  EXPECT_EQ(first.text(all[prompt.size()]).front(), ' ');
+  EXPECT_EQ(first.text(*(*tok)->token_to_id("▁little")), " little");
+}
+
 }  // namespace
 }  // namespace bs::server

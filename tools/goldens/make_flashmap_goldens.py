@@ -2,7 +2,7 @@
 """Random-init FlashMap test checkpoints for the stories260K target, and draft-logit goldens.
 
     /usr/bin/python3 tools/goldens/make_flashmap_goldens.py [--out tests/data] \
-        [--target ../shared/data/stories260K-hf] [--device cpu|cuda]
+        [--target models/stories260K] [--device cpu|cuda]
 
 Needs torch and numpy only (safetensors are written by hand, tools/reference/flashmap_ref.py). Writes:
 
@@ -126,7 +126,7 @@ def main():
     root = os.path.abspath(os.path.join(here, "..", ".."))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(root, "tests", "data"))
-    ap.add_argument("--target", default=os.path.join(root, "..", "shared", "data", "stories260K-hf"))
+    ap.add_argument("--target", default=os.path.join(root, "models", "stories260K"))
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
 

@@ -4,7 +4,7 @@
 Run on a machine with torch + transformers (>= 5) + safetensors + tokenizers (the GPU machine, see
 tools/goldens/README.md):
 
-    python3 tools/goldens/make_target_goldens.py --out OUTDIR --stories PATH/TO/stories260K-hf
+    python3 tools/goldens/make_target_goldens.py --out OUTDIR --stories models/stories260K
 
 It writes, under OUTDIR:
 

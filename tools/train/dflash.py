@@ -123,10 +123,14 @@ class DFlashDrafter(nn.Module):
             "torch_dtype": "float32",
         }
 
-    def forward(self, feats, tokens, anchors, num_rows=None):
+    def forward(self, feats, tokens, anchors, num_rows=None, first_row=1, conv=None):
         """feats [N, L, n_taps*H] target taps of positions 0..L-1; tokens [N, L]; anchors [N, A]
         (anchor positions p, the block occupies p..p+B-1). Context of block (n, a) = positions
-        j < p. Returns the final-normed hidden of rows 1..B-1: [N, A, B-1, H]."""
+        j < p. Returns the final-normed hidden of rows first_row..B-1: [N, A, B-first_row, H]
+        (DFlash reads rows 1..B-1; DSpark's shifted layout, tools/train/dspark.py, all B).
+        conv: DFlash2's sublayer convolutions (tools/train/dflash2.py), an object with
+        prepare(layer, sublayer, x [N, A, B, H]) -> (x', state) and finish(layer, sublayer, out,
+        state) -> out' around both sublayers of every layer."""
         B = self.B if num_rows is None else num_rows
         N, L, _ = feats.shape
         A = anchors.shape[1]
@@ -148,6 +152,8 @@ class DFlashDrafter(nn.Module):
         for i in range(self.n_layers):
             p = "layers.%d." % i
             x = common.rms_norm(h, self.w(p + "input_layernorm.weight"), eps)
+            if conv is not None:
+                x, st = conv.prepare(i, 0, x)
             q = (x @ self.w(p + "self_attn.q_proj.weight").T).view(N, A, B, h_, hd)
             q = common.rope(common.rms_norm(q, self.w(p + "self_attn.q_norm.weight"), eps),
                             blk_pos, self.inv_freq)
@@ -166,12 +172,16 @@ class DFlashDrafter(nn.Module):
             att = torch.softmax(torch.cat([sc, sb], -1), -1)
             o = (torch.einsum("nhabl,nlhd->nabhd", att[..., :L], vc)
                  + torch.einsum("nhabc,nachd->nabhd", att[..., L:], vb))
-            h = h + o.reshape(N, A, B, h_ * hd) @ self.w(p + "self_attn.o_proj.weight").T
+            o = o.reshape(N, A, B, h_ * hd) @ self.w(p + "self_attn.o_proj.weight").T
+            h = h + (conv.finish(i, 0, o, st) if conv is not None else o)
             y = common.rms_norm(h, self.w(p + "post_attention_layernorm.weight"), eps)
+            if conv is not None:
+                y, st = conv.prepare(i, 1, y)
             m = F.silu(y @ self.w(p + "mlp.gate_proj.weight").T) * (
                 y @ self.w(p + "mlp.up_proj.weight").T)
-            h = h + m @ self.w(p + "mlp.down_proj.weight").T
-        return common.rms_norm(h[:, :, 1:], self.w("norm.weight"), eps)
+            m = m @ self.w(p + "mlp.down_proj.weight").T
+            h = h + (conv.finish(i, 1, m, st) if conv is not None else m)
+        return common.rms_norm(h[:, :, first_row:], self.w("norm.weight"), eps)
 
     def logits(self, hidden):
         return hidden @ self.lm_head.T

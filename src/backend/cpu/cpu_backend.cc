@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -140,6 +142,19 @@ MemoryInfo host_memory_info() {
   return info;
 }
 
+// Bytes held by a backend's live allocations and their peak; shared with the tensors' deleters,
+// which may outlive the backend.
+struct ByteCounter {
+  std::atomic<int64_t> held{0};
+  std::atomic<int64_t> peak{0};
+  void add(int64_t bytes) {
+    const int64_t now = held.fetch_add(bytes) + bytes;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+};
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads) {}
@@ -154,13 +169,25 @@ class CpuBackend final : public Backend {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = std::max<size_t>(64, static_cast<size_t>(n) * dtype_size(dtype));
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    check_injected_allocation_failure("host", static_cast<int64_t>(rounded));
     // 64-byte aligned, zero-initialised.
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    BS_CHECK(p != nullptr);
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      throw AllocationError("host", static_cast<int64_t>(rounded), "aligned_alloc returned null");
+    }
     std::memset(p, 0, bytes);
-    std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
+    counter_->add(static_cast<int64_t>(rounded));
+    std::shared_ptr<void> storage(p, [counter = counter_, rounded](void* q) {
+      std::free(q);
+      counter->add(-static_cast<int64_t>(rounded));
+    });
     return Tensor(std::move(storage), p, dtype, Device::kCpu, shape);
   }
+  AllocationStats allocation_stats() const override {
+    return {.held = counter_->held.load(), .peak = counter_->peak.load()};
+  }
+  void reset_peak_allocated() override { counter_->peak.store(counter_->held.load()); }
 
   Tensor upload_weight(DType src_dtype, const void* src,
                        std::initializer_list<int64_t> shape) override {
@@ -693,6 +720,62 @@ class CpuBackend final : public Backend {
     std::copy(d.begin(), d.end(), o + 2);
   }
 
+  // ---- DSpark / DFlash2 ops ----
+  void topk(const Tensor& values, const Tensor& ids, const Tensor& x) override {
+    check_f32(values), check_f32(x);
+    const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0, k = values.dim(-1);
+    BS_CHECK(ids.dtype() == DType::kI32 && k >= 1 && k <= v && values.numel() == n * k &&
+             ids.numel() == n * k);
+    std::vector<int32_t> order(static_cast<size_t>(v));
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x.as<float>() + r * v;
+      for (int64_t i = 0; i < v; ++i) order[i] = static_cast<int32_t>(i);
+      // Larger value first; on equal values the lower index (NaN sorts last).
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        const float fa = xr[a], fb = xr[b];
+        if (std::isnan(fa) || std::isnan(fb)) return !std::isnan(fa) && std::isnan(fb);
+        return fa > fb || (fa == fb && a < b);
+      });
+      for (int64_t j = 0; j < k; ++j) {
+        ids.as<int32_t>()[r * k + j] = order[j];
+        values.as<float>()[r * k + j] = xr[order[j]];
+      }
+    }
+  }
+  void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) override {
+    check_f32(y), check_f32(x);
+    BS_CHECK(y.numel() == x.numel());
+    const float* xp = x.as<float>();
+    float* yp = y.as<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float v = multiplier * xp[i];
+      yp[i] = cap > 0.0f ? cap * std::tanh(v / cap) : v;
+    }
+  }
+  void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                    const Tensor& base, int64_t group, int64_t block_rows,
+                    bool accumulate) override {
+    check_f32(y), check_f32(x), check_f32(dyn), check_f32(base);
+    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = base.numel() / h;
+    BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
+    const int64_t groups = h / group;
+    BS_CHECK(y.numel() == x.numel() && base.numel() == taps * h &&
+             dyn.numel() == n * 2 * taps * groups && (which == 0 || which == 1));
+    BS_CHECK(y.data() != x.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float* d = dyn.as<float>() + (i * 2 + which) * taps * groups;
+      float* yr = y.as<float>() + i * h;
+      for (int64_t c = 0; c < h; ++c) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < taps && t <= i % block_rows; ++t) {
+          acc += (base.as<float>()[t * h + c] + d[t * groups + c / group]) *
+                 x.as<float>()[(i - t) * h + c];
+        }
+        yr[c] = accumulate ? yr[c] + acc : acc;
+      }
+    }
+  }
+
  private:
   // Shared attention over the rows in key_rows_/value_rows_ (position -> kv head 0's row).
   void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,
@@ -723,8 +806,8 @@ class CpuBackend final : public Backend {
                          }
                        });
   }
-
   ThreadPool pool_;
+  std::shared_ptr<ByteCounter> counter_ = std::make_shared<ByteCounter>();
   std::vector<const float*> key_rows_, value_rows_;  // attention scratch: position -> row
 };
 

@@ -92,7 +92,10 @@ void check_cuda_tensor(const Tensor& t) { BS_CHECK(t.defined() && t.device() == 
 
 // Caching allocator for activation buffers: power-of-two bins up to kPoolMaxBytes, reused
 // without synchronisation (every use is ordered on the backend's single stream). Shared with
-// the deleters of the tensors it hands out, so it outlives the backend if they do.
+// the deleters of the tensors it hands out, so it outlives the backend if they do. Every
+// cudaMalloc of the backend goes through malloc() here, which counts the bytes held (for the KV
+// plan's warm-up) and turns a failure into AllocationError after giving the cached free buffers
+// back to CUDA and trying once more.
 class DevicePool {
  public:
   ~DevicePool() {
@@ -103,9 +106,7 @@ class DevicePool {
   void* allocate(size_t bytes, size_t* cap) {
     if (bytes > kPoolMaxBytes) {
       *cap = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
-      void* p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, *cap));
-      return p;
+      return malloc(*cap);
     }
     size_t c = 512;
     while (c < bytes) c <<= 1;
@@ -120,13 +121,11 @@ class DevicePool {
         return p;
       }
     }
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, c));
-    return p;
+    return malloc(c);
   }
   void release(void* p, size_t cap) {
     if (cap > kPoolMaxBytes) {
-      cudaFree(p);
+      free(p, cap);
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -139,9 +138,65 @@ class DevicePool {
     return cached_bytes_;
   }
 
+  // cudaMalloc, counted; AllocationError when the device has no room even after the cached free
+  // buffers went back to CUDA.
+  void* malloc(size_t bytes) {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it, or a later launch check would report it
+      trim();
+      err = cudaMalloc(&p, bytes);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      throw AllocationError("device", static_cast<int64_t>(bytes),
+                            fmt::format("cudaMalloc: {:.1f} MiB of {:.1f} MiB free",
+                                        static_cast<double>(free_bytes) / (1 << 20),
+                                        static_cast<double>(total) / (1 << 20)));
+    }
+    CUDA_CHECK(err);
+    count(static_cast<int64_t>(bytes));
+    return p;
+  }
+  void free(void* p, size_t bytes) {
+    cudaFree(p);
+    count(-static_cast<int64_t>(bytes));
+  }
+  AllocationStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {.held = held_, .peak = peak_};
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    peak_ = held_;
+  }
+
  private:
+  void count(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+  }
+  // Gives every cached free buffer back to CUDA (after the device finished with them).
+  void trim() {
+    cudaDeviceSynchronize();
+    std::map<size_t, std::vector<void*>> cached;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cached.swap(free_);
+      cached_bytes_ = 0;
+    }
+    for (auto& [size, list] : cached) {
+      for (void* p : list) free(p, size);
+    }
+  }
+
   std::mutex mu_;
   int64_t cached_bytes_ = 0;
+  int64_t held_ = 0, peak_ = 0;
   std::map<size_t, std::vector<void*>> free_;
 };
 
@@ -204,9 +259,9 @@ class CudaBackend final : public Backend {
     for (auto& [key, c] : graphs_) {
       if (c.exec) cudaGraphExecDestroy(c.exec);
     }
-    if (attn_ws_) cudaFree(attn_ws_);
-    if (x16_ws_) cudaFree(x16_ws_);
-    if (draw_ws_) cudaFree(draw_ws_);
+    if (attn_ws_) pool_->free(attn_ws_, attn_ws_bytes_);
+    if (x16_ws_) pool_->free(x16_ws_, x16_ws_bytes_);
+    if (draw_ws_) pool_->free(draw_ws_, draw_ws_bytes_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_keys_);
@@ -237,10 +292,13 @@ class CudaBackend final : public Backend {
     return {.free = static_cast<int64_t>(free) + pool_->cached_bytes(),
             .total = static_cast<int64_t>(total)};
   }
+  AllocationStats allocation_stats() const override { return pool_->stats(); }
+  void reset_peak_allocated() override { pool_->reset_peak(); }
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = std::max<size_t>(16, static_cast<size_t>(n) * dtype_size(dtype));
+    check_injected_allocation_failure("device", static_cast<int64_t>(bytes));
     size_t cap = 0;
     void* p = pool_->allocate(bytes, &cap);
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -260,9 +318,10 @@ class CudaBackend final : public Backend {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     const size_t bytes = std::max<size_t>(16, static_cast<size_t>(n) * dtype_size(dst_dtype));
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, bytes));
-    std::shared_ptr<void> storage(p, [](void* q) { cudaFree(q); });
+    check_injected_allocation_failure("device", static_cast<int64_t>(bytes));
+    void* p = pool_->malloc(bytes);
+    std::shared_ptr<DevicePool> pool = pool_;
+    std::shared_ptr<void> storage(p, [pool, bytes](void* q) { pool->free(q, bytes); });
     Tensor t(std::move(storage), p, dst_dtype, Device::kCuda, shape);
     if (n == 0) return t;
     if (src_dtype == dst_dtype) {
@@ -398,7 +457,16 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       const uint64_t before = capture_generation_;
       capture_keep_ = &c.keep;
-      ops();
+      try {
+        ops();
+      } catch (...) {  // an AllocationError: end the capture, keep no graph, pass it on
+        capture_keep_ = nullptr;
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        c.keep.clear();
+        throw;
+      }
       capture_keep_ = nullptr;
       CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       BS_CHECK(capture_generation_ == before && "a workspace grew during graph capture");
@@ -759,6 +827,29 @@ class CudaBackend final : public Backend {
                                        stream_));
   }
 
+  // ---- DSpark / DFlash2 ops ----
+  void topk(const Tensor& values, const Tensor& ids, const Tensor& x) override {
+    const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0, k = values.dim(-1);
+    BS_CHECK(values.dtype() == DType::kF32 && ids.dtype() == DType::kI32 && k >= 1 && k <= v &&
+             values.numel() == n * k && ids.numel() == n * k);
+    CUDA_CHECK(bs::cuda::topk(values.as<float>(), ids.as<int32_t>(), in(x), n, v, k, stream_));
+  }
+  void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) override {
+    BS_CHECK(y.numel() == x.numel());
+    CUDA_CHECK(bs::cuda::scale_softcap(out(y), in(x), x.numel(), multiplier, cap, stream_));
+  }
+  void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
+                    const Tensor& base, int64_t group, int64_t block_rows,
+                    bool accumulate) override {
+    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
+    BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
+    BS_CHECK(y.numel() == x.numel() && base.numel() == taps * h &&
+             dyn.numel() == n * 2 * taps * (h / group) && (which == 0 || which == 1) &&
+             y.data() != x.data());
+    CUDA_CHECK(bs::cuda::dynamic_conv(out(y), in(x), in(dyn), which, in(base), n, h, taps, group,
+                                      block_rows, accumulate, stream_));
+  }
+
   // ---- Speculative decoding on the device ----
   void greedy_accept(const Tensor& o, const Tensor& tokens, const Tensor& target_ids,
                      const Tensor& offsets) override {
@@ -821,12 +912,19 @@ class CudaBackend final : public Backend {
     if (bytes > *cap) {
       if (*buf) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        CUDA_CHECK(cudaFree(*buf));
+        pool_->free(*buf, *cap);
+        *buf = nullptr;
+        *cap = 0;
       }
-      bytes = std::max(bytes * 5 / 4, size_t{1} << 20);
-      CUDA_CHECK(cudaMalloc(buf, bytes));
-      *cap = bytes;
       ++capture_generation_;
+      size_t want = std::max(bytes * 5 / 4, size_t{1} << 20);
+      try {
+        *buf = pool_->malloc(want);
+      } catch (const AllocationError&) {
+        want = bytes;  // without the growth slack, or the error goes to the step
+        *buf = pool_->malloc(want);
+      }
+      *cap = want;
     }
     return *buf;
   }

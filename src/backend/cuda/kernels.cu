@@ -367,6 +367,89 @@ __global__ void scatter_columns_kernel(Out dst, In src, const int32_t* ids, int6
   }
 }
 
+// ---- DSpark / DFlash2 ----
+// Pass j picks the first entry, in the order (value descending, index ascending), that comes after
+// the entry pass j - 1 picked: no exclusion list, any k.
+__global__ void topk_kernel(float* values, int32_t* ids, In x, int64_t v, int64_t k) {
+  __shared__ float s_val[32];
+  __shared__ int64_t s_idx[32];
+  __shared__ float prev_val;
+  __shared__ int64_t prev_idx;
+  const int64_t r = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  if (threadIdx.x == 0) {
+    prev_val = INFINITY;
+    prev_idx = -1;
+  }
+  __syncthreads();
+  for (int64_t j = 0; j < k; ++j) {
+    const float pv = prev_val;
+    const int64_t pi = prev_idx;
+    float best = -INFINITY;
+    int64_t bi = LLONG_MAX;
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+      const float xv = ld(x, r * v + i);
+      const bool after = xv < pv || (xv == pv && i > pi);
+      if (after && (xv > best || (xv == best && i < bi))) {
+        best = xv;
+        bi = i;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ob > best || (ob == best && oi < bi)) {
+        best = ob;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      s_val[warp] = best;
+      s_idx[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float b = s_val[0];
+      int64_t b_i = s_idx[0];
+      for (int w = 1; w < warps; ++w) {
+        if (s_val[w] > b || (s_val[w] == b && s_idx[w] < b_i)) {
+          b = s_val[w];
+          b_i = s_idx[w];
+        }
+      }
+      values[r * k + j] = b;
+      ids[r * k + j] = static_cast<int32_t>(b_i);
+      prev_val = b;
+      prev_idx = b_i;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void scale_softcap_kernel(Out y, In x, int64_t n, float multiplier, float cap) {
+  GRID_STRIDE(i, n) {
+    const float v = multiplier * ld(x, i);
+    st(y, i, cap > 0.0f ? cap * tanhf(v / cap) : v);
+  }
+}
+
+__global__ void dynamic_conv_kernel(Out y, In x, In dyn, int64_t which, In base, int64_t n,
+                                    int64_t h, int64_t taps, int64_t group, int64_t block_rows,
+                                    bool accumulate) {
+  const int64_t groups = h / group;
+  GRID_STRIDE(e, n * h) {
+    const int64_t i = e / h, c = e % h;
+    float acc = 0.0f;
+    for (int64_t t = 0; t < taps && t <= i % block_rows; ++t) {
+      const float kt =
+          ld(base, t * h + c) + ld(dyn, ((i * 2 + which) * taps + t) * groups + c / group);
+      acc += kt * ld(x, (i - t) * h + c);
+    }
+    if (accumulate) acc += ld(In{y.p, y.t}, e);
+    st(y, e, acc);
+  }
+}
+
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -874,6 +957,25 @@ cudaError_t copy_block(Out dst, int64_t dst_cols, int64_t dst_off, In src, int64
   if (rows * d <= 0) return cudaSuccess;
   copy_block_kernel<<<grid_for(rows * d), kThreads, 0, s>>>(dst, dst_cols, dst_off, src, src_cols,
                                                             src_off, rows, d);
+  return cudaGetLastError();
+}
+cudaError_t topk(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int64_t k,
+                 cudaStream_t s) {
+  if (rows <= 0 || k <= 0) return cudaSuccess;
+  topk_kernel<<<static_cast<unsigned>(rows), 256, 0, s>>>(values, ids, x, v, k);
+  return cudaGetLastError();
+}
+cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  scale_softcap_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n, multiplier, cap);
+  return cudaGetLastError();
+}
+cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
+                         int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
+                         cudaStream_t s) {
+  if (n * h <= 0) return cudaSuccess;
+  dynamic_conv_kernel<<<grid_for(n * h), kThreads, 0, s>>>(y, x, dyn, which, base, n, h, taps,
+                                                           group, block_rows, accumulate);
   return cudaGetLastError();
 }
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,

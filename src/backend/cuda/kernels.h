@@ -68,6 +68,18 @@ cudaError_t embedding(Out y, const int32_t* ids, In table, int64_t n, int64_t d,
 cudaError_t copy_block(Out dst, int64_t dst_cols, int64_t dst_off, In src, int64_t src_cols,
                        int64_t src_off, int64_t rows, int64_t d, cudaStream_t s);
 // dst[r, :] = fill; dst[r, ids[j]] = src[r, j].
+// ---- DSpark / DFlash2 (Backend::topk, scale_softcap, dynamic_conv) ----
+// values[r, :k], ids[r, :k] = the k largest entries of x[r, :v], descending, ties to the lower
+// index. One block per row, k passes over the row.
+cudaError_t topk(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int64_t k,
+                 cudaStream_t s);
+// y = cap > 0 ? cap * tanh(multiplier * x / cap) : multiplier * x.
+cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, cudaStream_t s);
+// y[i, c] (=|+=) sum_{t < taps, t <= i % block_rows} (base[t, c] + dyn[i, which, t, c / group]) *
+// x[i - t, c]; x, y [n, h], dyn [n, 2, taps, h / group], base [taps, h].
+cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
+                         int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
+                         cudaStream_t s);
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                             int64_t vs, float fill, cudaStream_t s);
 // Counter-based normals (backend.h seeded_normal).

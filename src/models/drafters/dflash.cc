@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "models/layer_activations.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -48,14 +49,22 @@ struct ProposeScratch : LayerActivations {
   Tensor kv_len;                 // I32 [seqs]: anchor_pos + B of each sequence
   Tensor logit_rows;             // I32 [seqs * (B-1)]: block rows whose logits are wanted
   // LayerActivations: [seqs * B, ...]
-  Tensor last, last_n;  // [seqs * (B-1), H]: the gathered rows, normed
-  Tensor logits;        // [seqs * (B-1), V]
+  Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
+  Tensor logits;        // [seqs * nd, V]
+  // Relatives (DFlashModules): the convolved sublayer input and the sublayer output [seqs * B, H]
+  // (DFlash2); the greedy chain's rows F32 [>= seqs * nd, V] and drafts I32 (propose() only).
+  Tensor conv_in, sub_out, chain_rows, chain_ids;
 };
 
 class DFlashDrafter final : public Drafter {
  public:
-  DFlashDrafter(DFlashConfig config, Backend& backend, int64_t target_hidden, int64_t vocab)
-      : c_(std::move(config)), backend_(backend), target_hidden_(target_hidden), vocab_(vocab) {}
+  DFlashDrafter(DFlashConfig config, Backend& backend, int64_t target_hidden, int64_t vocab,
+                std::unique_ptr<DFlashModules> modules)
+      : c_(std::move(config)),
+        backend_(backend),
+        target_hidden_(target_hidden),
+        vocab_(vocab),
+        modules_(std::move(modules)) {}
 
   Status load(const io::Checkpoint& ckpt, const CausalLM& target, bool fp8_weights) {
     const auto& m = c_.model;
@@ -141,12 +150,16 @@ class DFlashDrafter final : public Drafter {
     inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
                                        {static_cast<int64_t>(rope.inv_freq.size())});
     attention_scaling_ = rope.attention_scaling;
+    if (modules_) BS_RETURN_IF_ERROR(modules_->load(ckpt, backend_));
     return Status::Ok();
   }
 
-  std::string family() const override { return "dflash"; }
+  std::string family() const override { return modules_ ? modules_->family() : "dflash"; }
   int64_t block_size() const override { return c_.block_size; }
-  int64_t max_drafts() const override { return c_.block_size - 1; }
+  // DFlash drops row 0 (the anchor echo); shifted rows (DSpark) read every row.
+  int64_t max_drafts() const override { return c_.block_size - (shifted() ? 0 : 1); }
+  bool draws_drafts() const override { return modules_ != nullptr; }
+  bool has_confidence() const override { return modules_ && modules_->has_confidence(); }
   const std::vector<int>& target_layers() const override { return c_.target_layers; }
 
   KvPool make_kv_pool(int64_t num_blocks) override {
@@ -283,14 +296,69 @@ class DFlashDrafter final : public Drafter {
   // attention call per layer over each sequence's own context); a sequence's rows are computed
   // exactly as for its propose alone.
   Status propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs, Tensor* logits) override {
+    int64_t nd = 0;
+    BS_RETURN_IF_ERROR(forward_blocks(kv, reqs, &nd));
+    const int64_t S = static_cast<int64_t>(reqs.size());
+    if (!modules_) {
+      *logits = prop_.logits.rows(0, S * nd);
+      return Status::Ok();
+    }
+    // Relatives: the rows of each request's greedy chain (scratch allocated on first use: the
+    // engine's propose_draw does not need it).
+    if (!prop_.chain_rows.defined() || prop_.chain_rows.dim(0) < S * nd) {
+      prop_.chain_rows = backend_.empty({S * nd, vocab_}, DType::kF32);
+      prop_.chain_ids = backend_.empty({S * nd}, DType::kI32);
+    }
+    for (int64_t r = 0; r < S; ++r) {
+      const DraftDraw greedy{.ids = prop_.chain_ids.rows(r * nd, reqs[r].num_drafts)};
+      modules_->draw(prop_.last_n.rows(r * nd, reqs[r].num_drafts),
+                     prop_.logits.rows(r * nd, reqs[r].num_drafts), reqs[r].anchor, greedy,
+                     prop_.chain_rows.rows(r * nd, reqs[r].num_drafts), nullptr);
+    }
+    *logits = prop_.chain_rows.rows(0, S * nd);
+    return Status::Ok();
+  }
+
+  Status propose_draw(KvPool& kv, std::span<const ProposeRequest> reqs,
+                      std::span<const DraftDraw> draws,
+                      std::vector<std::vector<float>>* confidences) override {
+    if (!modules_) return Drafter::propose_draw(kv, reqs, draws, confidences);
+    if (draws.size() != reqs.size()) {
+      return InvalidArgument("{} propose_draw: {} draws for {} requests", family(), draws.size(),
+                             reqs.size());
+    }
+    if (confidences && !modules_->has_confidence()) {
+      return InvalidArgument("{} drafter has no confidence head", family());
+    }
+    int64_t nd = 0;
+    BS_RETURN_IF_ERROR(forward_blocks(kv, reqs, &nd));
+    if (confidences) confidences->assign(reqs.size(), {});
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      const int64_t k = reqs[r].num_drafts, row = static_cast<int64_t>(r) * nd;
+      if (draws[r].ids.numel() != k) {
+        return InvalidArgument("{} propose_draw: {} draft ids for {} drafts", family(),
+                               draws[r].ids.numel(), k);
+      }
+      modules_->draw(prop_.last_n.rows(row, k), prop_.logits.rows(row, k), reqs[r].anchor, draws[r],
+                     Tensor(), confidences ? &(*confidences)[r] : nullptr);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  bool shifted() const { return modules_ && modules_->shifted_rows(); }
+
+  // The block forward of every request (propose_batch's work up to the logits): p.last_n and
+  // p.logits rows [r * nd, r * nd + num_drafts) are request r's; *nd_out = nd.
+  Status forward_blocks(KvPool& kv, std::span<const ProposeRequest> reqs, int64_t* nd_out) {
     const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
     if (S == 0) return InvalidArgument("dflash propose: no requests");
     int64_t nd = 0, table_blocks = 0;
     for (const ProposeRequest& req : reqs) {
       const int64_t s = req.anchor_pos;
-      if (req.num_drafts < 1 || req.num_drafts > B - 1) {
-        return InvalidArgument("dflash propose: num_drafts {} out of range [1, {}]", req.num_drafts,
-                               B - 1);
+      if (req.num_drafts < 1 || req.num_drafts > max_drafts()) {
+        return InvalidArgument("{} propose: num_drafts {} out of range [1, {}]", family(),
+                               req.num_drafts, max_drafts());
       }
       if (req.anchor < 0 || req.anchor >= vocab_) {
         return InvalidArgument("dflash propose: anchor token {} out of range [0, {})", req.anchor,
@@ -317,8 +385,10 @@ class DFlashDrafter final : public Drafter {
         positions[r * B + i] = static_cast<int32_t>(s + i);
         slots[r * B + i] = slot_of(kv, req.block_table, s + i);
       }
-      // Row 0 echoes the anchor; row j predicts position s + j.
-      for (int64_t j = 0; j < nd; ++j) rows[r * nd + j] = static_cast<int32_t>(r * B + 1 + j);
+      // DFlash: row 0 echoes the anchor, row j predicts position s + j. Shifted (DSpark): row j
+      // predicts s + j + 1.
+      const int64_t first = shifted() ? 0 : 1;
+      for (int64_t j = 0; j < nd; ++j) rows[r * nd + j] = static_cast<int32_t>(r * B + first + j);
       kv_lens[r] = static_cast<int32_t>(s + B);
       std::copy(req.block_table.begin(), req.block_table.end(), tables.begin() + r * cap);
     }
@@ -334,11 +404,10 @@ class DFlashDrafter final : public Drafter {
     const std::string key =
         fmt::format("dflash:{}:{}:{}:{}:{:x}", table_generation_, S, nd, cap, kv_pool_id(kv));
     backend_.run_captured(key, [&] { block_forward(kv, S, nd); });
-    *logits = p.logits.rows(0, S * nd);
+    *nd_out = nd;
     return Status::Ok();
   }
 
- private:
   // The blocks of S sequences through every layer (ids / positions / slots / tables / kv_len
   // uploaded), then the logits of rows 1 .. nd of every block into p.logits.
   void block_forward(KvPool& kv, int64_t S, int64_t nd) {
@@ -354,12 +423,20 @@ class DFlashDrafter final : public Drafter {
     const Tensor tables = table_.rows(0, S), kv_lens = p.kv_len.rows(0, S);
     const int64_t max_kv_len = table_.dim(1) * kv.block_size;
     backend_.embedding(x, p.ids.rows(0, rows), embed_);
+    const float emb_scale = modules_ ? modules_->input_embedding_scale() : 1.0f;
+    if (emb_scale != 1.0f) backend_.scale_softcap(x, x, emb_scale, 0.0f);
+    const bool convs = modules_ && modules_->has_convs();
+    const int64_t B = c_.block_size;
+    const Tensor xc = convs ? p.conv_in.rows(0, rows) : Tensor();
+    const Tensor sub = convs ? p.sub_out.rows(0, rows) : Tensor();
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& L = layers_[li];
       // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
       // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
+      // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
       backend_.rms_norm(xn, x, L.input_norm, eps);
-      L.w_qkv.apply(backend_, qkv, xn);
+      if (convs) modules_->conv_prepare(static_cast<int64_t>(li), 0, xc, xn, B);
+      L.w_qkv.apply(backend_, qkv, convs ? xc : xn);
       backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, eps, positions, inv_freq_,
                                   attention_scaling_, kv.k[li], kv.v[li], slots);
       if (S == 1) {
@@ -369,12 +446,23 @@ class DFlashDrafter final : public Drafter {
         backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], tables, kv_lens, max_kv_len,
                                        L.mask, scale);
       }
-      L.wo.apply(backend_, x, attn, /*accumulate=*/true);
+      if (convs) {
+        L.wo.apply(backend_, sub, attn);
+        modules_->conv_finish(static_cast<int64_t>(li), 0, x, sub, B);
+      } else {
+        L.wo.apply(backend_, x, attn, /*accumulate=*/true);
+      }
       // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
       backend_.rms_norm(xn, x, L.post_norm, eps);
-      L.w_gate_up.apply(backend_, gate_up, xn);
+      if (convs) modules_->conv_prepare(static_cast<int64_t>(li), 1, xc, xn, B);
+      L.w_gate_up.apply(backend_, gate_up, convs ? xc : xn);
       backend_.swiglu(act, gate_up);
-      L.w_down.apply(backend_, x, act, /*accumulate=*/true);
+      if (convs) {
+        L.w_down.apply(backend_, sub, act);
+        modules_->conv_finish(static_cast<int64_t>(li), 1, x, sub, B);
+      } else {
+        L.w_down.apply(backend_, x, act, /*accumulate=*/true);
+      }
     }
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
@@ -415,7 +503,8 @@ class DFlashDrafter final : public Drafter {
     if (rows <= obs_.rows) return;
     const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
                   kv_dim = m.num_kv_heads * m.head_dim;
-    obs_.rows = r;
+    // The size is recorded once the buffers exist (an AllocationError leaves a consistent state).
+    obs_.rows = 0;
     ++obs_generation_;
     obs_.ctx = backend_.empty({r, m.hidden_size});
     obs_.fused = backend_.empty({r, L * 2 * kv_dim});
@@ -423,6 +512,7 @@ class DFlashDrafter final : public Drafter {
     obs_.gather_ids = backend_.empty({2 * L * r}, DType::kI32);
     obs_.positions = backend_.empty({L * r}, DType::kI32);
     obs_.slots = backend_.empty({r}, DType::kI32);
+    obs_.rows = r;
   }
 
   // Propose scratch for `seqs` blocks and a [seqs, >= table_blocks] table. Growing either
@@ -432,17 +522,24 @@ class DFlashDrafter final : public Drafter {
     const int64_t B = c_.block_size;
     if (seqs > prop_.seqs) {
       const int64_t n = std::max(seqs, 2 * prop_.seqs), rows = n * B;
-      prop_.seqs = n;
+      prop_.seqs = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
+      ++table_generation_;
       prop_.ids = backend_.empty({rows}, DType::kI32);
       prop_.positions = backend_.empty({rows}, DType::kI32);
       prop_.slots = backend_.empty({rows}, DType::kI32);
       prop_.kv_len = backend_.empty({n}, DType::kI32);
-      prop_.logit_rows = backend_.empty({n * (B - 1)}, DType::kI32);
+      const int64_t nd = max_drafts();
+      prop_.logit_rows = backend_.empty({n * nd}, DType::kI32);
       prop_.allocate_layers(backend_, m, rows);
-      prop_.last = backend_.empty({n * (B - 1), m.hidden_size});
-      prop_.last_n = backend_.empty({n * (B - 1), m.hidden_size});
-      prop_.logits = backend_.empty({n * (B - 1), vocab_});
-      ++table_generation_;
+      prop_.last = backend_.empty({n * nd, m.hidden_size});
+      prop_.last_n = backend_.empty({n * nd, m.hidden_size});
+      prop_.logits = backend_.empty({n * nd, vocab_});
+      if (modules_ && modules_->has_convs()) {
+        prop_.conv_in = backend_.empty({rows, m.hidden_size});
+        prop_.sub_out = backend_.empty({rows, m.hidden_size});
+        modules_->reserve_rows(rows);
+      }
+      prop_.seqs = n;
     }
     const int64_t cap = table_.defined() ? table_.dim(1) : 0;
     if (!table_.defined() || table_.dim(0) < prop_.seqs || cap < table_blocks) {
@@ -458,9 +555,10 @@ class DFlashDrafter final : public Drafter {
   Backend& backend_;
   int64_t target_hidden_;
   int64_t vocab_;
-  Tensor fc_;           // [H, n_taps * H_target]
-  Tensor hidden_norm_;  // [H]
-  Tensor kv_fused_;     // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
+  std::unique_ptr<DFlashModules> modules_;  // DSpark / DFlash2 parts; null for DFlash
+  Tensor fc_;                               // [H, n_taps * H_target]
+  Tensor hidden_norm_;                      // [H]
+  Tensor kv_fused_;                         // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
   std::vector<Layer> layers_;
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
@@ -503,7 +601,7 @@ std::vector<int> dflash_default_target_layers(int64_t num_target_layers, int64_t
 }
 
 Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
-                                         int64_t num_target_layers) {
+                                         int64_t num_target_layers, DFlashFamily family) {
   if (!j.is_object()) {
     return InvalidArgument("{}: expected a JSON object, got {}", file, io::json_type_name(j));
   }
@@ -522,8 +620,15 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
     return Unimplemented("{}: attention_bias / mlp_bias are not supported for DFlash drafters",
                          file);
   }
-  BS_ASSIGN_OR_RETURN(bool from_anchor, io::get_bool_or(d, "sample_from_anchor", dfile, false));
-  if (from_anchor) {
+  const bool dspark = family == DFlashFamily::kDSpark, dflash2 = family == DFlashFamily::kDFlash2;
+  BS_ASSIGN_OR_RETURN(bool from_anchor, io::get_bool_or(d, "sample_from_anchor", dfile, dspark));
+  if (dspark && !from_anchor) {
+    return Unimplemented(
+        "{}: sample_from_anchor=false with projector_type 'dspark' (an unshifted DSpark layout) is "
+        "not supported",
+        dfile);
+  }
+  if (from_anchor && !dspark) {
     return Unimplemented(
         "{}: sample_from_anchor=true (shifted DSpark layout, row k predicts s+k+1) is not "
         "supported by the DFlash drafter",
@@ -540,23 +645,25 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
   if (sink) return Unimplemented("{}: attention_sink_bias is not supported", dfile);
   if (io::has_field(d, "projector_type")) {
     BS_ASSIGN_OR_RETURN(std::string proj, io::get_string(d, "projector_type", dfile));
-    if (proj != "dflash") {
+    if (proj != (dspark ? "dspark" : "dflash")) {
       return Unimplemented("{}: projector_type '{}' is not supported (DFlash: absent or 'dflash')",
                            dfile, proj);
     }
   }
   BS_ASSIGN_OR_RETURN(int64_t markov_rank, io::get_int_or(d, "markov_rank", dfile, 0));
-  if (markov_rank != 0) {
+  if (markov_rank != 0 && !dspark) {
     return Unimplemented("{}: markov_rank {} (a DSpark Markov head) is not supported", dfile,
                          markov_rank);
   }
   for (const char* key : {"input_embedding_scale", "output_multiplier"}) {
+    if (dflash2) break;  // DFlash2 applies both (dflash2.cc)
     for (const json* src : std::initializer_list<const json*>{&d, &j}) {
       BS_ASSIGN_OR_RETURN(double v, io::get_float_or(*src, key, file, 1.0));
       if (v != 1.0) return Unimplemented("{}: field '{}' = {} is not supported", file, key, v);
     }
   }
   for (const json* src : std::initializer_list<const json*>{&d, &j}) {
+    if (dflash2) break;
     if (io::has_field(*src, "final_logit_softcapping")) {
       return Unimplemented("{}: field 'final_logit_softcapping' is not supported", file);
     }
@@ -652,12 +759,32 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
   return c;
 }
 
+Result<std::string> drafter_tensor_name(const io::Checkpoint& ckpt,
+                                        std::initializer_list<std::string> spellings) {
+  std::string tried;
+  for (const std::string& n : spellings) {
+    if (ckpt.has(n)) return n;
+    if (ckpt.has("model." + n)) return "model." + n;
+    tried += fmt::format("{}'{}' (or 'model.{}')", tried.empty() ? "" : ", ", n, n);
+  }
+  return NotFound("{}: drafter tensor {} not found", ckpt.dir(), tried);
+}
+
 Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json& config,
                                              const CausalLM& target,
                                              const DrafterOptions& options) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
+  BS_ASSIGN_OR_RETURN(DFlashConfig c,
+                      parse_dflash_config(config, file, target.config().num_layers));
+  return load_dflash_family(dir, std::move(c), target, options, nullptr);
+}
+
+Result<std::unique_ptr<Drafter>> load_dflash_family(const std::string& dir, DFlashConfig c,
+                                                    const CausalLM& target,
+                                                    const DrafterOptions& options,
+                                                    std::unique_ptr<DFlashModules> modules) {
+  const std::string file = (std::filesystem::path(dir) / "config.json").string();
   const auto& t = target.config();
-  BS_ASSIGN_OR_RETURN(DFlashConfig c, parse_dflash_config(config, file, t.num_layers));
   const auto& m = c.model;
   if (m.hidden_size != t.hidden_size) {
     return InvalidArgument(
@@ -686,10 +813,12 @@ Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json&
                            c.mask_token_id, t.vocab_size);
   }
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
-  auto drafter =
-      std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size, t.vocab_size);
+  BS_RETURN_IF_ERROR(check_checkpoint_fits("drafter " + dir, ckpt, target.backend()));
+  const std::string family = modules ? modules->family() : "dflash";
+  auto drafter = std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size,
+                                                 t.vocab_size, std::move(modules));
   BS_RETURN_IF_ERROR(drafter->load(ckpt, target, options.fp8_weights)
-                         .with_context("loading DFlash drafter " + dir));
+                         .with_context(fmt::format("loading {} drafter {}", family, dir)));
   return std::unique_ptr<Drafter>(std::move(drafter));
 }
 

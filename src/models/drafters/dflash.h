@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "models/drafter.h"
 
 namespace bs {
@@ -29,6 +30,58 @@ struct DFlashConfig {
   std::vector<AttentionMask> layer_masks;  // per drafter layer (causal / sliding window)
 };
 
+// Which DFlash-format family a config is parsed for: DSpark and DFlash2 accept the fields that the
+// plain DFlash drafter refuses (shifted rows / Markov rank; embedding scale / logit multiplier /
+// soft-cap); their own fields are parsed by dspark.cc / dflash2.cc.
+enum class DFlashFamily { kDFlash, kDSpark, kDFlash2 };
+
+// What DSpark and DFlash2 add to the DFlash drafter (models/drafters/dspark.cc, dflash2.cc). The
+// backbone (observe, the block forward, the paged caches) runs unchanged; the modules hook in at
+//   - the block layout: shifted rows (DSpark: row k predicts s+k+1, so B rows give B drafts) and
+//     the block embedding scale (DFlash2's input_embedding_scale);
+//   - both sublayers of every layer (DFlash2's grouped dynamic convolutions):
+//       x = norm(h); conv_prepare(x) -> x'; out = sublayer(x'); h += conv_finish(out)
+//   - after the final norm: the draws (DSpark's Markov chain and confidence head, DFlash2's
+//     candidate selector walk), which make the family a Drafter::draws_drafts() drafter.
+class DFlashModules {
+ public:
+  virtual ~DFlashModules() = default;
+  virtual std::string family() const = 0;
+  // Loads the family's tensors (after the backbone's) with the backend the drafter runs on.
+  virtual Status load(const io::Checkpoint& ckpt, Backend& backend) = 0;
+  virtual bool shifted_rows() const { return false; }
+  virtual float input_embedding_scale() const { return 1.0f; }
+
+  // Sublayer convolutions over `rows` block rows (a multiple of `block_rows`), sublayer 0 =
+  // attention, 1 = MLP. conv_prepare writes the sublayer input y [rows, H] from the normed x and
+  // keeps what conv_finish needs; conv_finish adds the convolved sublayer output to `residual`.
+  // Scratch for `rows` rows is reserved by reserve_rows (a call that grows it must be followed by
+  // a new capture key: the drafter bumps its table generation).
+  virtual bool has_convs() const { return false; }
+  virtual void reserve_rows(int64_t rows) { (void)rows; }
+  virtual void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
+                            int64_t block_rows) {
+    (void)layer, (void)sublayer, (void)y, (void)x, (void)block_rows;
+  }
+  virtual void conv_finish(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
+                           int64_t block_rows) {
+    (void)layer, (void)sublayer, (void)residual, (void)out, (void)block_rows;
+  }
+
+  virtual bool has_confidence() const { return false; }
+  // Draws one request's k drafts from its rows: hidden [k, H] (final-normed), logits [k, V]
+  // (their LM-head rows). `rows_out` (F32 [k, V], may be undefined) gets the full-vocabulary
+  // logits each draft was chosen from; `confidences` (may be null) the prefix survival a_1..a_k
+  // (read back).
+  virtual void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
+                    const Tensor& rows_out, std::vector<float>* confidences) = 0;
+};
+
+// The checkpoint name of drafter tensor `name`: itself or "model." + name (NotFound naming both).
+// With several spellings, the first present wins and the error names them all.
+Result<std::string> drafter_tensor_name(const io::Checkpoint& ckpt,
+                                        std::initializer_list<std::string> spellings);
+
 // Default taps when the config has no target_layer_ids (dflash.md §1.1): one drafter layer ->
 // [N / 2]; else round(1 + i (N - 4) / (L - 1)) for i < L, rounding halves to even like Python.
 std::vector<int> dflash_default_target_layers(int64_t num_target_layers, int64_t num_draft_layers);
@@ -36,11 +89,19 @@ std::vector<int> dflash_default_target_layers(int64_t num_target_layers, int64_t
 // Parses a DFlash config.json document (`file` names it in errors). `num_target_layers` feeds the
 // default target_layer_ids rule.
 Result<DFlashConfig> parse_dflash_config(const nlohmann::json& config, const std::string& file,
-                                         int64_t num_target_layers);
+                                         int64_t num_target_layers,
+                                         DFlashFamily family = DFlashFamily::kDFlash);
 
 // Loads dir (config.json already parsed into `config`) against `target`: validates hidden size,
 // vocabulary, tapped layers, mask id and the fc shape, with errors naming the field or tensor.
 Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const nlohmann::json& config,
                                              const CausalLM& target, const DrafterOptions& options);
+
+// The shared loader of the family: validates `c` against the target (errors naming the field),
+// loads the backbone and then `modules` (null: plain DFlash).
+Result<std::unique_ptr<Drafter>> load_dflash_family(const std::string& dir, DFlashConfig c,
+                                                    const CausalLM& target,
+                                                    const DrafterOptions& options,
+                                                    std::unique_ptr<DFlashModules> modules);
 
 }  // namespace bs

@@ -18,6 +18,7 @@
 #include "models/drafters/flashmap_fold.h"
 #include "models/kv_pool.h"
 #include "models/rope.h"
+#include "models/weight_budget.h"
 #include "models/weights.h"
 
 namespace bs {
@@ -759,13 +760,14 @@ KvPool FlashMapDrafterImpl::make_kv_pool(int64_t num_blocks) {
 void FlashMapDrafterImpl::ensure_observe_scratch(int64_t rows) {
   if (rows <= o_.rows) return;
   const int64_t r = std::max<int64_t>(rows, 16), A = attn_dim();
-  o_.rows = r;
+  o_.rows = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
   o_.ctx = backend_.empty({r, c_.hidden});
   o_.fused = backend_.empty({r, c_.layers * 2 * A});
   o_.k = backend_.empty({r, A});
   o_.v = backend_.empty({r, A});
   o_.positions = backend_.empty({r}, DType::kI32);
   o_.slots = backend_.empty({r}, DType::kI32);
+  o_.rows = r;
 }
 
 void FlashMapDrafterImpl::write_context_kv(KvPool& kv, const Tensor& rows, const Tensor& fused,
@@ -1051,6 +1053,7 @@ Result<std::unique_ptr<FlashMapDrafter>> load_flashmap_drafter(
   const int64_t steps = options.flashmap_steps > 0 ? options.flashmap_steps : c.num_steps;
   BS_ASSIGN_OR_RETURN(std::vector<double> grid, jump_grid(c, steps, file));
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
+  BS_RETURN_IF_ERROR(check_checkpoint_fits("drafter " + dir, ckpt, target.backend()));
   auto drafter = std::make_unique<FlashMapDrafterImpl>(std::move(c), target, target.backend());
   BS_RETURN_IF_ERROR(
       drafter->load(dir, ckpt, options, load_options, steps, grid).with_context("loading " + dir));

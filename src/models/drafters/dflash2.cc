@@ -1,0 +1,228 @@
+// DFlash2: the DFlash drafter (dflash.cc) plus, as DFlashModules,
+//   convolutions  per layer and sublayer, over the B rows of each block (zero before row 0):
+//                   D = x · Wprojᵀ as [rows, 2, K, G]   (one GEMM gives both dynamic kernels)
+//                   prepare: x' = conv(x, D[:, 0], base[0]);  finish: h += conv(out, D[:, 1],
+//                   base[1]) conv(x, D, base)[i, c] = Σ_t (base[t, c] + D[i, t, c / group]) x[i -
+//                   t, c]
+//   selector walk per request, fp32 scores (specs/dflash.md §5.4):
+//                   u = lm_head(h) × output_multiplier, soft-capped;  U, C = top-K(u)
+//                   W_p[k] = z_p ⊙ Bc[C_p[k]]  with z_p = hidden_projection · h_p   (all rows at
+//                   once) S_p = U_p + W_p · A[pred]                       (pred = anchor, then
+//                   d_{p-1}) the row S_p scattered into -inf over the vocabulary: argmax (greedy;
+//                   exact ties of S go to the lower token id) or a draw from filtered_probs
+//                   (sampled; softmax(S_p / T) over the candidates at plain temperature), which is
+//                   q.
+#include "models/drafters/dflash2.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "io/json_file.h"
+#include "models/drafters/dflash.h"
+#include "models/drafters/draft_draws.h"
+
+namespace bs {
+namespace {
+
+using nlohmann::json;
+
+struct DFlash2Config {
+  int64_t taps = 0;   // conv_kernel_size
+  int64_t group = 0;  // conv_group_size (channels per dynamic-kernel group)
+  int64_t rank = 0;   // selector_rank
+  int64_t top_k = 16;
+  float multiplier = 1.0f;
+  float softcap = 0.0f;  // 0: none
+  float embedding_scale = 1.0f;
+};
+
+class DFlash2Modules final : public DFlashModules {
+ public:
+  DFlash2Modules(DFlash2Config c, int64_t layers, int64_t hidden, int64_t vocab, int64_t block)
+      : c_(c), layers_(layers), hidden_(hidden), vocab_(vocab), block_(block) {}
+
+  std::string family() const override { return "dflash2"; }
+  float input_embedding_scale() const override { return c_.embedding_scale; }
+  bool has_convs() const override { return true; }
+
+  Status load(const io::Checkpoint& ckpt, Backend& backend) override {
+    backend_ = &backend;
+    const int64_t H = hidden_, K = c_.taps, G = H / c_.group, R = c_.rank, V = vocab_;
+    const std::string conv_why = fmt::format(
+        "dflash_config.conv_kernel_size {}, conv_group_size {} (hidden {})", K, c_.group, H);
+    for (int64_t l = 0; l < layers_; ++l) {
+      for (const char* sub : {"attention_conv", "mlp_conv"}) {
+        const std::string p = fmt::format("layers.{}.{}.", l, sub);
+        Conv conv;
+        BS_ASSIGN_OR_RETURN(
+            conv.base, load_module_tensor(ckpt, backend, {p + "base_kernel"}, {2, K, H}, conv_why));
+        conv.base = conv.base.view({2 * K, H});
+        BS_ASSIGN_OR_RETURN(conv.proj,
+                            load_module_tensor(ckpt, backend, {p + "kernel_projection.weight"},
+                                               {2 * K * G, H}, conv_why));
+        convs_.push_back(conv);
+      }
+    }
+    const std::string why = fmt::format("dflash_config.selector_rank = {}", R);
+    BS_ASSIGN_OR_RETURN(pred_,
+                        load_module_tensor(ckpt, backend,
+                                           {"candidate_selector.predecessor_codebook",
+                                            "candidate_selector.predecessor_codebook.weight"},
+                                           {V, R}, why));
+    BS_ASSIGN_OR_RETURN(succ_, load_module_tensor(ckpt, backend,
+                                                  {"candidate_selector.successor_codebook",
+                                                   "candidate_selector.successor_codebook.weight"},
+                                                  {V, R}, why));
+    BS_ASSIGN_OR_RETURN(
+        hproj_, load_module_tensor(ckpt, backend, {"candidate_selector.hidden_projection.weight"},
+                                   {R, H}, why));
+    // Walk scratch for one request (draw runs request by request).
+    const int64_t B = block_, T = c_.top_k;
+    u_ = backend.empty({B, V}, DType::kF32);
+    rows_ = backend.empty({B, V}, DType::kF32);
+    vals_ = backend.empty({B, T}, DType::kF32);
+    cands_ = backend.empty({B, T}, DType::kI32);
+    z_ = backend.empty({B, R});
+    z_rep_ = backend.empty({B * T, R});
+    edges_ = backend.empty({B * T, R});
+    a_ = backend.empty({1, R});
+    scores_ = backend.empty({1, T}, DType::kF32);
+    chain_ = backend.empty({B + 1}, DType::kI32);
+    rep_ids_ = backend.empty({B * T}, DType::kI32);
+    std::vector<int32_t> rep(static_cast<size_t>(B * T));
+    for (int64_t i = 0; i < B * T; ++i) rep[i] = static_cast<int32_t>(i / T);
+    backend.copy_from_host(rep_ids_, rep.data());
+    return Status::Ok();
+  }
+
+  void reserve_rows(int64_t rows) override {
+    const int64_t width = 2 * c_.taps * (hidden_ / c_.group);
+    if (!dyn_.defined() || dyn_.dim(0) < rows) dyn_ = backend_->empty({rows, width});
+  }
+  void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
+                    int64_t block_rows) override {
+    const Conv& conv = convs_[layer * 2 + sublayer];
+    const Tensor dyn = dyn_.rows(0, x.dim(0));
+    backend_->matmul(dyn, x, conv.proj);
+    backend_->dynamic_conv(y, x, dyn, 0, conv.base.rows(0, c_.taps), c_.group, block_rows,
+                           /*accumulate=*/false);
+  }
+  void conv_finish(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
+                   int64_t block_rows) override {
+    const Conv& conv = convs_[layer * 2 + sublayer];
+    backend_->dynamic_conv(residual, out, dyn_.rows(0, out.dim(0)), 1,
+                           conv.base.rows(c_.taps, c_.taps), c_.group, block_rows,
+                           /*accumulate=*/true);
+  }
+
+  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
+            const Tensor& rows_out, std::vector<float>* confidences) override {
+    (void)confidences;  // no confidence head
+    Backend& b = *backend_;
+    const int64_t k = hidden.dim(0), T = c_.top_k;
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    const Tensor rows = rows_out.defined() ? rows_out : rows_.rows(0, k);
+    const Tensor u = u_.rows(0, k), vals = vals_.rows(0, k), cands = cands_.rows(0, k);
+    b.scale_softcap(u, logits, c_.multiplier, c_.softcap);
+    b.topk(vals, cands, u);
+    // Every row's candidate edges W_p[k] = z_p ⊙ Bc[C_p[k]] before the sequential part.
+    const Tensor z = z_.rows(0, k), edges = edges_.rows(0, k * T), z_rep = z_rep_.rows(0, k * T);
+    b.matmul(z, hidden, hproj_);
+    b.embedding(edges, cands.view({k * T}), succ_);
+    b.embedding(z_rep, rep_ids_.rows(0, k * T), z);
+    b.mul(edges, edges, z_rep);
+    b.copy_from_host(chain_.rows(0, 1), &anchor);
+    for (int64_t j = 0; j < k; ++j) {
+      b.embedding(a_, chain_.rows(j, 1), pred_);
+      b.matmul(scores_, a_, edges.rows(j * T, T));
+      b.add(scores_, scores_, vals.rows(j, 1));
+      const Tensor row = rows.rows(j, 1);
+      b.scatter_columns(row, scores_, cands.rows(j, 1).view({T}), kNegInf);
+      draw_row(b, row, chain_.rows(j + 1, 1), d, j);
+    }
+    b.copy(d.ids, chain_.rows(1, k));
+  }
+
+ private:
+  struct Conv {
+    Tensor base;  // [2 * K, H]: rows 0..K-1 prepare, K..2K-1 finish
+    Tensor proj;  // [2 * K * G, H]
+  };
+  DFlash2Config c_;
+  int64_t layers_, hidden_, vocab_, block_;
+  Backend* backend_ = nullptr;
+  std::vector<Conv> convs_;       // [layer * 2 + sublayer]
+  Tensor pred_, succ_;            // [V, R]
+  Tensor hproj_;                  // [R, H]
+  Tensor dyn_;                    // [rows, 2 * K * G]: the current sublayer's dynamic kernels
+  Tensor u_, rows_;               // F32 [B, V]: unary logits; the walk's rows when not wanted
+  Tensor vals_, cands_;           // F32 / I32 [B, T]
+  Tensor z_, z_rep_, edges_, a_;  // [B, R], [B * T, R], [B * T, R], [1, R]
+  Tensor scores_;                 // F32 [1, T]
+  Tensor chain_;                  // I32 [B + 1]
+  Tensor rep_ids_;                // I32 [B * T]: i / T (repeats z_p once per candidate)
+};
+
+Result<DFlash2Config> parse_dflash2_fields(const json& j, const json& d, const std::string& file,
+                                           int64_t hidden, int64_t vocab) {
+  const std::string dfile = file + " (dflash_config)";
+  DFlash2Config c;
+  for (const char* key : {"conv_kernel_size", "conv_group_size", "selector_rank"}) {
+    if (!io::has_field(d, key)) {
+      return InvalidArgument("{}: missing field 'dflash_config.{}' (a DFlash2 drafter)", file, key);
+    }
+  }
+  BS_ASSIGN_OR_RETURN(c.taps, io::get_int(d, "conv_kernel_size", dfile));
+  BS_ASSIGN_OR_RETURN(c.group, io::get_int(d, "conv_group_size", dfile));
+  BS_ASSIGN_OR_RETURN(c.rank, io::get_int(d, "selector_rank", dfile));
+  BS_ASSIGN_OR_RETURN(c.top_k, io::get_int_or(d, "selector_top_k", dfile, 16));
+  if (c.taps < 1)
+    return InvalidArgument("{}: conv_kernel_size must be >= 1, got {}", dfile, c.taps);
+  if (c.group < 1 || hidden % c.group != 0) {
+    return InvalidArgument("{}: conv_group_size {} must divide hidden_size {}", dfile, c.group,
+                           hidden);
+  }
+  if (c.rank < 1) return InvalidArgument("{}: selector_rank must be >= 1, got {}", dfile, c.rank);
+  if (c.top_k < 1 || c.top_k > vocab) {
+    return InvalidArgument("{}: selector_top_k {} out of range [1, vocab_size {}]", dfile, c.top_k,
+                           vocab);
+  }
+  auto number = [&](const char* key, double dflt) -> Result<double> {
+    return io::get_float_or(io::has_field(d, key) ? d : j, key, file, dflt);
+  };
+  BS_ASSIGN_OR_RETURN(double mult, number("output_multiplier", 1.0));
+  BS_ASSIGN_OR_RETURN(double cap, number("final_logit_softcapping", 0.0));
+  BS_ASSIGN_OR_RETURN(double scale, number("input_embedding_scale", 1.0));
+  if (!(mult > 0.0)) {
+    return InvalidArgument("{}: output_multiplier must be > 0, got {}", file, mult);
+  }
+  if (cap < 0.0) {
+    return InvalidArgument("{}: final_logit_softcapping must be >= 0, got {}", file, cap);
+  }
+  c.multiplier = static_cast<float>(mult);
+  c.softcap = static_cast<float>(cap);
+  c.embedding_scale = static_cast<float>(scale);
+  return c;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Drafter>> load_dflash2(const std::string& dir, const json& config,
+                                              const CausalLM& target,
+                                              const DrafterOptions& options) {
+  const std::string file = (std::filesystem::path(dir) / "config.json").string();
+  BS_ASSIGN_OR_RETURN(DFlashConfig c, parse_dflash_config(config, file, target.config().num_layers,
+                                                          DFlashFamily::kDFlash2));
+  const json empty = json::object();
+  const json& d = io::has_field(config, "dflash_config") ? config["dflash_config"] : empty;
+  BS_ASSIGN_OR_RETURN(DFlash2Config dc, parse_dflash2_fields(config, d, file, c.model.hidden_size,
+                                                             c.model.vocab_size));
+  auto modules = std::make_unique<DFlash2Modules>(dc, c.model.num_layers, c.model.hidden_size,
+                                                  c.model.vocab_size, c.block_size);
+  return load_dflash_family(dir, std::move(c), target, options, std::move(modules));
+}
+
+}  // namespace bs

@@ -1,0 +1,236 @@
+// DSpark: the DFlash drafter (dflash.cc) plus the Markov head and the confidence head, as
+// DFlashModules. Per request (draw), with U_k = the LM-head row of block row k:
+//   prev_0 = anchor; for k = 0 .. K-1:
+//     e_k = W1[prev_k]                        [r]
+//     z_k = U_k + W2 · e_k                    [V]  fp32 (W2 e_k: one [1, r] x [r, V] product)
+//           (dspark_draft_topk = t: U_k + W2[ids] · e_k on the t largest U_k, -inf elsewhere)
+//     d_k = argmax z_k (greedy) or a draw from filtered_probs(z_k) (sampled; that row is q_k)
+//     prev_{k+1} = d_k
+//   c_k = sigmoid(proj · [h_k ; e_k] + bias), a_k = c_0 ... c_k (when asked)
+// Everything stays on the device; the chain costs ~5 small ops per draft.
+#include "models/drafters/dspark.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "io/json_file.h"
+#include "models/drafters/dflash.h"
+#include "models/drafters/draft_draws.h"
+
+namespace bs {
+namespace {
+
+using nlohmann::json;
+
+struct DSparkConfig {
+  int64_t markov_rank = 0;
+  int64_t draft_topk = 0;  // 0: the bias covers the whole vocabulary
+  bool confidence = false;
+  bool confidence_with_markov = true;
+};
+
+class DSparkModules final : public DFlashModules {
+ public:
+  DSparkModules(DSparkConfig c, int64_t hidden, int64_t vocab, int64_t block)
+      : c_(c), hidden_(hidden), vocab_(vocab), block_(block) {}
+
+  std::string family() const override { return "dspark"; }
+  bool shifted_rows() const override { return true; }
+  bool has_confidence() const override { return c_.confidence; }
+
+  Status load(const io::Checkpoint& ckpt, Backend& backend) override {
+    backend_ = &backend;
+    const int64_t r = c_.markov_rank;
+    const auto w1 = {std::string("markov_head.markov_w1.weight"),
+                     std::string("markov_head.markov_w1")};
+    const auto w2 = {std::string("markov_head.markov_w2.weight"),
+                     std::string("markov_head.markov_w2")};
+    if (r > 0) {
+      const std::string why = fmt::format("dflash_config.markov_rank = {}", r);
+      BS_ASSIGN_OR_RETURN(w1_, load_module_tensor(ckpt, backend, w1, {vocab_, r}, why));
+      BS_ASSIGN_OR_RETURN(w2_, load_module_tensor(ckpt, backend, w2, {vocab_, r}, why));
+    } else if (has_module_tensor(ckpt, w1) || has_module_tensor(ckpt, w2)) {
+      return InvalidArgument(
+          "{}: the checkpoint has markov_head tensors but dflash_config.markov_rank is 0 or "
+          "missing",
+          ckpt.dir());
+    }
+    if (c_.confidence) {
+      const int64_t width = hidden_ + (c_.confidence_with_markov ? r : 0);
+      const std::string why =
+          fmt::format("enable_confidence_head, confidence_head_with_markov = {}: [1, hidden {}{}]",
+                      c_.confidence_with_markov, hidden_,
+                      c_.confidence_with_markov ? fmt::format(" + markov_rank {}", r) : "");
+      BS_ASSIGN_OR_RETURN(
+          Tensor proj,
+          load_module_tensor(ckpt, backend, {"confidence_head.proj.weight"}, {1, width}, why));
+      proj_h_ = backend.empty({1, hidden_}, proj.dtype());
+      backend.slice_columns(proj_h_, proj, 0);
+      if (c_.confidence_with_markov) {
+        proj_e_ = backend.empty({1, r}, proj.dtype());
+        backend.slice_columns(proj_e_, proj, hidden_);
+      }
+      if (has_module_tensor(ckpt, {"confidence_head.proj.bias"})) {
+        BS_ASSIGN_OR_RETURN(Tensor bias,
+                            load_module_tensor(ckpt, backend, {"confidence_head.proj.bias"}, {1},
+                                               "the confidence head"));
+        bias_ = backend.to_host_f32(bias)[0];
+      }
+    }
+    // Scratch for one request's chain (draw runs request by request).
+    const int64_t B = block_;
+    chain_ = backend.empty({B + 1}, DType::kI32);
+    rows_ = backend.empty({B, vocab_}, DType::kF32);
+    if (r > 0) e_ = backend.empty({B, r});
+    if (c_.draft_topk > 0) {
+      top_vals_ = backend.empty({B, c_.draft_topk}, DType::kF32);
+      top_ids_ = backend.empty({B, c_.draft_topk}, DType::kI32);
+      scores_ = backend.empty({1, c_.draft_topk}, DType::kF32);
+      if (r > 0) w2_top_ = backend.empty({B * c_.draft_topk, r});
+    }
+    if (c_.confidence) conf_ = backend.empty({B, 1}, DType::kF32);
+    return Status::Ok();
+  }
+
+  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
+            const Tensor& rows_out, std::vector<float>* confidences) override {
+    Backend& b = *backend_;
+    const int64_t k = hidden.dim(0), t = c_.draft_topk;
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    const Tensor rows = rows_out.defined() ? rows_out : rows_.rows(0, k);
+    b.copy_from_host(chain_.rows(0, 1), &anchor);
+    if (t > 0) {
+      b.topk(top_vals_.rows(0, k), top_ids_.rows(0, k), logits);
+      if (c_.markov_rank > 0)
+        b.embedding(w2_top_.rows(0, k * t), top_ids_.rows(0, k).view({k * t}), w2_);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const Tensor z = rows.rows(j, 1), prev = chain_.rows(j, 1);
+      const Tensor e = c_.markov_rank > 0 ? e_.rows(j, 1) : Tensor();
+      if (e.defined()) b.embedding(e, prev, w1_);
+      if (t == 0) {
+        if (e.defined()) {
+          b.matmul(z, e, w2_);             // b_j = W2 · W1[prev_j], fp32
+          b.add(z, z, logits.rows(j, 1));  // + U_j
+        } else {
+          b.scale_softcap(z, logits.rows(j, 1), 1.0f, 0.0f);  // U_j as fp32
+        }
+      } else {
+        const Tensor s = scores_;
+        if (e.defined()) {
+          b.matmul(s, e, w2_top_.rows(j * t, t));  // the bias on the top-t ids only
+          b.add(s, s, top_vals_.rows(j, 1));
+        } else {
+          b.copy(s, top_vals_.rows(j, 1));
+        }
+        b.scatter_columns(z, s, top_ids_.rows(j, 1).view({t}), kNegInf);
+      }
+      draw_row(b, z, chain_.rows(j + 1, 1), d, j);
+    }
+    b.copy(d.ids, chain_.rows(1, k));
+    if (confidences) {
+      const Tensor conf = conf_.rows(0, k);
+      b.matmul(conf, hidden, proj_h_);
+      if (proj_e_.defined()) b.matmul(conf, e_.rows(0, k), proj_e_, nullptr, /*accumulate=*/true);
+      const std::vector<float> logit = b.to_host_f32(conf);
+      confidences->resize(static_cast<size_t>(k));
+      double survive = 1.0;
+      for (int64_t j = 0; j < k; ++j) {
+        survive *= 1.0 / (1.0 + std::exp(-static_cast<double>(logit[j] + bias_)));
+        (*confidences)[j] = static_cast<float>(survive);
+      }
+    }
+  }
+
+ private:
+  DSparkConfig c_;
+  int64_t hidden_, vocab_, block_;
+  Backend* backend_ = nullptr;
+  Tensor w1_, w2_;             // [V, r]
+  Tensor proj_h_, proj_e_;     // [1, H], [1, r]: the confidence projection's two column blocks
+  float bias_ = 0.0f;          // the confidence projection's bias
+  Tensor chain_;               // I32 [B + 1]: anchor, d_1 .. d_B
+  Tensor rows_;                // F32 [B, V]: z_j when the caller does not want them
+  Tensor e_;                   // [B, r]: W1[prev_j]
+  Tensor top_vals_, top_ids_;  // F32 / I32 [B, t]: the top-t of each U_j
+  Tensor w2_top_;              // [B * t, r]: W2 rows of those ids
+  Tensor scores_;              // F32 [1, t]
+  Tensor conf_;                // F32 [B, 1]: confidence logits
+};
+
+// A DSpark field, from dflash_config first, then the top level.
+const json& field_source(const json& d, const json& j, const char* key) {
+  return io::has_field(d, key) ? d : j;
+}
+
+Result<DSparkConfig> parse_dspark_fields(const json& j, const json& d, const std::string& file,
+                                         int64_t vocab) {
+  const std::string dfile = file + " (dflash_config)";
+  DSparkConfig c;
+  if (!io::has_field(d, "projector_type")) {
+    return InvalidArgument("{}: a DSpark drafter needs dflash_config.projector_type 'dspark'",
+                           file);
+  }
+  for (const char* key : {"dspark_bonus_anchor", "attention_sink_bias"}) {
+    BS_ASSIGN_OR_RETURN(bool on, io::get_bool_or(field_source(d, j, key), key, file, false));
+    if (on) {
+      return Unimplemented(
+          "{}: {} = true (Nemotron's DSpark variant: DFlash layout, causal block, attention "
+          "sinks) is not supported",
+          file, key);
+    }
+  }
+  BS_ASSIGN_OR_RETURN(std::string head_type,
+                      io::get_string_or(field_source(d, j, "markov_head_type"), "markov_head_type",
+                                        file, "vanilla"));
+  if (head_type != "vanilla") {
+    return Unimplemented(
+        "{}: markov_head_type '{}' is not supported (served: 'vanilla'; the gated and RNN Markov "
+        "heads are not)",
+        file, head_type);
+  }
+  BS_ASSIGN_OR_RETURN(c.markov_rank,
+                      io::get_int_or(field_source(d, j, "markov_rank"), "markov_rank", file, 0));
+  if (c.markov_rank < 0) {
+    return InvalidArgument("{}: markov_rank must be >= 0, got {}", dfile, c.markov_rank);
+  }
+  BS_ASSIGN_OR_RETURN(c.draft_topk, io::get_int_or(field_source(d, j, "dspark_draft_topk"),
+                                                   "dspark_draft_topk", file, 0));
+  if (c.draft_topk < 0 || c.draft_topk > vocab) {
+    return InvalidArgument("{}: dspark_draft_topk {} out of range [0, vocab_size {}]", dfile,
+                           c.draft_topk, vocab);
+  }
+  BS_ASSIGN_OR_RETURN(c.confidence, io::get_bool_or(field_source(d, j, "enable_confidence_head"),
+                                                    "enable_confidence_head", file, false));
+  BS_ASSIGN_OR_RETURN(c.confidence_with_markov,
+                      io::get_bool_or(field_source(d, j, "confidence_head_with_markov"),
+                                      "confidence_head_with_markov", file, c.markov_rank > 0));
+  if (c.confidence && c.confidence_with_markov && c.markov_rank == 0) {
+    return InvalidArgument(
+        "{}: confidence_head_with_markov is true but markov_rank is 0 (no Markov embedding to "
+        "feed the confidence head)",
+        dfile);
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Drafter>> load_dspark(const std::string& dir, const json& config,
+                                             const CausalLM& target,
+                                             const DrafterOptions& options) {
+  const std::string file = (std::filesystem::path(dir) / "config.json").string();
+  BS_ASSIGN_OR_RETURN(DFlashConfig c, parse_dflash_config(config, file, target.config().num_layers,
+                                                          DFlashFamily::kDSpark));
+  const json empty = json::object();
+  const json& d = io::has_field(config, "dflash_config") ? config["dflash_config"] : empty;
+  BS_ASSIGN_OR_RETURN(DSparkConfig dc, parse_dspark_fields(config, d, file, c.model.vocab_size));
+  auto modules =
+      std::make_unique<DSparkModules>(dc, c.model.hidden_size, c.model.vocab_size, c.block_size);
+  return load_dflash_family(dir, std::move(c), target, options, std::move(modules));
+}
+
+}  // namespace bs

@@ -1,0 +1,23 @@
+// DSpark drafter (DeepSeek / PKU, specs/dflash.md §4): the DFlash backbone with shifted rows
+// (the block [anchor, MASK x (B-1)] gives B drafts, row k predicting s+k+1), a rank-r Markov logit
+// bias chained left to right, an optional top-k restricted bias and a confidence head.
+//
+// Checkpoint format: SpecForge / DeepSpec (config dflash_config.projector_type "dspark",
+// markov_rank, markov_head_type, enable_confidence_head, confidence_head_with_markov,
+// dspark_draft_topk; tensors markov_head.markov_w{1,2}[.weight],
+// confidence_head.proj.{weight,bias}, with or without "model."). docs/DFLASH.md lists what is
+// accepted and refused.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "models/drafter.h"
+
+namespace bs {
+
+Result<std::unique_ptr<Drafter>> load_dspark(const std::string& dir, const nlohmann::json& config,
+                                             const CausalLM& target, const DrafterOptions& options);
+
+}  // namespace bs

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Shared steps of make_dspark_goldens.py and make_dflash2_goldens.py: a DFlash backbone checkpoint
+from make_dflash_goldens.make_checkpoint, the family's extra config keys and tensors, then the
+goldens of two proposes (s = 20 after observing positions 0..19, s = 23 after 20..22 as well)."""
+
+import datetime
+import json
+import os
+import platform
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+import dflash_ref  # noqa: E402
+import make_dflash_goldens  # noqa: E402
+
+CTX = 23
+ANCHOR_POS = [20, 23]
+
+
+def make(spec, out_dir, extend, golden, generator, reference):
+    """extend(spec, out_dir, cfg, rng) -> {name: array} edits cfg in place and returns the extra
+    tensors; golden(spec, out_dir, feats, anchors) -> {name: (dtype, array)}."""
+    print(spec["name"], "->", out_dir, flush=True)
+    cfg, width = make_dflash_goldens.make_checkpoint(spec, out_dir)
+    rng = np.random.default_rng(spec["seed"] + 500)
+    extra = extend(spec, out_dir, cfg, rng)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = {k: (spec["dtype"], v) for k, v in dflash_ref.read_safetensors(path).items()}
+    for k, v in extra.items():
+        tensors[spec["prefix"] + k] = (spec["dtype"], v)
+    dflash_ref.write_safetensors(path, tensors, {"format": "pt"})
+
+    V = cfg["vocab_size"]
+    grng = np.random.default_rng(spec["seed"] + 1000)
+    feats = grng.standard_normal((CTX, width)).astype(np.float32)
+    anchors = grng.integers(3, V, size=2).astype(np.int32)
+    out = {
+        "ctx_feats": ("F32", feats),
+        "anchors": ("I32", anchors),
+        "anchor_pos": ("I32", np.array(ANCHOR_POS, dtype=np.int32)),
+    }
+    out.update(golden(spec, out_dir, feats, anchors))
+    meta = {
+        "generator": generator,
+        "reference": reference,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": "cpu",
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "target": os.path.relpath(spec["target"], ROOT),
+        "seed": str(spec["seed"]),
+    }
+    dflash_ref.write_safetensors(os.path.join(out_dir, "golden.safetensors"), out, meta)

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Random DFlash2 test checkpoints (z-lab / vLLM layout) and golden drafts.
+
+Writes, under --out (default tests/data):
+
+    dflash2-stories260K/  target models/stories260K. architectures [DFlash2DraftModel], F32, names
+        without prefix, dflash_config {block_size 6, conv_kernel_size 2, conv_group_size 16,
+        selector_rank 8, selector_top_k 16, output_multiplier 0.5, final_logit_softcapping 8,
+        input_embedding_scale 1.5}, rms_norm_eps 1e-5, rope_parameters {rope_theta, rope_type},
+        is_causal false; raw codebook names candidate_selector.{predecessor,successor}_codebook.
+    dflash2-tiny-qwen3/   target tests/data/tiny-qwen3. No architectures, BF16, `model.` prefix,
+        block_size 8, conv_group_size 8, selector_rank 12, selector_top_k 16, codebooks spelled
+        `.weight`, no multiplier / softcap / embedding scale.
+
+Golden tensors (golden.safetensors; F32 unless noted), two proposes as make_dflash_goldens.py:
+    ctx_feats, anchors I32 [2], anchor_pos I32 [2]
+    unary{0,1}  [B−1, V]  u_p (× output_multiplier, soft-capped)
+    cands{0,1}  I32 [B−1, K]  the top-K candidates of every row (descending, ties to the lower id)
+    scores{0,1} [B−1, K]  S_p along the greedy walk
+    drafts{0,1} I32 [B−1]
+
+    /usr/bin/python3 tools/goldens/make_dflash2_goldens.py [--out tests/data]
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+import dflash2_ref  # noqa: E402
+import family_goldens  # noqa: E402
+
+
+def specs(data_dir, stories_dir):
+    return [
+        dict(name="dflash2-stories260K", target=stories_dir, seed=31, dtype="F32", prefix="",
+             own_embed=False, block_where="dflash_config", block_size=6, layers=2, heads=4,
+             kv_heads=2, head_dim=16, inter=128, target_layer_ids=[1, 2, 3], mask_token_id=0,
+             eps=1e-5, rope_theta=10000.0, layer_types=None, sliding_window=None,
+             arch=["DFlash2DraftModel"], group=16, rank=8, top_k=16, raw_names=True,
+             mult=0.5, cap=8.0, emb_scale=1.5),
+        dict(name="dflash2-tiny-qwen3", target=os.path.join(data_dir, "tiny-qwen3"), seed=32,
+             dtype="BF16", prefix="model.", own_embed=False, block_where="dflash_config",
+             block_size=8, layers=1, heads=4, kv_heads=2, head_dim=16, inter=96,
+             target_layer_ids=[0, 2], mask_token_id=None, eps=1e-6, rope_theta=1000000.0,
+             layer_types=None, sliding_window=None, arch=None, group=8, rank=12, top_k=16,
+             raw_names=False, mult=None, cap=None, emb_scale=None),
+    ]
+
+
+def extend(spec, out_dir, cfg, rng):
+    H, V, R, K = cfg["hidden_size"], cfg["vocab_size"], spec["rank"], 2
+    G = H // spec["group"]
+    if spec["arch"]:
+        cfg["architectures"] = spec["arch"]
+        cfg["auto_map"] = {"AutoModel": "dflash.DFlash2DraftModel"}
+        # transformers 5.x style RoPE and the explicit non-causal flag of the z-lab configs.
+        cfg["rope_parameters"] = {"rope_theta": cfg.pop("rope_theta"), "rope_type": "default"}
+        cfg.pop("rope_scaling", None)
+        cfg["is_causal"] = False
+    else:
+        cfg.pop("architectures", None)
+        cfg.pop("auto_map", None)
+    dc = cfg["dflash_config"]
+    dc.update({"conv_kernel_size": K, "conv_group_size": spec["group"], "selector_rank": R,
+               "selector_top_k": spec["top_k"]})
+    if spec["mult"] is not None:
+        dc["output_multiplier"] = spec["mult"]
+    if spec["cap"] is not None:
+        dc["final_logit_softcapping"] = spec["cap"]
+    if spec["emb_scale"] is not None:
+        dc["input_embedding_scale"] = spec["emb_scale"]
+    extra = {}
+    for li in range(cfg["num_hidden_layers"]):
+        for which in ("attention", "mlp"):
+            p = "layers.%d.%s_conv." % (li, which)
+            base = np.zeros((2, K, H), dtype=np.float32)
+            base[:, 0] = 1.0 + 0.2 * rng.standard_normal((2, H))
+            base[:, 1] = 0.3 * rng.standard_normal((2, H))
+            extra[p + "base_kernel"] = base.astype(np.float32)
+            extra[p + "kernel_projection.weight"] = (
+                rng.standard_normal((2 * K * G, H)) * 0.2 / np.sqrt(H) * 4).astype(np.float32)
+    suffix = "" if spec["raw_names"] else ".weight"
+    extra["candidate_selector.predecessor_codebook" + suffix] = (
+        rng.standard_normal((V, R))).astype(np.float32)
+    extra["candidate_selector.successor_codebook" + suffix] = (
+        rng.standard_normal((V, R)) / np.sqrt(R)).astype(np.float32)
+    extra["candidate_selector.hidden_projection.weight"] = (
+        rng.standard_normal((R, H)) * 1.5 / np.sqrt(H)).astype(np.float32)
+    return extra
+
+
+def golden(spec, out_dir, feats, anchors):
+    ref = dflash2_ref.DFlash2Ref(out_dir, spec["target"], "cpu")
+    out = {}
+    for i, s in enumerate(family_goldens.ANCHOR_POS):
+        u, C, S, drafts = ref.propose_greedy(feats[:s], int(anchors[i]))
+        out["unary%d" % i] = ("F32", u.numpy())
+        out["cands%d" % i] = ("I32", C.numpy().astype(np.int32))
+        out["scores%d" % i] = ("F32", S.numpy())
+        out["drafts%d" % i] = ("I32", np.array(drafts, dtype=np.int32))
+        print("  drafts%d" % i, drafts, "(argmax of u alone:", u.numpy().argmax(-1).tolist(), ")",
+              flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data"))
+    ap.add_argument("--stories", default=os.path.join(ROOT, "models", "stories260K"))
+    a = ap.parse_args()
+    for spec in specs(a.out, a.stories):
+        family_goldens.make(spec, os.path.join(a.out, spec["name"]), extend, golden,
+                            "tools/goldens/make_dflash2_goldens.py",
+                            "tools/reference/dflash2_ref.py")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Train a DSpark drafter for stories260K (specs/dflash.md §4.3) and export it in the SpecForge /
+DeepSpec layout (DSparkDraftModel, dflash_config.projector_type "dspark"), as
+src/models/drafters/dspark.cc and tools/reference/dspark_ref.py read it.
+
+    python3 tools/train/dspark.py --data OUT/data.pt --out OUT/stories260K-dspark --device cuda \
+        --seed 0 --steps 6000 --time-budget 150
+
+NOT RUN YET (written without a GPU in the session that added DSpark; only a few CPU steps were
+run as a smoke test): the hyper-parameters are the DFlash trainer's plus the paper's loss weights.
+
+Model: the DFlash drafter of tools/train/dflash.py (same backbone, context injection and block
+mask) read out at every block row (shifted rows: row k of [x_p, MASK x (B-1)] predicts x_{p+k+1},
+B rows give B drafts), plus
+  * a vanilla Markov head: W1 [V, r] (embedding), W2 [V, r]; b_k = W2 · W1[prev_k] with teacher
+    forcing, prev = [x_p, x_{p+1}, .., x_{p+B-1}] (the ground-truth predecessors);
+  * a confidence head proj [1, H + r] + bias: c_k = sigmoid(proj · [h_k ; W1[prev_k]]).
+Loss (§4.3), row weights w_k = exp(-k / gamma) (k = 0..B-1) times a contiguous-valid mask:
+  L = 0.1 · Σw CE(p_d, x*) / Σw + 0.9 · Σw ||p_d - p_t||_1 / Σw + 1.0 · Σw BCE(c, α) / Σw
+with p_d = softmax(U + b), p_t = the target's distribution at the label position (its logits of
+the previous position, recomputed on the fly) and α = clamp(1 - ½ ||p_d - p_t||_1, 0, 1) (the
+exact acceptance probability of speculative sampling), detached.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import dflash  # noqa: E402
+
+
+class DSparkDrafter(dflash.DFlashDrafter):
+    def __init__(self, target, rank=64, **kw):
+        super().__init__(target, **kw)
+        V = target.cfg["vocab_size"]
+        self.rank = rank
+        self.P["markov_head__markov_w1__weight"] = nn.Parameter(torch.randn(V, rank) * 0.02)
+        # Zero W2: training starts from the plain (shifted) DFlash proposal.
+        self.P["markov_head__markov_w2__weight"] = nn.Parameter(torch.zeros(V, rank))
+        self.P["confidence_head__proj__weight"] = nn.Parameter(torch.zeros(1, self.H + rank))
+        self.P["confidence_head__proj__bias"] = nn.Parameter(torch.zeros(1))
+        self.to(target.dev)
+
+    def config(self, target):
+        c = super().config(target)
+        c["architectures"] = ["DSparkDraftModel"]
+        c["auto_map"] = {"AutoModel": "dspark.DSparkDraftModel"}
+        c["dflash_config"].update({
+            "projector_type": "dspark", "markov_rank": self.rank, "markov_head_type": "vanilla",
+            "enable_confidence_head": True, "confidence_head_with_markov": True,
+            "confidence_head_alpha": 1.0})
+        return c
+
+    def markov_and_confidence(self, hid, prev):
+        """hid [.., B, H] final-normed rows, prev [.., B] predecessors -> biased logits, conf
+        logits."""
+        e = self.w("markov_head.markov_w1.weight")[prev]  # [.., B, r]
+        z = self.logits(hid) + e @ self.w("markov_head.markov_w2.weight").T
+        conf = (torch.cat([hid, e], -1) @ self.w("confidence_head.proj.weight").T)[..., 0]
+        return z, conf + self.w("confidence_head.proj.bias")[0]
+
+
+def dspark_loss(model, feats, target_logits, tokens, anchors, gamma, alphas=(0.1, 0.9, 1.0)):
+    """Returns loss, per-row acceptance α (mean), per-row top-1 accuracy."""
+    B = model.B
+    N, L = tokens.shape
+    hid = model(feats, tokens, anchors, first_row=0)  # [N, A, B, H]
+    k = torch.arange(B, device=tokens.device)
+    lab_pos = anchors[:, :, None] + 1 + k  # row k predicts p + k + 1
+    valid = torch.cumprod((lab_pos < L).long(), -1).bool()
+    lab_pos_c = lab_pos.clamp(max=L - 1)
+    labels = torch.gather(tokens, 1, lab_pos_c.view(N, -1)).view(lab_pos.shape)
+    prev = torch.gather(tokens, 1, (lab_pos_c - 1).view(N, -1)).view(lab_pos.shape)
+    z, conf = model.markov_and_confidence(hid, prev)
+    w = torch.exp(-k.float() / gamma) * valid
+    ws = w.sum()
+    ce = F.cross_entropy(z.reshape(-1, z.shape[-1]), labels.reshape(-1),
+                         reduction="none").view(lab_pos.shape)
+    # The target's distribution of the label position: its logits at the previous position.
+    t_log = torch.gather(target_logits, 1,
+                         (lab_pos_c - 1).view(N, -1, 1).expand(-1, -1, target_logits.shape[-1]))
+    p_t = torch.softmax(t_log.view(*lab_pos.shape, -1).float(), -1)
+    p_d = torch.softmax(z.float(), -1)
+    tv = (p_d - p_t).abs().sum(-1)
+    alpha = (1 - 0.5 * tv).clamp(0, 1).detach()
+    bce = F.binary_cross_entropy_with_logits(conf, alpha, reduction="none")
+    loss = (alphas[0] * (ce * w).sum() + alphas[1] * (tv * w).sum() +
+            alphas[2] * (bce * w).sum()) / ws
+    with torch.no_grad():
+        acc = ((z.argmax(-1) == labels) & valid).float().sum((0, 1)) / valid.float().sum(
+            (0, 1)).clamp_min(1)
+        mean_alpha = (alpha * valid).sum((0, 1)) / valid.float().sum((0, 1)).clamp_min(1)
+    return loss, mean_alpha, acc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=7)
+    ap.add_argument("--rank", type=int, default=64)
+    ap.add_argument("--taps", default="1,2,3")
+    ap.add_argument("--inter", type=int, default=256)
+    ap.add_argument("--mask-token-id", type=int, default=0)
+    ap.add_argument("--gamma", type=float, default=4.0)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--time-budget", type=float, default=0.0)
+    ap.add_argument("--val", type=int, default=256)
+    ap.add_argument("--log-every", type=int, default=200)
+    a = ap.parse_args()
+    log = common.Log("dspark")
+    dev = common.setup_device(a.device)
+    common.seed_all(a.seed)
+    target = common.Target(device=dev)
+    toks = common.load_data(a.data)["tokens"].long().to(dev)
+    val, toks = toks[:a.val], toks[a.val:]
+    n_rows, L = toks.shape
+    taps = [int(x) for x in a.taps.split(",")]
+    model = DSparkDrafter(target, rank=a.rank, layers=a.layers, block_size=a.block_size,
+                          taps=taps, inter=a.inter, mask_token_id=a.mask_token_id)
+    n_params = sum(p.numel() for p in model.parameters())
+    log("DSpark drafter: %d layers, B=%d (B drafts), rank %d, %d params; data %d x %d" % (
+        a.layers, a.block_size, a.rank, n_params, n_rows, L))
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(a.seed)
+    t0 = time.time()
+    step = 0
+    sched = common.Schedule(a.steps, a.time_budget)
+    while True:
+        prog = sched.progress(step)
+        if prog >= 1.0:
+            break
+        lr = common.cosine_lr(prog, a.lr)
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        idx = torch.randint(0, n_rows, (a.batch,), generator=gen, device=dev)
+        tb = toks[idx]
+        with torch.no_grad():
+            t_logits, feats = target.forward(tb, taps=taps)
+        anchors = dflash.sample_anchors(a.batch, L, a.anchors, gen, dev)
+        loss, alpha, acc = dspark_loss(model, feats, t_logits, tb, anchors, a.gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % a.log_every == 0:
+            log("step %5d (%.0f%%) lr %.2e loss %.4f gnorm %.2f alpha[0..3] %s acc[0..3] %s" % (
+                step, 100 * prog, lr, loss.item(), gn.item(),
+                " ".join("%.3f" % x for x in alpha[:4].tolist()),
+                " ".join("%.3f" % x for x in acc[:4].tolist())))
+        step += 1
+    model.eval()
+    with torch.no_grad():
+        vg = torch.Generator(device=dev)
+        vg.manual_seed(a.seed + 1)
+        t_logits, feats = target.forward(val[:a.batch], taps=taps)
+        anchors = dflash.sample_anchors(min(a.batch, val.shape[0]), L, a.anchors, vg, dev)
+        vl, valpha, vacc = dspark_loss(model, feats, t_logits, val[:a.batch], anchors, a.gamma)
+    log("done: %d steps in %.0f s; val loss %.4f; val alpha per row %s; expected tau(T=1) ~ %.2f"
+        % (step, time.time() - t0, vl.item(), " ".join("%.3f" % x for x in valpha.tolist()),
+           1 + torch.cumprod(valpha, 0).sum().item()))
+    dflash.export(model, target, a.out, {"steps": step, "seed": a.seed,
+                                         "val_loss": "%.4f" % vl.item(),
+                                         "producer": "blockspec tools/train/dspark.py"})
+    with open(os.path.join(a.out, "train_log.json"), "w") as f:
+        json.dump({"args": vars(a), "steps": step, "params": n_params, "val_loss": vl.item(),
+                   "val_alpha": valpha.tolist(), "seconds": time.time() - t0}, f, indent=1)
+    log("exported %s" % a.out)
+
+
+if __name__ == "__main__":
+    main()
