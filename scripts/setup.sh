@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config git ca-certificates
   nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libfmt-dev
   libcpp-httplib-dev googletest libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format)
+  liblapacke-dev libopenblas-dev
+  clang-format clang libclang-rt-14-dev ccache)
 # Node.js (for the tokenizer oracle) only when the machine has none: nodesource builds ship npm inside.
 command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

@@ -266,6 +266,8 @@ void BpeModel::word_symbols(std::string_view word, bool raw_bytes, Scratch& scra
 
 void BpeModel::merge_word(Scratch& scratch) const {
   auto& symbols = scratch.symbols;
+  // A word of characters the vocabulary lacks, with no unk token, has no symbols at all.
+  if (symbols.empty()) return;
   if (symbols.size() <= kLinearMergeMax) {
     // Short words: rescan the few candidate pairs instead of maintaining a heap. Same order:
     // lowest rank first, leftmost on ties.

@@ -66,10 +66,14 @@ Tokenizer::Tokenizer(BpeModel model, Normalizer normalizer, PreTokenizer pre_tok
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  BS_ASSIGN_OR_RETURN(TokenizerJson tj, [&]() -> Result<TokenizerJson> {
-    BS_ASSIGN_OR_RETURN(std::string text, json_util::read_file(path));
-    return parse_tokenizer_json(text, path);
-  }());
+  BS_ASSIGN_OR_RETURN(std::string text, json_util::read_file(path));
+  return from_json(text, path, dir);
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json(std::string_view text,
+                                                        const std::string& path,
+                                                        const std::string& dir) {
+  BS_ASSIGN_OR_RETURN(TokenizerJson tj, parse_tokenizer_json(text, path));
   const JsonPath root{path, ""};
   const Json* model = json_util::member(tj.doc, "model");
   if (model == nullptr || !model->is_object()) {

@@ -34,6 +34,11 @@ class Tokenizer {
   // `dir` holds tokenizer.json and optionally tokenizer_config.json; config.json and
   // generation_config.json are read for bos/eos only when tokenizer_config.json lacks them.
   static Result<std::unique_ptr<Tokenizer>> load(const std::string& dir);
+  // The same from tokenizer.json's text (`path` names it in errors); the configs are read from
+  // `dir` (none when it has none).
+  static Result<std::unique_ptr<Tokenizer>> from_json(std::string_view text,
+                                                      const std::string& path,
+                                                      const std::string& dir);
 
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;

@@ -496,6 +496,21 @@ TEST(TokenizerTest, IgnoreMerges) {
   EXPECT_EQ(tok->decode(std::vector<int32_t>{400}), "xyz");
 }
 
+TEST(TokenizerTest, WordOfCharactersOutsideTheVocabularyWithoutUnk) {
+  // Found by tests/fuzz/tokenizer_json_fuzz (corpus: regress_word_without_symbols.json): a word
+  // none of whose characters is in the vocabulary, with no unk token and no byte fallback, has no
+  // symbols; merging read the first symbol of the empty list (a crash).
+  json j = byte_level_tokenizer();
+  j["model"]["vocab"].erase("q");
+  j["model"]["vocab"].erase("j");
+  TempDir dir;
+  dir.write("tokenizer.json", j.dump());
+  auto tok = load_or_die(dir.str());
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->encode("qj"), std::vector<int32_t>{});
+  EXPECT_EQ(tok->encode("a qjq b"), (std::vector<int32_t>{'a', ' ', ' ', 'b'}));
+}
+
 TEST(TokenizerTest, MetaspacePreTokenizerAndDecoder) {
   json j = {
       {"added_tokens", {{{"id", 0}, {"content", "<unk>"}, {"special", true}}}},

@@ -710,17 +710,9 @@ Status FlashMapDrafterImpl::fold_noise(TensorReader& r) {
   for (int64_t h = 0; h < Ht; ++h) {
     for (int64_t e = 0; e < Ht; ++e) m[h * Ht + e] = wn[h] * eig.vectors[h * Ht + e] * root[e];
   }
-  std::vector<float> ne(static_cast<size_t>(D * Ht));
-  std::vector<double> acc(static_cast<size_t>(Ht));
-  for (int64_t d = 0; d < D; ++d) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t h = 0; h < Ht; ++h) {
-      const double w = wx[d * Ht + h];
-      const double* mr = &m[h * Ht];
-      for (int64_t e = 0; e < Ht; ++e) acc[e] += w * mr[e];
-    }
-    for (int64_t e = 0; e < Ht; ++e) ne[d * Ht + e] = static_cast<float>(acc[e]);
-  }
+  const std::vector<double> wx64(wx.begin(), wx.end());
+  const std::vector<double> ne64 = matmul_f64(wx64, m, D, Ht, Ht);
+  const std::vector<float> ne(ne64.begin(), ne64.end());
   noise_embed_ = upload(backend_, DType::kF32, ne.data(), {D, Ht});
   noise_eig_ = upload(backend_, DType::kF32, eig_w.data(), {Ht});
   return Status::Ok();

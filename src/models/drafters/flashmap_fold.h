@@ -1,8 +1,10 @@
-// Host-side linear algebra of the FlashMap noise fold (load time only): a symmetric eigensolver
-// in double and the canonical eigenbasis of EᵀE (FlashMapConventions).
+// Host-side linear algebra of the FlashMap noise fold (load time only), through LAPACK and BLAS
+// (OpenBLAS): a symmetric eigensolver in double and the canonical eigenbasis of EᵀE
+// (FlashMapConventions), and the double GEMM that folds it into x_embed.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -16,11 +18,16 @@ struct SymmetricEigen {
 };
 
 // Eigen-decomposition A = U diag(values) Uᵀ of a symmetric a[n, n] (row-major; only symmetry is
-// assumed, not definiteness, and only the upper triangle is read): blocked Householder
-// tridiagonalisation, divide and conquer on the tridiagonal, blocked back-transformation. Values
-// come sorted descending and every eigenvector is signed so that its largest-magnitude entry
-// (first on ties) is positive, so the basis is canonical for distinct eigenvalues. O(n³), on
-// `threads` host threads (<= 0: the hardware's); the result does not depend on the thread count.
+// assumed, not definiteness, and only the upper triangle is read) by LAPACK's dsyevd (divide and
+// conquer). Values come sorted descending and every eigenvector is signed so that its
+// largest-magnitude entry (first on ties) is positive, so the basis is canonical for distinct
+// eigenvalues. O(n³), on `threads` BLAS threads (<= 0: the hardware's). A non-finite entry is an
+// InvalidArgument.
 Result<SymmetricEigen> symmetric_eigen(std::vector<double> a, int64_t n, int threads = 0);
+
+// C [m, n] = A [m, k] B [k, n], all row-major, by BLAS's dgemm on `threads` threads (<= 0: the
+// hardware's).
+std::vector<double> matmul_f64(std::span<const double> a, std::span<const double> b, int64_t m,
+                               int64_t k, int64_t n, int threads = 0);
 
 }  // namespace bs
