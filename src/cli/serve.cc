@@ -2,8 +2,10 @@
 // model (defaults like `generate`), prints one line when listening, serves until SIGINT/SIGTERM.
 #include <fmt/format.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -48,6 +50,13 @@ int fail(const Status& status) {
   return 1;
 }
 
+// The write end of the pipe on_stop_signal writes a stopping signal's number to.
+int g_stop_pipe[2] = {-1, -1};
+void on_stop_signal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t written = write(g_stop_pipe[1], &byte, 1);  // async-signal-safe
+}
+
 int run_serve(const ServeArgs& a) {
   const ModelDirs dirs = resolve_model_dirs(a.model, a.drafter, a.no_drafter);
   auto model = server::load_served_model({.model_dir = dirs.model,
@@ -84,13 +93,16 @@ int run_serve(const ServeArgs& a) {
                             : "",
       a.max_num_batched_tokens);
 
-  // SIGINT / SIGTERM go to one waiting thread that stops the server (every other thread,
-  // created after this, inherits the blocked mask).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT / SIGTERM stop the server. A handler, not a blocked mask and sigwait: threads that
+  // exist before this point (OpenBLAS starts its pool when the library loads, the backend's pool
+  // at model load) would not block the signal, and one landing on them would kill the process.
+  if (pipe(g_stop_pipe) != 0) return fail(FailedPrecondition("cannot create the signal pipe"));
+  struct sigaction stop_action = {};
+  stop_action.sa_handler = on_stop_signal;
+  sigemptyset(&stop_action.sa_mask);
+  stop_action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &stop_action, nullptr);
+  sigaction(SIGTERM, &stop_action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
   server::Server srv(std::move(*model),
@@ -104,9 +116,10 @@ int run_serve(const ServeArgs& a) {
                       .preemption = a.preemption});
   auto port = srv.bind();
   if (!port.ok()) return fail(port.status());
-  std::thread([&srv, signals] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  std::thread([&srv] {
+    unsigned char sig = 0;
+    while (read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
     srv.stop();
   }).detach();
   if (const int64_t nth = arm_allocation_failure_from_env(); nth > 0) {
