@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "server/server.h"
+#include "server_fixture.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bs::server {
@@ -31,31 +32,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
-const std::string kDrafter = std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash";
 
-// The server in-process on 127.0.0.1:<free port>, serving until destroyed.
-class Serving {
+// RunningServer (server_fixture.h) with a model folder first and a way to call it.
+class Serving : public RunningServer {
  public:
-  explicit Serving(const std::string& model_dir, bool drafter = false, ServerOptions options = {}) {
-    auto model = load_served_model({.model_dir = model_dir,
-                                    .drafter_dir = drafter ? kDrafter : "",
-                                    .device = "cpu",
-                                    .threads = 1});
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.log_requests = false;
-    server_ = std::make_unique<Server>(std::move(*model), options);
-    auto port = server_->bind();
-    EXPECT_TRUE(port.ok()) << port.status().message();
-    port_ = port.ok() ? *port : -1;
-    thread_ = std::thread([this] { EXPECT_TRUE(server_->run().ok()); });
-  }
-  ~Serving() {
-    server_->stop();
-    thread_.join();
-  }
-  int port() const { return port_; }
+  explicit Serving(const std::string& model_dir, bool drafter = false, ServerOptions options = {})
+      : RunningServer(std::move(options), drafter, model_dir) {}
 
   struct Reply {
     int status = 0;
@@ -63,18 +45,13 @@ class Serving {
     std::string raw;
   };
   Reply call(const std::string& method, const std::string& path, const std::string& body = "") {
-    httplib::Client cli("127.0.0.1", port_);
+    httplib::Client cli("127.0.0.1", port());
     cli.set_read_timeout(60);
     auto r =
         method == "GET" ? cli.Get(path.c_str()) : cli.Post(path.c_str(), body, "application/json");
     if (!r) return {};
     return {r->status, json::parse(r->body, nullptr, false), r->body};
   }
-
- private:
-  std::unique_ptr<Server> server_;
-  int port_ = 0;
-  std::thread thread_;
 };
 
 // stories260K with a real chat template (tests/data/chat_templates/<stem>.jinja) or `source`, in

@@ -32,6 +32,7 @@
 #include "io/safetensors.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "server_fixture.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bs::server {
@@ -41,37 +42,6 @@ using json = nlohmann::json;
 
 const std::string kModel = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 const std::string kDrafter = std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash";
-
-// A server on 127.0.0.1:<free port>, serving until destroyed.
-class RunningServer {
- public:
-  explicit RunningServer(ServerOptions options = {}, bool drafter = true,
-                         const std::string& model_dir = kModel) {
-    auto model = load_served_model({.model_dir = model_dir,
-                                    .drafter_dir = drafter ? kDrafter : "",
-                                    .device = "cpu",
-                                    .threads = 1});
-    EXPECT_TRUE(model.ok()) << model.status().message();
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.log_requests = false;
-    server_ = std::make_unique<Server>(std::move(*model), options);
-    auto port = server_->bind();
-    EXPECT_TRUE(port.ok()) << port.status().message();
-    port_ = *port;
-    thread_ = std::thread([this] { EXPECT_TRUE(server_->run().ok()); });
-  }
-  ~RunningServer() {
-    server_->stop();
-    thread_.join();
-  }
-  int port() const { return port_; }
-
- private:
-  std::unique_ptr<Server> server_;
-  int port_ = 0;
-  std::thread thread_;
-};
 
 // The engine's greedy output for a prompt, computed without the server.
 class Engine {
