@@ -829,6 +829,67 @@ TEST_F(CudaOps, PagedAttentionBatchRowsEqualSingleSequenceCalls) {
   }
 }
 
+// The split-KV combine pass with device lengths below the launch bound and split counts that are
+// not multiples of 4 (its 4-wide loop's tail), including launches of 1, 2 and 3 splits (a combine
+// allocation smaller than one 4-wide group): every sequence against the CPU reference. Run under
+// compute-sanitizer memcheck (tools/device/run_compute_sanitizer.sh) it also checks the combine's
+// shared arrays: before they were padded to groups of 4, a launch of one split read 12 bytes of an
+// 8-byte allocation (PagedAttentionAllShapes, first case).
+TEST_F(CudaOps, PagedAttentionBatchShortDeviceLengthsMatchCpu) {
+  struct Case {
+    int64_t launch_bound;          // a.kv_len (keys)
+    std::vector<int32_t> lengths;  // kv_len_dev, each <= launch_bound
+  };
+  const std::vector<Case> cases = {
+      {64, {1, 37, 64}},                      // 1 split
+      {100, {1, 64, 65, 99}},                 // 2 splits
+      {190, {3, 70, 129, 190}},               // 3 splits
+      {336, {1, 5, 65, 130, 200, 257, 333}},  // 6 splits, rows of 1 to 6
+      {650, {64, 300, 449, 641}},             // 11 splits
+  };
+  const int64_t heads = 8, kv_heads = 2, bs = 16;
+  for (const int64_t hd : {int64_t{64}, int64_t{128}}) {
+    for (const auto& c : cases) {
+      for (const int64_t n : {int64_t{1}, int64_t{3}}) {
+        const auto num_seqs = static_cast<int64_t>(c.lengths.size());
+        const int64_t capacity = (c.launch_bound + bs - 1) / bs, blocks = num_seqs * capacity;
+        std::vector<int32_t> table(blocks), slots(blocks * bs), lens(c.lengths);
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng_);
+        for (int64_t p = 0; p < blocks * bs; ++p) slots[p] = table[p / bs] * bs + p % bs;
+        for (auto& l : lens) l = std::max(l, static_cast<int32_t>(n));
+        const int64_t row = kv_heads * hd;
+        const auto kv = rnd(blocks * bs * row), vv = rnd(blocks * bs * row);
+        const auto qv = rnd(num_seqs * n * heads * hd);
+        const Shape pool{blocks, bs, kv_heads, hd};
+        Tensor gkp = make(*gpu_, pool, DType::kBF16), gvp = make(*gpu_, pool, DType::kBF16);
+        Tensor ckp = make(*cpu_, pool, DType::kF32), cvp = make(*cpu_, pool, DType::kF32);
+        const Shape keys{blocks * bs, kv_heads, hd};
+        gpu_->kv_write(gkp, gvp, gpu_act(keys, kv), gpu_act(keys, vv), gpu_ints(slots));
+        cpu_->kv_write(ckp, cvp, cpu_act(keys, kv), cpu_act(keys, vv), cpu_ints(slots));
+        const Shape qs{num_seqs * n, heads, hd};
+        Tensor gq = gpu_act(qs, qv), cq = cpu_act(qs, qv);
+        Tensor go = make(*gpu_, qs, DType::kBF16), co = make(*cpu_, qs, DType::kF32);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        const AttentionMask mask{.causal = true, .window = 0};
+        gpu_->paged_attention_batch(go, gq, gkp, gvp, gpu_ints(table).view({num_seqs, capacity}),
+                                    gpu_ints(lens), c.launch_bound, mask, scale);
+        cpu_->paged_attention_batch(co, cq, ckp, cvp, cpu_ints(table).view({num_seqs, capacity}),
+                                    cpu_ints(lens), c.launch_bound, mask, scale);
+        const auto got = gpu_->to_host_f32(go), want = cpu_->to_host_f32(co);
+        const int64_t per_seq = n * heads * hd;
+        for (int64_t s = 0; s < num_seqs; ++s) {
+          const std::vector<float> g(got.begin() + s * per_seq, got.begin() + (s + 1) * per_seq);
+          const std::vector<float> w(want.begin() + s * per_seq, want.begin() + (s + 1) * per_seq);
+          EXPECT_LT(rel_err(g, w), kBf16Tol)
+              << "hd " << hd << " launch bound " << c.launch_bound << " n " << n << " sequence "
+              << s << " kv_len " << lens[s];
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, AttentionPrologueMatchesCpu) {
   // Head dims 64 / 128 / 256 take the warp-per-vector kernel, others the thread-per-pair one.
   for (const auto& [hd, with_norm] : std::vector<std::pair<int64_t, bool>>{

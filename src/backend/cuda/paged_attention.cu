@@ -341,19 +341,36 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
-// grid (num_seqs * n * heads), threads over hd, dynamic shared memory 2 floats per split of the
-// launch bound: merges the splits of one (row, head) in split order. The split statistics are
-// loaded into shared memory together (one memory latency, not one per split); the per-split weights
-// f_s = exp(m_s - M) are computed once.
+// Floats of each of the combine kernel's two shared arrays for a launch bound of kv_len keys: the
+// launch's split count rounded up to a multiple of 4. The compiled combine loop reads the weights
+// of a row's last (splits % 4) splits with one wide shared load (a 12-byte read at the tail's
+// first weight, compute-sanitizer memcheck on the H200); with arrays of exactly `splits` floats
+// that load ran past the end of the allocation when the tail reached the launch's last split (a
+// launch of 1 split: 8 bytes allocated, 12 read). Whole groups of 4 keep every such read inside
+// the allocation and start both arrays 16-byte aligned.
+__host__ __device__ inline int64_t combine_array_floats(int64_t kv_len) {
+  const int64_t splits = (kv_len + kSplitKeys - 1) / kSplitKeys;
+  return (splits + 3) / 4 * 4;
+}
+
+// grid (num_seqs * n * heads), threads over hd, dynamic shared memory 2 x
+// combine_array_floats(a.kv_len) floats: merges the splits of one (row, head) in split order. The
+// split statistics are loaded into shared memory together (one memory latency, not one per split);
+// the per-split weights f_s = exp(m_s - M) are computed once.
 __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
                                const float* part_ml) {
-  extern __shared__ float weight_of[];  // [splits]: f_s (0 for a split the query cannot see)
-  float* sum_of = weight_of + (a.kv_len + kSplitKeys - 1) / kSplitKeys;  // [splits]: l_s
+  extern __shared__ __align__(16) float weight_of[];  // [splits]: f_s (0: a split not seen)
+  const int64_t array_floats = combine_array_floats(a.kv_len);
+  float* sum_of = weight_of + array_floats;  // [splits]: l_s
   __shared__ float inv_den;
   griddep_wait();
   const int64_t rh = blockIdx.x;  // row * heads + head, row over all sequences
   const int64_t kv_len = kv_length(a, kv_len_dev, rh / (a.n * a.heads));
-  const int splits = static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys);
+  // A row's splits (its own length); never more than the launch's (the contract kv_len_dev[s] <=
+  // a.kv_len; the split pass computes only the launch's splits, so a longer length would read
+  // partial results that were never written and run past both shared arrays).
+  const int launch_splits = static_cast<int>((a.kv_len + kSplitKeys - 1) / kSplitKeys);
+  const int splits = min(static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys), launch_splits);
   const int64_t stride = a.num_seqs * a.n * a.heads;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     weight_of[s] = part_ml[(s * stride + rh) * 2];
@@ -566,7 +583,8 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
     err = launch_split<8>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   }
   const int threads = a.hd >= 128 ? 128 : 64;
-  const size_t combine_smem = static_cast<size_t>(splits) * 2 * sizeof(float);
+  const size_t combine_smem =
+      static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
   if (err != cudaSuccess) return err;
   return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
                     combine_smem, s, a, kv_len_dev, part_o, part_ml);
