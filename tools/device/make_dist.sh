@@ -12,6 +12,8 @@ for t in cuda_ops_test cuda_models_test bench_cli_test; do
   [ -e $BUILD/tests/cuda_$t ] && cp $BUILD/tests/cuda_$t $D/$t
 done
 [ -e $BUILD/eval_acceptance ] && cp $BUILD/eval_acceptance $D/
+# The load driver of issue 18 (run_gpu_load.sh): tests/e2e/server_load_test.cc.
+[ -e $BUILD/tests/e2e_server_load_test ] && cp $BUILD/tests/e2e_server_load_test $D/server_load_test
 strip $D/* 2>/dev/null || true
 # The test binaries find their data under the source path they were built from: recorded here
 # so that the device scripts can link it to the tree they run in.
