@@ -13,8 +13,9 @@
 //   BLOCKSPEC_LOAD_CLIENTS         concurrent clients per wave (256)
 //   BLOCKSPEC_LOAD_WAVES           waves (2)
 //   BLOCKSPEC_LOAD_MAX_MODEL_LEN   the server's context window; when set, BLOCKSPEC_LOAD_LONG (4)
-//                                  cases have prompts that end 0, 1, 63, 1500, ... tokens short of
-//                                  it (less their max_tokens); each wave sends each once
+//                                  cases have prompts that end 0, 1, 63, 1500, ... tokens (at most
+//                                  a quarter of it) short of it, less their 8 generated tokens;
+//                                  each wave sends each once
 //   BLOCKSPEC_LOAD_VOCAB           prompt token ids are drawn from [3, vocab) (30000)
 //   BLOCKSPEC_LOAD_MAX_PROMPT      longest short prompt in tokens (3000)
 //   BLOCKSPEC_LOAD_PID             the server's pid: its VmRSS is read after each wave
@@ -200,7 +201,8 @@ TEST(ServerLoad, ExternalServerLosesNothingAndKeepsGreedyOutputs) {
   const std::vector<int64_t> shortfall = {0, 1, 63, 1500, 4000, 9000};
   for (int64_t k = 0; k < long_cases; ++k) {
     const int64_t max_tokens = 8;
-    const int64_t n = max_model_len - max_tokens - shortfall[k % shortfall.size()] - k / 6;
+    const int64_t short_of = std::min(shortfall[k % shortfall.size()] + k / 6, max_model_len / 4);
+    const int64_t n = max_model_len - max_tokens - short_of;
     cases.push_back({prompt_of(n), max_tokens, -1, true});
   }
   const int short_cases = 16;
@@ -221,7 +223,10 @@ TEST(ServerLoad, ExternalServerLosesNothingAndKeepsGreedyOutputs) {
         << cases[c].max_tokens << "): " << want.back().error;
   }
   std::printf("LOAD reference: %zu cases alone in %.1f s (longest prompt %zu tokens)\n",
-              cases.size(), seconds_since(t_ref), cases.back().prompt.size());
+              cases.size(), seconds_since(t_ref),
+              std::max_element(cases.begin(), cases.end(), [](const Case& a, const Case& b) {
+                return a.prompt.size() < b.prompt.size();
+              })->prompt.size());
 
   int64_t rss_first = -1;
   for (int wave = 0; wave < waves; ++wave) {

@@ -6,7 +6,7 @@
 #
 #   bash tools/device/run_fuzz_long.sh [CAP_SECONDS] [TARGET_PER_HARNESS]    (default 480, 10^7)
 #
-# Binaries: build-fuzz-dist/ unpacked from the carried build-s8/fuzz.tar.xz (pack_session8.sh:
+# Binaries: build-fuzz-dist/ unpacked from the carried build-cuda/pack/fuzz.tar.xz (pack_session8.sh:
 # the clang -fsanitize=fuzzer,address,undefined harnesses, debug info stripped, the sanitizer
 # runtimes are linked in; libfmt / libstdc++ / libgcc_s in lib/; the grown corpus of earlier runs).
 # CORES (default: all but 2, left to GPU work running alongside) worker processes in all, split
@@ -18,11 +18,12 @@
 # machine): symbolize them here with the unstripped build-fuzz binaries of the same build.
 set -u
 OUT=${OUT:-/tmp/fuzz_out}
+mkdir -p "$OUT"
 CAP=${1:-480}
 TARGET=${2:-10000000}
 F=${FUZZ_DIST:-build-fuzz-dist}
 if [ ! -d $F ]; then
-  mkdir -p $F && tar -xJf build-s8/fuzz.tar.xz -C $F || { echo "fuzz: no $F and no build-s8/fuzz.tar.xz"; exit 1; }
+  mkdir -p $F && tar -xJf build-cuda/pack/fuzz.tar.xz -C $F || { echo "fuzz: no $F and no build-cuda/pack/fuzz.tar.xz"; exit 1; }
 fi
 export LD_LIBRARY_PATH=$PWD/$F/lib:${LD_LIBRARY_PATH:-}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:symbolize=0}
@@ -30,7 +31,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:symboli
 CORES=${CORES:-$(($(nproc) - 2))}
 ((CORES < 7)) && CORES=7
 # Relative cost per execution (the dev machine's exec/s, docs/RELIABILITY.md): workers follow it.
-WEIGHTS=${WEIGHTS:-"safetensors:2 hf_config:2 tokenizer_json:3 tokenizer_encode:3 jinja_template:3 chat_render:1 openai_request:2"}
+WEIGHTS=${WEIGHTS:-"safetensors:1 hf_config:2 tokenizer_json:3 tokenizer_encode:4 jinja_template:3 chat_render:1 openai_request:3"}
 W=/tmp/fuzzlong
 rm -rf $W && mkdir -p $W
 total_weight=0
@@ -43,7 +44,7 @@ for hw in $WEIGHTS; do
   given=$((given + workers[$h]))
 done
 # Cores left by the rounding go to the heaviest harnesses first, one each, round after round.
-for w in 3 2 1 3 2 1 3 2 1; do
+for w in 4 3 2 1 4 3 2 1 4 3 2 1; do
   for hw in $WEIGHTS; do
     ((given >= CORES)) && break 2
     h=${hw%%:*}; [ ${hw#*:} = $w ] && workers[$h]=$((workers[$h] + 1)) && given=$((given + 1))

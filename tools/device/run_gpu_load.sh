@@ -3,8 +3,9 @@
 # the load driver (build-cuda/dist/server_load_test, tests/e2e/server_load_test.cc) against
 # `blockspec serve --device cuda`, three servers one after the other:
 #   stories - stories260K + its shipped DFlash drafter (real text, so greedy outputs are compared
-#             token for token), context 512, prompts up to 400 tokens + 96 generated, KV cache of
-#             two windows (1,024 positions: most of the 256 clients wait);
+#             token for token), context 512, prompts up to 400 tokens + 96 generated and 4 of
+#             376-504 tokens + 8 (up to the window), KV cache of two windows (1,024 positions:
+#             most of the 256 clients wait);
 #   qwen    - synthetic Qwen3-8B + DFlash-b16 (blockspec synth), the model's 40,960-token context,
 #             LONG prompts a wave ending 8 to 1,508 tokens short of the window among the short
 #             ones, KV cache of 1.25 windows (51,200 positions: a long request waits for the other);
@@ -39,7 +40,7 @@ run() {
   local name=$1 flags=$2 envs=$3
   if ((SECONDS - T0 > BUDGET)); then say "=== $name: SKIPPED (budget ${BUDGET} s spent)"; return; fi
   say "=== $name: serve $flags"
-  $B serve $flags --device cuda --port 0 > $L/serve_$name.txt 2>&1 &
+  $B serve $flags --device ${DEVICE:-cuda} --port 0 > $L/serve_$name.txt 2>&1 &
   local pid=$!
   for _ in $(seq 180); do grep -qE "listening|error" $L/serve_$name.txt && break; sleep 1; done
   grep -E "listening|error" $L/serve_$name.txt | head -3 | tee -a "$SUMMARY"
@@ -59,7 +60,7 @@ run() {
 
 want stories && run stories \
   "--model models/stories260K --drafter models/stories260K-dflash --max-model-len 512 --kv-cache-tokens 1024" \
-  "BLOCKSPEC_LOAD_VOCAB=500 BLOCKSPEC_LOAD_MAX_PROMPT=400 BLOCKSPEC_LOAD_MAX_MODEL_LEN=0"
+  "BLOCKSPEC_LOAD_VOCAB=500 BLOCKSPEC_LOAD_MAX_PROMPT=400 BLOCKSPEC_LOAD_MAX_MODEL_LEN=512 BLOCKSPEC_LOAD_LONG=4"
 Q="--model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100"
 want qwen && run qwen "$Q --kv-cache-tokens 51200" \
   "BLOCKSPEC_LOAD_MAX_MODEL_LEN=40960 BLOCKSPEC_LOAD_LONG=${LONG:-3} BLOCKSPEC_LOAD_MAX_PROMPT=2000 BLOCKSPEC_LOAD_WAVES=${WAVES:-2}"
