@@ -29,11 +29,13 @@ want() { [[ " $ARGS " == *" $1 "* ]]; }
 SUMMARY=$OUT/gpuload.txt
 say() { echo "$*" | tee -a "$SUMMARY"; }
 S=/tmp/synth; [ "$(df --output=avail -BG /dev/shm | tail -1 | tr -dc 0-9)" -gt 40 ] && S=/dev/shm/synth
-if want qwen || want preempt; then
-  [ -e $S/qwen3-8b-dflash-b16-acc100 ] ||
-    timeout 150 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
+# The synthetic checkpoints, once, when a run needs them and the budget allows it.
+synth() {
+  ((SECONDS - T0 > BUDGET)) && return
+  [ -e $S/qwen3-8b-dflash-b16-acc100 ] && return
+  timeout 150 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
   say "synth rc=$? ($((SECONDS - T0)) s)"
-fi
+}
 
 # run NAME "SERVE FLAGS" "DRIVER ENV": one server, the driver, the crash check.
 run() {
@@ -62,6 +64,7 @@ want stories && run stories \
   "--model models/stories260K --drafter models/stories260K-dflash --max-model-len 512 --kv-cache-tokens 1024" \
   "BLOCKSPEC_LOAD_VOCAB=500 BLOCKSPEC_LOAD_MAX_PROMPT=400 BLOCKSPEC_LOAD_MAX_MODEL_LEN=512 BLOCKSPEC_LOAD_LONG=4"
 Q="--model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100"
+{ want qwen || want preempt; } && synth
 want qwen && run qwen "$Q --kv-cache-tokens 51200" \
   "BLOCKSPEC_LOAD_MAX_MODEL_LEN=40960 BLOCKSPEC_LOAD_LONG=${LONG:-3} BLOCKSPEC_LOAD_MAX_PROMPT=2000 BLOCKSPEC_LOAD_WAVES=${WAVES:-2}"
 want preempt && run preempt "$Q --preemption --max-model-len 8192 --kv-cache-tokens 12288" \
