@@ -10,7 +10,8 @@
 # the clang -fsanitize=fuzzer,address,undefined harnesses, debug info stripped, the sanitizer
 # runtimes are linked in; libfmt / libstdc++ / libgcc_s in lib/; the grown corpus of earlier runs).
 # CORES (default: all but 2, left to GPU work running alongside) worker processes in all, split
-# over the harnesses in proportion to WEIGHTS (the slower harnesses get more).
+# over the harnesses in proportion to WEIGHTS (the slower harnesses get more), at nice NICE (10),
+# so that the GPU work beside them gets a core whenever it needs more than the 2.
 # Into $OUT: fuzz_summary.txt (executions per harness summed over its workers from the final
 # stat::number_of_executed_units lines, or the last "#N" status line of a worker that stopped on
 # a finding; exec/s; findings) and fuzz_corpus.tar.xz (the grown corpora, the findings'
@@ -59,7 +60,7 @@ for hw in $WEIGHTS; do
   for ((k = 0; k < n; ++k)); do
     # Worker k: its share of the target (the first ones take the remainder), its own seed.
     runs=$((TARGET / n + (k < TARGET % n ? 1 : 0)))
-    $F/${h}_fuzz $W/corpus/$h tests/fuzz/corpus/$h -runs=$runs -max_total_time=$CAP \
+    nice -n ${NICE:-10} $F/${h}_fuzz $W/corpus/$h tests/fuzz/corpus/$h -runs=$runs -max_total_time=$CAP \
       -seed=$((1000 * k + 7)) -timeout=20 -rss_limit_mb=2560 -max_len=65536 -print_final_stats=1 \
       -reload=10 -artifact_prefix=$W/artifacts/$h/ > $W/${h}_$k.log 2>&1 &
   done
