@@ -36,7 +36,7 @@ fi
 # in the background): sequential, they would take ~9 minutes together.
 SAN_PID=
 if want sanitizer; then
-  OUT=/tmp/san bash tools/device/run_compute_sanitizer.sh > /tmp/san.txt 2>&1 &
+  OUT=/tmp/san timeout -k 5 $((TOTAL_S - 30)) bash tools/device/run_compute_sanitizer.sh > /tmp/san.txt 2>&1 &
   SAN_PID=$!
   echo "== sanitizer started in the background (pid $SAN_PID)"
 fi
@@ -44,8 +44,13 @@ if want gpuload; then
   budget=$((TOTAL_S - 60 - 100 - (SECONDS - T0)))  # the last run starts by then (~100 s each)
   ((budget < 0)) && budget=0
   echo "== gpuload ($((SECONDS - T0)) s, runs start within $budget s)"
-  OUT=/tmp/gl BUDGET=$budget bash tools/device/run_gpu_load.sh
-  cp /tmp/gl/gpuload_logs.txt $OUT/ 2>/dev/null
+  OUT=/tmp/gl BUDGET=$budget timeout -k 5 $((TOTAL_S - 30 - (SECONDS - T0))) bash tools/device/run_gpu_load.sh ||
+    echo "gpuload: stopped at the TOTAL_S limit (rc=$?)"
+  if [ -e /tmp/gl/gpuload_logs.txt ]; then
+    cp /tmp/gl/gpuload_logs.txt $OUT/
+  else  # stopped before it wrote them
+    for f in /tmp/gpuload/driver_*.txt /tmp/gpuload/serve_*.txt; do echo "--- $f"; tail -n 15 "$f"; done > $OUT/gpuload_logs.txt 2>&1
+  fi
 fi
 if [ -n "$SAN_PID" ]; then
   echo "== waiting for the sanitizer ($((SECONDS - T0)) s)"
