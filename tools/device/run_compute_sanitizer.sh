@@ -67,7 +67,8 @@ RC=$OUT/cuda_ops_racecheck.txt
 first=$(echo "$tests" | grep -E 'Attention|Prefill|Norm|Sampl|Filtered|Softmax|Relative|Argmax|Greedy|Rejection|Swiglu|Captured' | grep -v DeviceDraws)
 rest=$(echo "$tests" | grep -vxF -f <(echo "$first") | grep -v DeviceDraws)
 ran=0; clean=0; hazards=0; stopped=""
-for t in $first $rest CudaOps.DeviceDrawsFollowTheFilteredDistribution; do
+last=$(echo "$tests" | grep DeviceDraws)
+for t in $first $rest $last; do
   left=$((${RACECHECK_S:-110} - (SECONDS - T2)))
   ((left < 5)) && { stopped="$stopped $t"; continue; }
   lim=${RACECHECK_TEST_S:-30}; ((lim > left)) && lim=$left
