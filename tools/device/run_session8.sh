@@ -36,7 +36,9 @@ fi
 # in the background): sequential, they would take ~9 minutes together.
 SAN_PID=
 if want sanitizer; then
-  OUT=/tmp/san timeout -k 5 $((TOTAL_S - 30)) bash tools/device/run_compute_sanitizer.sh > /tmp/san.txt 2>&1 &
+  # MemoryInfoFollowsAllocations measures the GPU's free memory, which the load runs' servers
+  # change beside it: left out here (it allocates and frees one tensor, nothing to sanitize).
+  OUT=/tmp/san SKIP_TESTS=CudaOps.MemoryInfoFollowsAllocations timeout -k 5 $((TOTAL_S - 30)) bash tools/device/run_compute_sanitizer.sh > /tmp/san.txt 2>&1 &
   SAN_PID=$!
   echo "== sanitizer started in the background (pid $SAN_PID)"
 fi
