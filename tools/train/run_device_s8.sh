@@ -175,9 +175,16 @@ if [ -n "$EV_NEW" ]; then
     grep -E "tau" "$R/log_eval_new.txt" | grep -v "^|" | tee -a "$OUT/log.txt"
   ) &
   PID_EVN=$!
+  # The trainer's drafts against the independent references (CPU), also with perturbed heads.
+  (
+    stage check_reference 150 "$R/log_check_reference.txt" $PY $T/check_reference.py $EV_NEW \
+      --prompts $PROMPTS --n 16 --perturb
+    grep -E "prompts, drafts" "$R/log_check_reference.txt" | tee -a "$OUT/log.txt"
+  ) &
+  PID_CHK=$!
   engine_runs "$CK/stories260K-dspark" dspark_T0:0 dspark_T1:1
   engine_runs "$CK/stories260K-dflash2" dflash2_T0:0 dflash2_T1:1
-  wait $PID_EVN
+  wait $PID_EVN $PID_CHK
 fi
 wait $PID_EVS $PID_ENS
 
