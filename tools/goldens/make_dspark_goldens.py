@@ -24,8 +24,6 @@ Golden tensors (golden.safetensors; F32 unless noted), for two proposes as in ma
     /usr/bin/python3 tools/goldens/make_dspark_goldens.py [--out tests/data]
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -41,17 +39,12 @@ import family_goldens  # noqa: E402
 
 def specs(data_dir, stories_dir):
     return [
-        dict(name="dspark-stories260K", target=stories_dir, seed=21, dtype="F32", prefix="",
-             own_embed=False, block_where="top", block_size=7, layers=2, heads=4, kv_heads=2,
-             head_dim=16, inter=128, target_layer_ids=[1, 2, 3], mask_token_id=0, eps=1e-6,
-             rope_theta=10000.0, layer_types=None, sliding_window=None,
-             arch=["DSparkDraftModel"], rank=16, raw_names=False, topk=0, conf_markov=True),
-        dict(name="dspark-tiny-qwen3", target=os.path.join(data_dir, "tiny-qwen3"), seed=22,
-             dtype="BF16", prefix="model.", own_embed=False, block_where="dflash_config",
-             block_size=5, layers=1, heads=4, kv_heads=2, head_dim=16, inter=96,
-             target_layer_ids=[0, 2], mask_token_id=None, eps=1e-6, rope_theta=1000000.0,
-             layer_types=None, sliding_window=None, arch=None, rank=8, raw_names=True, topk=6,
-             conf_markov=False),
+        family_goldens.stories_spec(
+            "dspark-stories260K", stories_dir, 21, block_where="top", block_size=7, eps=1e-6,
+            arch=["DSparkDraftModel"], rank=16, raw_names=False, topk=0, conf_markov=True),
+        family_goldens.tiny_qwen3_spec(
+            "dspark-tiny-qwen3", data_dir, 22, block_size=5, rank=8, raw_names=True, topk=6,
+            conf_markov=False),
     ]
 
 
@@ -98,16 +91,6 @@ def golden(spec, out_dir, feats, anchors):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data"))
-    ap.add_argument("--stories", default=os.path.join(ROOT, "models", "stories260K"))
-    a = ap.parse_args()
-    for spec in specs(a.out, a.stories):
-        family_goldens.make(spec, os.path.join(a.out, spec["name"]), extend, golden,
-                            "tools/goldens/make_dspark_goldens.py",
-                            "tools/reference/dspark_ref.py")
-
-
 if __name__ == "__main__":
-    main()
+    family_goldens.main(__doc__, specs, extend, golden, "tools/goldens/make_dspark_goldens.py",
+                        "tools/reference/dspark_ref.py")

@@ -4,28 +4,39 @@
 
     python3 tools/train/eval.py --prompts tools/train/eval_prompts.json \
         --dflash models/stories260K-dflash --flashmap models/stories260K-flashmap \
-        --device cuda --max-new 192 --jumps 1,2,4 --seed 0 --json OUT/eval.json
+        --dspark models/stories260K-dspark --dflash2 models/stories260K-dflash2 \
+        --device cuda --max-new 192 --jumps 1,2,4 --seed 0 --subset 32 --json OUT/eval.json
 
 Loop (batch over prompts, one target pass per step, as dflash.md §2 / serving.md §1):
   prefill: the target on the prompt (P tokens) gives the first token at position P (argmax at
     T = 0, a sample at T = 1) and the context features of positions 0..P-1;
   step: anchor = last committed token at position s; the drafter proposes from the features of
-    positions 0..s-1 (DFlash: rows 1..B-1 of [anchor, MASK x (B-1)] -> B-1 drafts for s+1..s+B-1;
-    FlashMap: B slots -> B drafts for s+1..s+B, from seeded noise x0 ~ N(0, I_V) * noise_scale,
-    with 1, 2 or 4 jumps); drafts are the argmax of the draft logits; the target verifies
-    [anchor, drafts] in one pass;
+    positions 0..s-1, each family as the engine drafts it:
+      DFlash: rows 1..B-1 of [anchor, MASK x (B-1)] -> B-1 drafts for s+1..s+B-1, the argmax of
+        each row, proposal one-hot on it at every temperature;
+      FlashMap: B slots -> B drafts for s+1..s+B, from seeded noise x0 ~ N(0, I_V) * noise_scale,
+        with 1, 2 or 4 jumps; argmax, one-hot proposal;
+      DSpark (dflash.md §4): all B rows (row k drafts s+k+1) -> B drafts, the Markov chain left
+        to right: T = 0 argmax of z_k = U_k + W2 W1[prev_k], T > 0 a draw from
+        q_k = softmax(z_k / T) (prev = the anchor, then the previous draft);
+      DFlash2 (§5.4): rows 1..B-1 -> B-1 drafts by the candidate-selector walk: T = 0 argmax of
+        the top-16 scores S_p, T > 0 a draw from q_p = softmax(S_p / T) over the candidates;
+    the target verifies [anchor, drafts] in one pass;
   accept: T = 0: the longest prefix of drafts equal to the target's argmax, plus the target's
-    argmax after it (bonus); T = 1: standard speculative rejection sampling with the draft's
-    proposal one-hot on the argmax draft (serving.md §1.9: accept d_k iff u < p_k(d_k); at the
-    first rejection sample from p_k with d_k removed, renormalised; if all are accepted the bonus is
-    a sample of the last row) - lossless for any drafter;
+    argmax after it (bonus); T = 1: standard speculative rejection sampling with the drafter's
+    proposal q (serving.md §1.9: accept d_k iff u q_k(d_k) < p_k(d_k); at the first rejection
+    sample from norm(max(p_k - q_k, 0)) - for a one-hot q: p_k with d_k removed; if all are
+    accepted the bonus is a sample of the next row) - lossless for any drafter;
   commit a accepted drafts + 1 bonus; the verify pass gives the context features of the new
     positions. Each prompt generates exactly --max-new tokens (the first from the prefill): as in
     the engine, a step verifies at most (tokens still wanted - 1) drafts; no stop token
     (stories260K never emits EOS).
 Figures: tau = mean over verify steps of (accepted + 1), all prompts pooled; per-position
 acceptance acc[k] = P(a >= k | draft k was verified), k = 1..#drafts (tau = 1 + sum_k acc[k] up to
-the few clipped final steps). At T = 0 the generated text is checked against plain greedy decoding.
+the few clipped final steps); --subset N adds the same figures over the first N prompts' steps of
+the run (at T = 0 equal to a run of those N prompts alone). DSpark runs also report the confidence
+head's predicted prefix survival a_k = c_1..c_k averaged like acc[k]. At T = 0 the generated text is
+checked against plain greedy decoding.
 The target runs with a per-row KV buffer (positions s..s+#drafts written each step, causal mask
 over absolute positions); --recompute instead reruns it over the whole sequence each step.
 """
