@@ -56,7 +56,9 @@ def main(doc, specs, extend, golden, generator, reference):
 
 def make(spec, out_dir, extend, golden, generator, reference):
     """extend(spec, out_dir, cfg, rng) -> {name: array} edits cfg in place and returns the extra
-    tensors; golden(spec, out_dir, feats, anchors) -> {name: (dtype, array)}."""
+    tensors; golden = (ref_cls, propose): ref = ref_cls(out_dir, target_dir, "cpu") is the
+    reference drafter, propose(ref, ctx_feats, anchor) -> {name: (dtype, array)} the goldens of
+    one propose, stored as name0 / name1 for the two anchors."""
     print(spec["name"], "->", out_dir, flush=True)
     cfg, width = make_dflash_goldens.make_checkpoint(spec, out_dir)
     rng = np.random.default_rng(spec["seed"] + 500)
@@ -79,7 +81,11 @@ def make(spec, out_dir, extend, golden, generator, reference):
         "anchors": ("I32", anchors),
         "anchor_pos": ("I32", np.array(ANCHOR_POS, dtype=np.int32)),
     }
-    out.update(golden(spec, out_dir, feats, anchors))
+    ref_cls, propose = golden
+    ref = ref_cls(out_dir, spec["target"], "cpu")
+    for i, s in enumerate(ANCHOR_POS):
+        for name, value in propose(ref, feats[:s], int(anchors[i])).items():
+            out["%s%d" % (name, i)] = value
     meta = {
         "generator": generator,
         "reference": reference,

@@ -27,12 +27,9 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import family_goldens  # noqa: E402  (also puts tools/reference on the path)
 import dflash2_ref  # noqa: E402
-import family_goldens  # noqa: E402
 
 
 def specs(data_dir, stories_dir):
@@ -89,20 +86,14 @@ def extend(spec, out_dir, cfg, rng):
     return extra
 
 
-def golden(spec, out_dir, feats, anchors):
-    ref = dflash2_ref.DFlash2Ref(out_dir, spec["target"], "cpu")
-    out = {}
-    for i, s in enumerate(family_goldens.ANCHOR_POS):
-        u, C, S, drafts = ref.propose_greedy(feats[:s], int(anchors[i]))
-        out["unary%d" % i] = ("F32", u.numpy())
-        out["cands%d" % i] = ("I32", C.numpy().astype(np.int32))
-        out["scores%d" % i] = ("F32", S.numpy())
-        out["drafts%d" % i] = ("I32", np.array(drafts, dtype=np.int32))
-        print("  drafts%d" % i, drafts, "(argmax of u alone:", u.numpy().argmax(-1).tolist(), ")",
-              flush=True)
-    return out
+def propose(ref, ctx_feats, anchor):
+    u, C, S, drafts = ref.propose_greedy(ctx_feats, anchor)
+    print("  drafts", drafts, "(argmax of u alone:", u.numpy().argmax(-1).tolist(), ")",
+          flush=True)
+    return {"unary": ("F32", u.numpy()), "cands": ("I32", C.numpy().astype(np.int32)),
+            "scores": ("F32", S.numpy()), "drafts": ("I32", np.array(drafts, dtype=np.int32))}
 
 
 if __name__ == "__main__":
-    family_goldens.main(__doc__, specs, extend, golden, "tools/goldens/make_dflash2_goldens.py",
-                        "tools/reference/dflash2_ref.py")
+    family_goldens.main(__doc__, specs, extend, (dflash2_ref.DFlash2Ref, propose),
+                        "tools/goldens/make_dflash2_goldens.py", "tools/reference/dflash2_ref.py")

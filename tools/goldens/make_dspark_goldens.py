@@ -29,12 +29,9 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import family_goldens  # noqa: E402  (also puts tools/reference on the path)
 import dspark_ref  # noqa: E402
-import family_goldens  # noqa: E402
 
 
 def specs(data_dir, stories_dir):
@@ -76,21 +73,14 @@ def extend(spec, out_dir, cfg, rng):
     return extra
 
 
-def golden(spec, out_dir, feats, anchors):
-    ref = dspark_ref.DSparkRef(out_dir, spec["target"], "cpu")
-    out = {}
-    for i, s in enumerate(family_goldens.ANCHOR_POS):
-        U, z, drafts, conf = ref.propose_greedy(feats[:s], int(anchors[i]))
-        out["base%d" % i] = ("F32", U.numpy())
-        out["biased%d" % i] = ("F32", z.numpy())
-        out["drafts%d" % i] = ("I32", np.array(drafts, dtype=np.int32))
-        out["conf%d" % i] = ("F32", conf)
-        plain = U.numpy().argmax(-1).tolist()
-        print("  drafts%d" % i, drafts, "(argmax of U alone:", plain, ") conf",
-              np.round(conf, 3).tolist(), flush=True)
-    return out
+def propose(ref, ctx_feats, anchor):
+    U, z, drafts, conf = ref.propose_greedy(ctx_feats, anchor)
+    print("  drafts", drafts, "(argmax of U alone:", U.numpy().argmax(-1).tolist(), ") conf",
+          np.round(conf, 3).tolist(), flush=True)
+    return {"base": ("F32", U.numpy()), "biased": ("F32", z.numpy()),
+            "drafts": ("I32", np.array(drafts, dtype=np.int32)), "conf": ("F32", conf)}
 
 
 if __name__ == "__main__":
-    family_goldens.main(__doc__, specs, extend, golden, "tools/goldens/make_dspark_goldens.py",
-                        "tools/reference/dspark_ref.py")
+    family_goldens.main(__doc__, specs, extend, (dspark_ref.DSparkRef, propose),
+                        "tools/goldens/make_dspark_goldens.py", "tools/reference/dspark_ref.py")
