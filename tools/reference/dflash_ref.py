@@ -33,10 +33,11 @@ import glob
 import json
 import math
 import os
-import struct
 
 import numpy as np
 import torch
+
+import safetensors_io
 
 # ---------------------------------------------------------------------------------------------
 # safetensors (numpy only)
@@ -60,19 +61,8 @@ def f32_to_bf16_bits(x):
 
 def read_safetensors(path):
     """{name: numpy array}; BF16 is returned as float32 (exact)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n].decode("utf-8"))
-    base = 8 + n
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        raw = data[base + b : base + e]
-        shape = info["shape"]
-        dt = info["dtype"]
+    for name, (dt, shape, raw) in safetensors_io.read_raw(path)[0].items():
         if dt == "BF16":
             arr = _bf16_bits_to_f32(np.frombuffer(raw, dtype="<u2")).reshape(shape)
         elif dt in _ST_NP:
@@ -97,20 +87,7 @@ def write_safetensors(path, tensors, metadata=None):
         items.append((name, dt, list(np.shape(arr)), raw, esize))
     # Larger elements first, then by name: every tensor stays aligned to its element size.
     items.sort(key=lambda t: (-t[4], t[0]))
-    header = {}
-    off = 0
-    for name, dt, shape, raw, _ in items:
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for _, _, _, raw, _ in items:
-            f.write(raw)
+    safetensors_io.write_raw(path, [it[:4] for it in items], metadata)
 
 
 def read_checkpoint_dir(d):
