@@ -2,8 +2,9 @@
 target as a small torch Llama, RoPE, seeding, the time look-up table of FlashMap.
 
 Only torch and numpy are needed (Debian's python3 has no `safetensors`/`transformers`), so the same
-code runs on the CPU here and on the GPU machine. Safetensors are written by hand: u64 LE header
-length, JSON header {name: {dtype, shape, data_offsets}}, raw little-endian bytes.
+code runs on the CPU here and on the GPU machine. Safetensors are written by hand (the layout:
+tools/reference/safetensors_io.py): u64 LE header length, JSON header {name: {dtype, shape,
+data_offsets}}, raw little-endian bytes.
 """
 
 import hashlib
@@ -12,7 +13,7 @@ import math
 import os
 import random
 import signal
-import struct
+import sys
 import time
 
 import numpy as np
@@ -20,6 +21,9 @@ import torch
 import torch.nn.functional as F
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+# The .safetensors file layout (not model code) is shared with the references.
+sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
+import safetensors_io  # noqa: E402
 TARGET_DIR = os.path.join(REPO, "models", "stories260K")
 
 # ---------------------------------------------------------------------------------------------
@@ -234,41 +238,19 @@ def write_safetensors(path, tensors, metadata=None):
             raise ValueError("%s: unsupported dtype %s" % (name, a.dtype))
         items.append((name, dt, list(a.shape), np.ascontiguousarray(a).tobytes(), a.itemsize))
     items.sort(key=lambda x: (-x[4], x[0]))
-    header, off = {}, 0
-    for name, dt, shape, raw, _ in items:
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for it in items:
-            f.write(it[3])
+    safetensors_io.write_raw(path, [it[:4] for it in items], metadata)
 
 
 def read_safetensors(path):
     """{name: torch.Tensor} (F32, F16, BF16 -> float32; integer types kept)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n].decode("utf-8"))
-    base = 8 + n
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        raw = data[base + b:base + e]
-        dt = info["dtype"]
+    for name, (dt, shape, raw) in safetensors_io.read_raw(path)[0].items():
         if dt == "BF16":
             bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
             a = bits.view(np.float32)
         else:
             a = np.frombuffer(raw, dtype=_NP[dt])
-        a = a.reshape(info["shape"]).copy()
+        a = a.reshape(shape).copy()
         if a.dtype == np.float16:
             a = a.astype(np.float32)
         if a.dtype == np.uint16:
