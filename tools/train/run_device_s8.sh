@@ -82,9 +82,9 @@ ENGINE_BACKENDS="cpu"
 log "engine: ${EA:-none (engine figures skipped)}, backends $ENGINE_BACKENDS"
 
 # engine_runs DIR RUN... : eval_acceptance on one drafter for each RUN = TAG:T[:EXTRA flags],
-# CPU runs in parallel (one thread each), then CUDA runs one after the other. Output files as
-# tau_table.py reads them: $R/engine_<backend>_<TAG>.txt, TAG = eval.py's run name with '_' for
-# spaces and no '=' (e.g. "dspark T=0" -> dspark_T0).
+# the CPU runs in parallel (one thread each) while the CUDA runs go one after the other. Output
+# files as tau_table.py reads them: $R/engine_<backend>_<TAG>.txt, TAG = eval.py's run name with
+# '_' for spaces and no '=' (e.g. "dspark T=0" -> dspark_T0).
 engine_runs() {
   local dir=$1; shift
   [ -n "$EA" ] || return 0
@@ -105,8 +105,8 @@ engine_runs() {
         echo "rc $?" >> "$f"
       fi
     done
-    [ -n "$pids" ] && { wait $pids; pids=""; }
   done
+  [ -n "$pids" ] && wait $pids
   for backend in $ENGINE_BACKENDS; do
     for spec in "$@"; do
       IFS=: read -r name temp extra <<< "$spec"
@@ -160,9 +160,12 @@ else
   log "no data: trainings skipped"
 fi
 # The checkpoints first, in case anything later fails.
-( cd "$CK" && ls -d stories260K-* > /dev/null 2>&1 ) &&
-  tar czf "$OUT/checkpoints.tgz" -C "$CK" $(cd "$CK" && ls -d stories260K-*) &&
-  log "checkpoints.tgz: $(tar tzf "$OUT/checkpoints.tgz" | tr '\n' ' ')"
+CKS=()
+for d in stories260K-dspark stories260K-dflash2; do [ -d "$CK/$d" ] && CKS+=("$d"); done
+if [ ${#CKS[@]} -gt 0 ]; then
+  tar czf "$OUT/checkpoints.tgz" -C "$CK" "${CKS[@]}" &&
+    log "checkpoints.tgz: $(tar tzf "$OUT/checkpoints.tgz" | tr '\n' ' ')"
+fi
 
 # 4. The new drafters (PyTorch and engine); then wait for the shipped drafters' evaluations.
 EV_NEW=""
