@@ -20,8 +20,9 @@
 #   results.tgz      eval JSONs, engine outputs, every log
 #   log.txt          this script's log (stage times and return codes, training summaries)
 #
-# The engine part uses build-cuda/dist/eval_acceptance (tools/device/make_dist.sh, carried to the
-# device) or else build/eval_acceptance; without either it is skipped.
+# The engine part uses build-cuda/dist/eval_acceptance: carry build-cuda/pack-train, made here by
+# `bash tools/train/pack_eval.sh` from a CUDA build (or build-cuda/dist of tools/device/make_dist.sh);
+# on a machine without it, build/eval_acceptance; without either it is skipped.
 # SMOKE=1: toy sizes (a minute or two on a CPU): SMOKE=1 OUT=/tmp/o bash $0 cpu
 set -u -o pipefail
 DEV=${1:-cuda}
@@ -68,8 +69,13 @@ git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/log.txt"
 timeout 60 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$OUT/log.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee -a "$OUT/log.txt"
 
-# The engine binary and its libraries.
+# The engine binary and its libraries: build-cuda/dist (tools/device/make_dist.sh), or unpacked
+# from build-cuda/pack-train/eval_dist.tar.xz (tools/train/pack_eval.sh), or a local build/.
 EA=""
+if [ ! -x build-cuda/dist/eval_acceptance ] && [ -f build-cuda/pack-train/eval_dist.tar.xz ]; then
+  mkdir -p build-cuda && tar -C build-cuda -xJf build-cuda/pack-train/eval_dist.tar.xz &&
+    log "engine: unpacked build-cuda/pack-train/eval_dist.tar.xz"
+fi
 if [ -x build-cuda/dist/eval_acceptance ]; then
   EA=build-cuda/dist/eval_acceptance
   export LD_LIBRARY_PATH=$PWD/build-cuda/dist/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
