@@ -194,6 +194,23 @@ def train_loop(a, model, toks, step_loss, log, describe):
     return step
 
 
+class ParamModule(torch.nn.Module):
+    """A drafter whose parameters live in self.P (an nn.ParameterDict) under their checkpoint
+    names with '.' spelled '__'."""
+
+    def w(self, name):
+        return self.P[name.replace(".", "__")]
+
+    def state_dict_export(self):
+        return {k.replace("__", "."): v.detach().float().cpu().contiguous()
+                for k, v in self.P.items()}
+
+    def load_export(self, sd):
+        for k, v in sd.items():
+            p = self.P[k.replace(".", "__")]
+            p.data.copy_(v.reshape(p.shape))
+
+
 def draw(z, temp, gen, qs):
     """One drafted token per row of z [N, V]: the argmax at temp 0 (first index on ties), else a
     draw from q = softmax(z / temp), appended to qs (the proposal of the rejection step)."""

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(common.ParamModule):
     def __init__(self, target, layers=2, block_size=16, taps=(1, 2, 3), heads=8, kv_heads=4,
                  head_dim=8, inter=256, eps=1e-6, mask_token_id=0, rope_theta=10000.0):
         super().__init__()
@@ -78,17 +78,6 @@ class DFlashDrafter(nn.Module):
         P["norm__weight"].data.copy_(target.w["model.norm.weight"])
         self.P = P
         self.to(target.dev)
-
-    def w(self, name):
-        return self.P[name.replace(".", "__")]
-
-    def state_dict_export(self):
-        return {k.replace("__", "."): v.detach().float().cpu().contiguous()
-                for k, v in self.P.items()}
-
-    def load_export(self, sd):
-        for k, v in sd.items():
-            self.P[k.replace(".", "__")].data.copy_(v)
 
     def config(self, target):
         c = target.cfg
@@ -208,6 +197,16 @@ def export(model, target, out_dir, meta=None):
                              model.state_dict_export(), md)
 
 
+def finish(model, target, a, step, t0, log, val_loss, **fields):
+    """Export (config.json + model.safetensors with steps / seed / val_loss / producer in its
+    metadata), train_log.json with `fields`, and the closing log line."""
+    export(model, target, a.out, {"steps": step, "seed": a.seed, "val_loss": "%.4f" % val_loss,
+                                  "producer": "blockspec tools/train/%s.py" % log.tag})
+    common.write_train_log(a.out, a, steps=step, params=sum(p.numel() for p in model.parameters()),
+                           val_loss=val_loss, seconds=time.time() - t0, **fields)
+    log("exported %s" % a.out)
+
+
 def read_config(out_dir):
     with open(os.path.join(out_dir, "config.json")) as f:
         return json.load(f)
@@ -302,11 +301,8 @@ def main():
     log("val top-1 per row 1..%d: %s" % (a.block_size - 1, common.fmt_list(vacc)))
     log("val P(rows 1..k all right): %s -> teacher-forced tau ~ %.2f" % (
         common.fmt_list(vacc_run), 1 + vacc_run.sum().item()))
-    export(model, target, a.out, {"steps": step, "seed": a.seed, "val_loss": "%.4f" % vl})
-    common.write_train_log(a.out, a, steps=step, params=n_params, val_loss=vl,
-                           val_top1=vacc.tolist(), val_prefix_accept=vacc_run.tolist(),
-                           seconds=time.time() - t0)
-    log("exported %s" % a.out)
+    finish(model, target, a, step, t0, log, vl, val_top1=vacc.tolist(),
+           val_prefix_accept=vacc_run.tolist())
 
 
 if __name__ == "__main__":

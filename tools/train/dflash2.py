@@ -199,13 +199,8 @@ def main():
     log("done: %d steps in %.0f s; val loss %.4f (base %.4f); val recall@%d %s" % (
         step, time.time() - t0, vl.item(), vbase.item(), a.top_k, common.fmt_list(vrec)))
     log("val top-1 of the selector (teacher-forced predecessor) %s" % common.fmt_list(vacc))
-    dflash.export(model, target, a.out, {"steps": step, "seed": a.seed,
-                                         "val_loss": "%.4f" % vl.item(),
-                                         "producer": "blockspec tools/train/dflash2.py"})
-    common.write_train_log(a.out, a, steps=step, params=n_params, val_loss=vl.item(),
-                           val_base_loss=vbase.item(), val_recall=vrec.tolist(),
-                           val_top1=vacc.tolist(), seconds=time.time() - t0)
-    log("exported %s" % a.out)
+    dflash.finish(model, target, a, step, t0, log, vl.item(), val_base_loss=vbase.item(),
+                  val_recall=vrec.tolist(), val_top1=vacc.tolist())
 
 
 if __name__ == "__main__":

@@ -161,13 +161,8 @@ def main():
         % (step, time.time() - t0, vl.item(), common.fmt_list(valpha),
            1 + torch.cumprod(valpha, 0).sum().item()))
     log("val top-1 per row (teacher-forced predecessors) %s" % common.fmt_list(vacc))
-    dflash.export(model, target, a.out, {"steps": step, "seed": a.seed,
-                                         "val_loss": "%.4f" % vl.item(),
-                                         "producer": "blockspec tools/train/dspark.py"})
-    common.write_train_log(a.out, a, steps=step, params=n_params, val_loss=vl.item(),
-                           val_alpha=valpha.tolist(), val_top1=vacc.tolist(),
-                           seconds=time.time() - t0)
-    log("exported %s" % a.out)
+    dflash.finish(model, target, a, step, t0, log, vl.item(), val_alpha=valpha.tolist(),
+                  val_top1=vacc.tolist())
 
 
 if __name__ == "__main__":
