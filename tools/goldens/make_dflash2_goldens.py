@@ -22,34 +22,25 @@ Golden tensors (golden.safetensors; F32 unless noted), two proposes as make_dfla
     /usr/bin/python3 tools/goldens/make_dflash2_goldens.py [--out tests/data]
 """
 
-import argparse
 import os
 import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import family_goldens  # noqa: E402  (also puts tools/reference on the path)
 import dflash2_ref  # noqa: E402
-import family_goldens  # noqa: E402
 
 
 def specs(data_dir, stories_dir):
     return [
-        dict(name="dflash2-stories260K", target=stories_dir, seed=31, dtype="F32", prefix="",
-             own_embed=False, block_where="dflash_config", block_size=6, layers=2, heads=4,
-             kv_heads=2, head_dim=16, inter=128, target_layer_ids=[1, 2, 3], mask_token_id=0,
-             eps=1e-5, rope_theta=10000.0, layer_types=None, sliding_window=None,
-             arch=["DFlash2DraftModel"], group=16, rank=8, top_k=16, raw_names=True,
-             mult=0.5, cap=8.0, emb_scale=1.5),
-        dict(name="dflash2-tiny-qwen3", target=os.path.join(data_dir, "tiny-qwen3"), seed=32,
-             dtype="BF16", prefix="model.", own_embed=False, block_where="dflash_config",
-             block_size=8, layers=1, heads=4, kv_heads=2, head_dim=16, inter=96,
-             target_layer_ids=[0, 2], mask_token_id=None, eps=1e-6, rope_theta=1000000.0,
-             layer_types=None, sliding_window=None, arch=None, group=8, rank=12, top_k=16,
-             raw_names=False, mult=None, cap=None, emb_scale=None),
+        family_goldens.stories_spec(
+            "dflash2-stories260K", stories_dir, 31, block_where="dflash_config", block_size=6,
+            eps=1e-5, arch=["DFlash2DraftModel"], group=16, rank=8, top_k=16, raw_names=True,
+            mult=0.5, cap=8.0, emb_scale=1.5),
+        family_goldens.tiny_qwen3_spec(
+            "dflash2-tiny-qwen3", data_dir, 32, block_size=8, group=8, rank=12, top_k=16,
+            raw_names=False, mult=None, cap=None, emb_scale=None),
     ]
 
 
@@ -95,30 +86,14 @@ def extend(spec, out_dir, cfg, rng):
     return extra
 
 
-def golden(spec, out_dir, feats, anchors):
-    ref = dflash2_ref.DFlash2Ref(out_dir, spec["target"], "cpu")
-    out = {}
-    for i, s in enumerate(family_goldens.ANCHOR_POS):
-        u, C, S, drafts = ref.propose_greedy(feats[:s], int(anchors[i]))
-        out["unary%d" % i] = ("F32", u.numpy())
-        out["cands%d" % i] = ("I32", C.numpy().astype(np.int32))
-        out["scores%d" % i] = ("F32", S.numpy())
-        out["drafts%d" % i] = ("I32", np.array(drafts, dtype=np.int32))
-        print("  drafts%d" % i, drafts, "(argmax of u alone:", u.numpy().argmax(-1).tolist(), ")",
-              flush=True)
-    return out
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data"))
-    ap.add_argument("--stories", default=os.path.join(ROOT, "models", "stories260K"))
-    a = ap.parse_args()
-    for spec in specs(a.out, a.stories):
-        family_goldens.make(spec, os.path.join(a.out, spec["name"]), extend, golden,
-                            "tools/goldens/make_dflash2_goldens.py",
-                            "tools/reference/dflash2_ref.py")
+def propose(ref, ctx_feats, anchor):
+    u, C, S, drafts = ref.propose_greedy(ctx_feats, anchor)
+    print("  drafts", drafts, "(argmax of u alone:", u.numpy().argmax(-1).tolist(), ")",
+          flush=True)
+    return {"unary": ("F32", u.numpy()), "cands": ("I32", C.numpy().astype(np.int32)),
+            "scores": ("F32", S.numpy()), "drafts": ("I32", np.array(drafts, dtype=np.int32))}
 
 
 if __name__ == "__main__":
-    main()
+    family_goldens.main(__doc__, specs, extend, (dflash2_ref.DFlash2Ref, propose),
+                        "tools/goldens/make_dflash2_goldens.py", "tools/reference/dflash2_ref.py")

@@ -24,34 +24,24 @@ Golden tensors (golden.safetensors; F32 unless noted), for two proposes as in ma
     /usr/bin/python3 tools/goldens/make_dspark_goldens.py [--out tests/data]
 """
 
-import argparse
-import json
 import os
 import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import family_goldens  # noqa: E402  (also puts tools/reference on the path)
 import dspark_ref  # noqa: E402
-import family_goldens  # noqa: E402
 
 
 def specs(data_dir, stories_dir):
     return [
-        dict(name="dspark-stories260K", target=stories_dir, seed=21, dtype="F32", prefix="",
-             own_embed=False, block_where="top", block_size=7, layers=2, heads=4, kv_heads=2,
-             head_dim=16, inter=128, target_layer_ids=[1, 2, 3], mask_token_id=0, eps=1e-6,
-             rope_theta=10000.0, layer_types=None, sliding_window=None,
-             arch=["DSparkDraftModel"], rank=16, raw_names=False, topk=0, conf_markov=True),
-        dict(name="dspark-tiny-qwen3", target=os.path.join(data_dir, "tiny-qwen3"), seed=22,
-             dtype="BF16", prefix="model.", own_embed=False, block_where="dflash_config",
-             block_size=5, layers=1, heads=4, kv_heads=2, head_dim=16, inter=96,
-             target_layer_ids=[0, 2], mask_token_id=None, eps=1e-6, rope_theta=1000000.0,
-             layer_types=None, sliding_window=None, arch=None, rank=8, raw_names=True, topk=6,
-             conf_markov=False),
+        family_goldens.stories_spec(
+            "dspark-stories260K", stories_dir, 21, block_where="top", block_size=7, eps=1e-6,
+            arch=["DSparkDraftModel"], rank=16, raw_names=False, topk=0, conf_markov=True),
+        family_goldens.tiny_qwen3_spec(
+            "dspark-tiny-qwen3", data_dir, 22, block_size=5, rank=8, raw_names=True, topk=6,
+            conf_markov=False),
     ]
 
 
@@ -83,31 +73,14 @@ def extend(spec, out_dir, cfg, rng):
     return extra
 
 
-def golden(spec, out_dir, feats, anchors):
-    ref = dspark_ref.DSparkRef(out_dir, spec["target"], "cpu")
-    out = {}
-    for i, s in enumerate(family_goldens.ANCHOR_POS):
-        U, z, drafts, conf = ref.propose_greedy(feats[:s], int(anchors[i]))
-        out["base%d" % i] = ("F32", U.numpy())
-        out["biased%d" % i] = ("F32", z.numpy())
-        out["drafts%d" % i] = ("I32", np.array(drafts, dtype=np.int32))
-        out["conf%d" % i] = ("F32", conf)
-        plain = U.numpy().argmax(-1).tolist()
-        print("  drafts%d" % i, drafts, "(argmax of U alone:", plain, ") conf",
-              np.round(conf, 3).tolist(), flush=True)
-    return out
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data"))
-    ap.add_argument("--stories", default=os.path.join(ROOT, "models", "stories260K"))
-    a = ap.parse_args()
-    for spec in specs(a.out, a.stories):
-        family_goldens.make(spec, os.path.join(a.out, spec["name"]), extend, golden,
-                            "tools/goldens/make_dspark_goldens.py",
-                            "tools/reference/dspark_ref.py")
+def propose(ref, ctx_feats, anchor):
+    U, z, drafts, conf = ref.propose_greedy(ctx_feats, anchor)
+    print("  drafts", drafts, "(argmax of U alone:", U.numpy().argmax(-1).tolist(), ") conf",
+          np.round(conf, 3).tolist(), flush=True)
+    return {"base": ("F32", U.numpy()), "biased": ("F32", z.numpy()),
+            "drafts": ("I32", np.array(drafts, dtype=np.int32)), "conf": ("F32", conf)}
 
 
 if __name__ == "__main__":
-    main()
+    family_goldens.main(__doc__, specs, extend, (dspark_ref.DSparkRef, propose),
+                        "tools/goldens/make_dspark_goldens.py", "tools/reference/dspark_ref.py")

@@ -13,7 +13,6 @@ dflash_ref.py's (same config reader, RMSNorm, RoPE and masks), extended by
     their rows (DSpark all γ, DFlash2 rows 1..B−1).
 """
 
-import math
 import os
 import sys
 
@@ -50,47 +49,6 @@ class BlockRef(dflash_ref.DFlashRef):
                                         device=self.device)
         raise KeyError("drafter tensor %s not found" % " / ".join(names))
 
-    @torch.no_grad()
     def block_hidden(self, ctx_feats, anchor, hook=None):
         """Final-normed hidden states [B, H] of the block [anchor, mask × (B−1)] at s..s+B−1."""
-        c = self.cfg
-        B = c.block_size
-        feats = torch.as_tensor(np.asarray(ctx_feats, dtype=np.float32), device=self.device)
-        s = feats.shape[0]
-        ctx = self._rms(feats @ self.fc.T, self.hidden_norm)
-        ids = torch.tensor([anchor] + [c.mask_token_id] * (B - 1), device=self.device)
-        h = self.embed[ids] * self.embed_scale
-        ctx_pos = torch.arange(0, s, device=self.device)
-        blk_pos = torch.arange(s, s + B, device=self.device)
-        key_pos = torch.cat([ctx_pos, blk_pos])
-        group = c.heads // c.kv_heads
-        for li, L in enumerate(self.layers):
-            x = self._rms(h, L["input_layernorm"])
-            st = None
-            if hook is not None:
-                x, st = hook.prepare(li, "attention", x)
-            q = (x @ L["self_attn.q_proj"].T).view(B, c.heads, c.head_dim)
-            q = self._rope(self._rms(q, L["self_attn.q_norm"]), blk_pos)
-            kin = torch.cat([ctx, x], 0)
-            k = (kin @ L["self_attn.k_proj"].T).view(s + B, c.kv_heads, c.head_dim)
-            k = self._rope(self._rms(k, L["self_attn.k_norm"]), key_pos)
-            v = (kin @ L["self_attn.v_proj"].T).view(s + B, c.kv_heads, c.head_dim)
-            k = k.repeat_interleave(group, dim=1).transpose(0, 1)
-            v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-            qh = q.transpose(0, 1)
-            scores = (qh @ k.transpose(1, 2)) / math.sqrt(c.head_dim) + self._mask(
-                li, blk_pos, key_pos)
-            a = (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(B, c.heads * c.head_dim)
-            a = a @ L["self_attn.o_proj"].T
-            if hook is not None:
-                a = hook.finish(li, "attention", a, st)
-            h = h + a
-            y = self._rms(h, L["post_attention_layernorm"])
-            if hook is not None:
-                y, st = hook.prepare(li, "mlp", y)
-            m = torch.nn.functional.silu(y @ L["mlp.gate_proj"].T) * (y @ L["mlp.up_proj"].T)
-            m = m @ L["mlp.down_proj"].T
-            if hook is not None:
-                m = hook.finish(li, "mlp", m, st)
-            h = h + m
-        return self._rms(h, self.norm)
+        return super().block_hidden(ctx_feats, anchor, hook=hook, embed_scale=self.embed_scale)

@@ -33,10 +33,11 @@ import glob
 import json
 import math
 import os
-import struct
 
 import numpy as np
 import torch
+
+import safetensors_io
 
 # ---------------------------------------------------------------------------------------------
 # safetensors (numpy only)
@@ -60,19 +61,8 @@ def f32_to_bf16_bits(x):
 
 def read_safetensors(path):
     """{name: numpy array}; BF16 is returned as float32 (exact)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n].decode("utf-8"))
-    base = 8 + n
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        raw = data[base + b : base + e]
-        shape = info["shape"]
-        dt = info["dtype"]
+    for name, (dt, shape, raw) in safetensors_io.read_raw(path)[0].items():
         if dt == "BF16":
             arr = _bf16_bits_to_f32(np.frombuffer(raw, dtype="<u2")).reshape(shape)
         elif dt in _ST_NP:
@@ -97,20 +87,7 @@ def write_safetensors(path, tensors, metadata=None):
         items.append((name, dt, list(np.shape(arr)), raw, esize))
     # Larger elements first, then by name: every tensor stays aligned to its element size.
     items.sort(key=lambda t: (-t[4], t[0]))
-    header = {}
-    off = 0
-    for name, dt, shape, raw, _ in items:
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for _, _, _, raw, _ in items:
-            f.write(raw)
+    safetensors_io.write_raw(path, [it[:4] for it in items], metadata)
 
 
 def read_checkpoint_dir(d):
@@ -271,9 +248,15 @@ class DFlashRef:
         return m.masked_fill(~ok, float("-inf"))
 
     @torch.no_grad()
-    def propose(self, ctx_feats, anchor, num_rows=None):
-        """ctx_feats [s, n_taps*H_t] (features of positions 0..s-1); anchor at position s.
-        Returns logits [B-1, V] (row j-1 predicts position s+j)."""
+    def block_hidden(self, ctx_feats, anchor, num_rows=None, hook=None, embed_scale=1.0):
+        """Final-normed hidden states [B, H] of every row of the block [anchor, mask × (B−1)] at
+        positions s..s+B−1 (ctx_feats [s, n_taps*H_t]: features of positions 0..s-1). The
+        DFlash2 extensions (dflash_family_ref.py): block embeddings × embed_scale, and a
+        sublayer hook around attention and MLP:
+            x = input_layernorm(h); x, st = hook.prepare(layer, "attention", x)
+            h = h + hook.finish(layer, "attention", self_attn(x, ctx) Woᵀ, st)
+            y = post_attention_layernorm(h); y, st = hook.prepare(layer, "mlp", y)
+            h = h + hook.finish(layer, "mlp", mlp(y), st)"""
         c = self.cfg
         B = c.block_size if num_rows is None else num_rows
         feats = torch.as_tensor(np.asarray(ctx_feats, dtype=np.float32), device=self.device)
@@ -281,12 +264,16 @@ class DFlashRef:
         ctx = self._rms(feats @ self.fc.T, self.hidden_norm)  # [s, H]
         ids = torch.tensor([anchor] + [c.mask_token_id] * (B - 1), device=self.device)
         h = self.embed[ids]  # [B, H]
+        if embed_scale != 1.0:
+            h = h * embed_scale
         ctx_pos = torch.arange(0, s, device=self.device)
         blk_pos = torch.arange(s, s + B, device=self.device)
         key_pos = torch.cat([ctx_pos, blk_pos])
         group = c.heads // c.kv_heads
         for li, L in enumerate(self.layers):
             x = self._rms(h, L["input_layernorm"])
+            if hook is not None:
+                x, st = hook.prepare(li, "attention", x)
             q = (x @ L["self_attn.q_proj"].T).view(B, c.heads, c.head_dim)
             q = self._rope(self._rms(q, L["self_attn.q_norm"]), blk_pos)
             kin = torch.cat([ctx, x], 0)  # context never passes input_layernorm
@@ -299,11 +286,21 @@ class DFlashRef:
             scores = (qh @ k.transpose(1, 2)) / math.sqrt(c.head_dim) + self._mask(
                 li, blk_pos, key_pos)
             a = torch.softmax(scores, -1) @ v  # [heads, B, d]
-            h = h + a.transpose(0, 1).reshape(B, c.heads * c.head_dim) @ L["self_attn.o_proj"].T
+            a = a.transpose(0, 1).reshape(B, c.heads * c.head_dim) @ L["self_attn.o_proj"].T
+            h = h + (hook.finish(li, "attention", a, st) if hook is not None else a)
             y = self._rms(h, L["post_attention_layernorm"])
+            if hook is not None:
+                y, st = hook.prepare(li, "mlp", y)
             m = torch.nn.functional.silu(y @ L["mlp.gate_proj"].T) * (y @ L["mlp.up_proj"].T)
-            h = h + m @ L["mlp.down_proj"].T
-        out = self._rms(h[1:], self.norm)
+            m = m @ L["mlp.down_proj"].T
+            h = h + (hook.finish(li, "mlp", m, st) if hook is not None else m)
+        return self._rms(h, self.norm)
+
+    @torch.no_grad()
+    def propose(self, ctx_feats, anchor, num_rows=None):
+        """ctx_feats [s, n_taps*H_t] (features of positions 0..s-1); anchor at position s.
+        Returns logits [B-1, V] (row j-1 predicts position s+j)."""
+        out = self.block_hidden(ctx_feats, anchor, num_rows)[1:]
         return (out @ self.lm_head.T).cpu()
 
 

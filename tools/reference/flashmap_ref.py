@@ -31,10 +31,11 @@ import argparse
 import json
 import math
 import os
-import struct
 
 import numpy as np
 import torch
+
+import safetensors_io
 
 # ----------------------------------------------------------------------------------------------------------
 # safetensors by hand: [u64 LE header length][JSON header][raw data]
@@ -54,18 +55,10 @@ _RAW_VIEW = {torch.bfloat16: (torch.int16, np.int16)}
 
 def read_safetensors(path):
     """{name: tensor (CPU, stored dtype)} and the metadata dict."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n].decode("utf-8"))
-    base = 8 + n
-    meta = header.pop("__metadata__", {}) or {}
+    tensors, meta = safetensors_io.read_raw(path)
     out = {}
-    for name, info in header.items():
-        dtype, size = _ST_DTYPES[info["dtype"]]
-        b, e = info["data_offsets"]
-        raw = data[base + b : base + e]
-        shape = list(info["shape"])
+    for name, (dt, shape, raw) in tensors.items():
+        dtype, _ = _ST_DTYPES[dt]
         if dtype in _RAW_VIEW:
             tview, nview = _RAW_VIEW[dtype]
             arr = np.frombuffer(raw, dtype=nview).copy()
@@ -80,29 +73,15 @@ def read_safetensors(path):
 def write_safetensors(path, tensors, metadata=None):
     """tensors: {name: CPU tensor}; data laid out by descending element size, then name."""
     items = sorted(tensors.items(), key=lambda kv: (-_ST_DTYPES[_ST_NAMES[kv[1].dtype]][1], kv[0]))
-    header, blobs, offset = {}, [], 0
+    raw_items = []
     for name, t in items:
         t = t.detach().cpu().contiguous()
         if t.dtype in _RAW_VIEW:
             raw = t.view(_RAW_VIEW[t.dtype][0]).numpy().tobytes()
         else:
             raw = t.numpy().tobytes()
-        header[name] = {
-            "dtype": _ST_NAMES[t.dtype],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + len(raw)],
-        }
-        blobs.append(raw)
-        offset += len(raw)
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    hdr = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hdr += b" " * ((8 - len(hdr) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hdr)))
-        f.write(hdr)
-        for b in blobs:
-            f.write(b)
+        raw_items.append((name, _ST_NAMES[t.dtype], list(t.shape), raw))
+    safetensors_io.write_raw(path, raw_items, metadata)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 target as a small torch Llama, RoPE, seeding, the time look-up table of FlashMap.
 
 Only torch and numpy are needed (Debian's python3 has no `safetensors`/`transformers`), so the same
-code runs on the CPU here and on the GPU machine. Safetensors are written by hand: u64 LE header
-length, JSON header {name: {dtype, shape, data_offsets}}, raw little-endian bytes.
+code runs on the CPU here and on the GPU machine. Safetensors are written by hand (the layout:
+tools/reference/safetensors_io.py): u64 LE header length, JSON header {name: {dtype, shape,
+data_offsets}}, raw little-endian bytes.
 """
 
 import hashlib
@@ -11,7 +12,8 @@ import json
 import math
 import os
 import random
-import struct
+import signal
+import sys
 import time
 
 import numpy as np
@@ -19,6 +21,9 @@ import torch
 import torch.nn.functional as F
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+# The .safetensors file layout (not model code) is shared with the references.
+sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
+import safetensors_io  # noqa: E402
 TARGET_DIR = os.path.join(REPO, "models", "stories260K")
 
 # ---------------------------------------------------------------------------------------------
@@ -36,6 +41,9 @@ def seed_all(seed):
 
 def setup_device(name):
     dev = torch.device(name)
+    if dev.type == "cpu":
+        # The development machine's cores are shared: one thread unless asked otherwise.
+        torch.set_num_threads(int(os.environ.get("BS_TRAIN_THREADS", "1")))
     if dev.type == "cuda":
         # Exact fp32 GEMMs: the exported weights are compared against fp32 references.
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -100,6 +108,129 @@ class Schedule:
 
 
 # ---------------------------------------------------------------------------------------------
+# The shared training driver of the DFlash-family trainers (dflash.py, dspark.py, dflash2.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def add_train_args(ap, block_size, gamma, inter=256, lr=3e-3, steps=6000):
+    """The arguments every DFlash-family trainer takes (defaults per family)."""
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=block_size)
+    ap.add_argument("--taps", default="1,2,3", help="target layers (residual after them)")
+    ap.add_argument("--inter", type=int, default=inter)
+    ap.add_argument("--mask-token-id", type=int, default=0)
+    ap.add_argument("--gamma", type=float, default=gamma, help="position decay of the row weights")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--wd", type=float, default=0.0)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--time-budget", type=float, default=0.0,
+                    help="seconds of wall time; the run and its cosine schedule end at whichever of "
+                         "--steps / --time-budget comes first (0 = steps only)")
+    ap.add_argument("--val", type=int, default=256, help="held-out training sequences")
+    ap.add_argument("--log-every", type=int, default=200)
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT (e.g. `timeout`): the training loop then stops early and still
+    validates and exports what it has."""
+
+    def __init__(self):
+        self.stop = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._set)
+
+    def _set(self, signum, frame):
+        self.stop = True
+
+
+def setup_training(a, tag):
+    """Log, device, seeds, the target and the token data split into (train, val)."""
+    log = Log(tag)
+    dev = setup_device(a.device)
+    seed_all(a.seed)
+    target = Target(device=dev)
+    toks = load_data(a.data)["tokens"].long().to(dev)
+    taps = [int(x) for x in a.taps.split(",")]
+    return log, dev, target, toks[a.val:], toks[:a.val], taps
+
+
+def train_loop(a, model, toks, step_loss, log, describe):
+    """AdamW (beta 0.9/0.95), warmup 4 % + cosine to 0 over common.Schedule(--steps,
+    --time-budget), grad clip 1.0. Each step draws --batch rows of toks (with the generator seeded
+    by --seed) and calls step_loss(rows, gen) -> (loss, stats); describe(stats) is appended to the
+    log line every --log-every steps. Returns the number of steps taken."""
+    dev = toks.device
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=a.wd)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(a.seed)
+    stop = StopFlag()
+    sched = Schedule(a.steps, a.time_budget)
+    step = 0
+    while not stop.stop:
+        prog = sched.progress(step)
+        if prog >= 1.0:
+            break
+        lr = cosine_lr(prog, a.lr)
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        idx = torch.randint(0, toks.shape[0], (a.batch,), generator=gen, device=dev)
+        loss, stats = step_loss(toks[idx], gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % a.log_every == 0:
+            log("step %5d (%.0f%%) lr %.2e loss %.4f gnorm %.2f %s" % (
+                step, 100 * prog, lr, loss.item(), gn.item(), describe(stats)))
+        step += 1
+    if stop.stop:
+        log("stopped by a signal after %d steps: validating and exporting what there is" % step)
+    return step
+
+
+class ParamModule(torch.nn.Module):
+    """A drafter whose parameters live in self.P (an nn.ParameterDict) under their checkpoint
+    names with '.' spelled '__'."""
+
+    def w(self, name):
+        return self.P[name.replace(".", "__")]
+
+    def state_dict_export(self):
+        return {k.replace("__", "."): v.detach().float().cpu().contiguous()
+                for k, v in self.P.items()}
+
+    def load_export(self, sd):
+        for k, v in sd.items():
+            p = self.P[k.replace(".", "__")]
+            p.data.copy_(v.reshape(p.shape))
+
+
+def draw(z, temp, gen, qs):
+    """One drafted token per row of z [N, V]: the argmax at temp 0 (first index on ties), else a
+    draw from q = softmax(z / temp), appended to qs (the proposal of the rejection step)."""
+    if temp == 0:
+        return z.argmax(-1)
+    q = torch.softmax(z / temp, -1)
+    qs.append(q)
+    return torch.multinomial(q, 1, generator=gen)[:, 0]
+
+
+def fmt_list(xs, fmt="%.3f"):
+    return " ".join(fmt % x for x in (xs.tolist() if hasattr(xs, "tolist") else xs))
+
+
+def write_train_log(out_dir, a, **fields):
+    with open(os.path.join(out_dir, "train_log.json"), "w") as f:
+        json.dump(dict({"args": vars(a)}, **fields), f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------
 # safetensors
 # ---------------------------------------------------------------------------------------------
 
@@ -124,41 +255,19 @@ def write_safetensors(path, tensors, metadata=None):
             raise ValueError("%s: unsupported dtype %s" % (name, a.dtype))
         items.append((name, dt, list(a.shape), np.ascontiguousarray(a).tobytes(), a.itemsize))
     items.sort(key=lambda x: (-x[4], x[0]))
-    header, off = {}, 0
-    for name, dt, shape, raw, _ in items:
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for it in items:
-            f.write(it[3])
+    safetensors_io.write_raw(path, [it[:4] for it in items], metadata)
 
 
 def read_safetensors(path):
     """{name: torch.Tensor} (F32, F16, BF16 -> float32; integer types kept)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n].decode("utf-8"))
-    base = 8 + n
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        raw = data[base + b:base + e]
-        dt = info["dtype"]
+    for name, (dt, shape, raw) in safetensors_io.read_raw(path)[0].items():
         if dt == "BF16":
             bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
             a = bits.view(np.float32)
         else:
             a = np.frombuffer(raw, dtype=_NP[dt])
-        a = a.reshape(info["shape"]).copy()
+        a = a.reshape(shape).copy()
         if a.dtype == np.float16:
             a = a.astype(np.float32)
         if a.dtype == np.uint16:

@@ -119,6 +119,8 @@ def main():
     ap.add_argument("--eval-min", type=int, default=8)
     ap.add_argument("--eval-max", type=int, default=32)
     ap.add_argument("--len", type=int, default=256)
+    ap.add_argument("--no-hf-parity", action="store_true",
+                    help="skip the transformers parity check (it does not change the data)")
     a = ap.parse_args()
     log = common.Log("data")
     dev = common.setup_device(a.device)
@@ -161,7 +163,8 @@ def main():
     n_bos = int((toks[:, 1:] == target.bos).sum())
     log("tokens: %d (%d EOS, %d story separators); unique greedy rows: %d / %d" % (
         toks.numel(), n_eos, n_bos, len(set(map(tuple, greedy[:, :].tolist()))), g))
-    parity = hf_parity(target, toks[:8].long(), log) if a.device == "cuda" else None
+    parity = (hf_parity(target, toks[:8].long(), log)
+              if a.device == "cuda" and not a.no_hf_parity else None)
 
     vocab = load_vocab()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(common.ParamModule):
     def __init__(self, target, layers=2, block_size=16, taps=(1, 2, 3), heads=8, kv_heads=4,
                  head_dim=8, inter=256, eps=1e-6, mask_token_id=0, rope_theta=10000.0):
         super().__init__()
@@ -78,17 +78,6 @@ class DFlashDrafter(nn.Module):
         P["norm__weight"].data.copy_(target.w["model.norm.weight"])
         self.P = P
         self.to(target.dev)
-
-    def w(self, name):
-        return self.P[name.replace(".", "__")]
-
-    def state_dict_export(self):
-        return {k.replace("__", "."): v.detach().float().cpu().contiguous()
-                for k, v in self.P.items()}
-
-    def load_export(self, sd):
-        for k, v in sd.items():
-            self.P[k.replace(".", "__")].data.copy_(v)
 
     def config(self, target):
         c = target.cfg
@@ -186,6 +175,15 @@ class DFlashDrafter(nn.Module):
     def logits(self, hidden):
         return hidden @ self.lm_head.T
 
+    # Drafts of one block per row (tools/train/eval.py): DFlash proposes the argmax of rows
+    # 1..B-1 with a one-hot proposal (q = None), at every temperature, as the engine does.
+    num_drafts = property(lambda self: self.B - 1)
+
+    @torch.no_grad()
+    def propose(self, feats, tokens, anchors, temp, gen):
+        """anchors [N, 1] -> drafts [N, num_drafts], q [N, num_drafts, V] or None (one-hot)."""
+        return self.logits(self(feats, tokens, anchors))[:, 0].argmax(-1), None
+
 
 def export(model, target, out_dir, meta=None):
     os.makedirs(out_dir, exist_ok=True)
@@ -199,15 +197,33 @@ def export(model, target, out_dir, meta=None):
                              model.state_dict_export(), md)
 
 
-def load(out_dir, target):
+def finish(model, target, a, step, t0, log, val_loss, **fields):
+    """Export (config.json + model.safetensors with steps / seed / val_loss / producer in its
+    metadata), train_log.json with `fields`, and the closing log line."""
+    export(model, target, a.out, {"steps": step, "seed": a.seed, "val_loss": "%.4f" % val_loss,
+                                  "producer": "blockspec tools/train/%s.py" % log.tag})
+    common.write_train_log(a.out, a, steps=step, params=sum(p.numel() for p in model.parameters()),
+                           val_loss=val_loss, seconds=time.time() - t0, **fields)
+    log("exported %s" % a.out)
+
+
+def read_config(out_dir):
     with open(os.path.join(out_dir, "config.json")) as f:
-        c = json.load(f)
+        return json.load(f)
+
+
+def load(out_dir, target, cls=None, **extra):
+    """An exported drafter of this family (cls: DFlashDrafter or a subclass, built with the
+    backbone fields of config.json plus `extra`)."""
+    c = read_config(out_dir)
     dc = c["dflash_config"]
-    m = DFlashDrafter(target, layers=c["num_hidden_layers"], block_size=c["block_size"],
-                      taps=dc["target_layer_ids"], heads=c["num_attention_heads"],
-                      kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
-                      inter=c["intermediate_size"], eps=c["rms_norm_eps"],
-                      mask_token_id=dc["mask_token_id"], rope_theta=c["rope_theta"])
+    m = (cls or DFlashDrafter)(
+        target, layers=c["num_hidden_layers"], block_size=dc.get("block_size", c.get("block_size")),
+        taps=dc["target_layer_ids"], heads=c["num_attention_heads"],
+        kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"], inter=c["intermediate_size"],
+        eps=c["rms_norm_eps"], mask_token_id=dc["mask_token_id"],
+        rope_theta=c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta")),
+        **extra)
     m.load_export(common.read_safetensors(os.path.join(out_dir, "model.safetensors")))
     return m.eval()
 
@@ -243,44 +259,15 @@ def block_loss(model, feats, tokens, anchors, gamma):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--taps", default="1,2,3")
-    ap.add_argument("--inter", type=int, default=256)
-    ap.add_argument("--mask-token-id", type=int, default=0)
-    ap.add_argument("--gamma", type=float, default=7.0)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--anchors", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--wd", type=float, default=0.0)
-    ap.add_argument("--steps", type=int, default=6000)
-    ap.add_argument("--time-budget", type=float, default=0.0,
-                    help="seconds of wall time; the run and its cosine schedule end at whichever of "
-                         "--steps / --time-budget comes first (0 = steps only)")
-    ap.add_argument("--val", type=int, default=256, help="held-out training sequences")
-    ap.add_argument("--log-every", type=int, default=200)
+    common.add_train_args(ap, block_size=16, gamma=7.0)
     a = ap.parse_args()
-    log = common.Log("dflash")
-    dev = common.setup_device(a.device)
-    common.seed_all(a.seed)
-    target = common.Target(device=dev)
-    data = common.load_data(a.data)
-    toks = data["tokens"].long().to(dev)
-    val, toks = toks[:a.val], toks[a.val:]
+    log, dev, target, toks, val, taps = common.setup_training(a, "dflash")
     n_rows, L = toks.shape
-    taps = [int(x) for x in a.taps.split(",")]
     model = DFlashDrafter(target, layers=a.layers, block_size=a.block_size, taps=taps,
                           inter=a.inter, mask_token_id=a.mask_token_id)
     n_params = sum(p.numel() for p in model.parameters())
     log("DFlash drafter: %d layers, B=%d, taps %s, %d params; data %d x %d" % (
         a.layers, a.block_size, taps, n_params, n_rows, L))
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=a.wd)
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(a.seed)
     vgen = torch.Generator(device=dev)
     vgen.manual_seed(a.seed + 1)
     vfe = target.forward(val, taps=taps)[1]
@@ -300,42 +287,22 @@ def main():
         model.train()
         return tot / nb, accs / nb, accepts / nb
 
-    t0 = time.time()
-    step = 0
-    sched = common.Schedule(a.steps, a.time_budget)
-    while True:
-        prog = sched.progress(step)
-        if prog >= 1.0:
-            break
-        lr = common.cosine_lr(prog, a.lr)
-        for gr in opt.param_groups:
-            gr["lr"] = lr
-        idx = torch.randint(0, n_rows, (a.batch,), generator=gen, device=dev)
-        tb = toks[idx]
+    def step_loss(tb, gen):
         feats = target.forward(tb, taps=taps)[1]
         anchors = sample_anchors(a.batch, L, a.anchors, gen, dev)
         loss, acc, _ = block_loss(model, feats, tb, anchors, a.gamma)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % a.log_every == 0:
-            log("step %5d (%.0f%%) lr %.2e loss %.4f gnorm %.2f acc[1..4] %s" % (
-                step, 100 * prog, lr, loss.item(), gn.item(),
-                " ".join("%.3f" % x for x in acc[:4].tolist())))
-        step += 1
+        return loss, acc
+
+    t0 = time.time()
+    step = common.train_loop(a, model, toks, step_loss, log,
+                             lambda acc: "acc[1..4] " + common.fmt_list(acc[:4]))
     vl, vacc, vacc_run = validate()
     log("done: %d steps in %.0f s; val loss %.4f" % (step, time.time() - t0, vl))
-    log("val top-1 per row 1..%d: %s" % (a.block_size - 1, " ".join("%.3f" % x for x in
-                                                                    vacc.tolist())))
+    log("val top-1 per row 1..%d: %s" % (a.block_size - 1, common.fmt_list(vacc)))
     log("val P(rows 1..k all right): %s -> teacher-forced tau ~ %.2f" % (
-        " ".join("%.3f" % x for x in vacc_run.tolist()), 1 + vacc_run.sum().item()))
-    export(model, target, a.out, {"steps": step, "seed": a.seed, "val_loss": "%.4f" % vl})
-    with open(os.path.join(a.out, "train_log.json"), "w") as f:
-        json.dump({"args": vars(a), "steps": step, "params": n_params, "val_loss": vl,
-                   "val_top1": vacc.tolist(), "val_prefix_accept": vacc_run.tolist(),
-                   "seconds": time.time() - t0}, f, indent=1)
-    log("exported %s" % a.out)
+        common.fmt_list(vacc_run), 1 + vacc_run.sum().item()))
+    finish(model, target, a, step, t0, log, vl, val_top1=vacc.tolist(),
+           val_prefix_accept=vacc_run.tolist())
 
 
 if __name__ == "__main__":

@@ -6,8 +6,7 @@ read it.
     python3 tools/train/dflash2.py --data OUT/data.pt --out OUT/stories260K-dflash2 --device cuda \
         --seed 0 --steps 6000 --time-budget 150
 
-NOT RUN YET (written without a GPU in the session that added DFlash2; only a few CPU steps were
-run as a smoke test).
+Trained for the shipped stories260K drafter by tools/train/run_device_s8.sh (block 16, as DFlash).
 
 Model: the DFlash drafter of tools/train/dflash.py (rows 1..B-1) plus
   * grouped dynamic causal 2-tap convolutions around both sublayers of every layer, over the B
@@ -21,7 +20,6 @@ L = base + --selector-weight · selector.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -84,6 +82,30 @@ class DFlash2Drafter(dflash.DFlashDrafter):
         self.convs = Convs(self, taps_k, group)
         self.to(target.dev)
 
+    @torch.no_grad()
+    def propose(self, feats, tokens, anchors, temp, gen):
+        """The candidate-selector walk (specs/dflash.md §5.4) over rows 1..B-1 in fp32: top-K of
+        the unary logits (descending, ties to the lower id), S = U + (A[pred] * z) . Bc[C],
+        pred = the anchor, then the previous draft; T = 0: the argmax of S scattered into a -inf
+        vocabulary row (exact ties to the lower token id); T > 0: a draw from softmax(S / T) over
+        the candidates, which (scattered into the vocabulary) is q. anchors [N, 1] -> drafts
+        [N, B-1], q [N, B-1, V] or None (T = 0)."""
+        hid = self(feats, tokens, anchors, conv=self.convs)[:, 0]  # [N, B-1, H]
+        u = self.logits(hid)
+        order = torch.sort(u, dim=-1, descending=True, stable=True)
+        U, C = order.values[..., :self.top_k], order.indices[..., :self.top_k]
+        z = hid @ self.w("candidate_selector.hidden_projection.weight").T  # [N, B-1, R]
+        A = self.w("candidate_selector.predecessor_codebook")
+        Bc = self.w("candidate_selector.successor_codebook")
+        pred = torch.gather(tokens, 1, anchors)[:, 0]
+        drafts, qs = [], []
+        for p in range(u.shape[1]):
+            S = U[:, p] + ((A[pred] * z[:, p])[:, None, :] * Bc[C[:, p]]).sum(-1)  # [N, K]
+            full = torch.full_like(u[:, p], float("-inf")).scatter(1, C[:, p], S)
+            pred = common.draw(full, temp, gen, qs)
+            drafts.append(pred)
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
     def config(self, target):
         c = super().config(target)
         c["architectures"] = ["DFlash2DraftModel"]
@@ -128,95 +150,57 @@ def dflash2_loss(model, feats, tokens, anchors, gamma, sel_weight):
     return base + sel_weight * sel, base, sel, recall, acc
 
 
+def load(out_dir, target):
+    dc = dflash.read_config(out_dir)["dflash_config"]
+    return dflash.load(out_dir, target, cls=DFlash2Drafter, taps_k=dc["conv_kernel_size"],
+                       group=dc["conv_group_size"], rank=dc["selector_rank"],
+                       top_k=dc.get("selector_top_k", 16))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--taps", default="1,2,3")
-    ap.add_argument("--inter", type=int, default=256)
-    ap.add_argument("--mask-token-id", type=int, default=0)
-    ap.add_argument("--group", type=int, default=16)
-    ap.add_argument("--rank", type=int, default=32)
-    ap.add_argument("--top-k", type=int, default=16)
+    common.add_train_args(ap, block_size=16, gamma=7.0)
+    ap.add_argument("--group", type=int, default=16, help="conv_group_size")
+    ap.add_argument("--rank", type=int, default=32, help="selector_rank")
+    ap.add_argument("--top-k", type=int, default=16, help="selector_top_k")
     ap.add_argument("--selector-weight", type=float, default=1.0)
-    ap.add_argument("--gamma", type=float, default=7.0)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--anchors", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=6000)
-    ap.add_argument("--time-budget", type=float, default=0.0)
-    ap.add_argument("--val", type=int, default=256)
-    ap.add_argument("--log-every", type=int, default=200)
     a = ap.parse_args()
-    log = common.Log("dflash2")
-    dev = common.setup_device(a.device)
-    common.seed_all(a.seed)
-    target = common.Target(device=dev)
-    toks = common.load_data(a.data)["tokens"].long().to(dev)
-    val, toks = toks[:a.val], toks[a.val:]
+    log, dev, target, toks, val, taps = common.setup_training(a, "dflash2")
     n_rows, L = toks.shape
-    taps = [int(x) for x in a.taps.split(",")]
     model = DFlash2Drafter(target, group=a.group, rank=a.rank, top_k=a.top_k, layers=a.layers,
                            block_size=a.block_size, taps=taps, inter=a.inter,
                            mask_token_id=a.mask_token_id)
     n_params = sum(p.numel() for p in model.parameters())
     log("DFlash2 drafter: %d layers, B=%d, group %d, rank %d, top-%d, %d params; data %d x %d" % (
         a.layers, a.block_size, a.group, a.rank, a.top_k, n_params, n_rows, L))
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(a.seed)
-    t0 = time.time()
-    step = 0
-    sched = common.Schedule(a.steps, a.time_budget)
-    while True:
-        prog = sched.progress(step)
-        if prog >= 1.0:
-            break
-        lr = common.cosine_lr(prog, a.lr)
-        for gr in opt.param_groups:
-            gr["lr"] = lr
-        idx = torch.randint(0, n_rows, (a.batch,), generator=gen, device=dev)
-        tb = toks[idx]
+
+    def step_loss(tb, gen):
         with torch.no_grad():
             feats = target.forward(tb, taps=taps)[1]
         anchors = dflash.sample_anchors(a.batch, L, a.anchors, gen, dev)
         loss, base, sel, recall, acc = dflash2_loss(model, feats, tb, anchors, a.gamma,
                                                     a.selector_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % a.log_every == 0:
-            log("step %5d (%.0f%%) lr %.2e loss %.4f (base %.4f selector %.4f) gnorm %.2f "
-                "recall[1..4] %s acc[1..4] %s" % (
-                    step, 100 * prog, lr, loss.item(), base.item(), sel.item(), gn.item(),
-                    " ".join("%.3f" % x for x in recall[:4].tolist()),
-                    " ".join("%.3f" % x for x in acc[:4].tolist())))
-        step += 1
+        return loss, (base, sel, recall, acc)
+
+    t0 = time.time()
+    step = common.train_loop(
+        a, model, toks, step_loss, log,
+        lambda st: "(base %.4f selector %.4f) recall[1..4] %s acc[1..4] %s" % (
+            st[0].item(), st[1].item(), common.fmt_list(st[2][:4]), common.fmt_list(st[3][:4])))
     model.eval()
     with torch.no_grad():
         vg = torch.Generator(device=dev)
         vg.manual_seed(a.seed + 1)
-        feats = target.forward(val[:a.batch], taps=taps)[1]
-        anchors = dflash.sample_anchors(min(a.batch, val.shape[0]), L, a.anchors, vg, dev)
-        vl, _, _, vrec, vacc = dflash2_loss(model, feats, val[:a.batch], anchors, a.gamma,
-                                            a.selector_weight)
-    log("done: %d steps in %.0f s; val loss %.4f; val recall@%d %s; val top-1 (teacher-forced "
-        "predecessor) %s" % (step, time.time() - t0, vl.item(), a.top_k,
-                             " ".join("%.3f" % x for x in vrec.tolist()),
-                             " ".join("%.3f" % x for x in vacc.tolist())))
-    dflash.export(model, target, a.out, {"steps": step, "seed": a.seed,
-                                         "val_loss": "%.4f" % vl.item(),
-                                         "producer": "blockspec tools/train/dflash2.py"})
-    with open(os.path.join(a.out, "train_log.json"), "w") as f:
-        json.dump({"args": vars(a), "steps": step, "params": n_params, "val_loss": vl.item(),
-                   "val_recall": vrec.tolist(), "val_top1": vacc.tolist(),
-                   "seconds": time.time() - t0}, f, indent=1)
-    log("exported %s" % a.out)
+        vb = val[:a.batch]
+        feats = target.forward(vb, taps=taps)[1]
+        anchors = dflash.sample_anchors(vb.shape[0], L, a.anchors, vg, dev)
+        vl, vbase, _, vrec, vacc = dflash2_loss(model, feats, vb, anchors, a.gamma,
+                                                a.selector_weight)
+    log("done: %d steps in %.0f s; val loss %.4f (base %.4f); val recall@%d %s" % (
+        step, time.time() - t0, vl.item(), vbase.item(), a.top_k, common.fmt_list(vrec)))
+    log("val top-1 of the selector (teacher-forced predecessor) %s" % common.fmt_list(vacc))
+    dflash.finish(model, target, a, step, t0, log, vl.item(), val_base_loss=vbase.item(),
+                  val_recall=vrec.tolist(), val_top1=vacc.tolist())
 
 
 if __name__ == "__main__":

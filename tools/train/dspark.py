@@ -6,8 +6,8 @@ src/models/drafters/dspark.cc and tools/reference/dspark_ref.py read it.
     python3 tools/train/dspark.py --data OUT/data.pt --out OUT/stories260K-dspark --device cuda \
         --seed 0 --steps 6000 --time-budget 150
 
-NOT RUN YET (written without a GPU in the session that added DSpark; only a few CPU steps were
-run as a smoke test): the hyper-parameters are the DFlash trainer's plus the paper's loss weights.
+Hyper-parameters: the DFlash trainer's (tools/train/dflash.py) plus the paper's loss weights; the
+device run (tools/train/run_device_s8.sh) trains block 8 with the DFlash row decay gamma 7.
 
 Model: the DFlash drafter of tools/train/dflash.py (same backbone, context injection and block
 mask) read out at every block row (shifted rows: row k of [x_p, MASK x (B-1)] predicts x_{p+k+1},
@@ -23,8 +23,6 @@ exact acceptance probability of speculative sampling), detached.
 """
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
@@ -55,15 +53,35 @@ class DSparkDrafter(dflash.DFlashDrafter):
         c["architectures"] = ["DSparkDraftModel"]
         c["auto_map"] = {"AutoModel": "dspark.DSparkDraftModel"}
         c["dflash_config"].update({
-            "projector_type": "dspark", "markov_rank": self.rank, "markov_head_type": "vanilla",
+            "projector_type": "dspark", "sample_from_anchor": True, "markov_rank": self.rank, "markov_head_type": "vanilla",
             "enable_confidence_head": True, "confidence_head_with_markov": True,
             "confidence_head_alpha": 1.0})
         return c
 
+    num_drafts = property(lambda self: self.B)  # shifted rows: row k drafts s+k+1
+
+    @torch.no_grad()
+    def propose(self, feats, tokens, anchors, temp, gen):
+        """The Markov chain left to right over the B rows (prev_0 = the anchor, then the token
+        chosen at the previous row): T = 0 argmax of z_k = U_k + W2 W1[prev_k]; T > 0 a draw from
+        q_k = softmax(z_k / T), which is the proposal of the rejection step. anchors [N, 1] ->
+        drafts [N, B], q [N, B, V] or None (T = 0). Also sets self.last_survival [N, B], the
+        confidence head's prefix survival a_k = c_0 .. c_k along the chain."""
+        hid = self(feats, tokens, anchors, first_row=0)[:, 0]  # [N, B, H]
+        prev = torch.gather(tokens, 1, anchors)[:, 0]
+        drafts, qs, confs = [], [], []
+        for k in range(self.B):
+            z, conf = self.markov_and_confidence(hid[:, k], prev)
+            prev = common.draw(z, temp, gen, qs)
+            drafts.append(prev)
+            confs.append(torch.sigmoid(conf))
+        self.last_survival = torch.cumprod(torch.stack(confs, 1), 1)
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
     def markov_and_confidence(self, hid, prev):
         """hid [.., B, H] final-normed rows, prev [.., B] predecessors -> biased logits, conf
         logits."""
-        e = self.w("markov_head.markov_w1.weight")[prev]  # [.., B, r]
+        e = self.w("markov_head.markov_w1.weight")[prev]  # [.., r]
         z = self.logits(hid) + e @ self.w("markov_head.markov_w2.weight").T
         conf = (torch.cat([hid, e], -1) @ self.w("confidence_head.proj.weight").T)[..., 0]
         return z, conf + self.w("confidence_head.proj.bias")[0]
@@ -102,86 +120,49 @@ def dspark_loss(model, feats, target_logits, tokens, anchors, gamma, alphas=(0.1
     return loss, mean_alpha, acc
 
 
+def load(out_dir, target):
+    rank = dflash.read_config(out_dir)["dflash_config"]["markov_rank"]
+    return dflash.load(out_dir, target, cls=DSparkDrafter, rank=rank)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--block-size", type=int, default=7)
-    ap.add_argument("--rank", type=int, default=64)
-    ap.add_argument("--taps", default="1,2,3")
-    ap.add_argument("--inter", type=int, default=256)
-    ap.add_argument("--mask-token-id", type=int, default=0)
-    ap.add_argument("--gamma", type=float, default=4.0)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--anchors", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=6000)
-    ap.add_argument("--time-budget", type=float, default=0.0)
-    ap.add_argument("--val", type=int, default=256)
-    ap.add_argument("--log-every", type=int, default=200)
+    common.add_train_args(ap, block_size=7, gamma=4.0)
+    ap.add_argument("--rank", type=int, default=64, help="Markov rank r")
     a = ap.parse_args()
-    log = common.Log("dspark")
-    dev = common.setup_device(a.device)
-    common.seed_all(a.seed)
-    target = common.Target(device=dev)
-    toks = common.load_data(a.data)["tokens"].long().to(dev)
-    val, toks = toks[:a.val], toks[a.val:]
+    log, dev, target, toks, val, taps = common.setup_training(a, "dspark")
     n_rows, L = toks.shape
-    taps = [int(x) for x in a.taps.split(",")]
     model = DSparkDrafter(target, rank=a.rank, layers=a.layers, block_size=a.block_size,
                           taps=taps, inter=a.inter, mask_token_id=a.mask_token_id)
     n_params = sum(p.numel() for p in model.parameters())
-    log("DSpark drafter: %d layers, B=%d (B drafts), rank %d, %d params; data %d x %d" % (
-        a.layers, a.block_size, a.rank, n_params, n_rows, L))
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(a.seed)
-    t0 = time.time()
-    step = 0
-    sched = common.Schedule(a.steps, a.time_budget)
-    while True:
-        prog = sched.progress(step)
-        if prog >= 1.0:
-            break
-        lr = common.cosine_lr(prog, a.lr)
-        for gr in opt.param_groups:
-            gr["lr"] = lr
-        idx = torch.randint(0, n_rows, (a.batch,), generator=gen, device=dev)
-        tb = toks[idx]
-        with torch.no_grad():
-            t_logits, feats = target.forward(tb, taps=taps)
+    log("DSpark drafter: %d layers, B=%d (B drafts), rank %d, gamma %g, %d params; data %d x %d"
+        % (a.layers, a.block_size, a.rank, a.gamma, n_params, n_rows, L))
+
+    def step_loss(tb, gen):
+        t_logits, feats = target.forward(tb, taps=taps)
         anchors = dflash.sample_anchors(a.batch, L, a.anchors, gen, dev)
         loss, alpha, acc = dspark_loss(model, feats, t_logits, tb, anchors, a.gamma)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % a.log_every == 0:
-            log("step %5d (%.0f%%) lr %.2e loss %.4f gnorm %.2f alpha[0..3] %s acc[0..3] %s" % (
-                step, 100 * prog, lr, loss.item(), gn.item(),
-                " ".join("%.3f" % x for x in alpha[:4].tolist()),
-                " ".join("%.3f" % x for x in acc[:4].tolist())))
-        step += 1
+        return loss, (alpha, acc)
+
+    t0 = time.time()
+    step = common.train_loop(
+        a, model, toks, step_loss, log,
+        lambda st: "alpha[0..3] %s acc[0..3] %s" % (common.fmt_list(st[0][:4]),
+                                                    common.fmt_list(st[1][:4])))
     model.eval()
     with torch.no_grad():
         vg = torch.Generator(device=dev)
         vg.manual_seed(a.seed + 1)
-        t_logits, feats = target.forward(val[:a.batch], taps=taps)
-        anchors = dflash.sample_anchors(min(a.batch, val.shape[0]), L, a.anchors, vg, dev)
-        vl, valpha, vacc = dspark_loss(model, feats, t_logits, val[:a.batch], anchors, a.gamma)
+        vb = val[:a.batch]
+        t_logits, feats = target.forward(vb, taps=taps)
+        anchors = dflash.sample_anchors(vb.shape[0], L, a.anchors, vg, dev)
+        vl, valpha, vacc = dspark_loss(model, feats, t_logits, vb, anchors, a.gamma)
     log("done: %d steps in %.0f s; val loss %.4f; val alpha per row %s; expected tau(T=1) ~ %.2f"
-        % (step, time.time() - t0, vl.item(), " ".join("%.3f" % x for x in valpha.tolist()),
+        % (step, time.time() - t0, vl.item(), common.fmt_list(valpha),
            1 + torch.cumprod(valpha, 0).sum().item()))
-    dflash.export(model, target, a.out, {"steps": step, "seed": a.seed,
-                                         "val_loss": "%.4f" % vl.item(),
-                                         "producer": "blockspec tools/train/dspark.py"})
-    with open(os.path.join(a.out, "train_log.json"), "w") as f:
-        json.dump({"args": vars(a), "steps": step, "params": n_params, "val_loss": vl.item(),
-                   "val_alpha": valpha.tolist(), "seconds": time.time() - t0}, f, indent=1)
-    log("exported %s" % a.out)
+    log("val top-1 per row (teacher-forced predecessors) %s" % common.fmt_list(vacc))
+    dflash.finish(model, target, a, step, t0, log, vl.item(), val_alpha=valpha.tolist(),
+                  val_top1=vacc.tolist())
 
 
 if __name__ == "__main__":

@@ -4,28 +4,39 @@
 
     python3 tools/train/eval.py --prompts tools/train/eval_prompts.json \
         --dflash models/stories260K-dflash --flashmap models/stories260K-flashmap \
-        --device cuda --max-new 192 --jumps 1,2,4 --seed 0 --json OUT/eval.json
+        --dspark models/stories260K-dspark --dflash2 models/stories260K-dflash2 \
+        --device cuda --max-new 192 --jumps 1,2,4 --seed 0 --subset 32 --json OUT/eval.json
 
 Loop (batch over prompts, one target pass per step, as dflash.md §2 / serving.md §1):
   prefill: the target on the prompt (P tokens) gives the first token at position P (argmax at
     T = 0, a sample at T = 1) and the context features of positions 0..P-1;
   step: anchor = last committed token at position s; the drafter proposes from the features of
-    positions 0..s-1 (DFlash: rows 1..B-1 of [anchor, MASK x (B-1)] -> B-1 drafts for s+1..s+B-1;
-    FlashMap: B slots -> B drafts for s+1..s+B, from seeded noise x0 ~ N(0, I_V) * noise_scale,
-    with 1, 2 or 4 jumps); drafts are the argmax of the draft logits; the target verifies
-    [anchor, drafts] in one pass;
+    positions 0..s-1, each family as the engine drafts it:
+      DFlash: rows 1..B-1 of [anchor, MASK x (B-1)] -> B-1 drafts for s+1..s+B-1, the argmax of
+        each row, proposal one-hot on it at every temperature;
+      FlashMap: B slots -> B drafts for s+1..s+B, from seeded noise x0 ~ N(0, I_V) * noise_scale,
+        with 1, 2 or 4 jumps; argmax, one-hot proposal;
+      DSpark (dflash.md §4): all B rows (row k drafts s+k+1) -> B drafts, the Markov chain left
+        to right: T = 0 argmax of z_k = U_k + W2 W1[prev_k], T > 0 a draw from
+        q_k = softmax(z_k / T) (prev = the anchor, then the previous draft);
+      DFlash2 (§5.4): rows 1..B-1 -> B-1 drafts by the candidate-selector walk: T = 0 argmax of
+        the top-16 scores S_p, T > 0 a draw from q_p = softmax(S_p / T) over the candidates;
+    the target verifies [anchor, drafts] in one pass;
   accept: T = 0: the longest prefix of drafts equal to the target's argmax, plus the target's
-    argmax after it (bonus); T = 1: standard speculative rejection sampling with the draft's
-    proposal one-hot on the argmax draft (serving.md §1.9: accept d_k iff u < p_k(d_k); at the
-    first rejection sample from p_k with d_k removed, renormalised; if all are accepted the bonus is
-    a sample of the last row) - lossless for any drafter;
+    argmax after it (bonus); T = 1: standard speculative rejection sampling with the drafter's
+    proposal q (serving.md §1.9: accept d_k iff u q_k(d_k) < p_k(d_k); at the first rejection
+    sample from norm(max(p_k - q_k, 0)) - for a one-hot q: p_k with d_k removed; if all are
+    accepted the bonus is a sample of the next row) - lossless for any drafter;
   commit a accepted drafts + 1 bonus; the verify pass gives the context features of the new
     positions. Each prompt generates exactly --max-new tokens (the first from the prefill): as in
     the engine, a step verifies at most (tokens still wanted - 1) drafts; no stop token
     (stories260K never emits EOS).
 Figures: tau = mean over verify steps of (accepted + 1), all prompts pooled; per-position
 acceptance acc[k] = P(a >= k | draft k was verified), k = 1..#drafts (tau = 1 + sum_k acc[k] up to
-the few clipped final steps). At T = 0 the generated text is checked against plain greedy decoding.
+the few clipped final steps); --subset N adds the same figures over the first N prompts' steps of
+the run (at T = 0 equal to a run of those N prompts alone). DSpark runs also report the confidence
+head's predicted prefix survival a_k = c_1..c_k averaged like acc[k]. At T = 0 the generated text is
+checked against plain greedy decoding.
 The target runs with a per-row KV buffer (positions s..s+#drafts written each step, causal mask
 over absolute positions); --recompute instead reruns it over the whole sequence each step.
 """
@@ -41,6 +52,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import dflash  # noqa: E402
+import dflash2  # noqa: E402
+import dspark  # noqa: E402
 import flashmap  # noqa: E402
 
 
@@ -51,10 +64,12 @@ def sample_from(p, gen):
 @torch.no_grad()
 def run_spec(target, prompts, kind, drafter, temp, max_new, gen, jumps=1, noise_scale=1.0,
              chunk=128, recompute=False):
-    """Returns dict(steps, accepted list, outputs). kind: 'dflash' | 'flashmap'."""
+    """Returns (accepted [steps], drafts offered [steps], prompt index [steps], outputs, drafts
+    per step, DSpark's predicted survival [steps, nd] or None). kind: 'dflash' | 'dspark' |
+    'dflash2' (drafter.propose) or 'flashmap'."""
     dev = target.dev
-    all_a, all_k, outs = [], [], []
-    nd = drafter.B - 1 if kind == "dflash" else drafter.B
+    all_a, all_k, all_i, all_surv, outs = [], [], [], [], []
+    nd = drafter.B if kind == "flashmap" else drafter.num_drafts
     taps = drafter.taps
     for c0 in range(0, len(prompts), chunk):
         ps = prompts[c0:c0 + chunk]
@@ -85,14 +100,16 @@ def run_spec(target, prompts, kind, drafter, temp, max_new, gen, jumps=1, noise_
             if not bool(active.any()):
                 break
             anchors = s[:, None]
-            if kind == "dflash":
-                hid = drafter(feats, buf, anchors)  # [N, 1, B-1, H]
-                dl = drafter.logits(hid)[:, 0]
-            else:
+            q = None  # the proposal [N, nd, V]; None: one-hot on the drafts
+            if kind == "flashmap":
                 ctx = drafter.context(feats)
                 noise = torch.randn(N, 1, drafter.B, drafter.V, generator=gen, device=dev)
                 dl = drafter.draft(ctx, buf, anchors, noise * noise_scale, jumps)[:, 0]
-            drafts = dl.argmax(-1)  # [N, nd]
+                drafts = dl.argmax(-1)  # [N, nd]
+            else:
+                drafts, q = drafter.propose(feats, buf, anchors, temp, gen)
+                if kind == "dspark":
+                    all_surv.append(drafter.last_survival[active].cpu())
             pos = s[:, None] + blk  # anchor and draft positions
             buf[rows[:, None], pos[:, 1:]] = drafts
             if recompute:
@@ -111,35 +128,67 @@ def run_spec(target, prompts, kind, drafter, temp, max_new, gen, jumps=1, noise_
                 a = torch.cumprod(ok.long(), -1).sum(-1)
                 bonus = tgt[rows, a]
             else:
-                p = torch.softmax(vl / temp, -1)
-                pd = torch.gather(p[:, :nd], 2, drafts[..., None])[..., 0]
-                u = torch.rand(N, nd, generator=gen, device=dev)
-                ok = (u < pd) & allowed
-                a = torch.cumprod(ok.long(), -1).sum(-1)
-                pa = p[rows, a].clone()  # row a: residual (if rejected) or bonus row
-                rej = a < kmax
-                da = drafts[rows, a.clamp(max=nd - 1)]
-                pa[rows[rej], da[rej]] = 0.0
-                pa = pa / pa.sum(-1, keepdim=True)
-                bonus = sample_from(pa, gen)
+                a, bonus = rejection_sample(torch.softmax(vl / temp, -1), drafts, q, kmax,
+                                            allowed, gen)
             buf[rows, s + a + 1] = bonus
             all_a.append(a[active].cpu())
             all_k.append(kmax[active].cpu())
+            all_i.append((c0 + rows)[active].cpu())
             s = torch.where(active, s + a + 1, s)
             gen_n = torch.where(active, gen_n + a + 1, gen_n)
         for i in range(N):
             outs.append(buf[i, int(P[i]):int(P[i]) + max_new].tolist())
     acc = torch.cat(all_a) if all_a else torch.zeros(0, dtype=torch.long)
     kmx = torch.cat(all_k) if all_k else torch.zeros(0, dtype=torch.long)
-    return acc, kmx, outs, nd
+    idx = torch.cat(all_i) if all_i else torch.zeros(0, dtype=torch.long)
+    surv = torch.cat(all_surv) if all_surv else None
+    return acc, kmx, idx, outs, nd, surv
 
 
-def summarize(acc, kmx, nd):
+def rejection_sample(p, drafts, q, kmax, allowed, gen):
+    """Speculative rejection sampling (serving.md §1.9, dflash.md §2.5): p [N, nd+1, V] the
+    target's rows, drafts [N, nd], q [N, nd, V] the proposal (None: one-hot on the drafts).
+    Accept d_k iff u_k < p_k(d_k) / q_k(d_k) (a prefix); at the first rejection draw from
+    norm(max(p_k - q_k, 0)) (p_k if that is all zero); if all kmax drafts are accepted, the bonus
+    is a draw from p of the next row. Returns (accepted count a [N], bonus [N])."""
+    N, nd = drafts.shape
+    rows = torch.arange(N, device=p.device)
+    pd = torch.gather(p[:, :nd], 2, drafts[..., None])[..., 0]
+    u = torch.rand(N, nd, generator=gen, device=p.device)
+    if q is None:
+        ok = (u < pd) & allowed
+    else:
+        qd = torch.gather(q, 2, drafts[..., None])[..., 0]
+        ok = (u * qd < pd) & allowed
+    a = torch.cumprod(ok.long(), -1).sum(-1)
+    pa = p[rows, a].clone()  # row a: residual (if rejected) or bonus row
+    rej = a < kmax
+    if q is None:
+        da = drafts[rows, a.clamp(max=nd - 1)]
+        pa[rows[rej], da[rej]] = 0.0
+    else:
+        qa = q[rows, a.clamp(max=nd - 1)]
+        res = (pa - qa).clamp_min(0.0)
+        empty = res.sum(-1) <= 0
+        res[empty] = pa[empty]
+        pa = torch.where(rej[:, None], res, pa)
+    pa = pa / pa.sum(-1, keepdim=True)
+    return a, sample_from(pa, gen)
+
+
+def summarize(acc, kmx, nd, surv=None):
     steps = acc.numel()
     tau = (acc.float() + 1).mean().item()
     pos = [((acc >= k).sum() / (kmx >= k).sum().clamp_min(1)).item() for k in range(1, nd + 1)]
     hist = [(acc == k).sum().item() for k in range(nd + 1)]
-    return {"tau": tau, "steps": steps, "per_position": pos, "accept_hist": hist}
+    r = {"tau": tau, "steps": steps, "per_position": pos, "accept_hist": hist}
+    if surv is not None:
+        # DSpark's confidence head: the predicted prefix survival a_k = c_1 .. c_k, averaged over
+        # the steps that verified draft k (compare with per_position).
+        r["predicted_survival"] = [
+            (surv[:, k - 1][kmx >= k].mean().item() if bool((kmx >= k).any()) else 0.0)
+            for k in range(1, nd + 1)]
+    return r
 
 
 @torch.no_grad()
@@ -173,9 +222,13 @@ def main():
     ap.add_argument("--prompts", required=True, help="eval_prompts.json (from data.py)")
     ap.add_argument("--dflash", default=None)
     ap.add_argument("--flashmap", default=None)
+    ap.add_argument("--dspark", default=None)
+    ap.add_argument("--dflash2", default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--max-new", type=int, default=192)
     ap.add_argument("--n-prompts", type=int, default=0, help="0 = all")
+    ap.add_argument("--subset", type=int, default=0,
+                    help="also summarise the first N prompts of the run (their steps in it)")
     ap.add_argument("--jumps", default="1,2,4")
     ap.add_argument("--temps", default="0,1")
     ap.add_argument("--zero-noise", action="store_true",
@@ -208,6 +261,11 @@ def main():
         d = dflash.load(a.dflash, target)
         for T in temps:
             configs.append(("dflash T=%g" % T, "dflash", d, T, 1, 1.0))
+    for kind, path, module in (("dspark", a.dspark, dspark), ("dflash2", a.dflash2, dflash2)):
+        if path:
+            m = module.load(path, target)
+            for T in temps:
+                configs.append(("%s T=%g" % (kind, T), kind, m, T, 1, 1.0))
     if a.flashmap:
         fm = flashmap.load(a.flashmap, target)
         for T in temps:
@@ -225,17 +283,25 @@ def main():
         gen = torch.Generator(device=dev)
         gen.manual_seed(a.seed)
         t0 = time.time()
-        acc, kmx, outs, nd = run_spec(target, prompts, kind, model, T, a.max_new, gen, jumps=j,
-                                 noise_scale=ns, recompute=a.recompute)
-        r = summarize(acc, kmx, nd)
+        acc, kmx, idx, outs, nd, surv = run_spec(target, prompts, kind, model, T, a.max_new,
+                                                 gen, jumps=j, noise_scale=ns,
+                                                 recompute=a.recompute)
+        r = summarize(acc, kmx, nd, surv)
+        if 0 < a.subset < len(prompts):
+            sub = idx < a.subset
+            r["subset"] = dict(summarize(acc[sub], kmx[sub], nd,
+                                         surv[sub] if surv is not None else None),
+                               prompts=a.subset)
         r.update({"drafter": kind, "temperature": T, "jumps": j if kind == "flashmap" else None,
                   "noise_scale": ns if kind == "flashmap" else None, "drafts_per_step": nd})
         if T == 0 and ref_greedy is not None:
             same = sum(o == g for o, g in zip(outs, ref_greedy))
             r["greedy_match"] = "%d/%d" % (same, len(prompts))
         results["runs"][name] = r
-        log("%-26s tau %.3f  steps %5d  (%.1f s)%s  acc %s" % (
-            name, r["tau"], r["steps"], time.time() - t0,
+        log("%-26s tau %.3f%s  steps %5d  (%.1f s)%s  acc %s" % (
+            name, r["tau"],
+            (" (first %d: %.3f)" % (a.subset, r["subset"]["tau"])) if "subset" in r else "",
+            r["steps"], time.time() - t0,
             ("  greedy-identical %s" % r["greedy_match"]) if "greedy_match" in r else "",
             " ".join("%.2f" % x for x in r["per_position"])))
     lines = ["| run | tau | verify steps | per-position acceptance P(a >= k | draft k verified), k = 1.. |",

@@ -70,7 +70,7 @@ def layer_norm(x, eps):
     return F.layer_norm(x, (x.shape[-1],), eps=eps)
 
 
-class FlashMapDrafter(nn.Module):
+class FlashMapDrafter(common.ParamModule):
     def __init__(self, target, hidden=128, layers=2, heads=8, head_dim=16, inter=256, temb=64,
                  freq_dim=64, block_size=15, taps=(1, 2, 3), time_scale=1000.0, grids=None,
                  num_steps=1, eps=1e-6):
@@ -130,18 +130,6 @@ class FlashMapDrafter(nn.Module):
             P["head__weight"].mul_(0.3 * target.w["model.norm.weight"].cpu()[:, None])
         self.P = P
         self.to(target.dev)
-
-    # -- parameters / export --
-    def w(self, name):
-        return self.P[name.replace(".", "__")]
-
-    def state_dict_export(self):
-        return {k.replace("__", "."): v.detach().float().cpu().contiguous()
-                for k, v in self.P.items()}
-
-    def load_export(self, sd):
-        for k, v in sd.items():
-            self.P[k.replace(".", "__")].data.copy_(v.reshape(self.P[k.replace(".", "__")].shape))
 
     def config(self):
         c = self.tcfg
