@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <string>
 
 #include "engine/generate.h"
@@ -38,13 +37,20 @@ inline CLI::Validator at_least(double min) {
 
 // --verify-budget auto|off (GenerateOptions::verify_budget, docs/DFLASH.md).
 inline CLI::Option* add_verify_budget_option(CLI::App* app, VerifyBudget* out) {
-  static const std::map<std::string, VerifyBudget> kNames = {{"auto", VerifyBudget::kAuto},
-                                                             {"off", VerifyBudget::kOff}};
   return app
-      ->add_option("--verify-budget", *out,
-                   "Verify-length scheduling across a batch step (DSpark Algorithm 1): auto or "
-                   "off (default: off, every draft verified)")
-      ->transform(CLI::CheckedTransformer(kNames, CLI::ignore_case));
+      ->add_option_function<std::string>(
+          "--verify-budget",
+          [out](const std::string& v) {
+            *out = v == "auto" ? VerifyBudget::kAuto : VerifyBudget::kOff;
+          },
+          "Verify-length scheduling across a batch step (DSpark Algorithm 1): auto or off "
+          "(default: off, every draft verified)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto" || v == "off") return {};
+            return fmt::format("must be auto or off, got '{}'", v);
+          },
+          "auto|off"));
 }
 
 // The speculative step's phase times of `st` (GenerateStats), in milliseconds.
