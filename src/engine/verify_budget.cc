@@ -47,7 +47,7 @@ std::vector<std::vector<float>> monotone_survival(std::span<const VerifyCandidat
     float run = 1.0f;
     for (int64_t j = 0; j < s.drafts; ++j) {
       const float v = s.survival.empty() ? 1.0f : s.survival[static_cast<size_t>(j)];
-      run = std::min(run, std::clamp(v, 0.0f, 1.0f));
+      run = std::min(run, v >= 0.0f ? std::min(v, 1.0f) : 0.0f);  // NaN: 0
       a[r].push_back(run);
     }
   }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -81,6 +82,9 @@ TEST(VerifyBudget, SurvivalIsMadeNonIncreasing) {
   const StepTimeModel t({{1, 1.0}, {2, 1.0}, {3, 3.0}}, 0);
   // Rows 1 + 1 = 2 are free; the second draft would cost 2 more seconds.
   EXPECT_EQ(admit({{0.2f, 0.9f}}, t), (std::vector<int64_t>{1}));
+  // A NaN survival counts as 0 (never worth a row), and so does everything after it.
+  const StepTimeModel flat({{1, 1.0}, {64, 1.0}}, 0);
+  EXPECT_EQ(admit({{0.5f, std::nanf(""), 0.9f}}, flat), (std::vector<int64_t>{1}));
 }
 
 // The stop at the first drop of theta, not the best prefix of the order: t jumps from 1 to 1.5
