@@ -43,6 +43,7 @@ struct GenerateArgs {
   std::optional<uint64_t> seed;
   int64_t draft_tokens = 0;
   double draft_confidence_min = 0;
+  bs::VerifyBudget verify_budget = bs::VerifyBudget::kOff;
   std::string trace;
   int threads = 0;
   std::string device = "auto";
@@ -146,6 +147,7 @@ int run_generate(const GenerateArgs& a) {
   if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
   opt.draft_tokens = a.draft_tokens;
   opt.draft_confidence_min = a.draft_confidence_min;
+  opt.verify_budget = a.verify_budget;
   opt.trace_path = a.trace;
   if (drafter && opt.draft_tokens > drafter->max_drafts()) {
     return fail(bs::InvalidArgument("--draft-tokens {} exceeds the drafter's maximum {}",
@@ -179,11 +181,9 @@ int run_generate(const GenerateArgs& a) {
   if (drafter) {
     fmt::print(stderr,
                "[{} drafter: acceptance length {:.2f} over {} steps, {}/{} drafts accepted; "
-               "per-position acceptance {}; host time draft {:.1f} ms, verify + read-back "
-               "{:.1f} ms, context {:.1f} ms]\n",
+               "per-position acceptance {}; host time {}]\n",
                drafter->family(), st.acceptance_length(), st.steps, st.accepted, st.drafted,
-               percent_list(st), st.draft_seconds * 1e3, st.verify_seconds * 1e3,
-               st.observe_seconds * 1e3);
+               percent_list(st), bs::cli::phase_times(st));
   }
   return 0;
 }
@@ -297,6 +297,7 @@ int main(int argc, char** argv) {
   gen->add_option("--draft-confidence-min", g.draft_confidence_min,
                   "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
       ->check(number_in(0, 1));
+  bs::cli::add_verify_budget_option(gen, &g.verify_budget);
   gen->add_option("--trace", g.trace, "Write one JSON line per speculative step to FILE");
   gen->add_option("--threads", g.threads, "CPU threads (default: all cores)")->check(at_least(0));
   gen->add_option("--device", g.device, "cpu, cuda or auto (CUDA when a GPU is present)");

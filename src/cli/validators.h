@@ -10,6 +10,8 @@
 #include <limits>
 #include <string>
 
+#include "engine/generate.h"
+
 namespace bs::cli {
 
 // Numbers in [min, max]; an infinite bound is no bound.
@@ -31,6 +33,33 @@ inline CLI::Validator number_in(double min, double max) {
 
 inline CLI::Validator at_least(double min) {
   return number_in(min, std::numeric_limits<double>::infinity());
+}
+
+// --verify-budget auto|off (GenerateOptions::verify_budget, docs/DFLASH.md).
+inline CLI::Option* add_verify_budget_option(CLI::App* app, VerifyBudget* out) {
+  return app
+      ->add_option_function<std::string>(
+          "--verify-budget",
+          [out](const std::string& v) {
+            *out = v == "auto" ? VerifyBudget::kAuto : VerifyBudget::kOff;
+          },
+          "Verify-length scheduling across a batch step (DSpark Algorithm 1): auto or off "
+          "(default: off, every draft verified)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto" || v == "off") return {};
+            return fmt::format("must be auto or off, got '{}'", v);
+          },
+          "auto|off"));
+}
+
+// The speculative step's phase times of `st` (GenerateStats), in milliseconds.
+inline std::string phase_times(const GenerateStats& st) {
+  return fmt::format(
+      "propose {:.1f} ms, verify {:.1f} ms, accept + read-back {:.1f} ms, commit "
+      "{:.1f} ms, observe {:.1f} ms",
+      st.draft_seconds * 1e3, st.verify_seconds * 1e3, st.accept_seconds * 1e3,
+      st.commit_seconds * 1e3, st.observe_seconds * 1e3);
 }
 
 }  // namespace bs::cli

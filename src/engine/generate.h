@@ -11,6 +11,7 @@
 
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
+#include "engine/verify_budget.h"
 #include "models/causal_lm.h"
 #include "models/drafter.h"
 
@@ -32,6 +33,13 @@ struct GenerateOptions {
   // (the head's estimate that drafts 1..j are all accepted) is >= this; 0: off. Never changes the
   // output (the cut depends on drafts 1..j-1 only: lossless, docs/DFLASH.md).
   double draft_confidence_min = 0;
+  // Verify-length scheduling (engine/verify_budget.h, docs/DFLASH.md): kAuto lets the batch's
+  // step choose how many of this sequence's drafts to verify (DSpark's Algorithm 1: by the
+  // drafts' prefix survival, 1 for drafters without a confidence head, and a step-time model
+  // measured once per run) after the draft_confidence_min cut. Greedy output is unchanged token
+  // for token, sampled output keeps its distribution (a seeded sampled request's tokens then
+  // depend on what shares its steps). kOff: every draft is verified.
+  VerifyBudget verify_budget = VerifyBudget::kOff;
   std::string trace_path;  // JSON line per speculative step, when set
   // Log-probabilities of the committed tokens (engine/logprobs.h), handed to the
   // LogprobsCallback: -1 off (no logits row is read back for them), 0..kMaxTopLogprobs: the
@@ -58,13 +66,17 @@ struct GenerateStats {
   int64_t accepted = 0;                    // drafts accepted
   std::vector<int64_t> position_offered;   // [k]: steps that verified a draft at offset k
   std::vector<int64_t> position_accepted;  // [k]: steps that accepted the draft at offset k
-  // Host wall time per phase (docs/ARCHITECTURE.md, "Step timing"). A step waits for the device
-  // once, at its read-back: on an asynchronous device (CUDA) draft and observe are the time to
-  // issue their work and verify_seconds holds the device time of the whole step; on the CPU
-  // backend each is the phase's compute time. blockspec bench times each phase alone.
-  double draft_seconds = 0;    // propose + choosing the drafts (argmax, or a sampled draw)
-  double verify_seconds = 0;   // target verify forward + acceptance, until the step's read-back
-  double observe_seconds = 0;  // drafter context update (prompt included)
+  // Host wall time per phase of the speculative step (detail::SpeculativeStep; docs/
+  // ARCHITECTURE.md, "Step timing"), each the whole batch's phase in a batched step. A step waits
+  // for the device once, at its read-back (the accept phase): on an asynchronous device (CUDA)
+  // the other phases are the time to issue their work and accept_seconds holds the device time
+  // of the whole step; on the CPU backend each is the phase's compute time. blockspec bench
+  // times the device work of each alone.
+  double draft_seconds = 0;    // propose: the drafts (argmax or a draw), cuts and verify budget
+  double verify_seconds = 0;   // verify: the target's forward over every block
+  double accept_seconds = 0;   // accept: acceptance on the device, until the step's read-back
+  double commit_seconds = 0;   // commit: tokens to the callbacks, logprobs, KV rollback
+  double observe_seconds = 0;  // observe: drafter context update (prompt included)
   // Acceptance length tau: committed tokens per verify step (accepted + bonus).
   double acceptance_length() const {
     return steps ? static_cast<double>(accepted + steps) / static_cast<double>(steps) : 0.0;

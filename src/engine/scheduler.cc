@@ -153,6 +153,8 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
                    : default_kv_blocks(target, drafter, max_num_seqs, options.max_context);
   if (drafter) {
     spec.emplace(target, *drafter, num_blocks, max_num_seqs);
+    spec->step_time = options.step_time;
+    spec->step_time_given = !options.step_time.empty();
   } else {
     ids = target.backend().empty({max_num_seqs}, DType::kI32);
     pool = target.make_kv_pool(num_blocks);

@@ -62,6 +62,9 @@ struct SchedulerOptions {
   // greedy requests (on the CPU bit for bit; speculative statistics differ) and for sampled plain
   // ones (the sampler goes on); a sampled speculative request draws from its continued stream.
   bool preemption = false;
+  // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Empty
+  // (the default): measured at the first step that needs it (engine/verify_budget.h).
+  StepTimeModel step_time;
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).

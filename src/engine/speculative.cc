@@ -7,11 +7,12 @@
 //             verify   target forward over [anchor, d_1..d_k] at s..s+k with taps, k+1 logit rows
 //             accept   the longest accepted prefix d_1..d_a plus one target token (bonus or
 //                      correction); roll the target KV back to s+a+1 (anchor + accepted drafts)
+//             commit   the accepted tokens to the output, one by one (stops, callbacks)
 //             observe  the drafter turns taps rows 0..a (positions s..s+a) into context K/V
 // Drafts, verify input and acceptance stay on the device, greedy (argmax, Backend::greedy_accept)
 // or sampled (draws and rejection sampling, DeviceSampling); the host reads back one small result
 // per step ([a, next, drafts]; with logprobs also the committed rows' logits) and launches the
-// observe after it (detail::speculative_step).
+// observe after it (detail::SpeculativeStep, one object with these phases).
 //
 // k = min(draft budget, max_tokens left - 1, context room) so that the output stops exactly where
 // generate_plain stops: stop tokens (included, nothing after them), max_tokens, the context window
@@ -71,7 +72,7 @@ Result<std::vector<int32_t>> run_speculative(CausalLM& target, Drafter& drafter,
   st.prefill_seconds = seconds_since(t0);
   t0 = Clock::now();
 
-  // ---- Decode steps: propose, verify, accept, observe (detail::speculative_step). ----
+  // ---- Decode steps: propose, verify, accept, commit, observe (detail::SpeculativeStep). ----
   detail::SpeculativeSequence* const seqs[] = {&seq};
   while (true) {
     BS_ASSIGN_OR_RETURN(const bool stepping, seq.begin_step());
@@ -79,7 +80,7 @@ Result<std::vector<int32_t>> run_speculative(CausalLM& target, Drafter& drafter,
     BS_RETURN_IF_ERROR(detail::speculative_step(run, seqs));
 
     if (trace.is_open()) {
-      const detail::SpeculativeStep& step = seq.last_step();
+      const detail::StepRecord& step = seq.last_step();
       nlohmann::ordered_json line = {
           {"step", st.steps - 1},
           {"anchor_pos", step.anchor_pos},
@@ -87,9 +88,11 @@ Result<std::vector<int32_t>> run_speculative(CausalLM& target, Drafter& drafter,
           {"drafts", std::vector<int32_t>(step.drafts.begin(), step.drafts.end())},
           {"accepted", step.accepted},
           {"bonus", step.next},
-          {"draft_ms", step.draft_seconds * 1e3},
-          {"verify_ms", step.verify_seconds * 1e3},
-          {"observe_ms", step.observe_seconds * 1e3}};
+          {"draft_ms", step.times.propose * 1e3},
+          {"verify_ms", step.times.verify * 1e3},
+          {"accept_ms", step.times.accept * 1e3},
+          {"commit_ms", step.times.commit * 1e3},
+          {"observe_ms", step.times.observe * 1e3}};
       trace << line.dump() << '\n';
     }
   }

@@ -1,6 +1,7 @@
 #include "engine/speculative_sequence.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "engine/speculative_accept.h"
 
@@ -140,7 +141,7 @@ Result<bool> SpeculativeSequence::begin_step() {
 
   verify_row_ = 0;
   drafts_.clear();
-  step_ = SpeculativeStep{.anchor_pos = s_, .anchor = anchor_};
+  step_ = StepRecord{.anchor_pos = s_, .anchor = anchor_};
   return true;
 }
 
@@ -192,8 +193,8 @@ void SpeculativeSequence::accept_on_device(const Tensor& verify_logits, const Te
   run_.target_sampling.accept(sampler_, draft_sampling_, verify_logits, result);
 }
 
-Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> result,
-                                   const Tensor& verify_logits, double verify_seconds) {
+Status SpeculativeSequence::commit(const Tensor& taps, std::span<const int32_t> result,
+                                   const Tensor& verify_logits) {
   BS_CHECK(static_cast<int64_t>(result.size()) >= k_ + 2);
   const AcceptResult acc{.accepted = result[0], .next = result[1]};
   BS_CHECK(acc.accepted >= 0 && acc.accepted <= k_);
@@ -204,12 +205,11 @@ Status SpeculativeSequence::accept(const Tensor& taps, std::span<const int32_t> 
   if (wants_logits()) {
     logits = run_.target.backend().to_host_f32(verify_logits.rows(0, acc.accepted + 1));
   }
-  return commit_step(acc, taps, logits, verify_seconds);
+  return commit_step(acc, taps, logits);
 }
 
 Status SpeculativeSequence::commit_step(const AcceptResult& acc, const Tensor& taps,
-                                        std::span<const float> target_logits,
-                                        double verify_seconds) {
+                                        std::span<const float> target_logits) {
   kv_.set_length(s_ + k_ + 1);
   const std::span<const int32_t> drafts = step_.drafts;
   const int64_t a = acc.accepted;
@@ -238,173 +238,284 @@ Status SpeculativeSequence::commit_step(const AcceptResult& acc, const Tensor& t
   }
   step_.accepted = a;
   step_.next = acc.next;
-  step_.verify_seconds = verify_seconds;
-  st_.draft_seconds += step_.draft_seconds;
-  st_.verify_seconds += verify_seconds;
   return Status::Ok();
+}
+
+void SpeculativeSequence::record_times(const StepTimes& times) {
+  step_.times = times;
+  st_.draft_seconds += times.propose;
+  st_.verify_seconds += times.verify;
+  st_.accept_seconds += times.accept;
+  st_.commit_seconds += times.commit;
+  st_.observe_seconds += times.observe;
+}
+
+std::vector<std::pair<int64_t, double>> measure_verify_time(SpeculativeRun& run) {
+  Backend& backend = run.target.backend();
+  const int64_t R = rows_per_sequence(run.drafter);
+  const int64_t max_rows = run.max_seqs * R;
+  {
+    const std::vector<int32_t> zeros(static_cast<size_t>(max_rows), 0);
+    backend.copy_from_host(run.verify_tokens, zeros.data());
+  }
+  std::vector<std::unique_ptr<SequenceKv>> kvs;  // the borrowed blocks, returned at the end
+  std::vector<std::pair<int64_t, double>> points;
+  for (int64_t rows = 1;; rows = std::min(rows * 2, max_rows)) {
+    const int64_t n = (rows + R - 1) / R;
+    while (static_cast<int64_t>(kvs.size()) < n) {
+      auto kv = std::make_unique<SequenceKv>(run.allocator, kKvBlockSize);
+      if (!kv->reserve(R).ok()) return points;  // the pool is busy: the points so far
+      kvs.push_back(std::move(kv));
+    }
+    run.reqs.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t len = std::min(R, rows - i * R);
+      run.reqs.push_back({.start_pos = 0,
+                          .block_table = kvs[static_cast<size_t>(i)]->block_table(),
+                          .num_logits = len,
+                          .tap_layers = run.drafter.target_layers(),
+                          .device_tokens = run.verify_tokens.rows(i * R, len)});
+    }
+    double best = 0;
+    for (int rep = 0; rep < 2; ++rep) {  // the first run untimed
+      const auto t = Clock::now();
+      if (!run.target.forward_batch(run.reqs, run.target_kv, &run.res).ok()) return points;
+      backend.synchronize();
+      if (rep > 0) best = seconds_since(t);
+    }
+    points.emplace_back(rows, best);
+    if (rows == max_rows) return points;
+  }
 }
 
 namespace {
 
-// The drafts of every sequence that wants some: one Drafter::propose_batch when the drafter has
-// a batched pass (rows [i * nd, i * nd + k_i) are sequence i's), else one propose per sequence.
-// Either way each sequence gets its own propose's drafts, taken before the next propose reuses
-// the drafter's scratch.
-Status propose_all(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
-  std::vector<SpeculativeSequence*> wanting;
-  std::vector<ProposeRequest> reqs;
-  for (SpeculativeSequence* seq : seqs) {
-    if (seq->drafts_wanted() == 0) continue;
-    wanting.push_back(seq);
-    reqs.push_back(seq->propose_request());
-  }
-  if (wanting.empty()) return Status::Ok();
-  const auto t = Clock::now();
-  if (run.drafter.draws_drafts()) {
-    // The drafter draws (DSpark's Markov chain, DFlash2's selector walk): one call for all, the
-    // drafts land in run.verify_tokens; with a confidence cut, each sequence then keeps its
-    // confident prefix (the one read-back of the propose).
-    std::vector<DraftDraw> draws;
-    bool confidence = false;
-    for (SpeculativeSequence* seq : wanting) {
-      draws.push_back(seq->draft_draw());
-      confidence |= seq->wants_confidence();
-    }
-    std::vector<std::vector<float>> survival;
-    BS_RETURN_IF_ERROR(
-        run.drafter.propose_draw(run.draft_kv, reqs, draws, confidence ? &survival : nullptr));
-    const double seconds = seconds_since(t);
-    for (size_t r = 0; r < wanting.size(); ++r) {
-      if (confidence && wanting[r]->wants_confidence()) wanting[r]->cut_drafts(survival[r]);
-      wanting[r]->take_draft_seconds(seconds);
-    }
-    return Status::Ok();
-  }
-  if (run.batched_propose && wanting.size() > 1) {
-    Tensor logits;
-    const Status st = run.drafter.propose_batch(run.draft_kv, reqs, &logits);
-    if (st.ok()) {
-      const int64_t nd = logits.dim(0) / static_cast<int64_t>(wanting.size());
-      for (size_t r = 0; r < wanting.size(); ++r) {
-        wanting[r]->take_drafts(logits.rows(static_cast<int64_t>(r) * nd, nd));
-      }
-      const double seconds = seconds_since(t);  // the batch's drafts, issued
-      for (SpeculativeSequence* seq : wanting) seq->take_draft_seconds(seconds);
-      return Status::Ok();
-    }
-    if (st.code() != StatusCode::kUnimplemented) return st;
-    run.batched_propose = false;
-  }
-  for (size_t r = 0; r < wanting.size(); ++r) {
-    const auto tr = Clock::now();
-    Tensor logits;
-    BS_RETURN_IF_ERROR(run.drafter.propose(run.draft_kv, reqs[r], &logits));
-    wanting[r]->take_drafts(logits);
-    wanting[r]->take_draft_seconds(seconds_since(tr));
-  }
-  return Status::Ok();
-}
-
-// The drafter's context updates of the step (each left pending by its accept), in one
-// Drafter::observe_batch, launched without waiting for it: the next step's read-back does.
-Status observe_all(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
-  std::vector<SpeculativeSequence*> pending;
-  std::vector<ObserveRequest> reqs;
-  for (SpeculativeSequence* seq : seqs) {
-    if (!seq->pending_observe()) continue;
-    pending.push_back(seq);
-    reqs.push_back(*seq->pending_observe());
-  }
-  if (pending.empty()) return Status::Ok();
-  const auto t = Clock::now();
-  BS_RETURN_IF_ERROR(run.drafter.observe_batch(run.draft_kv, reqs));
-  const double seconds = seconds_since(t);
-  for (SpeculativeSequence* seq : pending) seq->observed(seconds);
-  return Status::Ok();
-}
+// Exponential average of the step's time outside the modelled verify.
+constexpr double kFixedWeight = 0.1;
 
 }  // namespace
 
-Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
-  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
-  BS_CHECK(num_seqs >= 1 && num_seqs <= run.max_seqs);
-  Backend& backend = run.target.backend();
+SpeculativeStep::SpeculativeStep(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs)
+    : run_(run), seqs_(seqs) {
+  BS_CHECK(!seqs.empty() && static_cast<int64_t>(seqs.size()) <= run.max_seqs);
+  for (SpeculativeSequence* seq : seqs) any_greedy_ |= seq->greedy();
+}
+
+Status SpeculativeStep::draft(std::vector<std::vector<float>>* survival) {
+  survival->assign(seqs_.size(), {});
+  std::vector<size_t> wanting;  // indices into seqs_
+  std::vector<ProposeRequest> reqs;
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (seqs_[i]->drafts_wanted() == 0) continue;
+    wanting.push_back(i);
+    reqs.push_back(seqs_[i]->propose_request());
+  }
+  if (wanting.empty()) return Status::Ok();
+  Drafter& drafter = run_.drafter;
+  if (drafter.draws_drafts()) {
+    // The drafter draws (DSpark's Markov chain, DFlash2's selector walk): one call for all, the
+    // drafts land in run.verify_tokens; the survivals (one read-back of the propose) when a
+    // confidence cut or the verify budget will read them.
+    std::vector<DraftDraw> draws;
+    bool confidence = false;
+    for (const size_t i : wanting) {
+      draws.push_back(seqs_[i]->draft_draw());
+      confidence |= seqs_[i]->wants_confidence() ||
+                    (seqs_[i]->in_verify_budget() && drafter.has_confidence());
+    }
+    std::vector<std::vector<float>> a;
+    BS_RETURN_IF_ERROR(drafter.propose_draw(run_.draft_kv, reqs, draws, confidence ? &a : nullptr));
+    for (size_t r = 0; r < wanting.size() && confidence; ++r) {
+      (*survival)[wanting[r]] = std::move(a[r]);
+    }
+    return Status::Ok();
+  }
+  if (run_.batched_propose && wanting.size() > 1) {
+    Tensor logits;
+    const Status st = drafter.propose_batch(run_.draft_kv, reqs, &logits);
+    if (st.ok()) {
+      const int64_t nd = logits.dim(0) / static_cast<int64_t>(wanting.size());
+      for (size_t r = 0; r < wanting.size(); ++r) {
+        seqs_[wanting[r]]->take_drafts(logits.rows(static_cast<int64_t>(r) * nd, nd));
+      }
+      return Status::Ok();
+    }
+    if (st.code() != StatusCode::kUnimplemented) return st;
+    run_.batched_propose = false;
+  }
+  // One propose each, each sequence taking its drafts before the next propose reuses the
+  // drafter's scratch.
+  for (size_t r = 0; r < wanting.size(); ++r) {
+    Tensor logits;
+    BS_RETURN_IF_ERROR(drafter.propose(run_.draft_kv, reqs[r], &logits));
+    seqs_[wanting[r]]->take_drafts(logits);
+  }
+  return Status::Ok();
+}
+
+void SpeculativeStep::choose_lengths(const std::vector<std::vector<float>>& survival) {
+  bool any_budget = false;
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    SpeculativeSequence& seq = *seqs_[i];
+    if (seq.wants_confidence() && !survival[i].empty()) seq.cut_drafts(survival[i]);
+    any_budget |= seq.in_verify_budget();
+  }
+  // The rule runs once the model has both parts (a given model has them from the start).
+  if (!any_budget || run_.step_time.empty() || (!run_.step_time_given && run_.fixed_samples == 0)) {
+    return;
+  }
+  std::vector<VerifyCandidates> candidates;
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    const SpeculativeSequence& seq = *seqs_[i];
+    candidates.push_back(
+        {.drafts = seq.drafts_wanted(), .survival = survival[i], .fixed = !seq.in_verify_budget()});
+  }
+  const std::vector<int64_t> lengths = admit_drafts(candidates, run_.step_time);
+  for (size_t i = 0; i < seqs_.size(); ++i) seqs_[i]->keep_drafts(lengths[i]);
+}
+
+Status SpeculativeStep::propose() {
+  Backend& backend = run_.target.backend();
+  const int64_t num_seqs = static_cast<int64_t>(seqs_.size());
+  // The verify budget's model: measured once, at the first step of a sequence that takes part
+  // (outside the phase's time, which feeds the model's fixed part).
+  if (!run_.step_time_given && run_.step_time.empty() &&
+      std::any_of(seqs_.begin(), seqs_.end(),
+                  [](const SpeculativeSequence* s) { return s->in_verify_budget(); })) {
+    auto points = measure_verify_time(run_);
+    if (!points.empty()) run_.step_time = StepTimeModel(std::move(points), 0);
+  }
+  const auto t = Clock::now();
 
   // Block i of the step is rows [offsets[i], offsets[i + 1]) of run.verify_tokens and of the
-  // verify forward (its logit rows too). The anchors go up with the step's other uploads (the
-  // block boundaries too when greedy_accept needs them); the drafts are chosen in next to them on
-  // the device (take_drafts).
-  std::vector<int32_t>& offsets = run.offsets_host;
+  // verify forward (its logit rows too). The anchors go up first; the drafts are chosen in next
+  // to them on the device.
+  std::vector<int32_t>& offsets = run_.offsets_host;
   offsets.assign(1, 0);
-  bool any_greedy = false;
-  for (SpeculativeSequence* seq : seqs) {
+  for (SpeculativeSequence* seq : seqs_) {
     offsets.push_back(offsets.back() + static_cast<int32_t>(seq->verify_rows()));
-    any_greedy |= seq->greedy();
   }
-  int64_t rows = offsets.back();
-  run.tokens_host.assign(static_cast<size_t>(rows), 0);
+  rows_ = offsets.back();
+  run_.tokens_host.assign(static_cast<size_t>(rows_), 0);
   for (int64_t i = 0; i < num_seqs; ++i) {
-    run.tokens_host[static_cast<size_t>(offsets[i])] = seqs[i]->anchor();
-    seqs[i]->set_verify_row(offsets[i]);
+    run_.tokens_host[static_cast<size_t>(offsets[i])] = seqs_[i]->anchor();
+    seqs_[i]->set_verify_row(offsets[i]);
   }
-  backend.copy_from_host(run.verify_tokens.rows(0, rows), run.tokens_host.data());
-  if (any_greedy) backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
-  BS_RETURN_IF_ERROR(propose_all(run, seqs));
-  // Confidence cuts shrank some blocks: close the gaps (through run.target_ids, free until the
-  // verify) so that the blocks lie back to back again.
+  backend.copy_from_host(run_.verify_tokens.rows(0, rows_), run_.tokens_host.data());
+  std::vector<std::vector<float>> survival;
+  BS_RETURN_IF_ERROR(draft(&survival));
+  choose_lengths(survival);
+  // Cuts shrank some blocks: close the gaps (through run.target_ids, free until the verify) so
+  // that the blocks lie back to back again.
   bool moved = false;
   for (int64_t i = 0; i < num_seqs; ++i) {
-    moved |= offsets[i] + seqs[i]->verify_rows() != offsets[i + 1];
+    moved |= offsets[i] + seqs_[i]->verify_rows() != offsets[i + 1];
   }
   if (moved) {
-    backend.copy(run.target_ids.rows(0, rows), run.verify_tokens.rows(0, rows));
+    backend.copy(run_.target_ids.rows(0, rows_), run_.verify_tokens.rows(0, rows_));
     int32_t row = 0;
     for (int64_t i = 0; i < num_seqs; ++i) {
-      const int64_t n = seqs[i]->verify_rows();
-      backend.copy(run.verify_tokens.rows(row, n), run.target_ids.rows(offsets[i], n));
-      seqs[i]->move_block(row);
+      const int64_t n = seqs_[i]->verify_rows();
+      backend.copy(run_.verify_tokens.rows(row, n), run_.target_ids.rows(offsets[i], n));
+      seqs_[i]->move_block(row);
       offsets[i] = row;
       row += static_cast<int32_t>(n);
     }
     offsets[num_seqs] = row;
-    rows = row;
-    if (any_greedy) backend.copy_from_host(run.offsets.rows(0, num_seqs + 1), offsets.data());
+    rows_ = row;
   }
+  if (any_greedy_) backend.copy_from_host(run_.offsets.rows(0, num_seqs + 1), offsets.data());
+  times_.propose = seconds_since(t);
+  return Status::Ok();
+}
 
-  run.reqs.clear();
-  for (SpeculativeSequence* seq : seqs) run.reqs.push_back(seq->verify_request());
+Status SpeculativeStep::verify() {
   const auto t = Clock::now();
-  BS_RETURN_IF_ERROR(run.target.forward_batch(run.reqs, run.target_kv, &run.res));
-  const Tensor& logits = run.res.logits;  // [rows, vocab]
-  const Tensor result = run.accepted.rows(0, num_seqs);
+  run_.reqs.clear();
+  for (SpeculativeSequence* seq : seqs_) run_.reqs.push_back(seq->verify_request());
+  BS_RETURN_IF_ERROR(run_.target.forward_batch(run_.reqs, run_.target_kv, &run_.res));
+  times_.verify = seconds_since(t);
+  return Status::Ok();
+}
+
+Status SpeculativeStep::accept() {
+  const auto t = Clock::now();
+  Backend& backend = run_.target.backend();
+  const int64_t num_seqs = static_cast<int64_t>(seqs_.size());
+  const std::vector<int32_t>& offsets = run_.offsets_host;
+  const Tensor& logits = run_.res.logits;  // [rows, vocab]
+  const Tensor result = run_.accepted.rows(0, num_seqs);
   const int64_t width = result.dim(1);
   // Every block's [a, next, drafts] into its row of `result`: one greedy_accept for all (rows of
   // sampled blocks are then overwritten), a rejection sampling per sampled block.
-  if (any_greedy) {
-    const Tensor target_ids = run.target_ids.rows(0, rows);
+  if (any_greedy_) {
+    const Tensor target_ids = run_.target_ids.rows(0, rows_);
     backend.argmax(target_ids, logits);
-    backend.greedy_accept(result, run.verify_tokens.rows(0, rows), target_ids,
-                          run.offsets.rows(0, num_seqs + 1));
+    backend.greedy_accept(result, run_.verify_tokens.rows(0, rows_), target_ids,
+                          run_.offsets.rows(0, num_seqs + 1));
   }
   for (int64_t i = 0; i < num_seqs; ++i) {
-    SpeculativeSequence& seq = *seqs[i];
+    SpeculativeSequence& seq = *seqs_[i];
     if (seq.greedy()) continue;
     seq.accept_on_device(logits.rows(offsets[i], seq.verify_rows()),
                          result.rows(i, 1).view({width}).rows(0, seq.verify_rows() + 1));
   }
   // The step's one read-back.
-  run.accepted_host.resize(static_cast<size_t>(result.numel()));
-  backend.copy_to_host(run.accepted_host.data(), result);
-  const double verify_s = seconds_since(t);
+  run_.accepted_host.resize(static_cast<size_t>(result.numel()));
+  backend.copy_to_host(run_.accepted_host.data(), result);
+  times_.accept = seconds_since(t);
+  return Status::Ok();
+}
 
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    SpeculativeSequence& seq = *seqs[i];
-    BS_RETURN_IF_ERROR(
-        seq.accept(run.res.seqs[static_cast<size_t>(i)].taps,
-                   std::span(run.accepted_host).subspan(static_cast<size_t>(i * width), width),
-                   logits.rows(offsets[i], seq.verify_rows()), verify_s));
+Status SpeculativeStep::commit() {
+  const auto t = Clock::now();
+  const size_t width = static_cast<size_t>(run_.accepted.dim(1));
+  const std::vector<int32_t>& offsets = run_.offsets_host;
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    SpeculativeSequence& seq = *seqs_[i];
+    BS_RETURN_IF_ERROR(seq.commit(run_.res.seqs[i].taps,
+                                  std::span(run_.accepted_host).subspan(i * width, width),
+                                  run_.res.logits.rows(offsets[i], seq.verify_rows())));
   }
-  return observe_all(run, seqs);
+  times_.commit = seconds_since(t);
+  return Status::Ok();
+}
+
+Status SpeculativeStep::observe() {
+  const auto t = Clock::now();
+  std::vector<SpeculativeSequence*> pending;
+  std::vector<ObserveRequest> reqs;
+  for (SpeculativeSequence* seq : seqs_) {
+    if (!seq->pending_observe()) continue;
+    pending.push_back(seq);
+    reqs.push_back(*seq->pending_observe());
+  }
+  // Launched without waiting for it: the next step's read-back does.
+  if (!pending.empty()) BS_RETURN_IF_ERROR(run_.drafter.observe_batch(run_.draft_kv, reqs));
+  for (SpeculativeSequence* seq : pending) seq->observed();
+  times_.observe = seconds_since(t);
+  return Status::Ok();
+}
+
+Status SpeculativeStep::run() {
+  BS_RETURN_IF_ERROR(propose());
+  BS_RETURN_IF_ERROR(verify());
+  BS_RETURN_IF_ERROR(accept());
+  BS_RETURN_IF_ERROR(commit());
+  BS_RETURN_IF_ERROR(observe());
+  for (SpeculativeSequence* seq : seqs_) seq->record_times(times_);
+  // The model's fixed part: the step's time outside the modelled verify.
+  if (!run_.step_time_given && !run_.step_time.empty()) {
+    const double fixed = times_.total() - run_.step_time.verify_seconds(rows_);
+    const double w = run_.fixed_samples == 0 ? 1.0 : kFixedWeight;
+    run_.step_time.set_fixed_seconds((1 - w) * run_.step_time.fixed_seconds() + w * fixed);
+    ++run_.fixed_samples;
+  }
+  return Status::Ok();
+}
+
+Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
+  return SpeculativeStep(run, seqs).run();
 }
 
 }  // namespace bs::detail

@@ -1,14 +1,14 @@
 // One sequence of lossless speculative decoding taken step by step, and the step that runs any
 // number of them together, so that generate_speculative (one sequence) and the Scheduler (several
 // per step; generate_speculative_batch runs on it) run the same prefill / propose / verify /
-// accept / observe code and therefore give the same tokens:
+// accept / commit / observe code and therefore give the same tokens:
 //
 //   prefill (whole, or in chunks)
-//   loop: begin_step (false: finished) -> speculative_step(run, every sequence still stepping)
+//   loop: begin_step (false: finished) -> SpeculativeStep(run, every sequence still stepping).run()
 //
 // A step keeps its tokens on the device, greedy or sampled, and reads back one small tensor for
-// all its sequences (see speculative_step); a sequence that reports logprobs also reads the
-// logits rows of the tokens it commits.
+// all its sequences (the accept phase); a sequence that reports logprobs also reads the logits
+// rows of the tokens it commits.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
 #include "engine/speculative_accept.h"
+#include "engine/verify_budget.h"
 
 namespace bs::detail {
 
@@ -62,25 +63,42 @@ struct SpeculativeRun {
   std::vector<int32_t> offsets_host, tokens_host, accepted_host;
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
+  // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Unless
+  // given (step_time_given), its verify part is measured at the first step that needs it
+  // (measure_verify_time) and its fixed part follows the steps' measured times (an exponential
+  // average of a step's five phases less the modelled verify); the rule runs once both exist.
+  StepTimeModel step_time;
+  bool step_time_given = false;
+  int64_t fixed_samples = 0;  // steps that measured the fixed part
 };
+
+// Times the target's verify forward at 1, 2, 4, ... up to run.max_seqs blocks of the step's
+// largest size (rows), each as blocks of that size at position 0 in KV blocks borrowed from the
+// run's allocator (as many as are free: fewer points when the pool is busy), one untimed run
+// first (plans, CUDA graphs). Returns the (rows, seconds) points; empty when not even one block
+// fits. Leaves run.verify_tokens zeroed.
+std::vector<std::pair<int64_t, double>> measure_verify_time(SpeculativeRun& run);
 
 // KV blocks one sequence may hold at once: the prompt plus max_tokens within the window, and the
 // drafter's block of B positions past the anchor (propose writes K/V up to s + B - 1).
 int64_t speculative_blocks(const Drafter& drafter, int64_t prompt_tokens,
                            const GenerateOptions& options, int64_t max_context);
 
-// The trace record of the latest step (generate_speculative's trace_path lines). Times are host
-// wall time, as GenerateStats's: issuing the drafts, issuing the verify until the step's
-// read-back, issuing the context update (docs/ARCHITECTURE.md, "Step timing").
-struct SpeculativeStep {
+// Host wall time of each phase of one step (SpeculativeStep; GenerateStats's fields).
+struct StepTimes {
+  double propose = 0, verify = 0, accept = 0, commit = 0, observe = 0;
+  double total() const { return propose + verify + accept + commit + observe; }
+};
+
+// The trace record of the latest step (generate_speculative's trace_path lines). Times are the
+// step's phases (StepTimes, docs/ARCHITECTURE.md, "Step timing").
+struct StepRecord {
   int64_t anchor_pos = 0;
   int32_t anchor = 0;
   std::span<const int32_t> drafts;
   int64_t accepted = 0;
   int32_t next = 0;
-  double draft_seconds = 0;
-  double verify_seconds = 0;
-  double observe_seconds = 0;
+  StepTimes times;
 };
 
 class SpeculativeSequence {
@@ -106,13 +124,13 @@ class SpeculativeSequence {
   }
 
   // Starts a step: false when generation is over (stats.finish says why); else reserves the
-  // cache for this step's k drafts (k may be 0). speculative_step runs the rest.
+  // cache for this step's k drafts (k may be 0). SpeculativeStep runs the rest.
   Result<bool> begin_step();
 
-  // ---- The step's parts (speculative_step calls them, in this order) ----
+  // ---- The step's parts (SpeculativeStep calls them, phase by phase) ----
   // The step's tokens stay on the device: its block is rows [row, row + verify_rows()) of
-  // run.verify_tokens (set_verify_row; speculative_step uploads the anchor), its drafts are
-  // chosen into the rows after the anchor (take_drafts), the verify forward reads them there, and
+  // run.verify_tokens (set_verify_row; the step uploads the anchor), its drafts are chosen into
+  // the rows after the anchor (take_drafts / draft_draw), the verify forward reads them there, and
   // its row of run.accepted gets [a, next, drafts] (greedy: Backend::greedy_accept for every
   // greedy block at once; sampled: accept_on_device).
   bool greedy() const { return options_.sampling.greedy(); }
@@ -129,14 +147,16 @@ class SpeculativeSequence {
   DraftDraw draft_draw();
   // A confidence cut is on (GenerateOptions::draft_confidence_min) and the drafter can report.
   bool wants_confidence() const;
+  // The step's verify length is the batch's to choose (GenerateOptions::verify_budget).
+  bool in_verify_budget() const { return options_.verify_budget == VerifyBudget::kAuto; }
   // Verifies only drafts 1..j with survival[j - 1] >= draft_confidence_min (survival = a_1..a_k
-  // of this step's drafts): k shrinks to the first j whose a_j falls below. speculative_step then
-  // moves the block (move_block).
+  // of this step's drafts): k shrinks to the first j whose a_j falls below.
   void cut_drafts(std::span<const float> survival);
+  // Verifies only the first n drafts (the verify budget's choice); n >= k changes nothing. The
+  // step then moves the block (move_block).
+  void keep_drafts(int64_t n) { k_ = std::min(k_, n); }
   // The block now starts at `row` of run.verify_tokens (after cuts compacted the blocks).
   void move_block(int64_t row);
-  // The host time of proposing and taking this step's drafts (its share of a batched propose).
-  void take_draft_seconds(double seconds) { step_.draft_seconds = seconds; }
   // The verify forward of the step: its block of run.verify_tokens as ForwardRequest::
   // device_tokens at s.., k + 1 logit rows, with taps.
   ForwardRequest verify_request() const;
@@ -148,21 +168,18 @@ class SpeculativeSequence {
   // `result` = [a, next, d_1 .. d_k, ...], and rolls the cache back; the drafter's observe of the
   // accepted positions from `taps` (the verify rows' taps) is left in pending_observe().
   // `verify_logits` [k + 1, vocab] (device): when wants_logits(), rows 0..a are read back, the
-  // i-th token committed reporting row i's logprobs. `verify_seconds`: for the statistics.
-  Status accept(const Tensor& taps, std::span<const int32_t> result, const Tensor& verify_logits,
-                double verify_seconds);
+  // i-th token committed reporting row i's logprobs.
+  Status commit(const Tensor& taps, std::span<const int32_t> result, const Tensor& verify_logits);
   const std::optional<ObserveRequest>& pending_observe() const { return pending_observe_; }
-  // The caller ran pending_observe() (in `seconds`, its share of a batched observe).
-  void observed(double seconds) {
-    pending_observe_.reset();
-    st_.observe_seconds += seconds;
-    step_.observe_seconds = seconds;
-  }
+  // The caller ran pending_observe().
+  void observed() { pending_observe_.reset(); }
+  // The step's phase times, into the statistics and the step's record.
+  void record_times(const StepTimes& times);
 
   // The committed tokens' logits rows are read back: logprobs are on.
   bool wants_logits() const { return options_.logprobs >= 0; }
   bool done() const { return done_; }
-  const SpeculativeStep& last_step() const { return step_; }
+  const StepRecord& last_step() const { return step_; }
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
   // The tokens committed so far and the sampler (a preempted request's resumption, Scheduler).
@@ -173,7 +190,7 @@ class SpeculativeSequence {
   Status observe(const Tensor& taps, int64_t start);
   // Counts, commits and rolls back an accepted step; leaves the drafter's observe pending.
   Status commit_step(const AcceptResult& acc, const Tensor& taps,
-                     std::span<const float> target_logits, double verify_seconds);
+                     std::span<const float> target_logits);
 
   SpeculativeRun& run_;
   const GenerateOptions& options_;
@@ -192,21 +209,60 @@ class SpeculativeSequence {
   int32_t anchor_ = 0;           // the last committed token, at s
   int64_t verify_row_ = 0;       // first row of the block in run.verify_tokens
   std::vector<int32_t> drafts_;  // [k]: the drafts, from the read-back (for the record)
-  SpeculativeStep step_;
+  StepRecord step_;
   std::optional<ObserveRequest> pending_observe_;
 };
 
 // One speculative step of `seqs` (each begun by begin_step, at most run.max_seqs), greedy and
-// sampled alike: their anchors and block boundaries are uploaded with the step's indices; drafts
-// for every sequence that wants some (one Drafter::propose_batch when the drafter has it, else
-// one propose each), chosen on the device straight into the verify input (argmax, or a draw with
-// the sequence's sampler); one CausalLM::forward_batch verifying every block; the acceptance on
-// the device (greedy: the target's argmax and one Backend::greedy_accept for every greedy block;
-// sampled: each sequence's rejection sampling); the step's only device-to-host read, every
-// sequence's [a, next, drafts] (I32 [sequences, R + 1], run.accepted), plus the committed rows'
-// logits of sequences that want logprobs; each sequence committing on its own; one
-// Drafter::observe_batch of the accepted positions, launched after the read-back (the next
-// step's read-back waits for it).
+// sampled alike, as five phases, each timed (StepTimes) and run once for the whole batch:
+//   propose  the anchors and block boundaries uploaded with the step's indices; drafts for every
+//            sequence that wants some (one Drafter::propose_batch / propose_draw when the drafter
+//            has it, else one propose each), chosen on the device straight into the verify input
+//            (argmax, or a draw with the sequence's sampler); then each block's length: the
+//            confidence cut (draft_confidence_min) and the verify budget (verify_budget), the
+//            blocks compacted back to back;
+//   verify   one CausalLM::forward_batch over every block;
+//   accept   the acceptance on the device (greedy: the target's argmax and one
+//            Backend::greedy_accept for every greedy block; sampled: each sequence's rejection
+//            sampling) and the step's only device-to-host read, every sequence's [a, next,
+//            drafts] (I32 [sequences, R + 1], run.accepted);
+//   commit   each sequence committing its tokens on its own (plus the committed rows' logits of
+//            sequences that want logprobs) and rolling its cache back;
+//   observe  one Drafter::observe_batch of the accepted positions, launched after the read-back
+//            (the next step's read-back waits for it).
+// The phases run in that order (run(), or one call each); each needs the one before.
+class SpeculativeStep {
+ public:
+  SpeculativeStep(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs);
+  SpeculativeStep(const SpeculativeStep&) = delete;
+  SpeculativeStep& operator=(const SpeculativeStep&) = delete;
+
+  Status propose();
+  Status verify();
+  Status accept();
+  Status commit();
+  Status observe();
+  // The five phases, then every sequence's record_times and the step-time model's fixed part.
+  Status run();
+
+  const StepTimes& times() const { return times_; }
+  int64_t verify_rows() const { return rows_; }
+
+ private:
+  // The drafts of every sequence that wants some; survival[i] = a_1..a_k of seqs_[i] when the
+  // drafter reported confidences (else empty).
+  Status draft(std::vector<std::vector<float>>* survival);
+  // The confidence cut and the verify budget, from the drafts' survival.
+  void choose_lengths(const std::vector<std::vector<float>>& survival);
+
+  SpeculativeRun& run_;
+  std::span<SpeculativeSequence* const> seqs_;
+  StepTimes times_;
+  bool any_greedy_ = false;
+  int64_t rows_ = 0;  // verify rows in all (B_v)
+};
+
+// SpeculativeStep(run, seqs).run().
 Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs);
 
 }  // namespace bs::detail

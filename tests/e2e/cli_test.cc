@@ -63,6 +63,21 @@ TEST(Cli, GreedyContinuesAPrompt) {
   EXPECT_EQ(r.out.rfind(", there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
+// --verify-budget auto (verify-length scheduling) leaves greedy output unchanged; the summary
+// gives the speculative step's five phase times.
+TEST(Cli, VerifyBudgetKeepsGreedyOutputAndPhasesAreReported) {
+  const std::string base = "generate --model " + kModel + " --drafter " + kModel +
+                           "-dflash --prompt 'Tom had a red' --max-tokens 60";
+  const CliRun off = run(base + " --verify-budget off");
+  const CliRun on = run(base + " --verify-budget auto");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  EXPECT_EQ(on.out, off.out);
+  for (const char* phase : {"propose ", "verify ", "accept + read-back ", "commit ", "observe "}) {
+    EXPECT_NE(on.err.find(phase), std::string::npos) << phase << " in " << on.err;
+  }
+}
+
 // The reply continues the prompt's text: its first word keeps its leading space, as vLLM and
 // llama.cpp print it (SentencePiece's decoder strips one leading space of the whole text only).
 TEST(Cli, TheReplyKeepsTheLeadingSpaceOfItsFirstWord) {
@@ -123,6 +138,7 @@ TEST(Cli, UserErrorsAreReadableAndExitWith1) {
       {"generate --max-tokens 0", "--max-tokens: must be at least 1, got 0"},
       {"generate --top-p 2", "--top-p: must be between 0 and 1, got 2"},
       {"generate --threads x", "--threads: must be a number (at least 0), got 'x'"},
+      {"generate --verify-budget maybe", "--verify-budget: must be auto or off, got 'maybe'"},
       {"serve --port 70000", "--port: must be between 0 and 65535, got 70000"},
       {"generat --prompt hi", "unknown command 'generat'; did you mean 'generate'?"},
       {"serv", "unknown command 'serv'; did you mean 'serve'?"},

@@ -491,7 +491,7 @@ TEST_F(Stories, TraceAndErrors) {
     const auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j.at("step").get<int64_t>(), lines);
     for (const char* key : {"anchor_pos", "anchor", "drafts", "accepted", "bonus", "draft_ms",
-                            "verify_ms", "observe_ms"}) {
+                            "verify_ms", "accept_ms", "commit_ms", "observe_ms"}) {
       EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
     }
     accepted += j.at("accepted").get<int64_t>();
@@ -503,6 +503,8 @@ TEST_F(Stories, TraceAndErrors) {
   EXPECT_EQ(accepted, spec.stats.accepted);
   EXPECT_EQ(drafted, spec.stats.drafted);
   EXPECT_GT(spec.stats.verify_seconds, 0);
+  EXPECT_GT(spec.stats.accept_seconds, 0);
+  EXPECT_GT(spec.stats.commit_seconds, 0);
   EXPECT_GT(spec.stats.observe_seconds, 0);
 
   o.trace_path.clear();

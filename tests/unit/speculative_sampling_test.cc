@@ -201,6 +201,7 @@ class StoriesSampling : public ::testing::Test {
     o.sampling = params_;
     o.draft_tokens = draft_tokens;
     o.draft_confidence_min = confidence_min_;
+    o.verify_budget = verify_budget_;
     int64_t steps = 0, accepted = 0;
     const auto count = [&](const std::vector<int32_t>& out, const GenerateStats& st) {
       ASSERT_EQ(out.size(), 4u);
@@ -213,7 +214,8 @@ class StoriesSampling : public ::testing::Test {
       return 1000003 * static_cast<uint64_t>(i) + (batched ? 29 : 17);
     };
     if (batched) {
-      Scheduler scheduler(*target_, drafter, {.max_num_seqs = 8, .max_context = 32});
+      Scheduler scheduler(*target_, drafter,
+                          {.max_num_seqs = 8, .max_context = 32, .step_time = step_time_});
       for (int64_t i = 0; i < n; ++i) {
         o.sampling.seed = seed(i);
         ASSERT_TRUE(scheduler
@@ -257,6 +259,8 @@ class StoriesSampling : public ::testing::Test {
   std::map<std::array<int32_t, 3>, double> exact_;
   int64_t accepted_ = 0;
   double confidence_min_ = 0;  // GenerateOptions::draft_confidence_min of check()'s runs
+  VerifyBudget verify_budget_ = VerifyBudget::kOff;  // GenerateOptions::verify_budget
+  StepTimeModel step_time_;  // SchedulerOptions::step_time of the batched runs
 };
 
 // A drafter whose proposals overlap the target's (its logits are the target's own, perturbed) for
@@ -373,6 +377,21 @@ class RelativeSampling : public StoriesSampling {
     EXPECT_TRUE(io::write_safetensors(dir + "/model.safetensors", tensors).ok());
     return dir;
   }
+
+  using Tensors = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
+  // The bigram DSpark's tensors (below): W1 = I, W2[:, a] = the target's logits after [BOS, a],
+  // the final norm scaled down.
+  Tensors bigram_markov() {
+    std::vector<float> w1(512 * 512, 0.0f), w2(512 * 512), norm(64, 1e-3f);
+    for (int32_t a = 0; a < 512; ++a) {
+      w1[a * 512 + a] = 1.0f;
+      const std::vector<float> l = last_logits({1, a});
+      for (int32_t v = 0; v < 512; ++v) w2[v * 512 + a] = l[v];
+    }
+    return {{"markov_head.markov_w1.weight", {{512, 512}, w1}},
+            {"markov_head.markov_w2.weight", {{512, 512}, w2}},
+            {"norm.weight", {{64}, norm}}};
+  }
 };
 
 TEST_F(RelativeSampling, BigramDSparkLeavesDistributionUnchanged) {
@@ -381,22 +400,45 @@ TEST_F(RelativeSampling, BigramDSparkLeavesDistributionUnchanged) {
   ASSERT_TRUE(config.ok());
   (*config)["dflash_config"]["markov_rank"] = 512;
   (*config)["dflash_config"]["enable_confidence_head"] = false;
-  std::vector<float> w1(512 * 512, 0.0f), w2(512 * 512), norm(64, 1e-3f);
-  for (int32_t a = 0; a < 512; ++a) {
-    w1[a * 512 + a] = 1.0f;
-    const std::vector<float> l = last_logits({1, a});
-    for (int32_t v = 0; v < 512; ++v) w2[v * 512 + a] = l[v];
-  }
-  const std::string dir = write("dspark_bigram", src, *config,
-                                {{"markov_head.markov_w1.weight", {{512, 512}, w1}},
-                                 {"markov_head.markov_w2.weight", {{512, 512}, w2}},
-                                 {"norm.weight", {{64}, norm}}});
+  const std::string dir = write("dspark_bigram", src, *config, bigram_markov());
   auto drafter = load_drafter(dir, *target_, {});
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();
   check(drafter->get(), 2500, 0, "dspark_bigram");
   EXPECT_GT(accepted_, 2500 / 4) << "the bigram drafter should get many drafts accepted";
   check(drafter->get(), 2500, 0, "dspark_bigram_batched", /*batched=*/true);
   EXPECT_GT(accepted_, 2500 / 4);
+}
+
+// Verify-length scheduling (engine/verify_budget.h) in batches of 8: the bigram DSpark drafter
+// with a confidence head whose survival depends strongly on the previous draft (W1 = I, so the
+// head's weight on W1[prev] is a random score per token), under a step-time curve that leaves
+// room for about 4 drafts per step: which drafts are verified depends on the drafts themselves
+// (through a_j, a function of drafts 1..j-1) and on the other sequences'; the rule's stop at the
+// first drop of tokens per second keeps that non-anticipating, so the output law is the
+// target's.
+TEST_F(RelativeSampling, BigramDSparkUnderVerifyBudgetLeavesDistributionUnchanged) {
+  const std::string src = std::string(BS_TEST_DATA) + "/dspark-stories260K";
+  auto config = io::read_json_file(src + "/config.json");
+  ASSERT_TRUE(config.ok());
+  (*config)["dflash_config"]["markov_rank"] = 512;
+  (*config)["dflash_config"]["enable_confidence_head"] = true;
+  (*config)["dflash_config"]["confidence_head_with_markov"] = true;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> score(0.0f, 2.0f);
+  std::vector<float> proj(64 + 512, 0.0f);  // [h ; W1[prev]]: a random score per previous draft
+  for (size_t i = 64; i < proj.size(); ++i) proj[i] = score(rng);
+  Tensors tensors = bigram_markov();
+  tensors["confidence_head.proj.weight"] = {{1, 64 + 512}, proj};
+  tensors["confidence_head.proj.bias"] = {{1}, {1.0f}};
+  const std::string dir = write("dspark_bigram_conf", src, *config, tensors);
+  auto drafter = load_drafter(dir, *target_, {});
+  ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+  ASSERT_TRUE((*drafter)->has_confidence());
+  verify_budget_ = VerifyBudget::kAuto;
+  // 1 s up to 12 rows (8 anchors + 4 drafts), then 0.3 s more per row.
+  step_time_ = StepTimeModel({{12, 1.0}, {13, 1.3}, {64, 16.6}}, 0);
+  check(drafter->get(), 2500, 0, "dspark_bigram_budget_batched", /*batched=*/true);
+  EXPECT_GT(accepted_, 2500 / 4) << "the bigram drafter should get many drafts accepted";
 }
 
 TEST_F(RelativeSampling, IdentityDFlash2LeavesDistributionUnchanged) {
