@@ -606,5 +606,73 @@ INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters), [](
   return s;
 });
 
+// DSpark / DFlash2 on the GPU, through the fused Backend::markov_row / candidate_walk: the greedy
+// chain's rows against the CPU's (their drafts equal; values over the entries finite on both),
+// greedy speculative == plain, and a sampled speculative run (the sampled walk and its q).
+class CudaRelatives : public CudaModels, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
+  const std::string dir = std::string(BS_TEST_DATA) + "/" + GetParam();
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(kStories, *cpu_);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto dg = load_drafter(dir, **g, {});
+  ASSERT_TRUE(dg.ok()) << dg.status().message();
+  auto dc = load_drafter(dir, **c, {});
+  ASSERT_TRUE(dc.ok()) << dc.status().message();
+  const int64_t V = (*g)->config().vocab_size;
+  for (const uint32_t seed : {3u, 5u, 8u}) {
+    const DraftRun rg = draft_once(**g, **dg, random_prompt(seed));
+    const DraftRun rc = draft_once(**c, **dc, random_prompt(seed));
+    ASSERT_TRUE(rg.ok && rc.ok);
+    ASSERT_EQ(rg.logits.size(), rc.logits.size());
+    const int64_t rows = static_cast<int64_t>(rc.logits.size()) / V;
+    std::vector<float> a, b;
+    for (size_t i = 0; i < rc.logits.size(); ++i) {
+      if (std::isfinite(rg.logits[i]) && std::isfinite(rc.logits[i])) {
+        a.push_back(rg.logits[i]);
+        b.push_back(rc.logits[i]);
+      }
+    }
+    EXPECT_GT(a.size(), static_cast<size_t>(rows)) << GetParam();
+    const double e = rel_err(a, b);
+    EXPECT_LT(e, 5e-2) << GetParam() << ": CUDA vs CPU chain rows";
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(argmax_row(rg.logits, r, V), argmax_row(rc.logits, r, V))
+          << GetParam() << " seed " << seed << " row " << r;
+    }
+    std::printf("[ %s: CUDA vs CPU chain rows rel err %.2e ]\n", GetParam(), e);
+  }
+  GenerateOptions opt;
+  opt.max_tokens = 100;
+  const std::vector<int32_t> bos = {1};
+  auto plain = generate_plain(**g, bos, opt, nullptr, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  GenerateStats st;
+  auto spec = generate_speculative(**g, **dg, bos, opt, nullptr, &st);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(*spec, *plain) << GetParam() << ": speculative != plain on the GPU";
+  opt.sampling.temperature = 0.8f;
+  opt.sampling.top_k = 20;
+  opt.sampling.seed = 7;
+  GenerateStats sst;
+  auto sampled = generate_speculative(**g, **dg, bos, opt, nullptr, &sst);
+  ASSERT_TRUE(sampled.ok()) << sampled.status().message();
+  EXPECT_FALSE(sampled->empty());
+  for (int32_t t : *sampled) EXPECT_TRUE(t >= 0 && t < V);
+  std::printf("[ %s on GPU: greedy acceptance length %.2f, sampled %.2f ]\n", GetParam(),
+              st.acceptance_length(), sst.acceptance_length());
+}
+
+const char* kRelatives[] = {"dspark-stories260K", "dflash2-stories260K"};
+INSTANTIATE_TEST_SUITE_P(Data, CudaRelatives, ::testing::ValuesIn(kRelatives),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
 }  // namespace
 }  // namespace bs
