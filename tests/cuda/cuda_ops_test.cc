@@ -103,6 +103,8 @@ class CudaOps : public ::testing::Test {
     cpu_->copy_from_host(x, v.data());
     return x;
   }
+  // candidate_walk with t candidates per row on both backends (CandidateWalkMatchesCpu).
+  void check_candidate_walk(int64_t t);
   // topk of x [n, V] on both backends: the same ids and values.
   void expect_topk_equal(const Tensor& gx, const Tensor& cx, int64_t n, int64_t k) {
     Tensor gval = make(*gpu_, {n, k}, DType::kF32), cval = make(*cpu_, {n, k}, DType::kF32);
@@ -1353,7 +1355,12 @@ TEST_F(CudaOps, MarkovRowMatchesCpu) {
 // and rows, exact ties of the scores going to the lower id, and sampled drafts with their q rows
 // under temperature / top-k / top-p; inside a captured graph with new inputs on every replay.
 TEST_F(CudaOps, CandidateWalkMatchesCpu) {
-  const int64_t k = 15, t = 16, r = 256, v = 5003;
+  // t = 16 stages the candidates' succ rows in shared memory, t = 64 does not (too large).
+  for (const int64_t t : {16, 64}) check_candidate_walk(t);
+}
+
+void CudaOps::check_candidate_walk(int64_t t) {
+  const int64_t k = 15, r = 256, v = 5003;
   std::mt19937 ids_rng(7);
   const auto pv = rnd(v * r, 0.1f), sv = rnd(v * r, 0.1f);
   Tensor gp = weight(*gpu_, {v, r}, pv), cp = weight(*cpu_, {v, r}, pv);
@@ -1410,7 +1417,7 @@ TEST_F(CudaOps, CandidateWalkMatchesCpu) {
         }
         // The same walk captured (greedy / this filter), drafts only: equal drafts.
         Tensor gd2 = make(*gpu_, {k}, DType::kI32);
-        const std::string key = "test:walk:" + std::to_string(captures++);
+        const std::string key = "test:walk:" + std::to_string(t) + ":" + std::to_string(captures++);
         for (int rep = 0; rep < 3; ++rep) {
           gpu_->run_captured(key, [&] {
             gpu_->candidate_walk(gd2, Tensor(), gq, ga, gv, gi.view({k, t}), P, S, Z, f, gu);

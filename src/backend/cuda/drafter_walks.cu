@@ -53,12 +53,13 @@ __device__ __forceinline__ uint64_t warp_max_key(uint64_t k) {
 }
 
 // ---- markov_row ----
-// Block: 8 warps; warp w of block b takes vocabulary rows b * 8 + w, + gridDim.x * 8, ... The
+// Block: 8 warps; warp w of block b takes the 4 vocabulary rows from (b * 8 + w) * 4, then the
+// 4 from there + gridDim.x * 32, and so on. The
 // Markov embedding e = w1[prev] sits in shared memory (fp32). Each block leaves its best key in
 // keys[blockIdx.x]; the last block to finish reduces them into *argmax and resets *counter.
-constexpr int kRowWarps = 8;
+constexpr int kRowWarps = 8, kRowsPerWarp = 4;
 
-__global__ void markov_row_kernel(float* z, int32_t* argmax, In u, const int32_t* prev, In w1,
+__global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int32_t* prev, In w1,
                                   In w2, int64_t v, int64_t r, bool vec, uint64_t* keys,
                                   unsigned* counter) {
   extern __shared__ float e[];  // [r]
@@ -69,34 +70,59 @@ __global__ void markov_row_kernel(float* z, int32_t* argmax, In u, const int32_t
   const bool ok = p >= 0 && p < v;
   for (int64_t i = threadIdx.x; i < r; i += blockDim.x) e[i] = ok ? ldw(w1, p * r + i) : 0.0f;
   __syncthreads();
+  // kRowsPerWarp rows per iteration: that many independent 16-byte loads in flight per lane
+  // (one row at a time left the stream latency-bound). Each row's sum has the same order as with
+  // one row per iteration: a chain of fmaf per lane over c, then the warp sum.
   uint64_t best = 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + warp; row < v; row += stride) {
-    float acc = 0.0f;
-    if (vec) {  // BF16 w2, r % 8 == 0, 16-byte aligned rows: one uint4 (8 values) per lane
-      const uint4* wr =
-          reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w2.p) + row * r);
-      for (int64_t c = lane; c < r / 8; c += 32) {
-        const uint4 q = ld_stream(wr + c);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRowsPerWarp;
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowWarps + warp) * kRowsPerWarp;
+       row0 < v; row0 += stride) {
+    float acc[kRowsPerWarp];
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const float2 f = __bfloat1622float2(h[t]);
-          acc = fmaf(f.x, e[c * 8 + 2 * t], acc);
-          acc = fmaf(f.y, e[c * 8 + 2 * t + 1], acc);
+    for (int u = 0; u < kRowsPerWarp; ++u) acc[u] = 0.0f;
+    if (vec) {  // BF16 w2, r % 8 == 0, 16-byte aligned rows: one uint4 (8 values) per lane
+      const uint4* w = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w2.p));
+      const int64_t r8 = r / 8;
+      for (int64_t c = lane; c < r8; c += 32) {
+        uint4 q[kRowsPerWarp];
+#pragma unroll
+        for (int u = 0; u < kRowsPerWarp; ++u) {
+          q[u] = row0 + u < v ? ld_stream(w + (row0 + u) * r8 + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kRowsPerWarp; ++u) {
+          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q[u]);
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const float2 f = __bfloat1622float2(h[t]);
+            acc[u] = fmaf(f.x, e[c * 8 + 2 * t], acc[u]);
+            acc[u] = fmaf(f.y, e[c * 8 + 2 * t + 1], acc[u]);
+          }
         }
       }
     } else {
-      for (int64_t c = lane; c < r; c += 32) acc = fmaf(ldw(w2, row * r + c), e[c], acc);
+      for (int64_t c = lane; c < r; c += 32) {
+#pragma unroll
+        for (int u = 0; u < kRowsPerWarp; ++u) {
+          if (row0 + u < v) acc[u] = fmaf(ldw(w2, (row0 + u) * r + c), e[c], acc[u]);
+        }
+      }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      const float zv = ldw(u, row) + acc;
-      if (z) z[row] = zv;
-      const uint64_t k = order_key(zv, static_cast<uint32_t>(row));
-      best = k > best ? k : best;
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) acc[u] = warp_sum(acc[u]);
+      // Lane u finishes row row0 + u.
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) {
+      const int64_t row = row0 + u;
+      if (lane == u && row < v) {
+        const float zv = ldw(u_in, row) + acc[u];
+        if (z) z[row] = zv;
+        const uint64_t k = order_key(zv, static_cast<uint32_t>(row));
+        best = k > best ? k : best;
+      }
     }
   }
+  best = warp_max_key(best);
   if (!argmax) return;
   if (lane == 0) warp_keys[warp] = best;
   __syncthreads();
@@ -137,13 +163,15 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
   }
 }
 
-__global__ void candidate_walk_kernel(WalkArgs a) {
+__global__ void candidate_walk_kernel(WalkArgs a, bool staged) {
   extern __shared__ float sm[];
-  float* av = sm;        // [r]
-  float* sc = av + a.r;  // [r]
-  float* s = sc + a.r;   // [t] scores
-  float* w = s + a.t;    // [t] weights
-  float* q = w + a.t;    // [t] probabilities
+  float* av = sm;                                      // [r]: A[prev]
+  float* sc = av + a.r;                                // [r]: the scale row
+  float* s = sc + a.r;                                 // [t] scores
+  float* w = s + a.t;                                  // [t] weights
+  float* q = w + a.t;                                  // [t] probabilities
+  int32_t* ids = reinterpret_cast<int32_t*>(q + a.t);  // [t] this row's candidate ids
+  float* e = q + 2 * a.t;                              // [t, r] succ rows (staged)
   __shared__ int32_t s_prev;
   __shared__ float s_max, s_tp;
   __shared__ double s_zk, s_z;
@@ -155,26 +183,51 @@ __global__ void candidate_walk_kernel(WalkArgs a) {
   __syncthreads();
   for (int64_t j = 0; j < a.k; ++j) {
     const int64_t prev = s_prev;
-    const int32_t* ids = a.ids + j * t;
-    if (r > 0) {
-      const bool ok = prev >= 0 && prev < a.vocab;
-      for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
-        av[i] = ok ? ldw(a.pred, prev * r + i) : 0.0f;
-        sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
-      }
+    // Round 1 (independent loads): A[prev], the scale row, the ids and the unary values.
+    const bool ok_prev = prev >= 0 && prev < a.vocab;
+    for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
+      av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
+      sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
+    }
+    for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+      ids[c] = a.ids[j * t + c];
+      s[c] = a.vals[j * t + c];
     }
     __syncthreads();
+    if (staged && r > 0) {
+      // Round 2: the candidates' succ rows into shared memory, 8 loads in flight per thread.
+      const int64_t n = t * r, step = static_cast<int64_t>(blockDim.x);
+      for (int64_t base = threadIdx.x; base < n; base += step * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int64_t idx = base + u * step;
+          float x = 0.0f;
+          if (idx < n) {
+            const int64_t id = ids[idx / r];
+            if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * r + idx % r);
+          }
+          v[u] = x;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (base + u * step < n) e[base + u * step] = v[u];
+        }
+      }
+      __syncthreads();
+    }
     for (int64_t c = warp; c < t; c += warps) {
       float dot = 0.0f;
       if (r > 0) {
         const int64_t id = ids[c];
         const bool ok = id >= 0 && id < a.vocab;
         for (int64_t i = lane; i < r; i += 32) {
-          dot += ok ? av[i] * ldw(a.succ, id * r + i) * sc[i] : 0.0f;
+          const float b = staged ? e[c * r + i] : (ok ? ldw(a.succ, id * r + i) : 0.0f);
+          dot += ok ? av[i] * b * sc[i] : 0.0f;
         }
         dot = warp_sum(dot);
       }
-      if (lane == 0) s[c] = a.vals[j * t + c] + dot;
+      if (lane == 0) s[c] += dot;
     }
     __syncthreads();
     if (threadIdx.x == 0) {  // the maximum (greedy: the draft; ties to the lower id)
@@ -357,8 +410,18 @@ cudaError_t markov_row(float* z, int32_t* argmax, In u, const int32_t* prev, In 
                        int64_t v, int64_t r, uint64_t* keys, unsigned* counter, int num_sms,
                        cudaStream_t s) {
   if (v <= 0) return cudaSuccess;
-  const int64_t want = (v + kRowWarps * 8 - 1) / (kRowWarps * 8);  // >= 8 rows per warp
-  const int64_t cap = std::min<int64_t>(kMarkovRowMaxBlocks, static_cast<int64_t>(num_sms) * 8);
+  const int64_t per_block = kRowWarps * kRowsPerWarp * 4;  // >= 4 iterations per warp
+  const int64_t want = (v + per_block - 1) / per_block;
+  // One wave: as many blocks as fit on the device at once (a host query, no stream work).
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, markov_row_kernel, kRowWarps * 32,
+                                                    static_cast<size_t>(r) * sizeof(float)) !=
+          cudaSuccess ||
+      per_sm < 1) {
+    per_sm = 1;
+  }
+  const int64_t cap =
+      std::min<int64_t>(kMarkovRowMaxBlocks, static_cast<int64_t>(num_sms) * per_sm);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
   const bool vec =
       w2.t == Elem::kBF16 && r % 8 == 0 && (reinterpret_cast<uintptr_t>(w2.p) & 15) == 0;
@@ -374,8 +437,14 @@ cudaError_t fill(float* p, int64_t n, float value, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+// Shared memory of the walk: av, sc [r], s, w, q, ids [t], and e [t, r] when staged.
+static int64_t walk_smem(int64_t t, int64_t r, bool staged) {
+  return (2 * r + 4 * t + (staged ? t * r : 0)) * static_cast<int64_t>(sizeof(float));
+}
+constexpr int64_t kWalkSmem = 48 * 1024;
+
 bool candidate_walk_supported(int64_t t, int64_t r) {
-  return t >= 1 && (2 * r + 3 * t) * static_cast<int64_t>(sizeof(float)) <= 48 * 1024;
+  return t >= 1 && walk_smem(t, r, false) <= kWalkSmem;
 }
 
 cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s) {
@@ -388,8 +457,11 @@ cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s) {
     const cudaError_t e = cudaMemsetAsync(a.probs, 0, a.k * a.v * sizeof(float), s);
     if (e != cudaSuccess) return e;
   }
-  const size_t smem = static_cast<size_t>(2 * a.r + 3 * a.t) * sizeof(float);
-  candidate_walk_kernel<<<1, kWalkThreads, smem, s>>>(a);
+  // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
+  // they fit; else each warp reads them from global memory. Same arithmetic either way.
+  const bool staged = walk_smem(a.t, a.r, true) <= kWalkSmem;
+  const size_t smem = static_cast<size_t>(walk_smem(a.t, a.r, staged));
+  candidate_walk_kernel<<<1, kWalkThreads, smem, s>>>(a, staged);
   return cudaGetLastError();
 }
 
