@@ -54,9 +54,9 @@ __device__ __forceinline__ uint64_t warp_max_key(uint64_t k) {
 
 // ---- markov_row ----
 // Block: 8 warps; warp w of block b takes the 4 vocabulary rows from (b * 8 + w) * 4, then the
-// 4 from there + gridDim.x * 32, and so on. The
-// Markov embedding e = w1[prev] sits in shared memory (fp32). Each block leaves its best key in
-// keys[blockIdx.x]; the last block to finish reduces them into *argmax and resets *counter.
+// 4 from there + gridDim.x * 32, and so on. The Markov embedding e = w1[prev] sits in shared
+// memory (fp32). Each block leaves its best key in keys[blockIdx.x]; the last block to finish
+// reduces them into *argmax and resets *counter.
 constexpr int kRowWarps = 8, kRowsPerWarp = 4;
 
 __global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int32_t* prev, In w1,
@@ -153,7 +153,8 @@ __global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int3
 
 // ---- candidate_walk ----
 // One block of kWalkThreads threads walks all k rows; warp w scores candidates w, w + 8, ...
-// Shared memory: a[r], sc[r] (scale row), s[t], w[t], q[t] floats.
+// Shared memory (walk_smem): av[r], sc[r] (scale row), s[t], w[t], q[t], ids[t], and when staged
+// e[t, r] (the row's candidates' succ rows).
 constexpr int kWalkThreads = 256;
 
 __global__ void fill_kernel(float* p, int64_t n, float value) {
