@@ -174,6 +174,16 @@ class CountingBackend final : public Backend {
                     bool accumulate) override {
     b_.dynamic_conv(y, x, dyn, which, base, group, block_rows, accumulate);
   }
+  void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u, const Tensor& prev,
+                  const Tensor& w1, const Tensor& w2) override {
+    b_.markov_row(z, argmax, u, prev, w1, w2);
+  }
+  void candidate_walk(const Tensor& drafts, const Tensor& rows, const Tensor& probs,
+                      const Tensor& anchor, const Tensor& vals, const Tensor& ids,
+                      const Tensor& pred, const Tensor& succ, const Tensor& scale,
+                      const sampling::FilterParams& filter, const Tensor& uniforms) override {
+    b_.candidate_walk(drafts, rows, probs, anchor, vals, ids, pred, succ, scale, filter, uniforms);
+  }
   void softmax(const Tensor& y, const Tensor& x, float scale) override { b_.softmax(y, x, scale); }
   void noise_combine(const Tensor& y, const Tensor& base, const Tensor& x, const Tensor& z,
                      const Tensor& w, float gate, float eps) override {

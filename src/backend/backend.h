@@ -351,6 +351,33 @@ class Backend {
   virtual void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
                             const Tensor& base, int64_t group, int64_t block_rows,
                             bool accumulate) = 0;
+
+  // ---- Fused drafter walks (DSpark's Markov chain, DFlash2's candidate selector; issue 14) ----
+  // Neither op copies to or from the host, so both can run inside run_captured.
+  //
+  // One row of DSpark's full-vocabulary Markov chain: with e = w1[prev[0], :] (prev I32 [1] on the
+  // backend, w1 and w2 [V, r]),
+  //   z[1, V] (F32) = u[1, V] + w2 · e            (fp32 sums over r)
+  //   argmax (I32 [1]) = the first index of the maximum of that row
+  // z and argmax may each be undefined (not written); the row is computed either way.
+  virtual void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u,
+                          const Tensor& prev, const Tensor& w1, const Tensor& w2) = 0;
+  // A left-to-right walk over k rows of T candidates each (one request; DFlash2's selector walk,
+  // DSpark's top-t restricted Markov chain), vals F32 [k, T] and ids I32 [k, T] (distinct ids in
+  // [0, V) per row, e.g. from topk):
+  //   prev_0 = anchor[0] (I32 [1] on the backend); for j = 0 .. k-1:
+  //     s_j[c] = vals[j, c] + sum_i pred[prev_j, i] * succ[ids[j, c], i] * scale[j, i]   (fp32)
+  //              (scale [k, r] undefined: 1; pred and succ [V, r] undefined: s_j = vals[j])
+  //     row_j[V] = -inf except row_j[ids[j, c]] = s_j[c]
+  //     greedy (filter.temperature <= 0): d_j = the id of the largest s_j[c], ties to the lower id
+  //     sampled: q_j = sampling::filtered_probs(row_j, filter), d_j = draw_index(q_j, uniforms[j])
+  //     prev_{j+1} = d_j
+  // Writes drafts I32 [k] = d_0 .. d_{k-1}; rows F32 [k, V] = row_j when defined; probs F32
+  // [k, V] = q_j when sampled (uniforms F32 [k]; both unused when greedy).
+  virtual void candidate_walk(const Tensor& drafts, const Tensor& rows, const Tensor& probs,
+                              const Tensor& anchor, const Tensor& vals, const Tensor& ids,
+                              const Tensor& pred, const Tensor& succ, const Tensor& scale,
+                              const sampling::FilterParams& filter, const Tensor& uniforms) = 0;
 };
 
 // The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number

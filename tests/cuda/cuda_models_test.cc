@@ -606,5 +606,86 @@ INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters), [](
   return s;
 });
 
+// DSpark / DFlash2 on the GPU, through the fused Backend::markov_row / candidate_walk: the greedy
+// chain's rows against the CPU's (their drafts equal; values over the entries finite on both),
+// greedy speculative == plain, and a sampled speculative run (the sampled walk and its q).
+class CudaRelatives : public CudaModels, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
+  const std::string dir = std::string(BS_TEST_DATA) + "/" + GetParam();
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(kStories, *cpu_);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  auto dg = load_drafter(dir, **g, {});
+  ASSERT_TRUE(dg.ok()) << dg.status().message();
+  auto dc = load_drafter(dir, **c, {});
+  ASSERT_TRUE(dc.ok()) << dc.status().message();
+  const int64_t V = (*g)->config().vocab_size;
+  for (const uint32_t seed : {3u, 5u, 8u}) {
+    const DraftRun rg = draft_once(**g, **dg, random_prompt(seed));
+    const DraftRun rc = draft_once(**c, **dc, random_prompt(seed));
+    ASSERT_TRUE(rg.ok && rc.ok);
+    ASSERT_EQ(rg.logits.size(), rc.logits.size());
+    const int64_t rows = static_cast<int64_t>(rc.logits.size()) / V;
+    // The rows up to the first draft that differs (each row depends on the previous draft). The
+    // GPU's activations are BF16, so a draft may differ where the two best scores of a row are
+    // close: that row must hold a near tie on one side.
+    std::vector<float> a, b;
+    int64_t same = 0;
+    for (; same < rows; ++same) {
+      const int32_t ig = argmax_row(rg.logits, same, V), ic = argmax_row(rc.logits, same, V);
+      const float* gr = rg.logits.data() + same * V;
+      const float* cr = rc.logits.data() + same * V;
+      if (ig != ic) {
+        const float tol = 0.1f * std::max(1.0f, std::fabs(cr[ic]));
+        const bool near_tie = (std::isfinite(cr[ig]) && cr[ic] - cr[ig] <= tol) ||
+                              (std::isfinite(gr[ic]) && gr[ig] - gr[ic] <= tol);
+        EXPECT_TRUE(near_tie) << GetParam() << " seed " << seed << " row " << same << ": GPU draft "
+                              << ig << " vs CPU " << ic << " without a near tie";
+        break;
+      }
+      for (int64_t i = 0; i < V; ++i) {
+        if (std::isfinite(gr[i]) && std::isfinite(cr[i])) {
+          a.push_back(gr[i]);
+          b.push_back(cr[i]);
+        }
+      }
+    }
+    const double e = rel_err(a, b);
+    EXPECT_LT(e, 5e-2) << GetParam() << ": CUDA vs CPU chain rows";
+    std::printf("[ %s seed %u: %lld of %lld drafts equal, rows rel err %.2e ]\n", GetParam(), seed,
+                static_cast<long long>(same), static_cast<long long>(rows), e);
+  }
+  GenerateOptions opt;
+  opt.max_tokens = 100;
+  const std::vector<int32_t> bos = {1};
+  auto plain = generate_plain(**g, bos, opt, nullptr, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  GenerateStats st;
+  auto spec = generate_speculative(**g, **dg, bos, opt, nullptr, &st);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(*spec, *plain) << GetParam() << ": speculative != plain on the GPU";
+  opt.sampling.temperature = 0.8f;
+  opt.sampling.top_k = 20;
+  opt.sampling.seed = 7;
+  GenerateStats sst;
+  auto sampled = generate_speculative(**g, **dg, bos, opt, nullptr, &sst);
+  ASSERT_TRUE(sampled.ok()) << sampled.status().message();
+  EXPECT_FALSE(sampled->empty());
+  for (int32_t t : *sampled) EXPECT_TRUE(t >= 0 && t < V);
+  std::printf("[ %s on GPU: greedy acceptance length %.2f, sampled %.2f ]\n", GetParam(),
+              st.acceptance_length(), sst.acceptance_length());
+}
+
+const char* kRelatives[] = {"dspark-stories260K", "dflash2-stories260K"};
+INSTANTIATE_TEST_SUITE_P(Data, CudaRelatives, ::testing::ValuesIn(kRelatives),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
 }  // namespace
 }  // namespace bs

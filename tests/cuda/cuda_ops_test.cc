@@ -103,6 +103,20 @@ class CudaOps : public ::testing::Test {
     cpu_->copy_from_host(x, v.data());
     return x;
   }
+  // candidate_walk with t candidates per row on both backends (CandidateWalkMatchesCpu).
+  void check_candidate_walk(int64_t t);
+  // topk of x [n, V] on both backends: the same ids and values.
+  void expect_topk_equal(const Tensor& gx, const Tensor& cx, int64_t n, int64_t k) {
+    Tensor gval = make(*gpu_, {n, k}, DType::kF32), cval = make(*cpu_, {n, k}, DType::kF32);
+    Tensor gid = make(*gpu_, {n, k}, DType::kI32), cid = make(*cpu_, {n, k}, DType::kI32);
+    gpu_->topk(gval, gid, gx);
+    cpu_->topk(cval, cid, cx);
+    std::vector<int32_t> gi(n * k), ci(n * k);
+    gpu_->copy_to_host(gi.data(), gid);
+    cpu_->copy_to_host(ci.data(), cid);
+    EXPECT_EQ(gi, ci) << "topk k=" << k;
+    EXPECT_EQ(gpu_->to_host_f32(gval), cpu_->to_host_f32(cval)) << "topk k=" << k;
+  }
   Tensor gpu_ints(const std::vector<int32_t>& v) {
     Tensor t = gpu_->empty({static_cast<int64_t>(v.size())}, DType::kI32);
     gpu_->copy_from_host(t, v.data());
@@ -1324,17 +1338,7 @@ TEST_F(CudaOps, RelativeOpsMatchCpu) {
   std::vector<float> xv = rnd(n * v);
   for (int64_t i = 0; i < n * v; i += 97) xv[i] = 2.5f;  // ties among the largest entries
   Tensor gx = gpu_act({n, v}, xv), cx = cpu_act({n, v}, xv);
-  for (const int64_t k : {1, 16, 100}) {
-    Tensor gval = make(*gpu_, {n, k}, DType::kF32), cval = make(*cpu_, {n, k}, DType::kF32);
-    Tensor gid = make(*gpu_, {n, k}, DType::kI32), cid = make(*cpu_, {n, k}, DType::kI32);
-    gpu_->topk(gval, gid, gx);
-    cpu_->topk(cval, cid, cx);
-    std::vector<int32_t> gi(n * k), ci(n * k);
-    gpu_->copy_to_host(gi.data(), gid);
-    cpu_->copy_to_host(ci.data(), cid);
-    EXPECT_EQ(gi, ci) << "topk k=" << k;
-    EXPECT_EQ(gpu_->to_host_f32(gval), cpu_->to_host_f32(cval)) << "topk k=" << k;
-  }
+  for (const int64_t k : {1, 16, 100}) expect_topk_equal(gx, cx, n, k);
   for (const float cap : {0.0f, 3.0f}) {
     Tensor gy = make(*gpu_, {n, v}, DType::kF32), cy = make(*cpu_, {n, v}, DType::kF32);
     gpu_->scale_softcap(gy, gx, 0.7f, cap);
@@ -1355,6 +1359,135 @@ TEST_F(CudaOps, RelativeOpsMatchCpu) {
       cpu_->dynamic_conv(cy, cxx, cd, which, cb, group, block, acc);
       expect_close(gy, cy, 2e-2,
                    "dynamic_conv which=" + std::to_string(which) + " acc=" + std::to_string(acc));
+    }
+  }
+}
+
+// The two-stage top-k of long rows (chunks of 4096, then a merge) against the CPU: a partial last
+// chunk, ties across chunks (to the lower index), -inf entries and k up to its limit.
+TEST_F(CudaOps, TopkLongRowsMatchCpu) {
+  const int64_t n = 5, v = 70001;
+  std::vector<float> xv = rnd(n * v);
+  for (int64_t i = 0; i < n * v; i += 4099) xv[i] = 3.5f;  // ties in several chunks
+  for (int64_t i = 7; i < n * v; i += 13) xv[i] = -INFINITY;
+  for (const DType t : {DType::kBF16, DType::kF32}) {
+    Tensor gx = gpu_act({n, v}, xv, t), cx = cpu_act({n, v}, xv);
+    for (const int64_t k : {1, 16, 64}) expect_topk_equal(gx, cx, n, k);
+  }
+}
+
+// markov_row (DSpark's full-vocabulary chain row) against the CPU: the vectorised path (r % 8 ==
+// 0) and the plain one, z and the argmax, twice in a row and inside a captured graph (the
+// last-block counter must be back at 0 after every launch).
+TEST_F(CudaOps, MarkovRowMatchesCpu) {
+  for (const int64_t r : {256, 20}) {
+    const int64_t v = 30011;
+    const auto w1v = rnd(v * r, 0.05f), w2v = rnd(v * r, 0.05f), uv = rnd(v, 2.0f);
+    Tensor gw1 = weight(*gpu_, {v, r}, w1v), cw1 = weight(*cpu_, {v, r}, w1v);
+    Tensor gw2 = weight(*gpu_, {v, r}, w2v), cw2 = weight(*cpu_, {v, r}, w2v);
+    Tensor gu = gpu_act({1, v}, uv), cu = cpu_act({1, v}, uv);
+    Tensor gz = make(*gpu_, {1, v}, DType::kF32), cz = make(*cpu_, {1, v}, DType::kF32);
+    Tensor gprev = make(*gpu_, {1}, DType::kI32), cprev = make(*cpu_, {1}, DType::kI32);
+    Tensor gout = make(*gpu_, {1}, DType::kI32), cout = make(*cpu_, {1}, DType::kI32);
+    for (int round = 0; round < 4; ++round) {
+      const int32_t prev = static_cast<int32_t>((round * 7919 + 13) % v);
+      gpu_->copy_from_host(gprev, &prev);
+      cpu_->copy_from_host(cprev, &prev);
+      const std::string key = "test:markov_row:" + std::to_string(r);
+      gpu_->run_captured(key, [&] { gpu_->markov_row(gz, gout, gu, gprev, gw1, gw2); });
+      cpu_->markov_row(cz, cout, cu, cprev, cw1, cw2);
+      const auto zg = gpu_->to_host_f32(gz), zc = cpu_->to_host_f32(cz);
+      EXPECT_LT(rel_err(zg, zc), 1e-5) << "r=" << r << " round " << round;
+      int32_t ig = -1, ic = -1;
+      gpu_->copy_to_host(&ig, gout);
+      cpu_->copy_to_host(&ic, cout);
+      EXPECT_EQ(ig, std::max_element(zg.begin(), zg.end()) - zg.begin()) << "r=" << r;
+      EXPECT_EQ(ig, ic) << "r=" << r << " round " << round;
+      // Without z: the same argmax.
+      int32_t again = -1;
+      gpu_->markov_row(Tensor(), gout, gu, gprev, gw1, gw2);
+      gpu_->copy_to_host(&again, gout);
+      EXPECT_EQ(again, ig);
+    }
+  }
+}
+
+// candidate_walk (DFlash2's selector walk, DSpark's top-t chain) against the CPU: greedy drafts
+// and rows, exact ties of the scores going to the lower id, and sampled drafts with their q rows
+// under temperature / top-k / top-p; inside a captured graph with new inputs on every replay.
+TEST_F(CudaOps, CandidateWalkMatchesCpu) {
+  // t = 16 stages the candidates' succ rows in shared memory, t = 64 does not (too large).
+  for (const int64_t t : {16, 64}) check_candidate_walk(t);
+}
+
+void CudaOps::check_candidate_walk(int64_t t) {
+  const int64_t k = 15, r = 256, v = 5003;
+  std::mt19937 ids_rng(7);
+  const auto pv = rnd(v * r, 0.1f), sv = rnd(v * r, 0.1f);
+  Tensor gp = weight(*gpu_, {v, r}, pv), cp = weight(*cpu_, {v, r}, pv);
+  Tensor gs = weight(*gpu_, {v, r}, sv), cs = weight(*cpu_, {v, r}, sv);
+  const sampling::FilterParams filters[] = {{.temperature = 0.0f},
+                                            {.temperature = 0.8f},
+                                            {.temperature = 1.0f, .top_k = 5},
+                                            {.temperature = 0.7f, .top_p = 0.9f},
+                                            {.temperature = 1.3f, .top_k = 3, .top_p = 0.5f}};
+  int captures = 0;
+  for (const bool with_rank : {true, false}) {
+    for (const auto& f : filters) {
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float> vals = rnd(k * t, 1.0f), scale = rnd(k * r, 1.0f);
+        if (!with_rank) {
+          for (int64_t i = 0; i < k * t; i += 3) vals[i] = 0.5f;  // exact ties of the scores
+        }
+        std::vector<int32_t> ids(k * t);
+        for (int64_t j = 0; j < k; ++j) {
+          std::vector<int32_t> all(v);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), ids_rng);
+          std::copy(all.begin(), all.begin() + t, ids.begin() + j * t);
+        }
+        std::vector<float> us(k);
+        for (auto& u : us) u = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng_);
+        const int32_t anchor = static_cast<int32_t>(round * 101 + 5);
+        Tensor gv = gpu_act({k, t}, vals, DType::kF32), cv = cpu_act({k, t}, vals);
+        Tensor gsc = gpu_act({k, r}, scale), csc = cpu_act({k, r}, scale);
+        Tensor gi = gpu_ints(ids), ci = make(*cpu_, {k, t}, DType::kI32);
+        cpu_->copy_from_host(ci, ids.data());
+        Tensor gu = gpu_act({k}, us, DType::kF32), cu = cpu_act({k}, us);
+        Tensor ga = gpu_ints({anchor}), ca = make(*cpu_, {1}, DType::kI32);
+        cpu_->copy_from_host(ca, &anchor);
+        Tensor gd = make(*gpu_, {k}, DType::kI32), cd = make(*cpu_, {k}, DType::kI32);
+        Tensor grows = make(*gpu_, {k, v}, DType::kF32), crows = make(*cpu_, {k, v}, DType::kF32);
+        Tensor gq = make(*gpu_, {k, v}, DType::kF32), cq = make(*cpu_, {k, v}, DType::kF32);
+        const Tensor P = with_rank ? gp : Tensor(), S = with_rank ? gs : Tensor();
+        const Tensor Z = with_rank ? gsc : Tensor();
+        gpu_->candidate_walk(gd, grows, gq, ga, gv, gi.view({k, t}), P, S, Z, f, gu);
+        cpu_->candidate_walk(cd, crows, cq, ca, cv, ci, with_rank ? cp : Tensor(),
+                             with_rank ? cs : Tensor(), with_rank ? csc : Tensor(), f, cu);
+        std::vector<int32_t> dg(k), dc(k);
+        gpu_->copy_to_host(dg.data(), gd);
+        cpu_->copy_to_host(dc.data(), cd);
+        const std::string what =
+            "T=" + std::to_string(f.temperature) + " top_k=" + std::to_string(f.top_k) +
+            " top_p=" + std::to_string(f.top_p) + " rank=" + std::to_string(with_rank) + " round " +
+            std::to_string(round);
+        EXPECT_EQ(dg, dc) << what;
+        EXPECT_LT(rel_err(gpu_->to_host_f32(grows), cpu_->to_host_f32(crows)), 1e-5) << what;
+        if (f.temperature > 0.0f) {
+          EXPECT_LT(rel_err(gpu_->to_host_f32(gq), cpu_->to_host_f32(cq)), 1e-5) << what;
+        }
+        // The same walk captured (greedy / this filter), drafts only: equal drafts.
+        Tensor gd2 = make(*gpu_, {k}, DType::kI32);
+        const std::string key = "test:walk:" + std::to_string(t) + ":" + std::to_string(captures++);
+        for (int rep = 0; rep < 3; ++rep) {
+          gpu_->run_captured(key, [&] {
+            gpu_->candidate_walk(gd2, Tensor(), gq, ga, gv, gi.view({k, t}), P, S, Z, f, gu);
+          });
+        }
+        std::vector<int32_t> d2(k);
+        gpu_->copy_to_host(d2.data(), gd2);
+        EXPECT_EQ(d2, dc) << what << " (captured)";
+      }
     }
   }
 }

@@ -78,5 +78,75 @@ TEST_F(RelativeOps, DynamicConvTapsGroupsAndBlocks) {
   EXPECT_FLOAT_EQ(got[2 * 4 + 0], 9.0f + 1.3f * 9.0f);
 }
 
+TEST_F(RelativeOps, MarkovRowOnHandValues) {
+  // V = 3, r = 2.
+  const Tensor w1 = f32({3, 2}, {1, 0, 0, 1, 1, 1});
+  const Tensor w2 = f32({3, 2}, {1, 2, 3, -1, 0, 0.5f});
+  const Tensor u = f32({1, 3}, {0.5f, 0, 2});
+  Tensor z = be_->empty({1, 3}, DType::kF32), prev = be_->empty({1}, DType::kI32);
+  Tensor arg = be_->empty({1}, DType::kI32);
+  int32_t p = 1, a = -1;  // e = [0, 1]: w2 · e = [2, -1, 0.5]
+  be_->copy_from_host(prev, &p);
+  be_->markov_row(z, arg, u, prev, w1, w2);
+  be_->copy_to_host(&a, arg);
+  EXPECT_EQ(be_->to_host_f32(z), (std::vector<float>{2.5f, -1, 2.5f}));
+  EXPECT_EQ(a, 0);  // tie of 0 and 2: the first index
+  p = 0;            // e = [1, 0]: [1, 3, 0]
+  be_->copy_from_host(prev, &p);
+  be_->markov_row(Tensor(), arg, u, prev, w1, w2);
+  be_->copy_to_host(&a, arg);
+  EXPECT_EQ(a, 1);
+}
+
+TEST_F(RelativeOps, CandidateWalkOnHandValues) {
+  // V = 4, r = 1, k = 2 rows of t = 2 candidates.
+  const Tensor pred = f32({4, 1}, {1, 2, 0, -1}), succ = f32({4, 1}, {1, 1, 2, 3});
+  const Tensor scale = f32({2, 1}, {1, 0.5f});
+  const Tensor vals = f32({2, 2}, {1, 0, 0, 0.5f});
+  Tensor ids = be_->empty({2, 2}, DType::kI32), anchor = be_->empty({1}, DType::kI32);
+  const std::vector<int32_t> idv = {2, 3, 0, 1};
+  const int32_t a = 1;
+  be_->copy_from_host(ids, idv.data());
+  be_->copy_from_host(anchor, &a);
+  Tensor drafts = be_->empty({2}, DType::kI32), rows = be_->empty({2, 4}, DType::kF32);
+  std::vector<int32_t> d(2);
+  // Row 0: prev 1, a = 2: s = [1 + 2 * 2, 0 + 2 * 3] = [5, 6] -> 3. Row 1: prev 3, a = -1, scale
+  // 0.5: s = [0 - 0.5, 0.5 - 0.5] = [-0.5, 0] -> 1.
+  be_->candidate_walk(drafts, rows, Tensor(), anchor, vals, ids, pred, succ, scale,
+                      {.temperature = 0.0f}, Tensor());
+  be_->copy_to_host(d.data(), drafts);
+  EXPECT_EQ(d, (std::vector<int32_t>{3, 1}));
+  const float ninf = -INFINITY;
+  EXPECT_EQ(be_->to_host_f32(rows), (std::vector<float>{ninf, ninf, 5, 6, -0.5f, 0, ninf, ninf}));
+  // Sampled at T = 1: row 0's q = softmax over ids 2, 3 of [5, 6]; the CDF runs in id order, so
+  // u = 0.1 draws id 2 and u = 0.5 id 3. Row 1 (prev 2, a = 0): s = [0, 0.5].
+  for (const float u0 : {0.1f, 0.5f}) {
+    const Tensor us = f32({2}, {u0, 0.9f});
+    Tensor q = be_->empty({2, 4}, DType::kF32);
+    be_->candidate_walk(drafts, Tensor(), q, anchor, vals, ids, pred, succ, scale,
+                        {.temperature = 1.0f}, us);
+    be_->copy_to_host(d.data(), drafts);
+    const std::vector<float> qv = be_->to_host_f32(q);
+    const float q3 = 1.0f / (1.0f + std::exp(-1.0f));
+    EXPECT_NEAR(qv[2], 1 - q3, 1e-6);
+    EXPECT_NEAR(qv[3], q3, 1e-6);
+    EXPECT_EQ(qv[0], 0.0f);
+    EXPECT_EQ(d[0], u0 < 0.5f ? 2 : 3);
+    if (d[0] == 2) {
+      EXPECT_EQ(d[1], 1);  // u = 0.9 against [0.38, 0.62] in id order: id 1
+      EXPECT_NEAR(qv[4 + 1], 1.0f / (1.0f + std::exp(-0.5f)), 1e-6);
+    }
+  }
+  // Without a rank part the scores are vals; exact ties go to the lower id, not the lower slot.
+  const Tensor tied = f32({1, 2}, {3, 3});
+  const std::vector<int32_t> tid = {2, 1};
+  Tensor ids1 = be_->empty({1, 2}, DType::kI32);
+  be_->copy_from_host(ids1, tid.data());
+  be_->candidate_walk(drafts.rows(0, 1), Tensor(), Tensor(), anchor, tied, ids1, Tensor(), Tensor(),
+                      Tensor(), {.temperature = 0.0f}, Tensor());
+  be_->copy_to_host(d.data(), drafts);
+  EXPECT_EQ(d[0], 1);
+}
+
 }  // namespace
 }  // namespace bs

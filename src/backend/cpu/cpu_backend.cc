@@ -776,6 +776,100 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // ---- Fused drafter walks: the reference (plain loops, fp32 sums in index order) ----
+  void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u, const Tensor& prev,
+                  const Tensor& w1, const Tensor& w2) override {
+    check_f32(u), check_f32(w1), check_f32(w2);
+    const int64_t v = w2.dim(0), r = w2.dim(-1);
+    BS_CHECK(w1.dim(0) == v && w1.dim(-1) == r && u.numel() == v && prev.dtype() == DType::kI32);
+    BS_CHECK(!z.defined() || (z.dtype() == DType::kF32 && z.numel() == v));
+    BS_CHECK(!argmax.defined() || argmax.dtype() == DType::kI32);
+    const int64_t p = prev.as<int32_t>()[0];
+    BS_CHECK(p >= 0 && p < v);
+    const float* e = w1.as<float>() + p * r;
+    std::vector<float> tmp;
+    float* zp = z.defined() ? z.as<float>() : (tmp.resize(static_cast<size_t>(v)), tmp.data());
+    pool_.parallel_for(v, std::max<int64_t>(1, kParallelGrain / (r + 1)),
+                       [&](int64_t b, int64_t end) {
+                         for (int64_t i = b; i < end; ++i) {
+                           const float* w = w2.as<float>() + i * r;
+                           float acc = 0.0f;
+                           for (int64_t c = 0; c < r; ++c) acc += w[c] * e[c];
+                           zp[i] = u.as<float>()[i] + acc;
+                         }
+                       });
+    if (argmax.defined())
+      argmax.as<int32_t>()[0] = static_cast<int32_t>(std::max_element(zp, zp + v) - zp);
+  }
+  void candidate_walk(const Tensor& drafts, const Tensor& rows, const Tensor& probs,
+                      const Tensor& anchor, const Tensor& vals, const Tensor& ids,
+                      const Tensor& pred, const Tensor& succ, const Tensor& scale,
+                      const sampling::FilterParams& filter, const Tensor& uniforms) override {
+    check_f32(vals);
+    const int64_t k = vals.dim(0), t = vals.dim(-1);
+    BS_CHECK(ids.dtype() == DType::kI32 && ids.numel() == k * t && vals.numel() == k * t);
+    BS_CHECK(drafts.dtype() == DType::kI32 && drafts.numel() >= k && anchor.dtype() == DType::kI32);
+    const int64_t r = pred.defined() ? pred.dim(-1) : 0;
+    if (pred.defined()) {
+      check_f32(pred), check_f32(succ);
+      BS_CHECK(succ.dim(-1) == r && succ.dim(0) == pred.dim(0));
+    }
+    if (scale.defined()) {
+      check_f32(scale);
+      BS_CHECK(pred.defined() && scale.numel() == k * r);
+    }
+    const bool sampled = filter.temperature > 0.0f;
+    const int64_t v = rows.defined()    ? rows.dim(-1)
+                      : probs.defined() ? probs.dim(-1)
+                      : pred.defined()  ? pred.dim(0)
+                                        : 0;
+    if (rows.defined()) {
+      check_f32(rows);
+      BS_CHECK(rows.numel() == k * v);
+    }
+    if (sampled) {
+      check_f32(probs), check_f32(uniforms);
+      BS_CHECK(probs.numel() == k * v && uniforms.numel() >= k && v > 0);
+    }
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    std::vector<float> s(static_cast<size_t>(t)), row, q;
+    int64_t prev = anchor.as<int32_t>()[0];
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t* id = ids.as<int32_t>() + j * t;
+      for (int64_t c = 0; c < t; ++c) {
+        float dot = 0.0f;
+        if (r > 0) {
+          BS_CHECK(prev >= 0 && prev < pred.dim(0) && id[c] >= 0 && id[c] < pred.dim(0));
+          const float* a = pred.as<float>() + prev * r;
+          const float* b = succ.as<float>() + static_cast<int64_t>(id[c]) * r;
+          const float* sc = scale.defined() ? scale.as<float>() + j * r : nullptr;
+          for (int64_t i = 0; i < r; ++i) dot += a[i] * b[i] * (sc ? sc[i] : 1.0f);
+        }
+        s[c] = vals.as<float>()[j * t + c] + dot;
+      }
+      if (rows.defined() || sampled) {
+        row.assign(static_cast<size_t>(v), kNegInf);
+        for (int64_t c = 0; c < t; ++c) row[id[c]] = s[c];
+      }
+      int32_t d = 0;
+      if (!sampled) {
+        int64_t best = 0;
+        for (int64_t c = 1; c < t; ++c) {
+          if (s[c] > s[best] || (s[c] == s[best] && id[c] < id[best])) best = c;
+        }
+        d = id[best];
+      } else {
+        q.resize(static_cast<size_t>(v));
+        sampling::filtered_probs(row, filter, q);
+        d = sampling::draw_index(q, uniforms.as<float>()[j]);
+        std::copy(q.begin(), q.end(), probs.as<float>() + j * v);
+      }
+      if (rows.defined()) std::copy(row.begin(), row.end(), rows.as<float>() + j * v);
+      drafts.as<int32_t>()[j] = d;
+      prev = d;
+    }
+  }
+
  private:
   // Shared attention over the rows in key_rows_/value_rows_ (position -> kv head 0's row).
   void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,

@@ -250,6 +250,9 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasLtCreate(&lt_));
     CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
     CUDA_CHECK(cudaMalloc(&argmax_keys_, kArgmaxKeys * sizeof(uint64_t)));
+    CUDA_CHECK(cudaMalloc(&walk_keys_, (kMarkovRowMaxBlocks + 1) * sizeof(uint64_t)));
+    CUDA_CHECK(cudaMemset(walk_keys_, 0, (kMarkovRowMaxBlocks + 1) * sizeof(uint64_t)));
+    walk_counter_ = reinterpret_cast<unsigned*>(walk_keys_ + kMarkovRowMaxBlocks);
     CUDA_CHECK(cudaHostAlloc(&ring_, kPinnedRingBytes, cudaHostAllocDefault));
     CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
     if (const char* env = std::getenv("BLOCKSPEC_GEMV")) {
@@ -273,9 +276,11 @@ class CudaBackend final : public Backend {
     if (attn_ws_) pool_->free(attn_ws_, attn_ws_bytes_);
     if (x16_ws_) pool_->free(x16_ws_, x16_ws_bytes_);
     if (draw_ws_) pool_->free(draw_ws_, draw_ws_bytes_);
+    if (topk_ws_) pool_->free(topk_ws_, topk_ws_bytes_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_keys_);
+    cudaFree(walk_keys_);
     cudaFreeHost(ring_);
     cudaStreamDestroy(stream_);
   }
@@ -855,6 +860,11 @@ class CudaBackend final : public Backend {
     const int64_t v = x.dim(-1), n = v ? x.numel() / v : 0, k = values.dim(-1);
     BS_CHECK(values.dtype() == DType::kF32 && ids.dtype() == DType::kI32 && k >= 1 && k <= v &&
              values.numel() == n * k && ids.numel() == n * k);
+    if (topk_two_stage(v, k)) {
+      void* ws = scratch(&topk_ws_, &topk_ws_bytes_, topk_workspace_bytes(n, v, k));
+      CUDA_CHECK(topk_fast(values.as<float>(), ids.as<int32_t>(), in(x), n, v, k, ws, stream_));
+      return;
+    }
     CUDA_CHECK(bs::cuda::topk(values.as<float>(), ids.as<int32_t>(), in(x), n, v, k, stream_));
   }
   void scale_softcap(const Tensor& y, const Tensor& x, float multiplier, float cap) override {
@@ -871,6 +881,53 @@ class CudaBackend final : public Backend {
              y.data() != x.data());
     CUDA_CHECK(bs::cuda::dynamic_conv(out(y), in(x), in(dyn), which, in(base), n, h, taps, group,
                                       block_rows, accumulate, stream_));
+  }
+
+  // ---- Fused drafter walks ----
+  void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u, const Tensor& prev,
+                  const Tensor& w1, const Tensor& w2) override {
+    const int64_t v = w2.dim(0), r = w2.dim(-1);
+    BS_CHECK(w1.dim(0) == v && w1.dim(-1) == r && u.numel() == v && prev.dtype() == DType::kI32);
+    BS_CHECK(!z.defined() || (z.dtype() == DType::kF32 && z.numel() == v));
+    BS_CHECK(!argmax.defined() || argmax.dtype() == DType::kI32);
+    CUDA_CHECK(bs::cuda::markov_row(z.defined() ? z.as<float>() : nullptr,
+                                    argmax.defined() ? argmax.as<int32_t>() : nullptr, in(u),
+                                    prev.as<int32_t>(), in(w1), in(w2), v, r, walk_keys_,
+                                    walk_counter_, props_.multiProcessorCount, stream_));
+  }
+  void candidate_walk(const Tensor& drafts, const Tensor& rows, const Tensor& probs,
+                      const Tensor& anchor, const Tensor& vals, const Tensor& ids,
+                      const Tensor& pred, const Tensor& succ, const Tensor& scale,
+                      const sampling::FilterParams& filter, const Tensor& uniforms) override {
+    WalkArgs a;
+    a.k = vals.dim(0);
+    a.t = vals.dim(-1);
+    a.r = pred.defined() ? pred.dim(-1) : 0;
+    a.vocab = pred.defined() ? pred.dim(0) : 0;
+    a.v = rows.defined() ? rows.dim(-1) : probs.defined() ? probs.dim(-1) : a.vocab;
+    const bool sampled = filter.temperature > 0.0f;
+    BS_CHECK(vals.dtype() == DType::kF32 && ids.dtype() == DType::kI32 &&
+             ids.numel() == a.k * a.t && vals.numel() == a.k * a.t);
+    BS_CHECK(drafts.dtype() == DType::kI32 && drafts.numel() >= a.k &&
+             anchor.dtype() == DType::kI32);
+    BS_CHECK(!pred.defined() || (succ.dim(-1) == a.r && succ.dim(0) == a.vocab));
+    BS_CHECK(!scale.defined() || (pred.defined() && scale.numel() == a.k * a.r));
+    BS_CHECK(!rows.defined() || (rows.dtype() == DType::kF32 && rows.numel() == a.k * a.v));
+    BS_CHECK(!sampled || (probs.dtype() == DType::kF32 && probs.numel() == a.k * a.v &&
+                          uniforms.dtype() == DType::kF32 && uniforms.numel() >= a.k && a.v > 0));
+    BS_CHECK(candidate_walk_supported(a.t, a.r) && "candidate_walk: too many candidates");
+    a.drafts = drafts.as<int32_t>();
+    a.rows = rows.defined() ? rows.as<float>() : nullptr;
+    a.probs = sampled ? probs.as<float>() : nullptr;
+    a.anchor = anchor.as<int32_t>();
+    a.vals = vals.as<float>();
+    a.ids = ids.as<int32_t>();
+    a.pred = in_opt(pred);
+    a.succ = in_opt(succ);
+    a.scale = in_opt(scale);
+    a.uniforms = sampled ? uniforms.as<float>() : nullptr;
+    a.filter = {filter.temperature, filter.top_k, filter.top_p};
+    CUDA_CHECK(bs::cuda::candidate_walk(a, stream_));
   }
 
   // ---- Speculative decoding on the device ----
@@ -1218,6 +1275,11 @@ class CudaBackend final : public Backend {
   // Per-(row, chunk) partial results of the two-pass argmax (fixed size: never reallocated).
   static constexpr int64_t kArgmaxKeys = 1 << 16;
   uint64_t* argmax_keys_ = nullptr;
+  // markov_row's per-block keys and its last-block counter (fixed size, zeroed once).
+  uint64_t* walk_keys_ = nullptr;
+  unsigned* walk_counter_ = nullptr;
+  void* topk_ws_ = nullptr;  // the two-stage top-k's per-chunk candidates
+  size_t topk_ws_bytes_ = 0;
 };
 
 namespace {

@@ -224,4 +224,39 @@ constexpr int64_t kSkinnyMaxRows = 16;
 cudaError_t skinny_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
                         int64_t m, int64_t k, bool accumulate, cudaStream_t s);
 
+// ---- Drafter walks (drafter_walks.cu; Backend::markov_row, candidate_walk, issue 14) ----
+// markov_row: z[row] = u[row] + sum_c w2[row, c] * w1[prev[0], c] (fp32) for row < v, and *argmax
+// = the first index of the maximum; z and argmax may be null. One launch: each block leaves its
+// best key in keys[block] (kMarkovRowMaxBlocks of them) and the last block to finish (counted in
+// *counter, which must start at 0 and is left at 0) writes *argmax.
+constexpr int64_t kMarkovRowMaxBlocks = 1024;
+cudaError_t markov_row(float* z, int32_t* argmax, In u, const int32_t* prev, In w1, In w2,
+                       int64_t v, int64_t r, uint64_t* keys, unsigned* counter, int num_sms,
+                       cudaStream_t s);
+// dst[i] = value for i < n.
+cudaError_t fill(float* p, int64_t n, float value, cudaStream_t s);
+// Backend::candidate_walk for one request, one block for the whole walk (plus a fill of rows with
+// -inf and a clear of probs when they are written).
+struct WalkArgs {
+  int32_t* drafts = nullptr;        // [k]
+  float* rows = nullptr;            // [k, v] or null
+  float* probs = nullptr;           // [k, v] (sampled)
+  const int32_t* anchor = nullptr;  // [1]
+  const float* vals = nullptr;      // [k, t]
+  const int32_t* ids = nullptr;     // [k, t]
+  In pred{}, succ{}, scale{};       // [vocab, r], [vocab, r], [k, r] (p null: none / 1)
+  const float* uniforms = nullptr;  // [k] (sampled)
+  FilterArg filter{0.0f, 0, 1.0f};
+  int64_t k = 0, t = 0, r = 0, v = 0, vocab = 0;  // v: row width; vocab: pred / succ rows
+};
+bool candidate_walk_supported(int64_t t, int64_t r);
+cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s);
+// Two-stage top-k (chunks of 4096 in shared memory, then a merge per row) for k <= kTopkFastK on
+// long rows; same result as topk. workspace: topk_workspace_bytes(rows, v, k).
+constexpr int64_t kTopkFastK = 64;
+bool topk_two_stage(int64_t v, int64_t k);
+size_t topk_workspace_bytes(int64_t rows, int64_t v, int64_t k);
+cudaError_t topk_fast(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int64_t k,
+                      void* workspace, cudaStream_t s);
+
 }  // namespace bs::cuda

@@ -66,6 +66,12 @@ class DFlash2Modules final : public DFlashModules {
         convs_.push_back(conv);
       }
     }
+    if (c_.top_k > kMaxWalkCandidates || R > kMaxWalkRank) {
+      return InvalidArgument(
+          "{}: selector_top_k {} / selector_rank {}: the selector walk supports at most {} "
+          "candidates and rank {}",
+          ckpt.dir(), c_.top_k, R, kMaxWalkCandidates, kMaxWalkRank);
+    }
     const std::string why = fmt::format("dflash_config.selector_rank = {}", R);
     BS_ASSIGN_OR_RETURN(pred_,
                         load_module_tensor(ckpt, backend,
@@ -81,20 +87,11 @@ class DFlash2Modules final : public DFlashModules {
                                    {R, H}, why));
     // Walk scratch for one request (draw runs request by request).
     const int64_t B = block_, T = c_.top_k;
-    u_ = backend.empty({B, V}, DType::kF32);
-    rows_ = backend.empty({B, V}, DType::kF32);
+    if (c_.multiplier != 1.0f || c_.softcap != 0.0f) u_ = backend.empty({B, V}, DType::kF32);
     vals_ = backend.empty({B, T}, DType::kF32);
     cands_ = backend.empty({B, T}, DType::kI32);
     z_ = backend.empty({B, R});
-    z_rep_ = backend.empty({B * T, R});
-    edges_ = backend.empty({B * T, R});
-    a_ = backend.empty({1, R});
-    scores_ = backend.empty({1, T}, DType::kF32);
     chain_ = backend.empty({B + 1}, DType::kI32);
-    rep_ids_ = backend.empty({B * T}, DType::kI32);
-    std::vector<int32_t> rep(static_cast<size_t>(B * T));
-    for (int64_t i = 0; i < B * T; ++i) rep[i] = static_cast<int32_t>(i / T);
-    backend.copy_from_host(rep_ids_, rep.data());
     return Status::Ok();
   }
 
@@ -122,27 +119,20 @@ class DFlash2Modules final : public DFlashModules {
             const Tensor& rows_out, std::vector<float>* confidences) override {
     (void)confidences;  // no confidence head
     Backend& b = *backend_;
-    const int64_t k = hidden.dim(0), T = c_.top_k;
-    const float kNegInf = -std::numeric_limits<float>::infinity();
-    const Tensor rows = rows_out.defined() ? rows_out : rows_.rows(0, k);
-    const Tensor u = u_.rows(0, k), vals = vals_.rows(0, k), cands = cands_.rows(0, k);
-    b.scale_softcap(u, logits, c_.multiplier, c_.softcap);
-    b.topk(vals, cands, u);
-    // Every row's candidate edges W_p[k] = z_p ⊙ Bc[C_p[k]] before the sequential part.
-    const Tensor z = z_.rows(0, k), edges = edges_.rows(0, k * T), z_rep = z_rep_.rows(0, k * T);
-    b.matmul(z, hidden, hproj_);
-    b.embedding(edges, cands.view({k * T}), succ_);
-    b.embedding(z_rep, rep_ids_.rows(0, k * T), z);
-    b.mul(edges, edges, z_rep);
-    b.copy_from_host(chain_.rows(0, 1), &anchor);
-    for (int64_t j = 0; j < k; ++j) {
-      b.embedding(a_, chain_.rows(j, 1), pred_);
-      b.matmul(scores_, a_, edges.rows(j * T, T));
-      b.add(scores_, scores_, vals.rows(j, 1));
-      const Tensor row = rows.rows(j, 1);
-      b.scatter_columns(row, scores_, cands.rows(j, 1).view({T}), kNegInf);
-      draw_row(b, row, chain_.rows(j + 1, 1), d, j);
+    const int64_t k = hidden.dim(0);
+    const Tensor vals = vals_.rows(0, k), cands = cands_.rows(0, k), z = z_.rows(0, k);
+    if (c_.multiplier == 1.0f && c_.softcap == 0.0f) {
+      b.topk(vals, cands, logits);  // u = the logits themselves
+    } else {
+      const Tensor u = u_.rows(0, k);
+      b.scale_softcap(u, logits, c_.multiplier, c_.softcap);
+      b.topk(vals, cands, u);
     }
+    b.matmul(z, hidden, hproj_);  // z_p = hidden_projection · h_p, all rows at once
+    b.copy_from_host(chain_.rows(0, 1), &anchor);
+    // The sequential part in one op: S_p[c] = U_p[c] + sum_i A[pred_p, i] Bc[C_p[c], i] z_p[i].
+    b.candidate_walk(chain_.rows(1, k), rows_out, d.probs, chain_.rows(0, 1), vals, cands, pred_,
+                     succ_, z, d.filter, d.uniforms);
     b.copy(d.ids, chain_.rows(1, k));
   }
 
@@ -154,16 +144,14 @@ class DFlash2Modules final : public DFlashModules {
   DFlash2Config c_;
   int64_t layers_, hidden_, vocab_, block_;
   Backend* backend_ = nullptr;
-  std::vector<Conv> convs_;       // [layer * 2 + sublayer]
-  Tensor pred_, succ_;            // [V, R]
-  Tensor hproj_;                  // [R, H]
-  Tensor dyn_;                    // [rows, 2 * K * G]: the current sublayer's dynamic kernels
-  Tensor u_, rows_;               // F32 [B, V]: unary logits; the walk's rows when not wanted
-  Tensor vals_, cands_;           // F32 / I32 [B, T]
-  Tensor z_, z_rep_, edges_, a_;  // [B, R], [B * T, R], [B * T, R], [1, R]
-  Tensor scores_;                 // F32 [1, T]
-  Tensor chain_;                  // I32 [B + 1]
-  Tensor rep_ids_;                // I32 [B * T]: i / T (repeats z_p once per candidate)
+  std::vector<Conv> convs_;  // [layer * 2 + sublayer]
+  Tensor pred_, succ_;       // [V, R]
+  Tensor hproj_;             // [R, H]
+  Tensor dyn_;               // [rows, 2 * K * G]: the current sublayer's dynamic kernels
+  Tensor u_;                 // F32 [B, V]: unary logits (scaled / soft-capped)
+  Tensor vals_, cands_;      // F32 / I32 [B, T]
+  Tensor z_;                 // [B, R]: hidden_projection · h_p
+  Tensor chain_;             // I32 [B + 1]: anchor, d_1 .. d_k
 };
 
 Result<DFlash2Config> parse_dflash2_fields(const json& j, const json& d, const std::string& file,

@@ -24,6 +24,12 @@ Result<Tensor> load_module_tensor(const io::Checkpoint& ckpt, Backend& backend,
 // True when any spelling of the tensor is present.
 bool has_module_tensor(const io::Checkpoint& ckpt, std::initializer_list<std::string> spellings);
 
+// The largest candidate walk (Backend::candidate_walk) the relatives accept: candidates per row
+// (DFlash2's selector_top_k, DSpark's dspark_draft_topk) and rank (the CUDA walk keeps one row
+// of scores and two rank vectors in shared memory).
+inline constexpr int64_t kMaxWalkCandidates = 1024;
+inline constexpr int64_t kMaxWalkRank = 4096;
+
 // Draft j of a DraftDraw from its full-vocabulary logits row [1, V] into out (I32 [1]): the
 // argmax when greedy, else a draw from filtered_probs(row, d.filter) with uniform j, the
 // distribution left in d.probs row j (the rejection sampling's q).

@@ -7,7 +7,8 @@
 //     d_k = argmax z_k (greedy) or a draw from filtered_probs(z_k) (sampled; that row is q_k)
 //     prev_{k+1} = d_k
 //   c_k = sigmoid(proj · [h_k ; e_k] + bias), a_k = c_0 ... c_k (when asked)
-// Everything stays on the device; the chain costs ~5 small ops per draft.
+// Everything stays on the device: the full-vocabulary chain is one Backend::markov_row launch per
+// row (bias GEMV, + U_k and the argmax fused), the top-t chain one Backend::candidate_walk.
 #include "models/drafters/dspark.h"
 
 #include <fmt/format.h>
@@ -44,6 +45,12 @@ class DSparkModules final : public DFlashModules {
   Status load(const io::Checkpoint& ckpt, Backend& backend) override {
     backend_ = &backend;
     const int64_t r = c_.markov_rank;
+    if (c_.draft_topk > 0 && (c_.draft_topk > kMaxWalkCandidates || r > kMaxWalkRank)) {
+      return InvalidArgument(
+          "{}: dspark_draft_topk {} / markov_rank {}: the top-t Markov walk supports at most {} "
+          "candidates and rank {}",
+          ckpt.dir(), c_.draft_topk, r, kMaxWalkCandidates, kMaxWalkRank);
+    }
     const auto w1 = {std::string("markov_head.markov_w1.weight"),
                      std::string("markov_head.markov_w1")};
     const auto w2 = {std::string("markov_head.markov_w2.weight"),
@@ -88,8 +95,6 @@ class DSparkModules final : public DFlashModules {
     if (c_.draft_topk > 0) {
       top_vals_ = backend.empty({B, c_.draft_topk}, DType::kF32);
       top_ids_ = backend.empty({B, c_.draft_topk}, DType::kI32);
-      scores_ = backend.empty({1, c_.draft_topk}, DType::kF32);
-      if (r > 0) w2_top_ = backend.empty({B * c_.draft_topk, r});
     }
     if (c_.confidence) conf_ = backend.empty({B, 1}, DType::kF32);
     return Status::Ok();
@@ -99,39 +104,34 @@ class DSparkModules final : public DFlashModules {
             const Tensor& rows_out, std::vector<float>* confidences) override {
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0), t = c_.draft_topk;
-    const float kNegInf = -std::numeric_limits<float>::infinity();
-    const Tensor rows = rows_out.defined() ? rows_out : rows_.rows(0, k);
+    const bool sampled = d.filter.temperature > 0.0f;
     b.copy_from_host(chain_.rows(0, 1), &anchor);
     if (t > 0) {
+      // Top-t restricted: one walk over the rows' top-t candidates (bias W2[ids] · W1[prev]).
       b.topk(top_vals_.rows(0, k), top_ids_.rows(0, k), logits);
-      if (c_.markov_rank > 0)
-        b.embedding(w2_top_.rows(0, k * t), top_ids_.rows(0, k).view({k * t}), w2_);
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      const Tensor z = rows.rows(j, 1), prev = chain_.rows(j, 1);
-      const Tensor e = c_.markov_rank > 0 ? e_.rows(j, 1) : Tensor();
-      if (e.defined()) b.embedding(e, prev, w1_);
-      if (t == 0) {
-        if (e.defined()) {
-          b.matmul(z, e, w2_);             // b_j = W2 · W1[prev_j], fp32
-          b.add(z, z, logits.rows(j, 1));  // + U_j
+      b.candidate_walk(chain_.rows(1, k), rows_out, d.probs, chain_.rows(0, 1),
+                       top_vals_.rows(0, k), top_ids_.rows(0, k), w1_, w2_, Tensor(), d.filter,
+                       d.uniforms);
+    } else {
+      // Full vocabulary: one fused launch per row (bias GEMV + U_j, with the argmax when greedy).
+      const bool want_rows = rows_out.defined() || sampled;
+      const Tensor rows = rows_out.defined() ? rows_out : rows_.rows(0, k);
+      for (int64_t j = 0; j < k; ++j) {
+        const Tensor z = want_rows ? rows.rows(j, 1) : Tensor();
+        const Tensor next = chain_.rows(j + 1, 1);
+        if (c_.markov_rank > 0) {
+          b.markov_row(z, sampled ? Tensor() : next, logits.rows(j, 1), chain_.rows(j, 1), w1_,
+                       w2_);
+          if (sampled) draw_row(b, z, next, d, j);
         } else {
-          b.scale_softcap(z, logits.rows(j, 1), 1.0f, 0.0f);  // U_j as fp32
+          b.scale_softcap(rows.rows(j, 1), logits.rows(j, 1), 1.0f, 0.0f);  // U_j as fp32
+          draw_row(b, rows.rows(j, 1), next, d, j);
         }
-      } else {
-        const Tensor s = scores_;
-        if (e.defined()) {
-          b.matmul(s, e, w2_top_.rows(j * t, t));  // the bias on the top-t ids only
-          b.add(s, s, top_vals_.rows(j, 1));
-        } else {
-          b.copy(s, top_vals_.rows(j, 1));
-        }
-        b.scatter_columns(z, s, top_ids_.rows(j, 1).view({t}), kNegInf);
       }
-      draw_row(b, z, chain_.rows(j + 1, 1), d, j);
     }
     b.copy(d.ids, chain_.rows(1, k));
     if (confidences) {
+      if (proj_e_.defined()) b.embedding(e_.rows(0, k), chain_.rows(0, k), w1_);  // W1[prev_j]
       const Tensor conf = conf_.rows(0, k);
       b.matmul(conf, hidden, proj_h_);
       if (proj_e_.defined()) b.matmul(conf, e_.rows(0, k), proj_e_, nullptr, /*accumulate=*/true);
@@ -156,8 +156,6 @@ class DSparkModules final : public DFlashModules {
   Tensor rows_;                // F32 [B, V]: z_j when the caller does not want them
   Tensor e_;                   // [B, r]: W1[prev_j]
   Tensor top_vals_, top_ids_;  // F32 / I32 [B, t]: the top-t of each U_j
-  Tensor w2_top_;              // [B * t, r]: W2 rows of those ids
-  Tensor scores_;              // F32 [1, t]
   Tensor conf_;                // F32 [B, 1]: confidence logits
 };
 

@@ -1,0 +1,493 @@
+// Fused kernels of the drafters' sequential modules (issue 14): DSpark's Markov chain
+// (markov_row: bias GEMV + logits + argmax in one launch per row), the candidate walk shared by
+// DFlash2's selector and DSpark's top-t chain (one block walks every row of a request: gathers,
+// rank-r scores, argmax or the filtered draw), and a two-stage top-k for short k over long rows.
+// Launch wrappers are declared in kernels.h; the rules are Backend::markov_row / candidate_walk /
+// topk (backend.h). Nothing here allocates or synchronises: scratch comes from the caller.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace bs::cuda {
+namespace {
+
+__device__ __forceinline__ float ldw(In a, int64_t i) {
+  switch (a.t) {
+    case Elem::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(a.p)[i]);
+    case Elem::kF32:
+      return static_cast<const float*>(a.p)[i];
+    case Elem::kF16:
+      return __half2float(static_cast<const __half*>(a.p)[i]);
+    default: {
+      __nv_fp8_e4m3 v;
+      v.__x = static_cast<const __nv_fp8_storage_t*>(a.p)[i];
+      return static_cast<float>(v);
+    }
+  }
+}
+
+// (value, index) as one ordered key: a larger key is a larger value, then a smaller index.
+__device__ __forceinline__ uint64_t order_key(float v, uint32_t idx) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - idx);
+}
+__device__ __forceinline__ int32_t key_index(uint64_t key) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+}
+__device__ __forceinline__ uint64_t warp_max_key(uint64_t k) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, k, o);
+    k = other > k ? other : k;
+  }
+  return k;
+}
+
+// ---- markov_row ----
+// Block: 8 warps; warp w of block b takes the 4 vocabulary rows from (b * 8 + w) * 4, then the
+// 4 from there + gridDim.x * 32, and so on. The Markov embedding e = w1[prev] sits in shared
+// memory (fp32). Each block leaves its best key in keys[blockIdx.x]; the last block to finish
+// reduces them into *argmax and resets *counter.
+constexpr int kRowWarps = 8, kRowsPerWarp = 4;
+
+__global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int32_t* prev, In w1,
+                                  In w2, int64_t v, int64_t r, bool vec, uint64_t* keys,
+                                  unsigned* counter) {
+  extern __shared__ float e[];  // [r]
+  __shared__ uint64_t warp_keys[kRowWarps];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t p = prev[0];
+  const bool ok = p >= 0 && p < v;
+  for (int64_t i = threadIdx.x; i < r; i += blockDim.x) e[i] = ok ? ldw(w1, p * r + i) : 0.0f;
+  __syncthreads();
+  // kRowsPerWarp rows per iteration: that many independent 16-byte loads in flight per lane
+  // (one row at a time left the stream latency-bound). Each row's sum has the same order as with
+  // one row per iteration: a chain of fmaf per lane over c, then the warp sum.
+  uint64_t best = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRowsPerWarp;
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowWarps + warp) * kRowsPerWarp;
+       row0 < v; row0 += stride) {
+    float acc[kRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) acc[u] = 0.0f;
+    if (vec) {  // BF16 w2, r % 8 == 0, 16-byte aligned rows: one uint4 (8 values) per lane
+      const uint4* w = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w2.p));
+      const int64_t r8 = r / 8;
+      for (int64_t c = lane; c < r8; c += 32) {
+        uint4 q[kRowsPerWarp];
+#pragma unroll
+        for (int u = 0; u < kRowsPerWarp; ++u) {
+          q[u] = row0 + u < v ? ld_stream(w + (row0 + u) * r8 + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kRowsPerWarp; ++u) {
+          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q[u]);
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const float2 f = __bfloat1622float2(h[t]);
+            acc[u] = fmaf(f.x, e[c * 8 + 2 * t], acc[u]);
+            acc[u] = fmaf(f.y, e[c * 8 + 2 * t + 1], acc[u]);
+          }
+        }
+      }
+    } else {
+      for (int64_t c = lane; c < r; c += 32) {
+#pragma unroll
+        for (int u = 0; u < kRowsPerWarp; ++u) {
+          if (row0 + u < v) acc[u] = fmaf(ldw(w2, (row0 + u) * r + c), e[c], acc[u]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) acc[u] = warp_sum(acc[u]);
+      // Lane u finishes row row0 + u.
+#pragma unroll
+    for (int u = 0; u < kRowsPerWarp; ++u) {
+      const int64_t row = row0 + u;
+      if (lane == u && row < v) {
+        const float zv = ldw(u_in, row) + acc[u];
+        if (z) z[row] = zv;
+        const uint64_t k = order_key(zv, static_cast<uint32_t>(row));
+        best = k > best ? k : best;
+      }
+    }
+  }
+  best = warp_max_key(best);
+  if (!argmax) return;
+  if (lane == 0) warp_keys[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t b = 0;
+    for (int w = 0; w < kRowWarps; ++w) b = warp_keys[w] > b ? warp_keys[w] : b;
+    keys[blockIdx.x] = b;
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  uint64_t b = 0;
+  for (int64_t i = threadIdx.x; i < gridDim.x; i += blockDim.x) {
+    const uint64_t k = *(volatile const uint64_t*)(keys + i);
+    b = k > b ? k : b;
+  }
+  b = warp_max_key(b);
+  if (lane == 0) warp_keys[warp] = b;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kRowWarps; ++w) b = warp_keys[w] > b ? warp_keys[w] : b;
+    *argmax = b == 0 ? 0 : key_index(b);
+    *counter = 0;  // ready for the next launch (graph replays included)
+  }
+}
+
+// ---- candidate_walk ----
+// One block of kWalkThreads threads walks all k rows; warp w scores candidates w, w + 8, ...
+// Shared memory (walk_smem): av[r], sc[r] (scale row), s[t], w[t], q[t], ids[t], and when staged
+// e[t, r] (the row's candidates' succ rows).
+constexpr int kWalkThreads = 256;
+
+__global__ void fill_kernel(float* p, int64_t n, float value) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = value;
+  }
+}
+
+__global__ void candidate_walk_kernel(WalkArgs a, bool staged) {
+  extern __shared__ float sm[];
+  float* av = sm;                                      // [r]: A[prev]
+  float* sc = av + a.r;                                // [r]: the scale row
+  float* s = sc + a.r;                                 // [t] scores
+  float* w = s + a.t;                                  // [t] weights
+  float* q = w + a.t;                                  // [t] probabilities
+  int32_t* ids = reinterpret_cast<int32_t*>(q + a.t);  // [t] this row's candidate ids
+  float* e = q + 2 * a.t;                              // [t, r] succ rows (staged)
+  __shared__ int32_t s_prev;
+  __shared__ float s_max, s_tp;
+  __shared__ double s_zk, s_z;
+  __shared__ int s_any;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const bool sampled = a.filter.temperature > 0.0f;
+  const int64_t t = a.t, r = a.r;
+  if (threadIdx.x == 0) s_prev = a.anchor[0];
+  __syncthreads();
+  for (int64_t j = 0; j < a.k; ++j) {
+    const int64_t prev = s_prev;
+    // Round 1 (independent loads): A[prev], the scale row, the ids and the unary values.
+    const bool ok_prev = prev >= 0 && prev < a.vocab;
+    for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
+      av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
+      sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
+    }
+    for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+      ids[c] = a.ids[j * t + c];
+      s[c] = a.vals[j * t + c];
+    }
+    __syncthreads();
+    if (staged && r > 0) {
+      // Round 2: the candidates' succ rows into shared memory, 8 loads in flight per thread.
+      const int64_t n = t * r, step = static_cast<int64_t>(blockDim.x);
+      for (int64_t base = threadIdx.x; base < n; base += step * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int64_t idx = base + u * step;
+          float x = 0.0f;
+          if (idx < n) {
+            const int64_t id = ids[idx / r];
+            if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * r + idx % r);
+          }
+          v[u] = x;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (base + u * step < n) e[base + u * step] = v[u];
+        }
+      }
+      __syncthreads();
+    }
+    for (int64_t c = warp; c < t; c += warps) {
+      float dot = 0.0f;
+      if (r > 0) {
+        const int64_t id = ids[c];
+        const bool ok = id >= 0 && id < a.vocab;
+        for (int64_t i = lane; i < r; i += 32) {
+          const float b = staged ? e[c * r + i] : (ok ? ldw(a.succ, id * r + i) : 0.0f);
+          dot += ok ? av[i] * b * sc[i] : 0.0f;
+        }
+        dot = warp_sum(dot);
+      }
+      if (lane == 0) s[c] += dot;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the maximum (greedy: the draft; ties to the lower id)
+      int64_t b = 0;
+      for (int64_t c = 1; c < t; ++c) {
+        if (s[c] > s[b] || (s[c] == s[b] && ids[c] < ids[b])) b = c;
+      }
+      s_max = s[b];
+      if (!sampled) s_prev = ids[b];
+    }
+    __syncthreads();
+    if (a.rows) {
+      for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+        const int64_t id = ids[c];
+        if (id >= 0 && id < a.v) a.rows[j * a.v + id] = s[c];
+      }
+    }
+    if (sampled) {
+      // sampling::filtered_probs on the row (candidates at s, -inf elsewhere), per candidate.
+      const float m = s_max, temp = a.filter.temperature;
+      const bool top_k = a.filter.top_k > 0 && a.filter.top_k < a.v;
+      for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+        bool keep = true;
+        if (top_k) {  // kept iff fewer than top_k logits are larger (the k-th largest with ties)
+          int64_t larger = 0;
+          for (int64_t o = 0; o < t; ++o) larger += s[o] > s[c];
+          keep = larger < a.filter.top_k;
+        }
+        w[c] = keep && m > -INFINITY ? expf(__fdiv_rn(s[c] - m, temp)) : 0.0f;
+        q[c] = keep ? 1.0f : 0.0f;  // the top-k mask until the end
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        double zk = 0.0;
+        for (int64_t c = 0; c < t; ++c) zk += q[c] > 0.0f ? w[c] : 0.0f;
+        s_zk = zk;
+        s_tp = -INFINITY;
+        s_any = 0;
+      }
+      __syncthreads();
+      float tp = -INFINITY;
+      if (a.filter.top_p < 1.0f) {
+        // t_p = the largest kept value whose kept mass at or above it reaches top_p * Z_k.
+        const double target = static_cast<double>(a.filter.top_p) * s_zk;
+        for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+          if (q[c] == 0.0f) continue;
+          double mass = 0.0;
+          for (int64_t o = 0; o < t; ++o) mass += q[o] > 0.0f && s[o] >= s[c] ? w[o] : 0.0f;
+          if (mass >= target) {
+            atomicMax(reinterpret_cast<int*>(&s_any), 1);
+            // float max through the ordered int trick is overkill for t <= 1024: a CAS loop
+            float old = s_tp;
+            while (s[c] > old) {
+              const int got = atomicCAS(reinterpret_cast<int*>(&s_tp), __float_as_int(old),
+                                        __float_as_int(s[c]));
+              if (got == __float_as_int(old)) break;
+              old = __int_as_float(got);
+            }
+          }
+        }
+        __syncthreads();
+        tp = s_any ? s_tp : -INFINITY;
+      }
+      if (threadIdx.x == 0) {
+        double z = 0.0;
+        for (int64_t c = 0; c < t; ++c) z += q[c] > 0.0f && s[c] >= tp ? w[c] : 0.0f;
+        s_z = z;
+      }
+      __syncthreads();
+      const float inv = static_cast<float>(1.0 / s_z);
+      __syncthreads();
+      for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+        q[c] = q[c] > 0.0f && s[c] >= tp ? w[c] * inv : 0.0f;
+      }
+      __syncthreads();
+      for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+        const int64_t id = ids[c];
+        if (id >= 0 && id < a.v) a.probs[j * a.v + id] = q[c];
+      }
+      if (threadIdx.x == 0) {
+        // sampling::draw_index over the row: the CDF in token-id order.
+        double total = 0.0;
+        for (int64_t c = 0; c < t; ++c) total += q[c] > 0.0f ? q[c] : 0.0f;
+        int32_t d = 0;
+        if (total > 0.0) {
+          const double target = static_cast<double>(a.uniforms[j]) * total;
+          int32_t first = INT_MAX, last = -1;
+          for (int64_t c = 0; c < t; ++c) {
+            if (!(q[c] > 0.0f)) continue;
+            double cum = 0.0;
+            for (int64_t o = 0; o < t; ++o) cum += q[o] > 0.0f && ids[o] <= ids[c] ? q[o] : 0.0f;
+            if (cum > target && ids[c] < first) first = ids[c];
+            if (ids[c] > last) last = ids[c];
+          }
+          d = first != INT_MAX ? first : last;
+        }
+        s_prev = d;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) a.drafts[j] = s_prev;
+    __syncthreads();
+  }
+}
+
+// ---- two-stage top-k (k <= kTopkFastK) ----
+// Stage 1: block (chunk, row) loads kTopkChunk entries into shared memory and takes their top k
+// by k passes (the order: value descending, index ascending; each pass picks the first entry
+// after the previous pick). Entries past the row end are (-inf, INT_MAX): after every real one.
+// Stage 2: one block per row does the same over the chunks' candidates.
+constexpr int kTopkChunk = 4096, kTopkThreads = 256;
+
+__device__ void topk_passes(const float* val, const int32_t* idx, int n, int k, float* out_val,
+                            int32_t* out_idx) {
+  __shared__ uint64_t red[kTopkThreads / 32];
+  __shared__ uint64_t pick;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint64_t prev = ~0ull;  // keys below `prev` only
+  for (int j = 0; j < k; ++j) {
+    uint64_t best = 0;
+    int best_pos = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint64_t key = order_key(val[i], static_cast<uint32_t>(idx[i]));
+      if (key < prev && (best_pos < 0 || key > best)) {
+        best = key;
+        best_pos = i;
+      }
+    }
+    // Pack: the key already orders (value, index); the position is recovered through idx.
+    best = warp_max_key(best_pos < 0 ? 0 : best);
+    if (lane == 0) red[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t b = 0;
+      for (int w = 0; w < kTopkThreads / 32; ++w) b = red[w] > b ? red[w] : b;
+      pick = b;
+    }
+    __syncthreads();
+    prev = pick;
+    if (threadIdx.x == 0) {
+      const uint32_t ordered = static_cast<uint32_t>(prev >> 32);
+      const uint32_t u = (ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered;
+      out_val[j] = __uint_as_float(u);
+      out_idx[j] = key_index(prev);
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void topk_chunk_kernel(float* cand_val, int32_t* cand_idx, In x, int64_t v, int k) {
+  __shared__ float val[kTopkChunk];
+  __shared__ int32_t idx[kTopkChunk];
+  const int64_t row = blockIdx.y, c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
+  for (int i = threadIdx.x; i < kTopkChunk; i += blockDim.x) {
+    const int64_t c = c0 + i;
+    val[i] = c < v ? ldw(x, row * v + c) : -INFINITY;
+    idx[i] = c < v ? static_cast<int32_t>(c) : INT_MAX;
+  }
+  __syncthreads();
+  const int64_t o = (row * gridDim.x + blockIdx.x) * k;
+  topk_passes(val, idx, kTopkChunk, k, cand_val + o, cand_idx + o);
+}
+
+__global__ void topk_merge_kernel(float* values, int32_t* ids, const float* cand_val,
+                                  const int32_t* cand_idx, int n, int k) {
+  extern __shared__ float mv[];
+  int32_t* mi = reinterpret_cast<int32_t*>(mv + n);
+  const int64_t row = blockIdx.x;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    mv[i] = cand_val[row * n + i];
+    mi[i] = cand_idx[row * n + i];
+  }
+  __syncthreads();
+  topk_passes(mv, mi, n, k, values + row * k, ids + row * k);
+}
+
+}  // namespace
+
+cudaError_t markov_row(float* z, int32_t* argmax, In u, const int32_t* prev, In w1, In w2,
+                       int64_t v, int64_t r, uint64_t* keys, unsigned* counter, int num_sms,
+                       cudaStream_t s) {
+  if (v <= 0) return cudaSuccess;
+  const int64_t per_block = kRowWarps * kRowsPerWarp * 4;  // >= 4 iterations per warp
+  const int64_t want = (v + per_block - 1) / per_block;
+  // One wave: as many blocks as fit on the device at once (a host query, no stream work).
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, markov_row_kernel, kRowWarps * 32,
+                                                    static_cast<size_t>(r) * sizeof(float)) !=
+          cudaSuccess ||
+      per_sm < 1) {
+    per_sm = 1;
+  }
+  const int64_t cap =
+      std::min<int64_t>(kMarkovRowMaxBlocks, static_cast<int64_t>(num_sms) * per_sm);
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
+  const bool vec =
+      w2.t == Elem::kBF16 && r % 8 == 0 && (reinterpret_cast<uintptr_t>(w2.p) & 15) == 0;
+  markov_row_kernel<<<grid, kRowWarps * 32, static_cast<size_t>(r) * sizeof(float), s>>>(
+      z, argmax, u, prev, w1, w2, v, r, vec, keys, counter);
+  return cudaGetLastError();
+}
+
+cudaError_t fill(float* p, int64_t n, float value, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
+  fill_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(p, n, value);
+  return cudaGetLastError();
+}
+
+// Shared memory of the walk: av, sc [r], s, w, q, ids [t], and e [t, r] when staged.
+static int64_t walk_smem(int64_t t, int64_t r, bool staged) {
+  return (2 * r + 4 * t + (staged ? t * r : 0)) * static_cast<int64_t>(sizeof(float));
+}
+constexpr int64_t kWalkSmem = 48 * 1024;
+
+bool candidate_walk_supported(int64_t t, int64_t r) {
+  return t >= 1 && walk_smem(t, r, false) <= kWalkSmem;
+}
+
+cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s) {
+  if (a.k <= 0) return cudaSuccess;
+  if (a.rows) {
+    const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
+    if (e != cudaSuccess) return e;
+  }
+  if (a.filter.temperature > 0.0f) {
+    const cudaError_t e = cudaMemsetAsync(a.probs, 0, a.k * a.v * sizeof(float), s);
+    if (e != cudaSuccess) return e;
+  }
+  // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
+  // they fit; else each warp reads them from global memory. Same arithmetic either way.
+  const bool staged = walk_smem(a.t, a.r, true) <= kWalkSmem;
+  const size_t smem = static_cast<size_t>(walk_smem(a.t, a.r, staged));
+  candidate_walk_kernel<<<1, kWalkThreads, smem, s>>>(a, staged);
+  return cudaGetLastError();
+}
+
+bool topk_two_stage(int64_t v, int64_t k) {
+  const int64_t chunks = (v + kTopkChunk - 1) / kTopkChunk;
+  return k <= kTopkFastK && v > 2 * kTopkChunk && chunks * k * 8 <= 48 * 1024;
+}
+size_t topk_workspace_bytes(int64_t rows, int64_t v, int64_t k) {
+  const int64_t chunks = (v + kTopkChunk - 1) / kTopkChunk;
+  return static_cast<size_t>(rows * chunks * k) * (sizeof(float) + sizeof(int32_t));
+}
+
+cudaError_t topk_fast(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int64_t k,
+                      void* workspace, cudaStream_t s) {
+  if (rows <= 0 || k <= 0) return cudaSuccess;
+  const int64_t chunks = (v + kTopkChunk - 1) / kTopkChunk;
+  float* cv = static_cast<float*>(workspace);
+  int32_t* ci = reinterpret_cast<int32_t*>(cv + rows * chunks * k);
+  topk_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)),
+                      kTopkThreads, 0, s>>>(cv, ci, x, v, static_cast<int>(k));
+  const int n = static_cast<int>(chunks * k);
+  topk_merge_kernel<<<static_cast<unsigned>(rows), kTopkThreads,
+                      static_cast<size_t>(n) * (sizeof(float) + sizeof(int32_t)), s>>>(
+      values, ids, cv, ci, n, static_cast<int>(k));
+  return cudaGetLastError();
+}
+
+}  // namespace bs::cuda
