@@ -701,6 +701,7 @@ Value Interpreter::eval(const Expr& e, Frame& frame) {
 
 std::string render(const Template& tmpl, const std::vector<std::pair<std::string, Value>>& vars,
                    const RenderOptions& options) {
+  const ContainerScope containers;  // declared first: it empties them after the interpreter ends
   Interpreter in(tmpl, options);
   return in.run(vars);
 }

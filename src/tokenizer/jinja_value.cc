@@ -9,6 +9,47 @@
 
 namespace bs::jinja {
 
+namespace {
+
+thread_local ContainerScope* tl_scope = nullptr;
+
+// Drops the expired entries once the list has doubled since the last sweep, so a long render
+// that makes many short-lived containers keeps the registry at about twice the live ones.
+template <typename T>
+void remember_in(std::vector<std::weak_ptr<T>>& list, const std::shared_ptr<T>& item) {
+  if (list.size() >= 64 && list.size() == list.capacity()) {
+    std::erase_if(list, [](const std::weak_ptr<T>& w) { return w.expired(); });
+  }
+  list.push_back(item);
+}
+
+}  // namespace
+
+ContainerScope::ContainerScope() : outer_(tl_scope) { tl_scope = this; }
+
+ContainerScope::~ContainerScope() {
+  tl_scope = outer_;
+  // Hold every survivor first: emptying one container may free others of the list.
+  std::vector<std::shared_ptr<ListData>> lists;
+  std::vector<std::shared_ptr<DictData>> dicts;
+  for (const auto& w : lists_) {
+    if (auto l = w.lock()) lists.push_back(std::move(l));
+  }
+  for (const auto& w : dicts_) {
+    if (auto d = w.lock()) dicts.push_back(std::move(d));
+  }
+  for (const auto& l : lists) l->items.clear();
+  for (const auto& d : dicts) d->items.clear();
+}
+
+void ContainerScope::remember(const std::shared_ptr<ListData>& list) {
+  if (tl_scope != nullptr) remember_in(tl_scope->lists_, list);
+}
+
+void ContainerScope::remember(const std::shared_ptr<DictData>& dict) {
+  if (tl_scope != nullptr) remember_in(tl_scope->dicts_, dict);
+}
+
 const Value* CallArgs::get(size_t i, std::string_view name) const {
   if (i < pos.size()) return &pos[i];
   for (const auto& [k, v] : kw) {
@@ -20,12 +61,14 @@ const Value* CallArgs::get(size_t i, std::string_view name) const {
 Value Value::list(std::vector<Value> items, bool tuple) {
   Value v(Kind::kList);
   v.list_ = std::make_shared<ListData>(ListData{std::move(items), tuple});
+  ContainerScope::remember(v.list_);
   return v;
 }
 
 Value Value::dict(std::vector<std::pair<Value, Value>> items) {
   Value v(Kind::kDict);
   v.dict_ = std::make_shared<DictData>();
+  ContainerScope::remember(v.dict_);
   for (auto& [k, x] : items) v.dict_->set(std::move(k), std::move(x));
   return v;
 }

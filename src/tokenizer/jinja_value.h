@@ -114,6 +114,26 @@ class Value {
   std::shared_ptr<Function> func_;
 };
 
+// While one is alive on a thread, every list and dict made on that thread is remembered, and
+// the scope's end empties those still alive. A template can build a reference cycle
+// (`{% set ns.a = ns %}`, `{% do l.append(l) %}`) that shared ownership alone never frees;
+// emptying the containers breaks every cycle. render() holds one for the whole render.
+class ContainerScope {
+ public:
+  ContainerScope();
+  ~ContainerScope();
+  ContainerScope(const ContainerScope&) = delete;
+  ContainerScope& operator=(const ContainerScope&) = delete;
+  // Called by Value::list / Value::dict.
+  static void remember(const std::shared_ptr<ListData>& list);
+  static void remember(const std::shared_ptr<DictData>& dict);
+
+ private:
+  std::vector<std::weak_ptr<ListData>> lists_;
+  std::vector<std::weak_ptr<DictData>> dicts_;
+  ContainerScope* outer_;
+};
+
 struct ListData {
   std::vector<Value> items;
   bool tuple = false;

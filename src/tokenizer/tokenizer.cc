@@ -120,7 +120,10 @@ Status Tokenizer::init_added_tokens(const Json& doc, const JsonPath& root) {
     const Json* id = json_util::member(item, "id");
     if (id == nullptr) return item_at.child("id").error("is missing");
     BS_ASSIGN_OR_RETURN(int64_t id64, json_util::as_int(*id, item_at.child("id")));
-    if (id64 < 0 || id64 > INT32_MAX) return item_at.child("id").error("is out of range");
+    if (id64 < 0 || id64 > kMaxTokenId) {
+      return item_at.child("id").error(
+          fmt::format("is {}: a token id must be in 0..{}", id64, kMaxTokenId));
+    }
     t.id = static_cast<int32_t>(id64);
     BS_ASSIGN_OR_RETURN(t.content, json_util::require_string(item, "content", item_at));
     if (t.content.empty()) return item_at.child("content").error("must not be empty");

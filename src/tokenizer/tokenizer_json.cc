@@ -209,7 +209,7 @@ bool scan_vocab(std::string_view t, TokenizerJson& out) {
   if (s.eat('}')) return s.at_end();
   do {
     int64_t id;
-    if (!s.string(key) || !s.eat(':') || !s.integer(id) || id < 0 || id > INT32_MAX) {
+    if (!s.string(key) || !s.eat(':') || !s.integer(id) || id < 0 || id > kMaxTokenId) {
       return false;
     }
     out.vocab.emplace_back(key, id);
@@ -397,8 +397,9 @@ class Handler : public nlohmann::json_sax<Json> {
   }
   bool vocab_entry(int64_t id) {
     if (vocab_skip_depth_ > 0) return true;
-    if (id < 0 || id > INT32_MAX) {
-      return fail(fmt::format("model.vocab['{}'] must be a non-negative 32-bit id", key_));
+    if (id < 0 || id > kMaxTokenId) {
+      return fail(fmt::format("model.vocab['{}'] is {}: a token id must be in 0..{}", key_, id,
+                              kMaxTokenId));
     }
     out_.vocab.emplace_back(std::move(key_), id);
     return true;

@@ -14,6 +14,11 @@
 
 namespace bs {
 
+// The largest token id a tokenizer may use (vocab and added tokens). Ids index dense tables, so
+// an id of 2^31 in a hostile tokenizer.json would allocate gigabytes; real vocabularies stay far
+// below (Qwen3 151,669, Gemma 3 262,145), so 2^22 leaves room and bounds the tables at ~100 MiB.
+inline constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+
 struct TokenizerJson {
   // The document; model.vocab / model.merges, when captured, are left as empty containers.
   json_util::Json doc;

@@ -12,6 +12,7 @@
 
 #include "tokenizer/decoder.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/tokenizer_json.h"
 #include "tokenizer/unicode.h"
 
 namespace bs {
@@ -509,6 +510,29 @@ TEST(TokenizerTest, WordOfCharactersOutsideTheVocabularyWithoutUnk) {
   ASSERT_NE(tok, nullptr);
   EXPECT_EQ(tok->encode("qj"), std::vector<int32_t>{});
   EXPECT_EQ(tok->encode("a qjq b"), (std::vector<int32_t>{'a', ' ', ' ', 'b'}));
+}
+
+TEST(TokenizerTest, TokenIdsBeyondTheLimitAreRefusedBeforeAnyTableGrows) {
+  // Found by tests/fuzz/tokenizer_json_fuzz on the H200 long run (corpus:
+  // regress_huge_token_id.json): a vocab id of 888,888,888 made the id tables allocate ~7 GB.
+  // Ids above kMaxTokenId are an error naming the token, for the vocab and the added tokens.
+  json j = byte_level_tokenizer();
+  j["model"]["vocab"]["xyz"] = kMaxTokenId + 1;
+  TempDir dir;
+  dir.write("tokenizer.json", j.dump());
+  auto tok = Tokenizer::load(dir.str());
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find("model.vocab['xyz']"), std::string::npos)
+      << tok.status().message();
+  j["model"]["vocab"]["xyz"] = kMaxTokenId;  // the largest id is fine
+  dir.write("tokenizer.json", j.dump());
+  ASSERT_NE(load_or_die(dir.str()), nullptr);
+  j["model"]["vocab"].erase("xyz");
+  j["added_tokens"] = {{{"id", 888888888}, {"content", "<big>"}, {"special", true}}};
+  dir.write("tokenizer.json", j.dump());
+  tok = Tokenizer::load(dir.str());
+  ASSERT_FALSE(tok.ok());
+  EXPECT_NE(tok.status().message().find("888888888"), std::string::npos) << tok.status().message();
 }
 
 TEST(TokenizerTest, MetaspacePreTokenizerAndDecoder) {
