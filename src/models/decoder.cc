@@ -27,6 +27,7 @@ struct Layer {
   Tensor w_gate_up;          // [2 * inter, hidden]: gate rows, then up rows
   Tensor w_down;             // [hidden, inter]
   Tensor b_gate_up, b_down;  // biases or undefined
+  AttentionMask mask;        // causal; sliding_attention layers: window = sliding_window
 };
 
 // Activation buffers sized for up to `rows` tokens per forward.
@@ -76,6 +77,10 @@ class DecoderLM final : public CausalLM {
       BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
       BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
       const std::string a = p + "self_attn.", m = p + "mlp.";
+      // transformers' sliding_window_overlay (kv > q - window): `window` keys incl. the query's.
+      L.mask = {
+          .causal = true,
+          .window = c.layer_types[i] == "sliding_attention" ? c.sliding_window.value_or(0) : 0};
       BS_ASSIGN_OR_RETURN(
           L.w_qkv, w.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
                                   {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
@@ -277,7 +282,6 @@ class DecoderLM final : public CausalLM {
     const Tensor x = s_.x.rows(0, rows), xn = s_.xn.rows(0, rows);
     backend_.embedding(x, ids, embed_);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const AttentionMask causal{.causal = true, .window = 0};
     const Tensor qkv = s_.qkv.rows(0, rows), q = s_.q.rows(0, rows), attn = s_.attn.rows(0, rows),
                  gate_up = s_.gate_up.rows(0, rows), act = s_.act.rows(0, rows);
     const Tensor taps = tap_cols ? s_.taps.rows(0, rows) : Tensor();
@@ -306,7 +310,7 @@ class DecoderLM final : public CausalLM {
       if (num_seqs == 1 || batched_attention) {
         backend_.prologue_attention(attn, q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t,
                                     inv_freq_, attention_scaling_, kv.k[li], kv.v[li], slot_t,
-                                    all_tables, all_kv_lens, max_kv_len, causal, scale);
+                                    all_tables, all_kv_lens, max_kv_len, L.mask, scale);
       } else {
         backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
                                     attention_scaling_, kv.k[li], kv.v[li], slot_t);
@@ -314,7 +318,7 @@ class DecoderLM final : public CausalLM {
           const int64_t n = reqs[r].size();
           const int64_t r0 = static_cast<int64_t>(row);
           backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
-                                   KvLength(max_kv_len, &kv_lens[r]), causal, scale);
+                                   KvLength(max_kv_len, &kv_lens[r]), L.mask, scale);
         }
       }
       backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
