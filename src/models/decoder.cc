@@ -7,11 +7,12 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "models/blocks/paged_kv.h"
+#include "models/blocks/weights.h"
 #include "models/layer_activations.h"
 #include "models/registry.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
-#include "models/weights.h"
 
 namespace bs {
 namespace {
@@ -58,12 +59,11 @@ class DecoderLM final : public CausalLM {
       if (const auto info = ckpt.get(name); info.ok()) file_bytes += (*info)->nbytes;
     }
     LoadProgress progress(ckpt.dir(), static_cast<int64_t>(ckpt.size()), file_bytes);
-    WeightLoader w(ckpt, backend_, "model.", &progress);
+    WeightLoader w(ckpt, backend_, &progress);
     BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {c.vocab_size, h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
-    WeightLoader top(ckpt, backend_, "", &progress);
-    if (top.has("lm_head.weight")) {
-      BS_ASSIGN_OR_RETURN(lm_head_, top.load("lm_head.weight", {c.vocab_size, h}));
+    if (w.has("lm_head.weight")) {
+      BS_ASSIGN_OR_RETURN(lm_head_, w.load("lm_head.weight", {c.vocab_size, h}));
     } else if (c.tie_word_embeddings) {
       lm_head_ = embed_;
     } else {
@@ -121,15 +121,8 @@ class DecoderLM final : public CausalLM {
   int64_t weight_bytes() const override { return weight_bytes_; }
 
   KvPool make_kv_pool(int64_t num_blocks) override {
-    KvPool pool;
-    pool.num_blocks = num_blocks;
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      pool.k.push_back(
-          backend_.empty({num_blocks, pool.block_size, config_.num_kv_heads, config_.head_dim}));
-      pool.v.push_back(
-          backend_.empty({num_blocks, pool.block_size, config_.num_kv_heads, config_.head_dim}));
-    }
-    return pool;
+    return bs::make_kv_pool(backend_, config_.num_layers, config_.num_kv_heads, config_.head_dim,
+                            num_blocks);
   }
 
   Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) override {
@@ -182,8 +175,7 @@ class DecoderLM final : public CausalLM {
         const int64_t pos = req.start_pos + i;
         ids_host_.push_back(on_device ? 0 : req.tokens[i]);
         positions_host_.push_back(static_cast<int32_t>(pos));
-        slots_host_.push_back(static_cast<int32_t>(
-            req.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size));
+        slots_host_.push_back(kv_slot(kv, req.block_table, pos));
       }
       for (int64_t i = n - req.num_logits; i < n; ++i) {
         logit_rows_host_.push_back(static_cast<int32_t>(first + i));

@@ -10,10 +10,11 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/blocks/paged_kv.h"
+#include "models/blocks/weights.h"
 #include "models/layer_activations.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
-#include "models/weights.h"
 
 namespace bs {
 namespace {
@@ -72,50 +73,36 @@ class DFlashDrafter final : public Drafter {
                   kv_dim = m.num_kv_heads * hd, inter = m.intermediate_size,
                   n_layers = m.num_layers;
     const int64_t fc_in = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
-    WeightLoader w(ckpt, backend_, "");
-    // Names appear with or without a "model." prefix (vLLM-style exports add one).
-    auto name = [&](const std::string& n) -> Result<std::string> {
-      if (ckpt.has(n)) return n;
-      if (ckpt.has("model." + n)) return "model." + n;
-      return NotFound("{}: drafter tensor '{}' (or 'model.{}') not found", ckpt.dir(), n, n);
-    };
-    auto load = [&](const std::string& n, std::vector<int64_t> shape) -> Result<Tensor> {
-      BS_ASSIGN_OR_RETURN(std::string full, name(n));
-      return w.load(full, std::move(shape));
-    };
-
-    BS_ASSIGN_OR_RETURN(std::string fc_name, name("fc.weight"));
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* fc_info, ckpt.get(fc_name));
+    WeightLoader w(ckpt, backend_);
+    BS_ASSIGN_OR_RETURN(const io::TensorInfo* fc_info, ckpt.get(*w.resolve({"fc.weight"})));
     if (fc_info->shape != std::vector<int64_t>{h, fc_in}) {
       return InvalidArgument(
           "{}: tensor '{}' has shape {}, expected [hidden_size, n_taps * target hidden] = [{}, "
           "{}] (n_taps = len(target_layer_ids) = {}, target hidden {})",
-          ckpt.dir(), fc_name, io::shape_to_string(fc_info->shape), h, fc_in,
+          ckpt.dir(), fc_info->name, io::shape_to_string(fc_info->shape), h, fc_in,
           c_.target_layers.size(), target_hidden_);
     }
-    BS_ASSIGN_OR_RETURN(fc_, load("fc.weight", {h, fc_in}));
-    BS_ASSIGN_OR_RETURN(hidden_norm_, load("hidden_norm.weight", {h}));
-    BS_ASSIGN_OR_RETURN(final_norm_, load("norm.weight", {h}));
+    BS_ASSIGN_OR_RETURN(fc_, w.load("fc.weight", {h, fc_in}));
+    BS_ASSIGN_OR_RETURN(hidden_norm_, w.load("hidden_norm.weight", {h}));
+    BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
 
     layers_.resize(n_layers);
     for (int64_t i = 0; i < n_layers; ++i) {
       Layer& L = layers_[i];
       const std::string p = "layers." + std::to_string(i) + ".";
-      BS_ASSIGN_OR_RETURN(L.input_norm, load(p + "input_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.post_norm, load(p + "post_attention_layernorm.weight", {h}));
+      BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
+      BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
       const std::string a = p + "self_attn.", f = p + "mlp.";
-      BS_ASSIGN_OR_RETURN(const std::string qn, name(a + "q_proj.weight"));
-      BS_ASSIGN_OR_RETURN(const std::string kn, name(a + "k_proj.weight"));
-      BS_ASSIGN_OR_RETURN(const std::string vn, name(a + "v_proj.weight"));
-      BS_ASSIGN_OR_RETURN(L.w_qkv.w,
-                          w.load_stacked({qn, kn, vn}, {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
-      BS_ASSIGN_OR_RETURN(L.wo.w, load(a + "o_proj.weight", {h, q_dim}));
-      BS_ASSIGN_OR_RETURN(L.q_norm, load(a + "q_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(L.k_norm, load(a + "k_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(const std::string gn, name(f + "gate_proj.weight"));
-      BS_ASSIGN_OR_RETURN(const std::string un, name(f + "up_proj.weight"));
-      BS_ASSIGN_OR_RETURN(L.w_gate_up.w, w.load_stacked({gn, un}, {{inter, h}, {inter, h}}));
-      BS_ASSIGN_OR_RETURN(L.w_down.w, load(f + "down_proj.weight", {h, inter}));
+      BS_ASSIGN_OR_RETURN(
+          L.w_qkv.w, w.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                    {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
+      BS_ASSIGN_OR_RETURN(L.wo.w, w.load(a + "o_proj.weight", {h, q_dim}));
+      BS_ASSIGN_OR_RETURN(L.q_norm, w.load(a + "q_norm.weight", {hd}));
+      BS_ASSIGN_OR_RETURN(L.k_norm, w.load(a + "k_norm.weight", {hd}));
+      BS_ASSIGN_OR_RETURN(
+          L.w_gate_up.w,
+          w.load_stacked({f + "gate_proj.weight", f + "up_proj.weight"}, {{inter, h}, {inter, h}}));
+      BS_ASSIGN_OR_RETURN(L.w_down.w, w.load(f + "down_proj.weight", {h, inter}));
       L.mask = c_.layer_masks[i];
     }
     // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
@@ -127,15 +114,13 @@ class DFlashDrafter final : public Drafter {
     }
 
     // Embedding and LM head: the drafter's own when it ships them, else the target's.
-    const bool own_embed = ckpt.has("embed_tokens.weight") || ckpt.has("model.embed_tokens.weight");
-    const bool own_head = ckpt.has("lm_head.weight") || ckpt.has("model.lm_head.weight");
-    if (own_embed) {
-      BS_ASSIGN_OR_RETURN(embed_, load("embed_tokens.weight", {vocab_, h}));
+    if (w.has("embed_tokens.weight")) {
+      BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {vocab_, h}));
     } else {
       embed_ = target.embed_tokens();
     }
-    if (own_head) {
-      BS_ASSIGN_OR_RETURN(lm_head_.w, load("lm_head.weight", {vocab_, h}));
+    if (w.has("lm_head.weight")) {
+      BS_ASSIGN_OR_RETURN(lm_head_.w, w.load("lm_head.weight", {vocab_, h}));
     } else {
       lm_head_.w = target.lm_head();
     }
@@ -163,15 +148,8 @@ class DFlashDrafter final : public Drafter {
   const std::vector<int>& target_layers() const override { return c_.target_layers; }
 
   KvPool make_kv_pool(int64_t num_blocks) override {
-    KvPool pool;
-    pool.num_blocks = num_blocks;
-    for (int64_t i = 0; i < c_.model.num_layers; ++i) {
-      pool.k.push_back(
-          backend_.empty({num_blocks, pool.block_size, c_.model.num_kv_heads, c_.model.head_dim}));
-      pool.v.push_back(
-          backend_.empty({num_blocks, pool.block_size, c_.model.num_kv_heads, c_.model.head_dim}));
-    }
-    return pool;
+    return bs::make_kv_pool(backend_, c_.model.num_layers, c_.model.num_kv_heads, c_.model.head_dim,
+                            num_blocks);
   }
 
   // ctx = hidden_norm(fc(taps)); one matmul gives every layer's K and V; per-layer k_norm;
@@ -223,7 +201,7 @@ class DFlashDrafter final : public Drafter {
     for (const ObserveRequest& req : reqs) {
       for (int64_t i = 0; i < req.taps.dim(0); ++i, ++row) {
         const int64_t pos = req.start_pos + i;
-        slots[row] = slot_of(kv, req.block_table, pos);
+        slots[row] = kv_slot(kv, req.block_table, pos);
         for (int64_t l = 0; l < n_layers; ++l) positions[l * n + row] = static_cast<int32_t>(pos);
       }
     }
@@ -383,7 +361,7 @@ class DFlashDrafter final : public Drafter {
       ids[r * B] = req.anchor;
       for (int64_t i = 0; i < B; ++i) {
         positions[r * B + i] = static_cast<int32_t>(s + i);
-        slots[r * B + i] = slot_of(kv, req.block_table, s + i);
+        slots[r * B + i] = kv_slot(kv, req.block_table, s + i);
       }
       // DFlash: row 0 echoes the anchor, row j predicts position s + j. Shifted (DSpark): row j
       // predicts s + j + 1.
@@ -468,10 +446,6 @@ class DFlashDrafter final : public Drafter {
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
     backend_.rms_norm(last_n, last, final_norm_, eps);
     lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
-  }
-
-  static int32_t slot_of(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
-    return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
   }
 
   Status check_table(const KvPool& kv, std::span<const int32_t> table, int64_t positions,
@@ -757,17 +731,6 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
     c.layer_masks.push_back(mask);
   }
   return c;
-}
-
-Result<std::string> drafter_tensor_name(const io::Checkpoint& ckpt,
-                                        std::initializer_list<std::string> spellings) {
-  std::string tried;
-  for (const std::string& n : spellings) {
-    if (ckpt.has(n)) return n;
-    if (ckpt.has("model." + n)) return "model." + n;
-    tried += fmt::format("{}'{}' (or 'model.{}')", tried.empty() ? "" : ", ", n, n);
-  }
-  return NotFound("{}: drafter tensor {} not found", ckpt.dir(), tried);
 }
 
 Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json& config,

@@ -77,11 +77,6 @@ class DFlashModules {
                     const Tensor& rows_out, std::vector<float>* confidences) = 0;
 };
 
-// The checkpoint name of drafter tensor `name`: itself or "model." + name (NotFound naming both).
-// With several spellings, the first present wins and the error names them all.
-Result<std::string> drafter_tensor_name(const io::Checkpoint& ckpt,
-                                        std::initializer_list<std::string> spellings);
-
 // Default taps when the config has no target_layer_ids (dflash.md §1.1): one drafter layer ->
 // [N / 2]; else round(1 + i (N - 4) / (L - 1)) for i < L, rounding halves to even like Python.
 std::vector<int> dflash_default_target_layers(int64_t num_target_layers, int64_t num_draft_layers);

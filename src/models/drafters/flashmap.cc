@@ -14,12 +14,13 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/blocks/paged_kv.h"
+#include "models/blocks/weights.h"
 #include "models/drafters/flashmap_conventions.h"
 #include "models/drafters/flashmap_fold.h"
 #include "models/kv_pool.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
-#include "models/weights.h"
 
 namespace bs {
 namespace {
@@ -184,55 +185,6 @@ Result<std::vector<double>> jump_grid(const FlashMapConfig& c, int64_t steps,
 // Checkpoint access
 // ------------------------------------------------------------------------------------------------
 
-// Reads checkpoint tensors by name (with the checkpoint's prefix), shape-checked, and records every
-// name consumed so that leftovers can be reported.
-class TensorReader {
- public:
-  TensorReader(const io::Checkpoint& ckpt, Backend& backend, std::string prefix)
-      : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)) {}
-
-  Result<const io::TensorInfo*> info(const std::string& name, std::vector<int64_t> shape) {
-    const std::string full = prefix_ + name;
-    if (!ckpt_.has(full)) {
-      return NotFound("{}: FlashMap tensor '{}' (shape {}) is missing", ckpt_.dir(), full,
-                      io::shape_to_string(shape));
-    }
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, ckpt_.get(full, std::move(shape)));
-    used_.insert(full);
-    return t;
-  }
-  // A float tensor converted to fp32 on the host.
-  Result<std::vector<float>> host(const std::string& name, std::vector<int64_t> shape) {
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, info(name, std::move(shape)));
-    BS_RETURN_IF_ERROR(check_float(*t));
-    std::vector<float> out(static_cast<size_t>(t->numel()));
-    convert_to_f32(t->dtype, t->data, out.data(), out.size());
-    return out;
-  }
-  // A float tensor uploaded as a backend weight (converted from its checkpoint dtype).
-  Result<Tensor> load(const std::string& name, std::vector<int64_t> shape) {
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, info(name, std::move(shape)));
-    BS_RETURN_IF_ERROR(check_float(*t));
-    return upload(backend_, t->dtype, t->data, t->shape);
-  }
-  void mark_used(const std::string& full) { used_.insert(full); }
-  Status check_float(const io::TensorInfo& t) const {
-    if (t.dtype == DType::kI32 || t.dtype == DType::kI64 || t.dtype == DType::kU8) {
-      return InvalidArgument("{}: FlashMap tensor '{}' has dtype {}, expected a float type",
-                             ckpt_.dir(), t.name, dtype_name(t.dtype));
-    }
-    return Status::Ok();
-  }
-  const std::set<std::string>& used() const { return used_; }
-  const std::string& prefix() const { return prefix_; }
-
- private:
-  const io::Checkpoint& ckpt_;
-  Backend& backend_;
-  std::string prefix_;
-  std::set<std::string> used_;
-};
-
 // Integer tensor as int64 values.
 Result<std::vector<int64_t>> read_ids(const io::TensorInfo& t, const std::string& where) {
   std::vector<int64_t> out(static_cast<size_t>(t.numel()));
@@ -317,11 +269,11 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
     return t;
   }
 
-  Status load_weights(TensorReader& r);
-  Status load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt, TensorReader& r);
-  Status fold_jumps(TensorReader& r, const std::vector<double>& grid);
-  Status fold_noise(TensorReader& r);
-  Status fold_head(TensorReader& r);  // after the draft vocabulary and the jumps
+  Status load_weights(WeightLoader& r);
+  Status load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt, WeightLoader& r);
+  Status fold_jumps(WeightLoader& r, const std::vector<double>& grid);
+  Status fold_noise(WeightLoader& r);
+  Status fold_head(WeightLoader& r);  // after the draft vocabulary and the jumps
   Result<SymmetricEigen> embedding_eigenbasis() const;
   void ensure_observe_scratch(int64_t rows);
 
@@ -412,9 +364,7 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   for (int64_t id : c_.aux_layer_ids) target_layers_.push_back(static_cast<int>(id - 1));
   noise_scale_ = options.flashmap_noise_scale;
   // Names: the seed's, optionally under a "model." prefix (both spellings exist in exports).
-  std::string prefix;
-  if (!ckpt.has("fc.weight") && ckpt.has("model.fc.weight")) prefix = "model.";
-  TensorReader r(ckpt, backend_, prefix);
+  WeightLoader r(ckpt, backend_);
   BS_RETURN_IF_ERROR(load_weights(r));
   BS_RETURN_IF_ERROR(load_draft_vocab(dir, ckpt, r));
   BS_RETURN_IF_ERROR(fold_jumps(r, grid));
@@ -425,7 +375,7 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   // be silently ignored. The target's own embedding / LM head and t2d are skipped.
   for (const std::string& name : ckpt.names()) {
     if (r.used().count(name)) continue;
-    const std::string bare = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+    const std::string bare = name.rfind("model.", 0) == 0 ? name.substr(6) : name;
     if (bare == "embed_tokens.weight" || bare == "lm_head.weight" || bare == "t2d") continue;
     return InvalidArgument("{}: unexpected FlashMap weight '{}'", ckpt.dir(), name);
   }
@@ -458,7 +408,7 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::load_weights(TensorReader& r) {
+Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
   const int64_t D = c_.hidden, Ht = c_.target_hidden, A = attn_dim(), hd = c_.head_dim,
                 I = c_.intermediate;
   const int64_t n_aux = static_cast<int64_t>(c_.aux_layer_ids.size());
@@ -507,11 +457,11 @@ Status FlashMapDrafterImpl::load_weights(TensorReader& r) {
 }
 
 Status FlashMapDrafterImpl::load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt,
-                                             TensorReader& r) {
+                                             WeightLoader& r) {
   const int64_t V = c_.vocab_size, Vd = c_.draft_vocab_size;
-  const std::string d2t_name = r.prefix() + "d2t";
-  const bool has_d2t = ckpt.has(d2t_name) || ckpt.has("d2t");
-  const std::string d2t_full = ckpt.has(d2t_name) ? d2t_name : "d2t";
+  const Result<std::string> d2t_name = r.resolve({"d2t"});
+  const bool has_d2t = d2t_name.ok();
+  const std::string d2t_full = has_d2t ? *d2t_name : "d2t";
   std::vector<int64_t> hot;  // sorted target ids
   if (Vd == V) {
     if (has_d2t) {
@@ -568,7 +518,7 @@ Status FlashMapDrafterImpl::load_draft_vocab(const std::string& dir, const io::C
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::fold_head(TensorReader& r) {
+Status FlashMapDrafterImpl::fold_head(WeightLoader& r) {
   // The DiT head folded into the target's LM head (no nonlinearity between them):
   // W_f = lm_head[rows] · W_head [V', D]; b_f = lm_head[rows] · b_head [V'].
   const int64_t V = c_.vocab_size, Ht = c_.target_hidden, D = c_.hidden;
@@ -596,7 +546,7 @@ Status FlashMapDrafterImpl::fold_head(TensorReader& r) {
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::fold_jumps(TensorReader& r, const std::vector<double>& grid) {
+Status FlashMapDrafterImpl::fold_jumps(WeightLoader& r, const std::vector<double>& grid) {
   const int64_t C = c_.cond_dim, Fq = c_.freq_dim, D = c_.hidden, L = c_.layers;
   // Time embedders and AdaLN projections (only needed here: they fold into per-jump constants).
   struct Embedder {
@@ -679,7 +629,7 @@ Result<SymmetricEigen> FlashMapDrafterImpl::embedding_eigenbasis() const {
   return symmetric_eigen(std::move(a), Ht);
 }
 
-Status FlashMapDrafterImpl::fold_noise(TensorReader& r) {
+Status FlashMapDrafterImpl::fold_noise(WeightLoader& r) {
   const int64_t Ht = c_.target_hidden, D = c_.hidden, V = c_.vocab_size;
   // t = 0 constant: the uniform posterior's embedding through state_norm and x_embed.
   {
@@ -748,13 +698,7 @@ Result<std::vector<float>> FlashMapDrafterImpl::eigen_noise_from_vocab(
 }
 
 KvPool FlashMapDrafterImpl::make_kv_pool(int64_t num_blocks) {
-  KvPool pool;
-  pool.num_blocks = num_blocks;
-  for (int64_t i = 0; i < c_.layers; ++i) {
-    pool.k.push_back(backend_.empty({num_blocks, pool.block_size, c_.heads, c_.head_dim}));
-    pool.v.push_back(backend_.empty({num_blocks, pool.block_size, c_.heads, c_.head_dim}));
-  }
-  return pool;
+  return bs::make_kv_pool(backend_, c_.layers, c_.heads, c_.head_dim, num_blocks);
 }
 
 void FlashMapDrafterImpl::ensure_observe_scratch(int64_t rows) {
@@ -809,8 +753,7 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = start_pos + i;
     pos[i] = static_cast<int32_t>(p);
-    slots[i] =
-        static_cast<int32_t>(block_table[p / kv.block_size] * kv.block_size + p % kv.block_size);
+    slots[i] = kv_slot(kv, block_table, p);
   }
   const Tensor pos_t = o_.positions.rows(0, n), slot_t = o_.slots.rows(0, n);
   backend_.copy_from_host(pos_t, pos.data());
@@ -928,8 +871,7 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
   const Tensor table = p_.block_table.rows(0, table_blocks);
   backend_.copy_from_host(table, req.block_table.data());
   const int32_t anchor_pos = static_cast<int32_t>(p);
-  const int32_t anchor_slot =
-      static_cast<int32_t>(req.block_table[p / kv.block_size] * kv.block_size + p % kv.block_size);
+  const int32_t anchor_slot = kv_slot(kv, req.block_table, p);
   std::vector<int32_t> slot_pos(B);
   for (int64_t k = 0; k < B; ++k) {
     slot_pos[k] = static_cast<int32_t>(p + conv_.noise_position_offset + k);
