@@ -7,29 +7,15 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "models/blocks/decoder_layer.h"
 #include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
-#include "models/layer_activations.h"
 #include "models/registry.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
 
 namespace bs {
 namespace {
-
-// Projections are stored fused: q/k/v rows stacked in one matrix and gate/up rows in another,
-// so each takes one GEMM (one weight stream instead of three or two).
-struct Layer {
-  Tensor input_norm;         // [hidden]
-  Tensor w_qkv, wo;          // [(heads + 2 kv) * hd, hidden], [hidden, heads * hd]
-  Tensor b_qkv, bo;          // biases or undefined
-  Tensor q_norm, k_norm;     // [hd] (qk_norm families)
-  Tensor post_norm;          // [hidden]
-  Tensor w_gate_up;          // [2 * inter, hidden]: gate rows, then up rows
-  Tensor w_down;             // [hidden, inter]
-  Tensor b_gate_up, b_down;  // biases or undefined
-  AttentionMask mask;        // causal; sliding_attention layers: window = sliding_window
-};
 
 // Activation buffers sized for up to `rows` tokens per forward.
 struct Scratch : LayerActivations {
@@ -52,8 +38,7 @@ class DecoderLM final : public CausalLM {
 
   Status load(const io::Checkpoint& ckpt) {
     const auto& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, q_dim = c.num_heads * hd,
-                  kv_dim = c.num_kv_heads * hd, inter = c.intermediate_size;
+    const int64_t h = c.hidden_size, hd = c.head_dim;
     int64_t file_bytes = 0;
     for (const auto& name : ckpt.names()) {
       if (const auto info = ckpt.get(name); info.ok()) file_bytes += (*info)->nbytes;
@@ -70,40 +55,16 @@ class DecoderLM final : public CausalLM {
       return NotFound("tensor 'lm_head.weight' not found in {} and tie_word_embeddings is false",
                       ckpt.dir());
     }
-    layers_.resize(c.num_layers);
+    const DecoderLayerOptions options{.qk_norm = spec_.qk_norm,
+                                      .attention_bias = spec_.attention_bias,
+                                      .mlp_bias = spec_.mlp_bias};
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      Layer& L = layers_[i];
-      const std::string p = "layers." + std::to_string(i) + ".";
-      BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
-      const std::string a = p + "self_attn.", m = p + "mlp.";
       // transformers' sliding_window_overlay (kv > q - window): `window` keys incl. the query's.
-      L.mask = {
+      const AttentionMask mask{
           .causal = true,
           .window = c.layer_types[i] == "sliding_attention" ? c.sliding_window.value_or(0) : 0};
-      BS_ASSIGN_OR_RETURN(
-          L.w_qkv, w.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                  {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
-      BS_ASSIGN_OR_RETURN(L.wo, w.load(a + "o_proj.weight", {h, q_dim}));
-      if (spec_.attention_bias) {
-        BS_ASSIGN_OR_RETURN(
-            L.b_qkv, w.load_stacked({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
-                                    {{q_dim}, {kv_dim}, {kv_dim}}));
-        BS_ASSIGN_OR_RETURN(L.bo, w.load_optional(a + "o_proj.bias", {h}));
-      }
-      if (spec_.qk_norm) {
-        BS_ASSIGN_OR_RETURN(L.q_norm, w.load(a + "q_norm.weight", {hd}));
-        BS_ASSIGN_OR_RETURN(L.k_norm, w.load(a + "k_norm.weight", {hd}));
-      }
-      BS_ASSIGN_OR_RETURN(
-          L.w_gate_up,
-          w.load_stacked({m + "gate_proj.weight", m + "up_proj.weight"}, {{inter, h}, {inter, h}}));
-      BS_ASSIGN_OR_RETURN(L.w_down, w.load(m + "down_proj.weight", {h, inter}));
-      if (spec_.mlp_bias) {
-        BS_ASSIGN_OR_RETURN(L.b_gate_up, w.load_stacked({m + "gate_proj.bias", m + "up_proj.bias"},
-                                                        {{inter}, {inter}}));
-        BS_ASSIGN_OR_RETURN(L.b_down, w.load(m + "down_proj.bias", {h}));
-      }
+      BS_ASSIGN_OR_RETURN(DecoderLayer layer, load_decoder_layer(w, c, i, options, mask));
+      layers_.push_back(std::move(layer));
     }
     const RopeTable rope = compute_rope(c.rope, hd, c.max_position_embeddings);
     inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
@@ -223,8 +184,6 @@ class DecoderLM final : public CausalLM {
   }
 
  private:
-  static const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
-
   Status validate(const ForwardRequest& req, const KvPool& kv) const {
     const auto& c = config_;
     const int64_t n = req.size();
@@ -269,56 +228,33 @@ class DecoderLM final : public CausalLM {
   void layers(std::span<const ForwardRequest> reqs, int64_t rows, int64_t logit_rows, KvPool& kv) {
     const auto& c = config_;
     const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
-    const Tensor ids = s_.ids.rows(0, rows), pos_t = s_.positions.rows(0, rows),
-                 slot_t = s_.slots.rows(0, rows);
     const Tensor x = s_.x.rows(0, rows), xn = s_.xn.rows(0, rows);
-    backend_.embedding(x, ids, embed_);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const Tensor qkv = s_.qkv.rows(0, rows), q = s_.q.rows(0, rows), attn = s_.attn.rows(0, rows),
-                 gate_up = s_.gate_up.rows(0, rows), act = s_.act.rows(0, rows);
+    backend_.embedding(x, s_.ids.rows(0, rows), embed_);
     const Tensor taps = tap_cols ? s_.taps.rows(0, rows) : Tensor();
+    const int64_t num_seqs = static_cast<int64_t>(reqs.size());
+    // Equally many rows per sequence (one sequence, batched decode, or verify blocks of one
+    // size): one attention call for the whole batch, each row bit-identical to its per-sequence
+    // call; else one call per sequence.
+    seq_rows_.clear();
+    for (const ForwardRequest& req : reqs) seq_rows_.push_back(req.size());
+    const bool even = std::all_of(seq_rows_.begin(), seq_rows_.end(),
+                                  [&](int64_t n) { return n == seq_rows_[0]; });
     // The whole table row of each sequence: the attention reads only the blocks covering its
     // kv length (read on the device).
-    const int64_t capacity = s_.block_table.dim(1), max_kv_len = capacity * kv.block_size;
-    const int64_t num_seqs = static_cast<int64_t>(reqs.size());
-    // Equally many rows per sequence (batched decode, or verify blocks of one size): one attention
-    // call for the whole batch, each row bit-identical to its per-sequence call.
-    const bool batched_attention =
-        num_seqs > 1 && std::all_of(reqs.begin(), reqs.end(), [&](const ForwardRequest& req) {
-          return req.size() == reqs[0].size();
-        });
-    const Tensor all_tables = s_.block_table.rows(0, num_seqs);  // [num_seqs, capacity]
-    const Tensor all_kv_lens = s_.kv_len.rows(0, num_seqs);      // [num_seqs]
-    std::vector<Tensor> tables, kv_lens;
-    for (int64_t r = 0; r < num_seqs && !batched_attention; ++r) {
-      tables.push_back(table_row(r));
-      kv_lens.push_back(s_.kv_len.rows(r, 1));
-    }
+    const PagedAttention paged{.positions = s_.positions.rows(0, rows),
+                               .slots = s_.slots.rows(0, rows),
+                               .tables = s_.block_table.rows(0, num_seqs),
+                               .kv_lens = s_.kv_len.rows(0, num_seqs),
+                               .max_kv_len = s_.block_table.dim(1) * kv.block_size,
+                               .uneven_rows = even ? std::span<const int64_t>() : seq_rows_,
+                               .fused = true,
+                               .inv_freq = inv_freq_,
+                               .attention_scaling = attention_scaling_,
+                               .eps = static_cast<float>(c.rms_norm_eps),
+                               .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    const LayerActivations a = s_.first_rows(rows);
     for (int64_t li = 0; li < c.num_layers; ++li) {
-      const Layer& L = layers_[li];
-      // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
-      backend_.rms_norm(xn, x, L.input_norm, c.rms_norm_eps);
-      backend_.matmul(qkv, xn, L.w_qkv, opt(L.b_qkv));
-      if (num_seqs == 1 || batched_attention) {
-        backend_.prologue_attention(attn, q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t,
-                                    inv_freq_, attention_scaling_, kv.k[li], kv.v[li], slot_t,
-                                    all_tables, all_kv_lens, max_kv_len, L.mask, scale);
-      } else {
-        backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
-                                    attention_scaling_, kv.k[li], kv.v[li], slot_t);
-        for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].size(), ++r) {
-          const int64_t n = reqs[r].size();
-          const int64_t r0 = static_cast<int64_t>(row);
-          backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
-                                   KvLength(max_kv_len, &kv_lens[r]), L.mask, scale);
-        }
-      }
-      backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
-      // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(xn, x, L.post_norm, c.rms_norm_eps);
-      backend_.matmul(gate_up, xn, L.w_gate_up, opt(L.b_gate_up));
-      backend_.swiglu(act, gate_up);
-      backend_.matmul(x, act, L.w_down, opt(L.b_down), /*accumulate=*/true);
+      decoder_layer(backend_, layers_[li], a, paged, kv.k[li], kv.v[li]);
       for (size_t t = 0; t < reqs[0].tap_layers.size(); ++t) {
         if (reqs[0].tap_layers[t] == li) {
           backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);
@@ -386,13 +322,14 @@ class DecoderLM final : public CausalLM {
   TargetSpec spec_;
   Backend& backend_;
   Tensor embed_, lm_head_, final_norm_;  // [vocab, hidden] x2, [hidden]
-  std::vector<Layer> layers_;
+  std::vector<DecoderLayer> layers_;
   Tensor inv_freq_;  // F32 [head_dim / 2]
   float attention_scaling_ = 1.0f;
   int64_t weight_bytes_ = 0;
   Scratch s_;
   // Staging for the index uploads: [rows] ids / positions / slots, [logit rows], [seqs].
   std::vector<int32_t> ids_host_, positions_host_, slots_host_, logit_rows_host_, kv_len_host_;
+  std::vector<int64_t> seq_rows_;  // rows of each sequence of the current forward
 };
 
 }  // namespace

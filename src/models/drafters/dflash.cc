@@ -10,9 +10,9 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/blocks/decoder_layer.h"
 #include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
-#include "models/layer_activations.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
 
@@ -20,16 +20,6 @@ namespace bs {
 namespace {
 
 using nlohmann::json;
-
-struct Layer {
-  Tensor input_norm, post_norm;  // [H]
-  DenseWeight w_qkv;             // [(heads + 2 kv) * hd, H]: q, k, v rows (one propose GEMM)
-  DenseWeight wo;                // [H, heads*hd]
-  Tensor q_norm, k_norm;         // [hd]
-  DenseWeight w_gate_up;         // [2I, H]: gate rows, then up rows
-  DenseWeight w_down;            // [H, I]
-  AttentionMask mask;
-};
 
 // Activation buffers of observe (n context rows) and propose (B block rows).
 struct ObserveScratch {
@@ -70,8 +60,7 @@ class DFlashDrafter final : public Drafter {
   Status load(const io::Checkpoint& ckpt, const CausalLM& target, bool fp8_weights) {
     const auto& m = c_.model;
     const int64_t h = m.hidden_size, hd = m.head_dim, q_dim = m.num_heads * hd,
-                  kv_dim = m.num_kv_heads * hd, inter = m.intermediate_size,
-                  n_layers = m.num_layers;
+                  kv_dim = m.num_kv_heads * hd, n_layers = m.num_layers;
     const int64_t fc_in = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
     WeightLoader w(ckpt, backend_);
     BS_ASSIGN_OR_RETURN(const io::TensorInfo* fc_info, ckpt.get(*w.resolve({"fc.weight"})));
@@ -86,30 +75,16 @@ class DFlashDrafter final : public Drafter {
     BS_ASSIGN_OR_RETURN(hidden_norm_, w.load("hidden_norm.weight", {h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
 
-    layers_.resize(n_layers);
     for (int64_t i = 0; i < n_layers; ++i) {
-      Layer& L = layers_[i];
-      const std::string p = "layers." + std::to_string(i) + ".";
-      BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
-      const std::string a = p + "self_attn.", f = p + "mlp.";
-      BS_ASSIGN_OR_RETURN(
-          L.w_qkv.w, w.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                    {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
-      BS_ASSIGN_OR_RETURN(L.wo.w, w.load(a + "o_proj.weight", {h, q_dim}));
-      BS_ASSIGN_OR_RETURN(L.q_norm, w.load(a + "q_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(L.k_norm, w.load(a + "k_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(
-          L.w_gate_up.w,
-          w.load_stacked({f + "gate_proj.weight", f + "up_proj.weight"}, {{inter, h}, {inter, h}}));
-      BS_ASSIGN_OR_RETURN(L.w_down.w, w.load(f + "down_proj.weight", {h, inter}));
-      L.mask = c_.layer_masks[i];
+      BS_ASSIGN_OR_RETURN(DecoderLayer layer,
+                          load_decoder_layer(w, m, i, {.qk_norm = true}, c_.layer_masks[i]));
+      layers_.push_back(std::move(layer));
     }
     // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
     // layer with a single matmul (a copy of the k / v rows of each layer's fused projection).
     kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.w.dtype());
     for (int64_t i = 0; i < n_layers; ++i) {
-      const Layer& L = layers_[i];
+      const DecoderLayer& L = layers_[i];
       backend_.copy(kv_fused_.rows(2 * i * kv_dim, 2 * kv_dim), L.w_qkv.w.rows(q_dim, 2 * kv_dim));
     }
 
@@ -125,7 +100,7 @@ class DFlashDrafter final : public Drafter {
       lm_head_.w = target.lm_head();
     }
     if (fp8_weights) {  // after kv_fused_ has copied the K/V rows of the loaded w_qkv
-      for (Layer& L : layers_) {
+      for (DecoderLayer& L : layers_) {
         for (DenseWeight* dw : {&L.w_qkv, &L.wo, &L.w_gate_up, &L.w_down}) dw->to_fp8(backend_);
       }
       lm_head_.to_fp8(backend_);  // a copy: the target keeps its own LM head
@@ -391,56 +366,42 @@ class DFlashDrafter final : public Drafter {
   void block_forward(KvPool& kv, int64_t S, int64_t nd) {
     const auto& m = c_.model;
     const ProposeScratch& p = prop_;
-    const int64_t rows = S * c_.block_size;
+    const int64_t rows = S * c_.block_size, B = c_.block_size;
     const float eps = static_cast<float>(m.rms_norm_eps);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-    const Tensor x = p.x.rows(0, rows), xn = p.xn.rows(0, rows), qkv = p.qkv.rows(0, rows),
-                 q = p.q.rows(0, rows), attn = p.attn.rows(0, rows),
-                 gate_up = p.gate_up.rows(0, rows), act = p.act.rows(0, rows),
-                 positions = p.positions.rows(0, rows), slots = p.slots.rows(0, rows);
-    const Tensor tables = table_.rows(0, S), kv_lens = p.kv_len.rows(0, S);
-    const int64_t max_kv_len = table_.dim(1) * kv.block_size;
+    const LayerActivations a = p.first_rows(rows);
+    const Tensor x = a.x;
     backend_.embedding(x, p.ids.rows(0, rows), embed_);
     const float emb_scale = modules_ ? modules_->input_embedding_scale() : 1.0f;
     if (emb_scale != 1.0f) backend_.scale_softcap(x, x, emb_scale, 0.0f);
-    const bool convs = modules_ && modules_->has_convs();
-    const int64_t B = c_.block_size;
-    const Tensor xc = convs ? p.conv_in.rows(0, rows) : Tensor();
-    const Tensor sub = convs ? p.sub_out.rows(0, rows) : Tensor();
+    // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
+    const PagedAttention paged{.positions = p.positions.rows(0, rows),
+                               .slots = p.slots.rows(0, rows),
+                               .tables = table_.rows(0, S),
+                               .kv_lens = p.kv_len.rows(0, S),
+                               .max_kv_len = table_.dim(1) * kv.block_size,
+                               .inv_freq = inv_freq_,
+                               .attention_scaling = attention_scaling_,
+                               .eps = eps,
+                               .scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim))};
+    // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
+    SublayerConvs convs;
+    const bool with_convs = modules_ && modules_->has_convs();
+    if (with_convs) {
+      convs.in = p.conv_in.rows(0, rows);
+      convs.out = p.sub_out.rows(0, rows);
+    }
     for (size_t li = 0; li < layers_.size(); ++li) {
-      const Layer& L = layers_[li];
-      // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
-      // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
-      // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
-      backend_.rms_norm(xn, x, L.input_norm, eps);
-      if (convs) modules_->conv_prepare(static_cast<int64_t>(li), 0, xc, xn, B);
-      L.w_qkv.apply(backend_, qkv, convs ? xc : xn);
-      backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, eps, positions, inv_freq_,
-                                  attention_scaling_, kv.k[li], kv.v[li], slots);
-      if (S == 1) {
-        backend_.paged_attention(attn, q, kv.k[li], kv.v[li], tables.view({-1}),
-                                 KvLength(max_kv_len, &kv_lens), L.mask, scale);
-      } else {
-        backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], tables, kv_lens, max_kv_len,
-                                       L.mask, scale);
+      const int64_t l = static_cast<int64_t>(li);
+      if (with_convs) {
+        convs.prepare = [&, l](int sub, const Tensor& y, const Tensor& in) {
+          modules_->conv_prepare(l, sub, y, in, B);
+        };
+        convs.finish = [&, l](int sub, const Tensor& residual, const Tensor& out) {
+          modules_->conv_finish(l, sub, residual, out, B);
+        };
       }
-      if (convs) {
-        L.wo.apply(backend_, sub, attn);
-        modules_->conv_finish(static_cast<int64_t>(li), 0, x, sub, B);
-      } else {
-        L.wo.apply(backend_, x, attn, /*accumulate=*/true);
-      }
-      // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(xn, x, L.post_norm, eps);
-      if (convs) modules_->conv_prepare(static_cast<int64_t>(li), 1, xc, xn, B);
-      L.w_gate_up.apply(backend_, gate_up, convs ? xc : xn);
-      backend_.swiglu(act, gate_up);
-      if (convs) {
-        L.w_down.apply(backend_, sub, act);
-        modules_->conv_finish(static_cast<int64_t>(li), 1, x, sub, B);
-      } else {
-        L.w_down.apply(backend_, x, act, /*accumulate=*/true);
-      }
+      decoder_layer(backend_, layers_[li], a, paged, kv.k[li], kv.v[li],
+                    with_convs ? &convs : nullptr);
     }
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
@@ -533,7 +494,7 @@ class DFlashDrafter final : public Drafter {
   Tensor fc_;                               // [H, n_taps * H_target]
   Tensor hidden_norm_;                      // [H]
   Tensor kv_fused_;                         // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
-  std::vector<Layer> layers_;
+  std::vector<DecoderLayer> layers_;
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
   DenseWeight lm_head_;  // [vocab, H]
