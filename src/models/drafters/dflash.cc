@@ -10,6 +10,7 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/blocks/context_kv.h"
 #include "models/blocks/decoder_layer.h"
 #include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
@@ -20,18 +21,6 @@ namespace bs {
 namespace {
 
 using nlohmann::json;
-
-// Activation buffers of observe (n context rows) and propose (B block rows).
-struct ObserveScratch {
-  int64_t rows = 0;
-  Tensor ctx;         // [rows, H]
-  Tensor fused;       // [rows, L*2*kv_dim]: per row K0 V0 K1 V1 ...
-  Tensor kv;          // [2*L*rows, kv_dim]: layer-major regrouping, all K then all V
-  Tensor gather_ids;  // I32 [2*L*rows]
-  Tensor positions;   // I32 [L*rows]: positions repeated once per layer
-  Tensor slots;       // I32 [rows]
-  Tensor taps;        // [>= rows, taps width]: the taps of a batched observe, side by side
-};
 
 // Rows of `seqs` blocks of B (one block per sequence of a propose_batch).
 struct ProposeScratch : LayerActivations {
@@ -71,8 +60,8 @@ class DFlashDrafter final : public Drafter {
           ckpt.dir(), fc_info->name, io::shape_to_string(fc_info->shape), h, fc_in,
           c_.target_layers.size(), target_hidden_);
     }
-    BS_ASSIGN_OR_RETURN(fc_, w.load("fc.weight", {h, fc_in}));
-    BS_ASSIGN_OR_RETURN(hidden_norm_, w.load("hidden_norm.weight", {h}));
+    BS_ASSIGN_OR_RETURN(ctx_.fc, w.load("fc.weight", {h, fc_in}));
+    BS_ASSIGN_OR_RETURN(ctx_.hidden_norm, w.load("hidden_norm.weight", {h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
 
     for (int64_t i = 0; i < n_layers; ++i) {
@@ -82,10 +71,12 @@ class DFlashDrafter final : public Drafter {
     }
     // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
     // layer with a single matmul (a copy of the k / v rows of each layer's fused projection).
-    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.w.dtype());
+    ctx_.kv_fused = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.w.dtype());
     for (int64_t i = 0; i < n_layers; ++i) {
       const DecoderLayer& L = layers_[i];
-      backend_.copy(kv_fused_.rows(2 * i * kv_dim, 2 * kv_dim), L.w_qkv.w.rows(q_dim, 2 * kv_dim));
+      backend_.copy(ctx_.kv_fused.rows(2 * i * kv_dim, 2 * kv_dim),
+                    L.w_qkv.w.rows(q_dim, 2 * kv_dim));
+      ctx_.k_norms.push_back(L.k_norm);
     }
 
     // Embedding and LM head: the drafter's own when it ships them, else the target's.
@@ -99,7 +90,7 @@ class DFlashDrafter final : public Drafter {
     } else {
       lm_head_.w = target.lm_head();
     }
-    if (fp8_weights) {  // after kv_fused_ has copied the K/V rows of the loaded w_qkv
+    if (fp8_weights) {  // after ctx_.kv_fused has copied the K/V rows of the loaded w_qkv
       for (DecoderLayer& L : layers_) {
         for (DenseWeight* dw : {&L.w_qkv, &L.wo, &L.w_gate_up, &L.w_down}) dw->to_fp8(backend_);
       }
@@ -110,6 +101,11 @@ class DFlashDrafter final : public Drafter {
     inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
                                        {static_cast<int64_t>(rope.inv_freq.size())});
     attention_scaling_ = rope.attention_scaling;
+    ctx_.inv_freq = inv_freq_;
+    ctx_.attention_scaling = attention_scaling_;
+    ctx_.eps = ctx_.k_eps = static_cast<float>(m.rms_norm_eps);
+    ctx_.kv_heads = m.num_kv_heads;
+    ctx_.head_dim = hd;
     if (modules_) BS_RETURN_IF_ERROR(modules_->load(ckpt, backend_));
     return Status::Ok();
   }
@@ -127,8 +123,8 @@ class DFlashDrafter final : public Drafter {
                             num_blocks);
   }
 
-  // ctx = hidden_norm(fc(taps)); one matmul gives every layer's K and V; per-layer k_norm;
-  // RoPE at the absolute positions; one paged write per layer.
+  // The context K/V path (blocks/context_kv.h): hidden_norm(fc(taps)), every layer's K and V;
+  // k_norm and RoPE at the absolute positions; one paged write per layer.
   Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
                  int64_t start_pos) override {
     const ObserveRequest req{.block_table = block_table, .taps = taps, .start_pos = start_pos};
@@ -138,7 +134,6 @@ class DFlashDrafter final : public Drafter {
   // Every request's rows through the context projection together (the work is row-wise: each
   // row lands in its own sequence's slot at its own position).
   Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) override {
-    const auto& m = c_.model;
     const int64_t width = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
     int64_t n = 0;
     for (const ObserveRequest& req : reqs) {
@@ -157,86 +152,38 @@ class DFlashDrafter final : public Drafter {
       n += req.taps.dim(0);
     }
     if (n == 0) return Status::Ok();
-    const int64_t n_layers = m.num_layers;
-    ensure_observe(n, reqs.size() > 1 ? width : 0);
-    ObserveScratch& s = obs_;
-
-    std::vector<int32_t> ids(static_cast<size_t>(2 * n_layers * n));
-    std::vector<int32_t> positions(static_cast<size_t>(n_layers * n));
-    std::vector<int32_t> slots(static_cast<size_t>(n));
-    for (int64_t c = 0; c < 2; ++c) {
-      for (int64_t l = 0; l < n_layers; ++l) {
-        for (int64_t i = 0; i < n; ++i) {
-          // Row (c, l, i) of the regrouped K/V = chunk (i, l, c) of the fused projection.
-          ids[(c * n_layers + l) * n + i] = static_cast<int32_t>(i * 2 * n_layers + 2 * l + c);
-        }
-      }
-    }
-    int64_t row = 0;
+    obs_.ensure(backend_, ctx_, n);
+    std::vector<int32_t> positions, slots;
     for (const ObserveRequest& req : reqs) {
-      for (int64_t i = 0; i < req.taps.dim(0); ++i, ++row) {
-        const int64_t pos = req.start_pos + i;
-        slots[row] = kv_slot(kv, req.block_table, pos);
-        for (int64_t l = 0; l < n_layers; ++l) positions[l * n + row] = static_cast<int32_t>(pos);
+      for (int64_t i = 0; i < req.taps.dim(0); ++i) {
+        positions.push_back(static_cast<int32_t>(req.start_pos + i));
+        slots.push_back(kv_slot(kv, req.block_table, req.start_pos + i));
       }
     }
-    const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
-    const Tensor pos_t = s.positions.rows(0, n_layers * n);
-    const Tensor slot_t = s.slots.rows(0, n);
-    backend_.copy_from_host(gather_ids, ids.data());
-    backend_.copy_from_host(pos_t, positions.data());
-    backend_.copy_from_host(slot_t, slots.data());
+    backend_.copy_from_host(obs_.positions.rows(0, n), positions.data());
+    backend_.copy_from_host(obs_.slots.rows(0, n), slots.data());
 
     if (reqs.size() == 1) {
       // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
       const Tensor& taps = reqs[0].taps;
-      const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_generation_, n,
+      const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_.generation, n,
                                           static_cast<const void*>(taps.data()), kv_pool_id(kv));
-      backend_.run_captured(key, [&] { context_kv(kv, taps, n); });
+      backend_.run_captured(key, [&] { context_kv(backend_, ctx_, taps, obs_, kv); });
       return Status::Ok();
     }
     // Several sequences: their taps side by side, then one uncaptured pass (the row count
     // changes from step to step, so graphs would rarely be replayed).
-    row = 0;
+    if (!obs_taps_.defined() || obs_taps_.dim(0) < n) {
+      obs_taps_ = backend_.empty({std::max<int64_t>(n, 64), width});
+    }
+    int64_t row = 0;
     for (const ObserveRequest& req : reqs) {
       const int64_t rows = req.taps.dim(0);
-      if (rows > 0) backend_.copy(s.taps.rows(row, rows), req.taps);
+      if (rows > 0) backend_.copy(obs_taps_.rows(row, rows), req.taps);
       row += rows;
     }
-    context_kv(kv, s.taps.rows(0, n), n);
+    context_kv(backend_, ctx_, obs_taps_.rows(0, n), obs_, kv);
     return Status::Ok();
-  }
-
-  // observe's device work for n uploaded context rows: fc + hidden_norm, one fused K/V GEMM,
-  // k_norm, RoPE and the paged writes of every layer.
-  void context_kv(KvPool& kv, const Tensor& taps, int64_t n) {
-    const auto& m = c_.model;
-    const int64_t n_layers = m.num_layers, kv_dim = m.num_kv_heads * m.head_dim;
-    ObserveScratch& s = obs_;
-    const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
-    const Tensor pos_t = s.positions.rows(0, n_layers * n);
-    const Tensor slot_t = s.slots.rows(0, n);
-    const Tensor ctx = s.ctx.rows(0, n);
-    backend_.matmul(ctx, taps, fc_);
-    backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(m.rms_norm_eps));
-    const Tensor fused = s.fused.rows(0, n);
-    backend_.matmul(fused, ctx, kv_fused_);
-    // Regroup [n, L, 2, kv_dim] into [2, L, n, kv_dim] with a row gather, so that every layer's
-    // K and V are contiguous [n, kv_heads, hd] tensors.
-    const Tensor kv_rows = s.kv.rows(0, 2 * n_layers * n);
-    backend_.embedding(kv_rows, gather_ids, fused.view({n * 2 * n_layers, kv_dim}));
-    const Tensor k_all = kv_rows.rows(0, n_layers * n);
-    for (int64_t l = 0; l < n_layers; ++l) {
-      const Tensor k_l = k_all.rows(l * n, n);
-      backend_.rms_norm(k_l, k_l, layers_[l].k_norm, static_cast<float>(m.rms_norm_eps));
-    }
-    backend_.rope(k_all.view({n_layers * n, m.num_kv_heads, m.head_dim}), pos_t, inv_freq_,
-                  attention_scaling_);
-    for (int64_t l = 0; l < n_layers; ++l) {
-      const Tensor k_l = k_all.rows(l * n, n).view({n, m.num_kv_heads, m.head_dim});
-      const Tensor v_l = kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
-      backend_.kv_write(kv.k[l], kv.v[l], k_l, v_l, slot_t);
-    }
   }
 
   // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
@@ -429,27 +376,6 @@ class DFlashDrafter final : public Drafter {
     return Status::Ok();
   }
 
-  // Observe scratch for `rows` rows (and a taps buffer of `taps_width` columns when asked).
-  void ensure_observe(int64_t rows, int64_t taps_width) {
-    const auto& m = c_.model;
-    if (taps_width > 0 && (!obs_.taps.defined() || obs_.taps.dim(0) < rows)) {
-      obs_.taps = backend_.empty({std::max<int64_t>(rows, 64), taps_width});
-    }
-    if (rows <= obs_.rows) return;
-    const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
-                  kv_dim = m.num_kv_heads * m.head_dim;
-    // The size is recorded once the buffers exist (an AllocationError leaves a consistent state).
-    obs_.rows = 0;
-    ++obs_generation_;
-    obs_.ctx = backend_.empty({r, m.hidden_size});
-    obs_.fused = backend_.empty({r, L * 2 * kv_dim});
-    obs_.kv = backend_.empty({2 * L * r, kv_dim});
-    obs_.gather_ids = backend_.empty({2 * L * r}, DType::kI32);
-    obs_.positions = backend_.empty({L * r}, DType::kI32);
-    obs_.slots = backend_.empty({r}, DType::kI32);
-    obs_.rows = r;
-  }
-
   // Propose scratch for `seqs` blocks and a [seqs, >= table_blocks] table. Growing either
   // bumps table_generation_ (captured proposes hold the old buffers); both double.
   void ensure_propose(int64_t seqs, int64_t table_blocks) {
@@ -491,20 +417,18 @@ class DFlashDrafter final : public Drafter {
   int64_t target_hidden_;
   int64_t vocab_;
   std::unique_ptr<DFlashModules> modules_;  // DSpark / DFlash2 parts; null for DFlash
-  Tensor fc_;                               // [H, n_taps * H_target]
-  Tensor hidden_norm_;                      // [H]
-  Tensor kv_fused_;                         // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
+  ContextKv ctx_;                           // fc, hidden_norm, every layer's k/v projection
   std::vector<DecoderLayer> layers_;
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
   DenseWeight lm_head_;  // [vocab, H]
   Tensor inv_freq_;      // F32 [hd / 2]
   float attention_scaling_ = 1.0f;
-  ObserveScratch obs_;
+  ContextKvScratch obs_;
+  Tensor obs_taps_;  // [>= rows, taps width]: the taps of a batched observe, side by side
   ProposeScratch prop_;
   Tensor table_;                  // I32 [seqs, capacity]: block tables of the current call
   int64_t table_generation_ = 0;  // bumped when table_ is reallocated
-  int64_t obs_generation_ = 0;    // bumped when the observe scratch is reallocated
 };
 
 // dflash_config when present (an object), else an empty object.

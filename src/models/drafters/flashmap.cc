@@ -14,6 +14,7 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/blocks/context_kv.h"
 #include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
 #include "models/drafters/flashmap_conventions.h"
@@ -275,21 +276,13 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Status fold_noise(WeightLoader& r);
   Status fold_head(WeightLoader& r);  // after the draft vocabulary and the jumps
   Result<SymmetricEigen> embedding_eigenbasis() const;
-  void ensure_observe_scratch(int64_t rows);
 
-  // rows[n, D] at positions/slots (I32 [n]) -> cross-attention K/V of every layer: one GEMM over
-  // the fused [L*2*A, D] weight, then per layer k_norm + RoPE and the paged write.
-  void write_context_kv(KvPool& kv, const Tensor& rows, const Tensor& fused,
-                        const Tensor& positions, const Tensor& slots, const Tensor& k,
-                        const Tensor& v);
   // The DiT on h [B, D] (modified in place) for one jump; writes the final AdaLN output to out.
   void dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv, const Tensor& table,
            KvLength kv_len);
   // propose's device work after the uploads: anchor row, noise, jumps, head logits of nd rows.
   Status propose_block(KvPool& kv, const Tensor& table, KvLength kv_len, int64_t nd,
                        uint64_t noise_seed);
-  // observe's device work after the uploads, for n context rows.
-  void observe_rows(KvPool& kv, const Tensor& taps, int64_t n);
   // Starting noise [B, cols] for the slots at p+1.. into `out`.
   Status draw_noise(const Tensor& out, uint64_t seed, uint32_t stream);
 
@@ -303,13 +296,11 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   float noise_scale_ = 1;
 
   // Weights.
-  Tensor fc_;                           // [D, n_aux*Ht]
-  Tensor hidden_norm_;                  // [D]
+  ContextKv ctx_;  // fc, hidden_norm, every layer's cross k/v projection and k_norm
   Tensor anchor_proj_, anchor_proj_b_;  // [D, Ht], [D]
   Tensor anchor_norm_;                  // [D]
   Tensor state_norm_;                   // [Ht]
   Tensor x_embed_, x_embed_b_;          // [D, Ht], [D]
-  Tensor ctx_kv_;                       // [L*2*A, D]: per layer cross k_proj, v_proj stacked
   std::vector<DitLayer> layers_;
   Tensor inv_freq_;  // F32 [hd/2]
 
@@ -326,34 +317,26 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
 
   // Propose scratch (B rows).
   struct {
-    Tensor ids, anchor_pos, anchor_slot;  // I32 [1]
-    Tensor kv_len;                        // I32 [1]: p + 1, the context the block attends to
-    Tensor slot_pos;                      // I32 [B]: p+1 .. p+B
-    Tensor block_table;                   // I32 [capacity]
-    Tensor anchor_emb;                    // [1, Ht]
-    Tensor anchor_row;                    // [1, D]
-    Tensor anchor_fused;                  // [1, L*2*A]
-    Tensor anchor_k, anchor_v;            // [1, A]
-    Tensor h, out, n, tmp;                // [B, D]
-    Tensor qkv;                           // [B, 3*A]
-    Tensor q, k, v, attn;                 // [B, A]
-    Tensor mid;                           // [B, I]
-    Tensor z;                             // F32 [B, Ht] eigenbasis noise (folded)
-    Tensor noise_proj;                    // [B, D]
-    Tensor pair;                          // F32 [2B, V]: posterior rows, then state rows
-    Tensor pair_emb;                      // [2B, Ht]
-    Tensor delta;                         // F32 [B, V]
-    Tensor head_logits;                   // [B, V'] (draft vocabulary)
-    Tensor logits;                        // [B, V_target]
+    Tensor ids;             // I32 [1]
+    Tensor kv_len;          // I32 [1]: p + 1, the context the block attends to
+    Tensor slot_pos;        // I32 [B]: p+1 .. p+B
+    Tensor block_table;     // I32 [capacity]
+    Tensor anchor_emb;      // [1, Ht]
+    Tensor anchor_row;      // [1, D]
+    Tensor h, out, n, tmp;  // [B, D]
+    Tensor qkv;             // [B, 3*A]
+    Tensor q, k, v, attn;   // [B, A]
+    Tensor mid;             // [B, I]
+    Tensor z;               // F32 [B, Ht] eigenbasis noise (folded)
+    Tensor noise_proj;      // [B, D]
+    Tensor pair;            // F32 [2B, V]: posterior rows, then state rows
+    Tensor pair_emb;        // [2B, Ht]
+    Tensor delta;           // F32 [B, V]
+    Tensor head_logits;     // [B, V'] (draft vocabulary)
+    Tensor logits;          // [B, V_target]
   } p_;
-  // Observe scratch (grows).
-  struct {
-    int64_t rows = 0;
-    Tensor ctx;               // [rows, D]
-    Tensor fused;             // [rows, L*2*A]
-    Tensor k, v;              // [rows, A]
-    Tensor positions, slots;  // I32 [rows]
-  } o_;
+  ContextKvScratch o_;       // observe (grows)
+  ContextKvScratch anchor_;  // propose's anchor row
   std::optional<std::vector<float>> injected_;
 };
 
@@ -382,15 +365,11 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   // Scratch of propose.
   const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), Ht = c_.target_hidden;
   p_.ids = backend_.empty({1}, DType::kI32);
-  p_.anchor_pos = backend_.empty({1}, DType::kI32);
-  p_.anchor_slot = backend_.empty({1}, DType::kI32);
   p_.kv_len = backend_.empty({1}, DType::kI32);
   p_.slot_pos = backend_.empty({B}, DType::kI32);
   p_.anchor_emb = backend_.empty({1, Ht});
   p_.anchor_row = backend_.empty({1, D});
-  p_.anchor_fused = backend_.empty({1, c_.layers * 2 * A});
-  p_.anchor_k = backend_.empty({1, A});
-  p_.anchor_v = backend_.empty({1, A});
+  anchor_.ensure(backend_, ctx_, 1);
   for (Tensor* t : {&p_.h, &p_.out, &p_.n, &p_.tmp, &p_.noise_proj}) *t = backend_.empty({B, D});
   p_.qkv = backend_.empty({B, 3 * A});
   for (Tensor* t : {&p_.q, &p_.k, &p_.v, &p_.attn}) *t = backend_.empty({B, A});
@@ -412,8 +391,8 @@ Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
   const int64_t D = c_.hidden, Ht = c_.target_hidden, A = attn_dim(), hd = c_.head_dim,
                 I = c_.intermediate;
   const int64_t n_aux = static_cast<int64_t>(c_.aux_layer_ids.size());
-  BS_ASSIGN_OR_RETURN(fc_, r.load("fc.weight", {D, n_aux * Ht}));
-  BS_ASSIGN_OR_RETURN(hidden_norm_, r.load("hidden_norm.weight", {D}));
+  BS_ASSIGN_OR_RETURN(ctx_.fc, r.load("fc.weight", {D, n_aux * Ht}));
+  BS_ASSIGN_OR_RETURN(ctx_.hidden_norm, r.load("hidden_norm.weight", {D}));
   BS_ASSIGN_OR_RETURN(anchor_proj_, r.load("anchor_proj.weight", {D, Ht}));
   BS_ASSIGN_OR_RETURN(anchor_proj_b_, r.load("anchor_proj.bias", {D}));
   BS_ASSIGN_OR_RETURN(anchor_norm_, r.load("anchor_norm.weight", {D}));
@@ -444,15 +423,21 @@ Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
     BS_ASSIGN_OR_RETURN(L.cross_o, r.load(p + "cross_attn.o_proj.weight", {D, A}));
     BS_ASSIGN_OR_RETURN(L.cross_q_norm, r.load(p + "cross_attn.q_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.cross_k_norm, r.load(p + "cross_attn.k_norm.weight", {hd}));
+    ctx_.k_norms.push_back(L.cross_k_norm);
     BS_ASSIGN_OR_RETURN(L.fc1, r.load(p + "mlp.fc1.weight", {I, D}));
     BS_ASSIGN_OR_RETURN(L.fc1_b, r.load(p + "mlp.fc1.bias", {I}));
     BS_ASSIGN_OR_RETURN(L.fc2, r.load(p + "mlp.fc2.weight", {D, I}));
     BS_ASSIGN_OR_RETURN(L.fc2_b, r.load(p + "mlp.fc2.bias", {D}));
   }
-  ctx_kv_ = upload(backend_, DType::kF32, ctx_kv.data(), {c_.layers * 2 * A, D});
+  ctx_.kv_fused = upload(backend_, DType::kF32, ctx_kv.data(), {c_.layers * 2 * A, D});
   const RopeTable rope = compute_rope(io::RopeConfig{.theta = c_.rope_theta}, c_.head_dim, 0);
   inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
                                      {static_cast<int64_t>(rope.inv_freq.size())});
+  ctx_.inv_freq = inv_freq_;
+  ctx_.eps = static_cast<float>(c_.rms_norm_eps);
+  ctx_.k_eps = static_cast<float>(c_.qk_norm_eps);
+  ctx_.kv_heads = c_.heads;
+  ctx_.head_dim = c_.head_dim;
   return Status::Ok();
 }
 
@@ -701,34 +686,6 @@ KvPool FlashMapDrafterImpl::make_kv_pool(int64_t num_blocks) {
   return bs::make_kv_pool(backend_, c_.layers, c_.heads, c_.head_dim, num_blocks);
 }
 
-void FlashMapDrafterImpl::ensure_observe_scratch(int64_t rows) {
-  if (rows <= o_.rows) return;
-  const int64_t r = std::max<int64_t>(rows, 16), A = attn_dim();
-  o_.rows = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
-  o_.ctx = backend_.empty({r, c_.hidden});
-  o_.fused = backend_.empty({r, c_.layers * 2 * A});
-  o_.k = backend_.empty({r, A});
-  o_.v = backend_.empty({r, A});
-  o_.positions = backend_.empty({r}, DType::kI32);
-  o_.slots = backend_.empty({r}, DType::kI32);
-  o_.rows = r;
-}
-
-void FlashMapDrafterImpl::write_context_kv(KvPool& kv, const Tensor& rows, const Tensor& fused,
-                                           const Tensor& positions, const Tensor& slots,
-                                           const Tensor& k, const Tensor& v) {
-  const int64_t n = rows.dim(0), A = attn_dim();
-  backend_.matmul(fused, rows, ctx_kv_);  // [n, L*2*A]: K0 V0 K1 V1 ...
-  for (int64_t l = 0; l < c_.layers; ++l) {
-    backend_.slice_columns(k, fused, l * 2 * A);
-    backend_.slice_columns(v, fused, l * 2 * A + A);
-    backend_.rms_norm(k, k, layers_[l].cross_k_norm, static_cast<float>(c_.qk_norm_eps));
-    backend_.rope(k.view({n, c_.heads, c_.head_dim}), positions, inv_freq_, 1.0f);
-    backend_.kv_write(kv.k[l], kv.v[l], k.view({n, c_.heads, c_.head_dim}),
-                      v.view({n, c_.heads, c_.head_dim}), slots);
-  }
-}
-
 Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_table,
                                     const Tensor& taps, int64_t start_pos) {
   const int64_t n = taps.dim(0);
@@ -748,7 +705,7 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
         "[{}, {})",
         block_table.size(), start_pos, end);
   }
-  ensure_observe_scratch(n);
+  o_.ensure(backend_, ctx_, n);
   std::vector<int32_t> pos(n), slots(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = start_pos + i;
@@ -759,20 +716,10 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
   backend_.copy_from_host(pos_t, pos.data());
   backend_.copy_from_host(slot_t, slots.data());
   // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
-  const std::string key =
-      fmt::format("flashmap-observe:{}:{}:{}:{:x}", n, static_cast<const void*>(o_.ctx.data()),
-                  static_cast<const void*>(taps.data()), kv_pool_id(kv));
-  backend_.run_captured(key, [&] { observe_rows(kv, taps, n); });
+  const std::string key = fmt::format("flashmap-observe:{}:{}:{}:{:x}", n, o_.generation,
+                                      static_cast<const void*>(taps.data()), kv_pool_id(kv));
+  backend_.run_captured(key, [&] { context_kv(backend_, ctx_, taps, o_, kv); });
   return Status::Ok();
-}
-
-void FlashMapDrafterImpl::observe_rows(KvPool& kv, const Tensor& taps, int64_t n) {
-  // Context rows: hidden_norm(fc(concat taps)).
-  const Tensor ctx = o_.ctx.rows(0, n);
-  backend_.matmul(ctx, taps, fc_);
-  backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(kv, ctx, o_.fused.rows(0, n), o_.positions.rows(0, n), o_.slots.rows(0, n),
-                   o_.k.rows(0, n), o_.v.rows(0, n));
 }
 
 void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv,
@@ -877,8 +824,8 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
     slot_pos[k] = static_cast<int32_t>(p + conv_.noise_position_offset + k);
   }
   backend_.copy_from_host(p_.ids, &req.anchor);
-  backend_.copy_from_host(p_.anchor_pos, &anchor_pos);
-  backend_.copy_from_host(p_.anchor_slot, &anchor_slot);
+  backend_.copy_from_host(anchor_.positions.rows(0, 1), &anchor_pos);
+  backend_.copy_from_host(anchor_.slots.rows(0, 1), &anchor_slot);
   backend_.copy_from_host(p_.slot_pos, slot_pos.data());
   const int32_t kv_len = static_cast<int32_t>(p + 1);
   backend_.copy_from_host(p_.kv_len, &kv_len);
@@ -912,8 +859,7 @@ Status FlashMapDrafterImpl::propose_block(KvPool& kv, const Tensor& table, KvLen
   backend_.matmul(p_.anchor_row, p_.anchor_emb, anchor_proj_, &anchor_proj_b_);
   backend_.rms_norm(p_.anchor_row, p_.anchor_row, anchor_norm_,
                     static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(kv, p_.anchor_row, p_.anchor_fused, p_.anchor_pos, p_.anchor_slot, p_.anchor_k,
-                   p_.anchor_v);
+  write_context_kv(backend_, ctx_, p_.anchor_row, anchor_, kv);
 
   if (folded_) {
     // One jump, folded: hidden = first_hidden + g_0 rsqrt(Σ eig z² + eps) (z · noise_embedᵀ).
