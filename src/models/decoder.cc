@@ -20,14 +20,12 @@ namespace {
 // Activation buffers sized for up to `rows` tokens per forward.
 struct Scratch : LayerActivations {
   int64_t rows = 0;
-  int64_t generation = 0;        // bumped on every reallocation (keys of captured forwards)
-  Tensor ids, positions, slots;  // I32 [rows]
-  Tensor kv_len;                 // I32 [seqs]: start_pos + n of each sequence of the forward
-  Tensor block_table;            // I32 [seqs, capacity in blocks]
-  Tensor logit_rows;             // I32 [rows]: rows whose logits a batched forward wants
-  Tensor gathered;               // [rows, hidden]: logit rows of a batch, gathered
-  Tensor logits;                 // [rows, vocab]
-  Tensor taps;                   // [rows, n_taps * hidden]
+  int64_t generation = 0;  // bumped on every reallocation (keys of captured forwards)
+  Tensor ids;              // I32 [rows]
+  Tensor logit_rows;       // I32 [rows]: rows whose logits a batched forward wants
+  Tensor gathered;         // [rows, hidden]: logit rows of a batch, gathered
+  Tensor logits;           // [rows, vocab]
+  Tensor taps;             // [rows, n_taps * hidden]
   int64_t tap_cols = 0;
 };
 
@@ -97,7 +95,7 @@ class DecoderLM final : public CausalLM {
                        BatchForwardResult* out) override {
     const auto& c = config_;
     if (reqs.empty()) return InvalidArgument("forward: no sequences");
-    int64_t rows = 0, logit_rows = 0, table_blocks = 0;
+    int64_t rows = 0, logit_rows = 0;
     for (size_t r = 0; r < reqs.size(); ++r) {
       BS_RETURN_IF_ERROR(validate(reqs[r], kv)
                              .with_context(reqs.size() > 1
@@ -109,63 +107,48 @@ class DecoderLM final : public CausalLM {
       }
       rows += reqs[r].size();
       logit_rows += reqs[r].num_logits;
-      table_blocks = std::max(table_blocks, static_cast<int64_t>(reqs[r].block_table.size()));
     }
     const int64_t num_seqs = static_cast<int64_t>(reqs.size());
     const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
-    ensure_scratch(rows, table_blocks, tap_cols, num_seqs);
-    const int64_t capacity = s_.block_table.dim(1);
+    ensure_scratch(rows, tap_cols);
 
     // Host-side index tensors for this step, uploaded before the captured layer stack: rows of
-    // all sequences back to back; per sequence its block table row and KV length; the rows
-    // whose logits are wanted (the last num_logits rows of each sequence). Tokens already on the
-    // device are copied into the ids on the device after the upload (a zero stands in for them
-    // in the host ids), outside the captured stack like the uploads.
+    // all sequences back to back (positions, slots, tables and KV lengths: the paged batch); the
+    // ids and the rows whose logits are wanted (the last num_logits rows of each sequence).
+    // Tokens already on the device are copied into the ids on the device after the upload (a
+    // zero stands in for them in the host ids), outside the captured stack like the uploads.
+    batch_seqs_.clear();
     ids_host_.clear();
-    positions_host_.clear();
-    slots_host_.clear();
     logit_rows_host_.clear();
-    kv_len_host_.clear();
-    std::string shape;  // rows / logits per sequence, part of the capture key
+    std::string shape;  // logits per sequence, part of the capture key
     bool host_ids = false;
     for (const ForwardRequest& req : reqs) {
       const int64_t n = req.size(), first = ids_host_.size();
       const bool on_device = req.device_tokens.defined();
       host_ids |= !on_device;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t pos = req.start_pos + i;
-        ids_host_.push_back(on_device ? 0 : req.tokens[i]);
-        positions_host_.push_back(static_cast<int32_t>(pos));
-        slots_host_.push_back(kv_slot(kv, req.block_table, pos));
-      }
+      for (int64_t i = 0; i < n; ++i) ids_host_.push_back(on_device ? 0 : req.tokens[i]);
       for (int64_t i = n - req.num_logits; i < n; ++i) {
         logit_rows_host_.push_back(static_cast<int32_t>(first + i));
       }
-      kv_len_host_.push_back(static_cast<int32_t>(req.start_pos + n));
-      shape += fmt::format("{}/{},", n, req.num_logits);
+      batch_seqs_.push_back(
+          {.block_table = req.block_table, .start_pos = req.start_pos, .rows = n});
+      shape += fmt::format("{},", req.num_logits);
     }
+    batch_.stage(backend_, kv, batch_seqs_);
     if (host_ids) backend_.copy_from_host(s_.ids.rows(0, rows), ids_host_.data());
     for (int64_t r = 0, row = 0; r < num_seqs; row += reqs[r].size(), ++r) {
       if (reqs[r].device_tokens.defined()) {
         backend_.copy(s_.ids.rows(row, reqs[r].size()), reqs[r].device_tokens);
       }
     }
-    backend_.copy_from_host(s_.positions.rows(0, rows), positions_host_.data());
-    backend_.copy_from_host(s_.slots.rows(0, rows), slots_host_.data());
     if (num_seqs > 1 && logit_rows > 0) {
       backend_.copy_from_host(s_.logit_rows.rows(0, logit_rows), logit_rows_host_.data());
     }
-    for (int64_t r = 0; r < num_seqs; ++r) {
-      backend_.copy_from_host(
-          table_row(r).rows(0, static_cast<int64_t>(reqs[r].block_table.size())),
-          reqs[r].block_table.data());
-    }
-    backend_.copy_from_host(s_.kv_len.rows(0, num_seqs), kv_len_host_.data());
 
     // Everything below depends on the step only through the uploaded tensors, so a backend may
     // capture it once per (sequence shapes, taps, cache capacity, KV pools) and replay it.
-    std::string key = fmt::format("decoder:{}:{}:{}:{:x}:{}", s_.generation, shape, capacity,
-                                  kv_pool_id(kv), tap_cols);
+    std::string key =
+        fmt::format("decoder:{}:{}:{}:{}", s_.generation, batch_.key(kv), shape, tap_cols);
     for (int layer : reqs[0].tap_layers) key += fmt::format(",{}", layer);
     backend_.run_captured(key, [&] { layers(reqs, rows, logit_rows, kv); });
 
@@ -216,42 +199,32 @@ class DecoderLM final : public CausalLM {
     return Status::Ok();
   }
 
-  // Sequence r's row of the block-table scratch: I32 [capacity].
-  Tensor table_row(int64_t r) const {
-    return s_.block_table.rows(r, 1).view({s_.block_table.dim(1)});
-  }
-
-  // The layer stack of one forward over the uploaded rows of all sequences (ids / positions /
-  // slots / block tables / kv lengths in scratch): projections and MLPs run over all rows at
-  // once, attention per sequence over its own cache (in one batched call when the sequences have
-  // equally many rows); writes logits and taps to scratch.
+  // The layer stack of one forward over the uploaded rows of all sequences (ids in scratch,
+  // positions / slots / block tables / kv lengths in the paged batch): projections and MLPs run
+  // over all rows at once, attention per sequence over its own cache (in one batched call when the
+  // sequences have equally many rows); writes logits and taps to scratch.
   void layers(std::span<const ForwardRequest> reqs, int64_t rows, int64_t logit_rows, KvPool& kv) {
     const auto& c = config_;
     const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
     const Tensor x = s_.x.rows(0, rows), xn = s_.xn.rows(0, rows);
     backend_.embedding(x, s_.ids.rows(0, rows), embed_);
     const Tensor taps = tap_cols ? s_.taps.rows(0, rows) : Tensor();
-    const int64_t num_seqs = static_cast<int64_t>(reqs.size());
     // Equally many rows per sequence (one sequence, batched decode, or verify blocks of one
     // size): one attention call for the whole batch, each row bit-identical to its per-sequence
-    // call; else one call per sequence.
-    seq_rows_.clear();
-    for (const ForwardRequest& req : reqs) seq_rows_.push_back(req.size());
-    const bool even = std::all_of(seq_rows_.begin(), seq_rows_.end(),
-                                  [&](int64_t n) { return n == seq_rows_[0]; });
-    // The whole table row of each sequence: the attention reads only the blocks covering its
-    // kv length (read on the device).
-    const PagedAttention paged{.positions = s_.positions.rows(0, rows),
-                               .slots = s_.slots.rows(0, rows),
-                               .tables = s_.block_table.rows(0, num_seqs),
-                               .kv_lens = s_.kv_len.rows(0, num_seqs),
-                               .max_kv_len = s_.block_table.dim(1) * kv.block_size,
-                               .uneven_rows = even ? std::span<const int64_t>() : seq_rows_,
-                               .fused = true,
-                               .inv_freq = inv_freq_,
-                               .attention_scaling = attention_scaling_,
-                               .eps = static_cast<float>(c.rms_norm_eps),
-                               .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    // call; else one call per sequence. The whole table row of each sequence: the attention
+    // reads only the blocks covering its kv length (read on the device).
+    const PagedAttention paged{
+        .positions = batch_.positions(),
+        .slots = batch_.slots(),
+        .tables = batch_.tables(),
+        .kv_lens = batch_.kv_lens(),
+        .max_kv_len = batch_.max_kv_len(),
+        .uneven_rows = batch_.even() ? std::span<const int64_t>() : batch_.seq_rows(),
+        .fused = true,
+        .inv_freq = inv_freq_,
+        .attention_scaling = attention_scaling_,
+        .eps = static_cast<float>(c.rms_norm_eps),
+        .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
     const LayerActivations a = s_.first_rows(rows);
     for (int64_t li = 0; li < c.num_layers; ++li) {
       decoder_layer(backend_, layers_[li], a, paged, kv.k[li], kv.v[li]);
@@ -276,7 +249,7 @@ class DecoderLM final : public CausalLM {
     }
   }
 
-  void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols, int64_t num_seqs) {
+  void ensure_scratch(int64_t rows, int64_t tap_cols) {
     const auto& c = config_;
     // The sizes are recorded after their buffers exist: an allocation failure (AllocationError)
     // leaves scratch that still matches them, so the next forward works.
@@ -287,8 +260,6 @@ class DecoderLM final : public CausalLM {
       s_.tap_cols = 0;
       s_.ids = backend_.empty({r}, DType::kI32);
       s_.logit_rows = backend_.empty({r}, DType::kI32);
-      s_.positions = backend_.empty({r}, DType::kI32);
-      s_.slots = backend_.empty({r}, DType::kI32);
       s_.allocate_layers(backend_, c, r);
       s_.gathered = backend_.empty({r, c.hidden_size});
       s_.logits = backend_.empty({r, c.vocab_size});
@@ -299,22 +270,6 @@ class DecoderLM final : public CausalLM {
       s_.tap_cols = 0;
       s_.taps = backend_.empty({s_.rows, tap_cols});
       s_.tap_cols = tap_cols;
-    }
-    // Block tables: one row per sequence; the capacity only grows (graphs bind it).
-    const int64_t seqs = std::max<int64_t>(num_seqs, 1);
-    if (!s_.block_table.defined() || s_.block_table.dim(1) < table_blocks ||
-        s_.block_table.dim(0) < seqs) {
-      // Capacity doubles when outgrown, so a long generation re-captures its graphs only
-      // log2(length) times.
-      const int64_t old_cap = s_.block_table.defined() ? s_.block_table.dim(1) : 0;
-      const int64_t cap =
-          std::max<int64_t>({table_blocks, 64, table_blocks > old_cap ? 2 * old_cap : old_cap});
-      const int64_t rows_needed =
-          std::max(seqs, s_.block_table.defined() ? s_.block_table.dim(0) : int64_t{1});
-      Tensor table = backend_.empty({rows_needed, cap}, DType::kI32);
-      s_.kv_len = backend_.empty({rows_needed}, DType::kI32);
-      s_.block_table = std::move(table);
-      ++s_.generation;
     }
   }
 
@@ -327,9 +282,10 @@ class DecoderLM final : public CausalLM {
   float attention_scaling_ = 1.0f;
   int64_t weight_bytes_ = 0;
   Scratch s_;
-  // Staging for the index uploads: [rows] ids / positions / slots, [logit rows], [seqs].
-  std::vector<int32_t> ids_host_, positions_host_, slots_host_, logit_rows_host_, kv_len_host_;
-  std::vector<int64_t> seq_rows_;  // rows of each sequence of the current forward
+  // Staging for the index uploads: [rows] ids, [logit rows].
+  std::vector<int32_t> ids_host_, logit_rows_host_;
+  PagedBatch batch_;  // positions, slots, block tables, KV lengths of the current forward
+  std::vector<PagedBatch::Seq> batch_seqs_;
 };
 
 }  // namespace

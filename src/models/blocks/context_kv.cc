@@ -13,25 +13,22 @@ void ContextKvScratch::ensure(Backend& b, const ContextKv& w, int64_t n) {
   fused = b.empty({r, w.layers() * 2 * kv_dim});
   k = b.empty({r, kv_dim});
   v = b.empty({r, kv_dim});
-  positions = b.empty({r}, DType::kI32);
-  slots = b.empty({r}, DType::kI32);
   rows = r;
 }
 
-void context_kv(Backend& b, const ContextKv& w, const Tensor& taps, ContextKvScratch& s,
-                KvPool& kv) {
+void context_kv(Backend& b, const ContextKv& w, const Tensor& taps, const Tensor& positions,
+                const Tensor& slots, ContextKvScratch& s, KvPool& kv) {
   const int64_t n = taps.dim(0);
   const Tensor ctx = s.ctx.rows(0, n);
   b.matmul(ctx, taps, w.fc);
   b.rms_norm(ctx, ctx, w.hidden_norm, w.eps);
-  write_context_kv(b, w, ctx, s, kv);
+  write_context_kv(b, w, ctx, positions, slots, s, kv);
 }
 
-void write_context_kv(Backend& b, const ContextKv& w, const Tensor& ctx, ContextKvScratch& s,
-                      KvPool& kv) {
+void write_context_kv(Backend& b, const ContextKv& w, const Tensor& ctx, const Tensor& positions,
+                      const Tensor& slots, ContextKvScratch& s, KvPool& kv) {
   const int64_t n = ctx.dim(0), kv_dim = w.kv_dim();
   const Tensor fused = s.fused.rows(0, n), k = s.k.rows(0, n), v = s.v.rows(0, n);
-  const Tensor positions = s.positions.rows(0, n), slots = s.slots.rows(0, n);
   b.matmul(fused, ctx, w.kv_fused);  // [n, L * 2 * kv_dim]: K0 V0 K1 V1 ...
   const Tensor k_heads = k.view({n, w.kv_heads, w.head_dim});
   for (int64_t l = 0; l < w.layers(); ++l) {

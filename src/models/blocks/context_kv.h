@@ -33,20 +33,20 @@ struct ContextKv {
 // (captured op sequences hold their addresses).
 struct ContextKvScratch {
   int64_t rows = 0, generation = 0;
-  Tensor ctx;               // [rows, H]
-  Tensor fused;             // [rows, L * 2 * kv_dim]
-  Tensor k, v;              // [rows, kv_dim]
-  Tensor positions, slots;  // I32 [rows]
+  Tensor ctx;    // [rows, H]
+  Tensor fused;  // [rows, L * 2 * kv_dim]
+  Tensor k, v;   // [rows, kv_dim]
 
   void ensure(Backend& b, const ContextKv& w, int64_t rows);
 };
 
-// ctx = hidden_norm(taps · fcᵀ) of n = taps.dim(0) rows, then write_context_kv.
-void context_kv(Backend& b, const ContextKv& w, const Tensor& taps, ContextKvScratch& s,
-                KvPool& kv);
+// ctx = hidden_norm(taps · fcᵀ) of n = taps.dim(0) rows, then write_context_kv. positions and
+// slots (I32 [n], a PagedBatch's) say where each row goes.
+void context_kv(Backend& b, const ContextKv& w, const Tensor& taps, const Tensor& positions,
+                const Tensor& slots, ContextKvScratch& s, KvPool& kv);
 
-// K/V of every layer for context rows ctx [n, H] (already projected) at s.positions / s.slots.
-void write_context_kv(Backend& b, const ContextKv& w, const Tensor& ctx, ContextKvScratch& s,
-                      KvPool& kv);
+// K/V of every layer for context rows ctx [n, H] (already projected).
+void write_context_kv(Backend& b, const ContextKv& w, const Tensor& ctx, const Tensor& positions,
+                      const Tensor& slots, ContextKvScratch& s, KvPool& kv);
 
 }  // namespace bs

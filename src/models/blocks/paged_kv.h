@@ -22,4 +22,46 @@ inline int32_t kv_slot(const KvPool& kv, std::span<const int32_t> table, int64_t
   return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
 }
 
+// The index tensors of one paged forward over several sequences whose rows lie back to back,
+// staged once per step (one upload each) into buffers that grow by doubling:
+//   positions, slots  I32 [rows]           row i of sequence r: position start_pos + i, its slot
+//   tables            I32 [seqs, capacity] each sequence's block table, zero-padded
+//   kv_lens           I32 [seqs]           start_pos + rows: the cached length the rows attend to
+// Every model stages through it (target forward, drafter observe and propose), so none computes
+// the slot formula or sizes table buffers itself.
+class PagedBatch {
+ public:
+  struct Seq {
+    std::span<const int32_t> block_table;  // covers positions [0, start_pos + rows)
+    int64_t start_pos = 0;
+    int64_t rows = 0;
+  };
+
+  // Stages `seqs`; without `with_tables` only positions and slots (context K/V writes).
+  void stage(Backend& b, const KvPool& kv, std::span<const Seq> seqs, bool with_tables = true);
+
+  int64_t rows() const { return rows_; }
+  int64_t seqs() const { return static_cast<int64_t>(seq_rows_.size()); }
+  Tensor positions() const { return positions_.rows(0, rows_); }
+  Tensor slots() const { return slots_.rows(0, rows_); }
+  Tensor tables() const { return tables_.rows(0, seqs()); }  // [seqs, capacity]
+  Tensor table(int64_t r) const { return tables_.rows(r, 1).view({capacity()}); }
+  Tensor kv_lens() const { return kv_lens_.rows(0, seqs()); }
+  int64_t capacity() const { return tables_.defined() ? tables_.dim(1) : 0; }
+  // capacity * block_size: bounds the attention launch (the lengths themselves are on the device).
+  int64_t max_kv_len() const { return capacity() * block_size_; }
+  // Rows of each sequence, and whether they are all equal (one batched attention call).
+  std::span<const int64_t> seq_rows() const { return seq_rows_; }
+  bool even() const;
+  // What the staged buffers contribute to a capture key: their addresses and generation (bumped
+  // on every reallocation), the rows of each sequence, the table capacity and the pool.
+  std::string key(const KvPool& kv) const;
+
+ private:
+  int64_t rows_ = 0, block_size_ = 0, generation_ = 0;
+  std::vector<int64_t> seq_rows_;
+  Tensor positions_, slots_, tables_, kv_lens_;
+  std::vector<int32_t> positions_host_, slots_host_, tables_host_, kv_lens_host_;
+};
+
 }  // namespace bs

@@ -25,9 +25,8 @@ using nlohmann::json;
 // Rows of `seqs` blocks of B (one block per sequence of a propose_batch).
 struct ProposeScratch : LayerActivations {
   int64_t seqs = 0;
-  Tensor ids, positions, slots;  // I32 [seqs * B]
-  Tensor kv_len;                 // I32 [seqs]: anchor_pos + B of each sequence
-  Tensor logit_rows;             // I32 [seqs * (B-1)]: block rows whose logits are wanted
+  Tensor ids;         // I32 [seqs * B]
+  Tensor logit_rows;  // I32 [seqs * (B-1)]: block rows whose logits are wanted
   // LayerActivations: [seqs * B, ...]
   Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
   Tensor logits;        // [seqs * nd, V]
@@ -153,22 +152,23 @@ class DFlashDrafter final : public Drafter {
     }
     if (n == 0) return Status::Ok();
     obs_.ensure(backend_, ctx_, n);
-    std::vector<int32_t> positions, slots;
+    std::vector<PagedBatch::Seq> seqs;
     for (const ObserveRequest& req : reqs) {
-      for (int64_t i = 0; i < req.taps.dim(0); ++i) {
-        positions.push_back(static_cast<int32_t>(req.start_pos + i));
-        slots.push_back(kv_slot(kv, req.block_table, req.start_pos + i));
-      }
+      seqs.push_back(
+          {.block_table = req.block_table, .start_pos = req.start_pos, .rows = req.taps.dim(0)});
     }
-    backend_.copy_from_host(obs_.positions.rows(0, n), positions.data());
-    backend_.copy_from_host(obs_.slots.rows(0, n), slots.data());
+    obs_batch_.stage(backend_, kv, seqs, /*with_tables=*/false);
+    auto write = [&](const Tensor& taps) {
+      context_kv(backend_, ctx_, taps, obs_batch_.positions(), obs_batch_.slots(), obs_, kv);
+    };
 
     if (reqs.size() == 1) {
       // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
       const Tensor& taps = reqs[0].taps;
-      const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_.generation, n,
-                                          static_cast<const void*>(taps.data()), kv_pool_id(kv));
-      backend_.run_captured(key, [&] { context_kv(backend_, ctx_, taps, obs_, kv); });
+      const std::string key =
+          fmt::format("dflash-observe:{}:{}:{}", obs_.generation, obs_batch_.key(kv),
+                      static_cast<const void*>(taps.data()));
+      backend_.run_captured(key, [&] { write(taps); });
       return Status::Ok();
     }
     // Several sequences: their taps side by side, then one uncaptured pass (the row count
@@ -182,7 +182,7 @@ class DFlashDrafter final : public Drafter {
       if (rows > 0) backend_.copy(obs_taps_.rows(row, rows), req.taps);
       row += rows;
     }
-    context_kv(backend_, ctx_, obs_taps_.rows(0, n), obs_, kv);
+    write(obs_taps_.rows(0, n));
     return Status::Ok();
   }
 
@@ -253,7 +253,7 @@ class DFlashDrafter final : public Drafter {
   Status forward_blocks(KvPool& kv, std::span<const ProposeRequest> reqs, int64_t* nd_out) {
     const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
     if (S == 0) return InvalidArgument("dflash propose: no requests");
-    int64_t nd = 0, table_blocks = 0;
+    int64_t nd = 0;
     for (const ProposeRequest& req : reqs) {
       const int64_t s = req.anchor_pos;
       if (req.num_drafts < 1 || req.num_drafts > max_drafts()) {
@@ -267,42 +267,31 @@ class DFlashDrafter final : public Drafter {
       if (s < 0) return InvalidArgument("dflash propose: negative anchor_pos {}", s);
       BS_RETURN_IF_ERROR(check_table(kv, req.block_table, s + B, "propose"));
       nd = std::max(nd, req.num_drafts);
-      table_blocks = std::max(table_blocks, static_cast<int64_t>(req.block_table.size()));
     }
-    ensure_propose(S, table_blocks);
+    ensure_propose(S);
     ProposeScratch& p = prop_;
-    const int64_t cap = table_.dim(1);
 
     // The whole block runs even when fewer drafts are wanted: rows attend to each other
     // (non-causal), so dropping trailing mask rows would change the earlier rows' drafts.
-    std::vector<int32_t> ids(S * B, static_cast<int32_t>(c_.mask_token_id)), positions(S * B),
-        slots(S * B), kv_lens(S), rows(S * nd), tables(S * cap, 0);
+    // Block r: positions anchor_pos .. anchor_pos + B - 1, attending to the cache up to its end.
+    std::vector<int32_t> ids(S * B, static_cast<int32_t>(c_.mask_token_id)), rows(S * nd);
+    std::vector<PagedBatch::Seq> seqs;
     for (int64_t r = 0; r < S; ++r) {
       const ProposeRequest& req = reqs[r];
-      const int64_t s = req.anchor_pos;
       ids[r * B] = req.anchor;
-      for (int64_t i = 0; i < B; ++i) {
-        positions[r * B + i] = static_cast<int32_t>(s + i);
-        slots[r * B + i] = kv_slot(kv, req.block_table, s + i);
-      }
+      seqs.push_back({.block_table = req.block_table, .start_pos = req.anchor_pos, .rows = B});
       // DFlash: row 0 echoes the anchor, row j predicts position s + j. Shifted (DSpark): row j
       // predicts s + j + 1.
       const int64_t first = shifted() ? 0 : 1;
       for (int64_t j = 0; j < nd; ++j) rows[r * nd + j] = static_cast<int32_t>(r * B + first + j);
-      kv_lens[r] = static_cast<int32_t>(s + B);
-      std::copy(req.block_table.begin(), req.block_table.end(), tables.begin() + r * cap);
     }
+    batch_.stage(backend_, kv, seqs);
     backend_.copy_from_host(p.ids.rows(0, S * B), ids.data());
-    backend_.copy_from_host(p.positions.rows(0, S * B), positions.data());
-    backend_.copy_from_host(p.slots.rows(0, S * B), slots.data());
     backend_.copy_from_host(p.logit_rows.rows(0, S * nd), rows.data());
-    backend_.copy_from_host(p.kv_len.rows(0, S), kv_lens.data());
-    backend_.copy_from_host(table_.rows(0, S), tables.data());
 
     // The block forward depends on the call only through the uploaded tensors: a backend may
     // capture it once per batch size, draft count and table capacity and replay it.
-    const std::string key =
-        fmt::format("dflash:{}:{}:{}:{}:{:x}", table_generation_, S, nd, cap, kv_pool_id(kv));
+    const std::string key = fmt::format("dflash:{}:{}:{}", prop_generation_, nd, batch_.key(kv));
     backend_.run_captured(key, [&] { block_forward(kv, S, nd); });
     *nd_out = nd;
     return Status::Ok();
@@ -321,11 +310,11 @@ class DFlashDrafter final : public Drafter {
     const float emb_scale = modules_ ? modules_->input_embedding_scale() : 1.0f;
     if (emb_scale != 1.0f) backend_.scale_softcap(x, x, emb_scale, 0.0f);
     // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
-    const PagedAttention paged{.positions = p.positions.rows(0, rows),
-                               .slots = p.slots.rows(0, rows),
-                               .tables = table_.rows(0, S),
-                               .kv_lens = p.kv_len.rows(0, S),
-                               .max_kv_len = table_.dim(1) * kv.block_size,
+    const PagedAttention paged{.positions = batch_.positions(),
+                               .slots = batch_.slots(),
+                               .tables = batch_.tables(),
+                               .kv_lens = batch_.kv_lens(),
+                               .max_kv_len = batch_.max_kv_len(),
                                .inv_freq = inv_freq_,
                                .attention_scaling = attention_scaling_,
                                .eps = eps,
@@ -376,19 +365,16 @@ class DFlashDrafter final : public Drafter {
     return Status::Ok();
   }
 
-  // Propose scratch for `seqs` blocks and a [seqs, >= table_blocks] table. Growing either
-  // bumps table_generation_ (captured proposes hold the old buffers); both double.
-  void ensure_propose(int64_t seqs, int64_t table_blocks) {
+  // Propose scratch for `seqs` blocks. Growing it bumps prop_generation_ (captured proposes hold
+  // the old buffers); it doubles.
+  void ensure_propose(int64_t seqs) {
     const auto& m = c_.model;
     const int64_t B = c_.block_size;
     if (seqs > prop_.seqs) {
       const int64_t n = std::max(seqs, 2 * prop_.seqs), rows = n * B;
       prop_.seqs = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
-      ++table_generation_;
+      ++prop_generation_;
       prop_.ids = backend_.empty({rows}, DType::kI32);
-      prop_.positions = backend_.empty({rows}, DType::kI32);
-      prop_.slots = backend_.empty({rows}, DType::kI32);
-      prop_.kv_len = backend_.empty({n}, DType::kI32);
       const int64_t nd = max_drafts();
       prop_.logit_rows = backend_.empty({n * nd}, DType::kI32);
       prop_.allocate_layers(backend_, m, rows);
@@ -401,14 +387,6 @@ class DFlashDrafter final : public Drafter {
         modules_->reserve_rows(rows);
       }
       prop_.seqs = n;
-    }
-    const int64_t cap = table_.defined() ? table_.dim(1) : 0;
-    if (!table_.defined() || table_.dim(0) < prop_.seqs || cap < table_blocks) {
-      // Doubling, so that captured proposes are re-captured only log2(length) times.
-      const int64_t new_cap =
-          cap >= table_blocks ? cap : std::max<int64_t>({table_blocks, 64, 2 * cap});
-      table_ = backend_.empty({prop_.seqs, new_cap}, DType::kI32);
-      ++table_generation_;
     }
   }
 
@@ -425,10 +403,11 @@ class DFlashDrafter final : public Drafter {
   Tensor inv_freq_;      // F32 [hd / 2]
   float attention_scaling_ = 1.0f;
   ContextKvScratch obs_;
-  Tensor obs_taps_;  // [>= rows, taps width]: the taps of a batched observe, side by side
+  PagedBatch obs_batch_;  // positions and slots of the current observe
+  Tensor obs_taps_;       // [>= rows, taps width]: the taps of a batched observe, side by side
   ProposeScratch prop_;
-  Tensor table_;                  // I32 [seqs, capacity]: block tables of the current call
-  int64_t table_generation_ = 0;  // bumped when table_ is reallocated
+  PagedBatch batch_;             // positions, slots, tables, KV lengths of the current propose
+  int64_t prop_generation_ = 0;  // bumped when the propose scratch is reallocated
 };
 
 // dflash_config when present (an object), else an empty object.

@@ -56,7 +56,7 @@ class DFlashModules {
   // attention, 1 = MLP. conv_prepare writes the sublayer input y [rows, H] from the normed x and
   // keeps what conv_finish needs; conv_finish adds the convolved sublayer output to `residual`.
   // Scratch for `rows` rows is reserved by reserve_rows (a call that grows it must be followed by
-  // a new capture key: the drafter bumps its table generation).
+  // a new capture key: the drafter bumps its propose generation).
   virtual bool has_convs() const { return false; }
   virtual void reserve_rows(int64_t rows) { (void)rows; }
   virtual void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,

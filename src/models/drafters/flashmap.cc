@@ -318,9 +318,7 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   // Propose scratch (B rows).
   struct {
     Tensor ids;             // I32 [1]
-    Tensor kv_len;          // I32 [1]: p + 1, the context the block attends to
     Tensor slot_pos;        // I32 [B]: p+1 .. p+B
-    Tensor block_table;     // I32 [capacity]
     Tensor anchor_emb;      // [1, Ht]
     Tensor anchor_row;      // [1, D]
     Tensor h, out, n, tmp;  // [B, D]
@@ -337,6 +335,8 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   } p_;
   ContextKvScratch o_;       // observe (grows)
   ContextKvScratch anchor_;  // propose's anchor row
+  PagedBatch obs_batch_;     // positions and slots of the current observe
+  PagedBatch anchor_batch_;  // the anchor's position, slot, block table and p + 1
   std::optional<std::vector<float>> injected_;
 };
 
@@ -365,7 +365,6 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   // Scratch of propose.
   const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), Ht = c_.target_hidden;
   p_.ids = backend_.empty({1}, DType::kI32);
-  p_.kv_len = backend_.empty({1}, DType::kI32);
   p_.slot_pos = backend_.empty({B}, DType::kI32);
   p_.anchor_emb = backend_.empty({1, Ht});
   p_.anchor_row = backend_.empty({1, D});
@@ -706,19 +705,14 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
         block_table.size(), start_pos, end);
   }
   o_.ensure(backend_, ctx_, n);
-  std::vector<int32_t> pos(n), slots(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = start_pos + i;
-    pos[i] = static_cast<int32_t>(p);
-    slots[i] = kv_slot(kv, block_table, p);
-  }
-  const Tensor pos_t = o_.positions.rows(0, n), slot_t = o_.slots.rows(0, n);
-  backend_.copy_from_host(pos_t, pos.data());
-  backend_.copy_from_host(slot_t, slots.data());
+  const PagedBatch::Seq seq{.block_table = block_table, .start_pos = start_pos, .rows = n};
+  obs_batch_.stage(backend_, kv, {&seq, 1}, /*with_tables=*/false);
   // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
-  const std::string key = fmt::format("flashmap-observe:{}:{}:{}:{:x}", n, o_.generation,
-                                      static_cast<const void*>(taps.data()), kv_pool_id(kv));
-  backend_.run_captured(key, [&] { context_kv(backend_, ctx_, taps, o_, kv); });
+  const std::string key = fmt::format("flashmap-observe:{}:{}:{}", o_.generation,
+                                      obs_batch_.key(kv), static_cast<const void*>(taps.data()));
+  backend_.run_captured(key, [&] {
+    context_kv(backend_, ctx_, taps, obs_batch_.positions(), obs_batch_.slots(), o_, kv);
+  });
   return Status::Ok();
 }
 
@@ -812,23 +806,17 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
         "position {}",
         table_blocks, p);
   }
-  if (!p_.block_table.defined() || p_.block_table.numel() < table_blocks) {
-    p_.block_table = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
-  }
-  const Tensor table = p_.block_table.rows(0, table_blocks);
-  backend_.copy_from_host(table, req.block_table.data());
-  const int32_t anchor_pos = static_cast<int32_t>(p);
-  const int32_t anchor_slot = kv_slot(kv, req.block_table, p);
+  // The anchor row at p (its position, slot and table; the block attends to [0, p]).
+  const PagedBatch::Seq seq{.block_table = req.block_table, .start_pos = p, .rows = 1};
+  anchor_batch_.stage(backend_, kv, {&seq, 1});
   std::vector<int32_t> slot_pos(B);
   for (int64_t k = 0; k < B; ++k) {
     slot_pos[k] = static_cast<int32_t>(p + conv_.noise_position_offset + k);
   }
   backend_.copy_from_host(p_.ids, &req.anchor);
-  backend_.copy_from_host(anchor_.positions.rows(0, 1), &anchor_pos);
-  backend_.copy_from_host(anchor_.slots.rows(0, 1), &anchor_slot);
   backend_.copy_from_host(p_.slot_pos, slot_pos.data());
-  const int32_t kv_len = static_cast<int32_t>(p + 1);
-  backend_.copy_from_host(p_.kv_len, &kv_len);
+  const int64_t kv_len = p + 1;
+  const Tensor table = anchor_batch_.table(0);
 
   // The block's device work depends on the call only through the uploaded tensors (the whole
   // table, the device context length) and the noise seed: captured per draft count, table
@@ -837,13 +825,13 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
   if (injected_ || kv_len < B) {
     BS_RETURN_IF_ERROR(propose_block(kv, table, KvLength(kv_len), nd, req.noise_seed));
   } else {
-    const KvLength device_len(p_.block_table.numel() * kv.block_size, &p_.kv_len);
-    const std::string key = fmt::format("flashmap:{}:{}:{}:{:x}:{}", nd, p_.block_table.numel(),
-                                        static_cast<const void*>(p_.block_table.data()),
-                                        kv_pool_id(kv), req.noise_seed);
+    const Tensor device_kv_len = anchor_batch_.kv_lens();
+    const KvLength device_len(anchor_batch_.max_kv_len(), &device_kv_len);
+    const std::string key =
+        fmt::format("flashmap:{}:{}:{}", nd, anchor_batch_.key(kv), req.noise_seed);
     Status status = Status::Ok();
     backend_.run_captured(
-        key, [&] { status = propose_block(kv, p_.block_table, device_len, nd, req.noise_seed); });
+        key, [&] { status = propose_block(kv, table, device_len, nd, req.noise_seed); });
     BS_RETURN_IF_ERROR(status);
   }
   *logits = p_.logits.rows(0, nd);
@@ -859,7 +847,8 @@ Status FlashMapDrafterImpl::propose_block(KvPool& kv, const Tensor& table, KvLen
   backend_.matmul(p_.anchor_row, p_.anchor_emb, anchor_proj_, &anchor_proj_b_);
   backend_.rms_norm(p_.anchor_row, p_.anchor_row, anchor_norm_,
                     static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(backend_, ctx_, p_.anchor_row, anchor_, kv);
+  write_context_kv(backend_, ctx_, p_.anchor_row, anchor_batch_.positions(), anchor_batch_.slots(),
+                   anchor_, kv);
 
   if (folded_) {
     // One jump, folded: hidden = first_hidden + g_0 rsqrt(Σ eig z² + eps) (z · noise_embedᵀ).
