@@ -190,13 +190,7 @@ class DecoderLM final : public CausalLM {
         return InvalidArgument("tap layer {} out of range [0, {})", layer, c.num_layers);
       }
     }
-    const int64_t kv_len = req.start_pos + n;
-    const int64_t blocks_needed = (kv_len + kv.block_size - 1) / kv.block_size;
-    if (static_cast<int64_t>(req.block_table.size()) < blocks_needed) {
-      return InvalidArgument("forward: block table has {} blocks, {} positions need {}",
-                             req.block_table.size(), kv_len, blocks_needed);
-    }
-    return Status::Ok();
+    return check_block_table(kv, req.block_table, req.start_pos + n, "forward");
   }
 
   // The layer stack of one forward over the uploaded rows of all sequences (ids in scratch,

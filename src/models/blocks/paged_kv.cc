@@ -18,6 +18,21 @@ KvPool make_kv_pool(Backend& backend, int64_t num_layers, int64_t kv_heads, int6
   return pool;
 }
 
+Status check_block_table(const KvPool& kv, std::span<const int32_t> table, int64_t end,
+                         std::string_view what) {
+  const int64_t needed = (end + kv.block_size - 1) / kv.block_size;
+  if (static_cast<int64_t>(table.size()) < needed) {
+    return InvalidArgument("{}: block table has {} blocks, {} positions need {}", what,
+                           table.size(), end, needed);
+  }
+  for (int64_t b = 0; b < needed; ++b) {
+    if (table[b] < 0 || table[b] >= kv.num_blocks) {
+      return InvalidArgument("{}: block id {} out of range [0, {})", what, table[b], kv.num_blocks);
+    }
+  }
+  return Status::Ok();
+}
+
 void PagedBatch::stage(Backend& b, const KvPool& kv, std::span<const Seq> seqs, bool with_tables) {
   const int64_t num_seqs = static_cast<int64_t>(seqs.size());
   int64_t rows = 0, table_blocks = 0;

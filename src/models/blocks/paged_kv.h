@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -21,6 +22,10 @@ KvPool make_kv_pool(Backend& backend, int64_t num_layers, int64_t kv_heads, int6
 inline int32_t kv_slot(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
   return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
 }
+
+// OK when `table` covers positions [0, end) with block ids of the pool; errors begin with `what`.
+Status check_block_table(const KvPool& kv, std::span<const int32_t> table, int64_t end,
+                         std::string_view what);
 
 // The index tensors of one paged forward over several sequences whose rows lie back to back,
 // staged once per step (one upload each) into buffers that grow by doubling:

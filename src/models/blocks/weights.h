@@ -61,7 +61,6 @@ class WeightLoader {
   void mark_used(const std::string& full_name) { used_.insert(full_name); }
   // Full checkpoint names consumed so far (leftover checks).
   const std::set<std::string>& used() const { return used_; }
-  const io::Checkpoint& checkpoint() const { return ckpt_; }
 
  private:
   const io::Checkpoint& ckpt_;

@@ -51,15 +51,11 @@ class DFlashDrafter final : public Drafter {
                   kv_dim = m.num_kv_heads * hd, n_layers = m.num_layers;
     const int64_t fc_in = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
     WeightLoader w(ckpt, backend_);
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* fc_info, ckpt.get(*w.resolve({"fc.weight"})));
-    if (fc_info->shape != std::vector<int64_t>{h, fc_in}) {
-      return InvalidArgument(
-          "{}: tensor '{}' has shape {}, expected [hidden_size, n_taps * target hidden] = [{}, "
-          "{}] (n_taps = len(target_layer_ids) = {}, target hidden {})",
-          ckpt.dir(), fc_info->name, io::shape_to_string(fc_info->shape), h, fc_in,
-          c_.target_layers.size(), target_hidden_);
-    }
-    BS_ASSIGN_OR_RETURN(ctx_.fc, w.load("fc.weight", {h, fc_in}));
+    BS_ASSIGN_OR_RETURN(ctx_.fc,
+                        w.load("fc.weight", {h, fc_in},
+                               fmt::format("[hidden_size, n_taps * target hidden]: n_taps = "
+                                           "len(target_layer_ids) = {}, target hidden {}",
+                                           c_.target_layers.size(), target_hidden_)));
     BS_ASSIGN_OR_RETURN(ctx_.hidden_norm, w.load("hidden_norm.weight", {h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
 
@@ -351,18 +347,7 @@ class DFlashDrafter final : public Drafter {
       return InvalidArgument("dflash {}: KV pool has {} layers, the drafter has {}", op,
                              kv.k.size(), c_.model.num_layers);
     }
-    const int64_t needed = (positions + kv.block_size - 1) / kv.block_size;
-    if (static_cast<int64_t>(table.size()) < needed) {
-      return InvalidArgument("dflash {}: block table has {} blocks, {} positions need {}", op,
-                             table.size(), positions, needed);
-    }
-    for (int64_t b = 0; b < needed; ++b) {
-      if (table[b] < 0 || table[b] >= kv.num_blocks) {
-        return InvalidArgument("dflash {}: block id {} out of range [0, {})", op, table[b],
-                               kv.num_blocks);
-      }
-    }
-    return Status::Ok();
+    return check_block_table(kv, table, positions, fmt::format("dflash {}", op));
   }
 
   // Propose scratch for `seqs` blocks. Growing it bumps prop_generation_ (captured proposes hold

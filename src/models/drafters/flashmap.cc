@@ -398,27 +398,21 @@ Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
   BS_ASSIGN_OR_RETURN(state_norm_, r.load("state_norm.weight", {Ht}));
   BS_ASSIGN_OR_RETURN(x_embed_, r.load("x_embed.weight", {D, Ht}));
   BS_ASSIGN_OR_RETURN(x_embed_b_, r.load("x_embed.bias", {D}));
-  std::vector<float> ctx_kv;  // [L*2*A, D]
+  std::vector<std::string> ctx_kv;  // per layer cross k_proj, v_proj: one [L*2*A, D] weight
   layers_.resize(c_.layers);
   for (int64_t i = 0; i < c_.layers; ++i) {
     DitLayer& L = layers_[i];
     const std::string p = "layers." + std::to_string(i) + ".";
-    std::vector<float> qkv;
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
-      BS_ASSIGN_OR_RETURN(std::vector<float> w,
-                          r.host(p + "self_attn." + proj + ".weight", {A, D}));
-      qkv.insert(qkv.end(), w.begin(), w.end());
-    }
-    L.self_qkv = upload(backend_, DType::kF32, qkv.data(), {3 * A, D});
+    const std::string a = p + "self_attn.";
+    BS_ASSIGN_OR_RETURN(
+        L.self_qkv, r.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                   {{A, D}, {A, D}, {A, D}}));
     BS_ASSIGN_OR_RETURN(L.self_o, r.load(p + "self_attn.o_proj.weight", {D, A}));
     BS_ASSIGN_OR_RETURN(L.self_q_norm, r.load(p + "self_attn.q_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.self_k_norm, r.load(p + "self_attn.k_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.cross_q, r.load(p + "cross_attn.q_proj.weight", {A, D}));
-    for (const char* proj : {"k_proj", "v_proj"}) {
-      BS_ASSIGN_OR_RETURN(std::vector<float> w,
-                          r.host(p + "cross_attn." + proj + ".weight", {A, D}));
-      ctx_kv.insert(ctx_kv.end(), w.begin(), w.end());
-    }
+    ctx_kv.push_back(p + "cross_attn.k_proj.weight");
+    ctx_kv.push_back(p + "cross_attn.v_proj.weight");
     BS_ASSIGN_OR_RETURN(L.cross_o, r.load(p + "cross_attn.o_proj.weight", {D, A}));
     BS_ASSIGN_OR_RETURN(L.cross_q_norm, r.load(p + "cross_attn.q_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.cross_k_norm, r.load(p + "cross_attn.k_norm.weight", {hd}));
@@ -428,7 +422,8 @@ Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
     BS_ASSIGN_OR_RETURN(L.fc2, r.load(p + "mlp.fc2.weight", {D, I}));
     BS_ASSIGN_OR_RETURN(L.fc2_b, r.load(p + "mlp.fc2.bias", {D}));
   }
-  ctx_.kv_fused = upload(backend_, DType::kF32, ctx_kv.data(), {c_.layers * 2 * A, D});
+  BS_ASSIGN_OR_RETURN(ctx_.kv_fused, r.load_stacked(ctx_kv, std::vector<std::vector<int64_t>>(
+                                                                ctx_kv.size(), {A, D})));
   const RopeTable rope = compute_rope(io::RopeConfig{.theta = c_.rope_theta}, c_.head_dim, 0);
   inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
                                      {static_cast<int64_t>(rope.inv_freq.size())});
@@ -697,13 +692,7 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
   }
   if (n == 0) return Status::Ok();
   if (start_pos < 0) return InvalidArgument("flashmap observe: start_pos {} < 0", start_pos);
-  const int64_t end = start_pos + n;
-  if (static_cast<int64_t>(block_table.size()) * kv.block_size < end) {
-    return InvalidArgument(
-        "flashmap observe: block table of {} blocks does not cover positions "
-        "[{}, {})",
-        block_table.size(), start_pos, end);
-  }
+  BS_RETURN_IF_ERROR(check_block_table(kv, block_table, start_pos + n, "flashmap observe"));
   o_.ensure(backend_, ctx_, n);
   const PagedBatch::Seq seq{.block_table = block_table, .start_pos = start_pos, .rows = n};
   obs_batch_.stage(backend_, kv, {&seq, 1}, /*with_tables=*/false);
@@ -799,13 +788,7 @@ Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tenso
                            target_vocab_);
   }
   if (p < 0) return InvalidArgument("flashmap propose: anchor_pos {} < 0", p);
-  const int64_t table_blocks = static_cast<int64_t>(req.block_table.size());
-  if (table_blocks * kv.block_size <= p) {
-    return InvalidArgument(
-        "flashmap propose: block table of {} blocks does not cover the anchor "
-        "position {}",
-        table_blocks, p);
-  }
+  BS_RETURN_IF_ERROR(check_block_table(kv, req.block_table, p + 1, "flashmap propose"));
   // The anchor row at p (its position, slot and table; the block attends to [0, p]).
   const PagedBatch::Seq seq{.block_table = req.block_table, .start_pos = p, .rows = 1};
   anchor_batch_.stage(backend_, kv, {&seq, 1});
