@@ -221,7 +221,7 @@ class DecoderLM final : public CausalLM {
         .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
     const LayerActivations a = s_.first_rows(rows);
     for (int64_t li = 0; li < c.num_layers; ++li) {
-      decoder_layer(backend_, layers_[li], a, paged, kv.k[li], kv.v[li]);
+      decoder_layer(backend_, li, layers_[li], a, paged, kv);
       for (size_t t = 0; t < reqs[0].tap_layers.size(); ++t) {
         if (reqs[0].tap_layers[t] == li) {
           backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);

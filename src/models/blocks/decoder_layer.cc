@@ -50,13 +50,17 @@ void LayerActivations::allocate_layers(Backend& backend, const io::TransformerCo
 }
 
 LayerActivations LayerActivations::first_rows(int64_t n) const {
-  return {.x = x.rows(0, n),
-          .xn = xn.rows(0, n),
-          .qkv = qkv.rows(0, n),
-          .q = q.rows(0, n),
-          .attn = attn.rows(0, n),
-          .gate_up = gate_up.rows(0, n),
-          .act = act.rows(0, n)};
+  LayerActivations a;
+  for (auto [dst, src] : {std::pair{&a.x, &x},
+                          {&a.xn, &xn},
+                          {&a.qkv, &qkv},
+                          {&a.q, &q},
+                          {&a.attn, &attn},
+                          {&a.gate_up, &gate_up},
+                          {&a.act, &act}}) {
+    *dst = src->rows(0, n);
+  }
+  return a;
 }
 
 namespace {
@@ -98,24 +102,23 @@ void attention(Backend& b, const DecoderLayer& L, const LayerActivations& a,
 
 }  // namespace
 
-void decoder_layer(Backend& b, const DecoderLayer& L, const LayerActivations& a,
-                   const PagedAttention& p, const Tensor& k_pool, const Tensor& v_pool,
-                   const SublayerConvs* convs) {
+void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const LayerActivations& a,
+                   const PagedAttention& p, KvPool& kv, const SublayerConvs* convs) {
   // Sublayer s reads norm(x) (or its convolution) and adds its output to x (or its convolution).
   auto input = [&](int s) -> const Tensor& {
     if (!convs) return a.xn;
-    convs->prepare(s, convs->in, a.xn);
+    convs->prepare(index, s, convs->in, a.xn);
     return convs->in;
   };
   auto output = [&](int s, const DenseWeight& w, const Tensor& bias, const Tensor& x) {
     if (!convs) return linear(b, a.x, x, w, bias, /*accumulate=*/true);
     linear(b, convs->out, x, w, bias, /*accumulate=*/false);
-    convs->finish(s, a.x, convs->out);
+    convs->finish(index, s, a.x, convs->out);
   };
   // Attention: x += o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v)).
   b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
   linear(b, a.qkv, input(0), L.w_qkv, L.b_qkv, /*accumulate=*/false);
-  attention(b, L, a, p, k_pool, v_pool);
+  attention(b, L, a, p, kv.k[index], kv.v[index]);
   output(0, L.wo, L.bo, a.attn);
   // MLP: x += down(silu(gate(y)) * up(y)), y = post_norm(x).
   b.rms_norm(a.xn, a.x, L.post_norm, p.eps);

@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "io/hf_config.h"
 #include "models/blocks/weights.h"
+#include "models/kv_pool.h"
 
 namespace bs {
 
@@ -72,17 +73,18 @@ struct PagedAttention {
 };
 
 // DFlash2's block convolutions around both sublayers (DFlashModules::conv_prepare / finish):
-// prepare(sublayer, y, x) writes the sublayer input y from the normed x; finish(sublayer,
-// residual, out) adds the convolved sublayer output to the residual. `in` / `out` [rows, hidden].
+// prepare(layer, sublayer, y, x) writes the sublayer input y from the normed x; finish(layer,
+// sublayer, residual, out) adds the convolved sublayer output to the residual. `in` / `out`
+// [rows, hidden].
 struct SublayerConvs {
-  std::function<void(int sublayer, const Tensor& y, const Tensor& x)> prepare;
-  std::function<void(int sublayer, const Tensor& residual, const Tensor& out)> finish;
+  std::function<void(int64_t layer, int sublayer, const Tensor& y, const Tensor& x)> prepare;
+  std::function<void(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out)>
+      finish;
   Tensor in, out;
 };
 
-// One layer over the rows of `a` (views of `rows` rows), K/V into k_pool / v_pool.
-void decoder_layer(Backend& b, const DecoderLayer& L, const LayerActivations& a,
-                   const PagedAttention& p, const Tensor& k_pool, const Tensor& v_pool,
-                   const SublayerConvs* convs = nullptr);
+// Layer `index` (weights L) over the rows of `a`, K/V into kv.k[index] / kv.v[index].
+void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const LayerActivations& a,
+                   const PagedAttention& p, KvPool& kv, const SublayerConvs* convs = nullptr);
 
 }  // namespace bs

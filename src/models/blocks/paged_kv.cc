@@ -74,7 +74,9 @@ void PagedBatch::stage(Backend& b, const KvPool& kv, std::span<const Seq> seqs, 
     const Seq& s = seqs[r];
     for (int64_t i = 0; i < s.rows; ++i) {
       positions_host_.push_back(static_cast<int32_t>(s.start_pos + i));
-      slots_host_.push_back(kv_slot(kv, s.block_table, s.start_pos + i));
+      const int64_t pos = s.start_pos + i;  // its pool slot: block table[pos / block size]
+      slots_host_.push_back(static_cast<int32_t>(
+          s.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size));
     }
     seq_rows_.push_back(s.rows);
     kv_lens_host_.push_back(static_cast<int32_t>(s.start_pos + s.rows));

@@ -18,11 +18,6 @@ namespace bs {
 KvPool make_kv_pool(Backend& backend, int64_t num_layers, int64_t kv_heads, int64_t head_dim,
                     int64_t num_blocks);
 
-// The pool slot of position `pos` of a sequence with block table `table`.
-inline int32_t kv_slot(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
-  return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
-}
-
 // OK when `table` covers positions [0, end) with block ids of the pool; errors begin with `what`.
 Status check_block_table(const KvPool& kv, std::span<const int32_t> table, int64_t end,
                          std::string_view what);
@@ -45,7 +40,6 @@ class PagedBatch {
   // Stages `seqs`; without `with_tables` only positions and slots (context K/V writes).
   void stage(Backend& b, const KvPool& kv, std::span<const Seq> seqs, bool with_tables = true);
 
-  int64_t rows() const { return rows_; }
   int64_t seqs() const { return static_cast<int64_t>(seq_rows_.size()); }
   Tensor positions() const { return positions_.rows(0, rows_); }
   Tensor slots() const { return slots_.rows(0, rows_); }

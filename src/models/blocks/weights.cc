@@ -107,9 +107,4 @@ Result<Tensor> WeightLoader::load_stacked(const std::vector<std::string>& names,
   return t;
 }
 
-Result<Tensor> WeightLoader::load_optional(const std::string& name, std::vector<int64_t> shape) {
-  if (!has(name)) return Tensor();
-  return load(name, std::move(shape));
-}
-
 }  // namespace bs

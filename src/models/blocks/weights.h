@@ -33,10 +33,7 @@ class WeightLoader {
                               std::string_view why = {}) const {
     return resolve_tensor_name(ckpt_, spellings, why);
   }
-  bool has(const std::string& name) const { return has_any({name}); }
-  bool has_any(std::initializer_list<std::string> spellings) const {
-    return resolve(spellings).ok();
-  }
+  bool has(const std::string& name) const { return resolve({name}).ok(); }
 
   // Loads a float tensor requiring exactly `shape` (errors name the tensor, the file and `why`).
   Result<Tensor> load(const std::string& name, std::vector<int64_t> shape,
@@ -46,7 +43,9 @@ class WeightLoader {
   Result<Tensor> load_any(std::initializer_list<std::string> spellings, std::vector<int64_t> shape,
                           std::string_view why = {});
   // Like load, but an absent tensor yields an undefined Tensor.
-  Result<Tensor> load_optional(const std::string& name, std::vector<int64_t> shape);
+  Result<Tensor> load_optional(const std::string& name, std::vector<int64_t> shape) {
+    return has(name) ? load(name, std::move(shape)) : Tensor();
+  }
   // Several tensors stacked along dim 0 as one weight (fused projections: q/k/v rows in one
   // matrix, so one GEMM computes all three). Each part must have exactly its shape in `shapes`;
   // every shape must agree past dim 0.

@@ -316,23 +316,18 @@ class DFlashDrafter final : public Drafter {
                                .eps = eps,
                                .scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim))};
     // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
-    SublayerConvs convs;
+    SublayerConvs convs{
+        .prepare = [&](int64_t l, int sub, const Tensor& y,
+                       const Tensor& in) { modules_->conv_prepare(l, sub, y, in, B); },
+        .finish = [&](int64_t l, int sub, const Tensor& residual,
+                      const Tensor& out) { modules_->conv_finish(l, sub, residual, out, B); }};
     const bool with_convs = modules_ && modules_->has_convs();
     if (with_convs) {
       convs.in = p.conv_in.rows(0, rows);
       convs.out = p.sub_out.rows(0, rows);
     }
     for (size_t li = 0; li < layers_.size(); ++li) {
-      const int64_t l = static_cast<int64_t>(li);
-      if (with_convs) {
-        convs.prepare = [&, l](int sub, const Tensor& y, const Tensor& in) {
-          modules_->conv_prepare(l, sub, y, in, B);
-        };
-        convs.finish = [&, l](int sub, const Tensor& residual, const Tensor& out) {
-          modules_->conv_finish(l, sub, residual, out, B);
-        };
-      }
-      decoder_layer(backend_, layers_[li], a, paged, kv.k[li], kv.v[li],
+      decoder_layer(backend_, static_cast<int64_t>(li), layers_[li], a, paged, kv,
                     with_convs ? &convs : nullptr);
     }
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
