@@ -3,6 +3,8 @@
 // noise). Decisions on the seed's unknowns live in flashmap_conventions.h; docs/FLASHMAP.md.
 #include "models/drafters/flashmap.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -251,6 +253,7 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
                  int64_t start_pos) override;
   Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) override;
+  Status propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs, Tensor* logits) override;
 
   // ---- FlashMapDrafter ----
   int num_steps() const override { return static_cast<int>(jumps_.size()); }
@@ -278,13 +281,18 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Result<SymmetricEigen> embedding_eigenbasis() const;
 
   // The DiT on h [B, D] (modified in place) for one jump; writes the final AdaLN output to out.
-  void dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv, const Tensor& table,
-           KvLength kv_len);
-  // propose's device work after the uploads: anchor row, noise, jumps, head logits of nd rows.
-  Status propose_block(KvPool& kv, const Tensor& table, KvLength kv_len, int64_t nd,
-                       uint64_t noise_seed);
-  // Starting noise [B, cols] for the slots at p+1.. into `out`.
-  Status draw_noise(const Tensor& out, uint64_t seed, uint32_t stream);
+  // The DiT on h [S*B, D] (S blocks, modified in place) for one jump; writes the final AdaLN
+  // output to out. Cross-attention reads the staged tables with device lengths, or (one block,
+  // host length) table row 0 in row chunks.
+  void dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv, KvLength kv_len,
+           int64_t S);
+  // propose's device work after the uploads for S blocks: anchor rows, noise, jumps, head
+  // logits of nd rows per block.
+  Status propose_block(KvPool& kv, KvLength kv_len, int64_t nd, int64_t S);
+  // Propose scratch for S blocks (grows; bumps prop_generation_).
+  void ensure_propose(int64_t S);
+  // Starting noise [S*B, cols] for the slots at p+1.. of each block (seed seeds_[r]) into `out`.
+  Status draw_noise(const Tensor& out, uint32_t stream);
 
   FlashMapConfig c_;
   FlashMapConventions conv_;
@@ -315,9 +323,14 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Tensor draft_ids_;                  // I32 [V'] target ids of head rows; undefined: identity
   std::vector<int32_t> draft_vocab_;
 
-  // Propose scratch (B rows).
+  // Propose scratch (S blocks of B rows).
+  int64_t prop_seqs_ = 0, prop_generation_ = 0;
+  std::vector<uint64_t> seeds_;  // noise seed of each block of the current propose
+  Tensor batch_logits_;          // [S * nd, V_target]: proposes run one block at a time
   struct {
-    Tensor ids;             // I32 [1]
+    Tensor ids;             // I32 [S]: anchors
+    Tensor logit_rows;      // I32 [S * B]: the first nd rows of each block
+    Tensor gathered;        // [S * B, D]: those rows of out
     Tensor slot_pos;        // I32 [B]: p+1 .. p+B
     Tensor anchor_emb;      // [1, Ht]
     Tensor anchor_row;      // [1, D]
@@ -362,27 +375,7 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
     if (bare == "embed_tokens.weight" || bare == "lm_head.weight" || bare == "t2d") continue;
     return InvalidArgument("{}: unexpected FlashMap weight '{}'", ckpt.dir(), name);
   }
-  // Scratch of propose.
-  const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), Ht = c_.target_hidden;
-  p_.ids = backend_.empty({1}, DType::kI32);
-  p_.slot_pos = backend_.empty({B}, DType::kI32);
-  p_.anchor_emb = backend_.empty({1, Ht});
-  p_.anchor_row = backend_.empty({1, D});
-  anchor_.ensure(backend_, ctx_, 1);
-  for (Tensor* t : {&p_.h, &p_.out, &p_.n, &p_.tmp, &p_.noise_proj}) *t = backend_.empty({B, D});
-  p_.qkv = backend_.empty({B, 3 * A});
-  for (Tensor* t : {&p_.q, &p_.k, &p_.v, &p_.attn}) *t = backend_.empty({B, A});
-  p_.mid = backend_.empty({B, c_.intermediate});
-  // The noise, the vocabulary-sized state and δ are fp32 on every backend (as in the seed); GEMMs
-  // read them at the backend's operand precision.
-  p_.z = backend_.empty({B, Ht}, DType::kF32);
-  if (!folded_) {
-    p_.pair = backend_.empty({2 * B, c_.vocab_size}, DType::kF32);
-    p_.pair_emb = backend_.empty({2 * B, Ht});
-    if (jumps_.size() > 1) p_.delta = backend_.empty({B, c_.vocab_size}, DType::kF32);
-  }
-  p_.head_logits = backend_.empty({B, head_w_.dim(0)});
-  p_.logits = backend_.empty({B, target_vocab_});
+  ensure_propose(1);
   return Status::Ok();
 }
 
@@ -706,14 +699,16 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
 }
 
 void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv,
-                              const Tensor& table, KvLength kv_len) {
-  const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), H = c_.heads, hd = c_.head_dim;
+                              KvLength kv_len, int64_t S) {
+  const int64_t B = c_.block_size, R = S * B, D = c_.hidden, A = attn_dim(), H = c_.heads,
+                hd = c_.head_dim;
   const float ln_eps = static_cast<float>(c_.adaln_eps),
               qk_eps = static_cast<float>(c_.qk_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const Tensor& pos = p_.slot_pos;
-  const Tensor n = p_.n, tmp = p_.tmp;
-  auto heads = [&](const Tensor& t) { return t.view({B, H, hd}); };
+  const Tensor pos = p_.slot_pos.rows(0, R), n = p_.n.rows(0, R), tmp = p_.tmp.rows(0, R),
+               qkv = p_.qkv.rows(0, R), q = p_.q.rows(0, R), k = p_.k.rows(0, R),
+               v = p_.v.rows(0, R), attn = p_.attn.rows(0, R), mid = p_.mid.rows(0, R);
+  auto heads = [&](const Tensor& t) { return t.view({R, H, hd}); };
   // n = LN(h) * (1 + scale) + shift of sub-block s.
   auto modulated = [&](int64_t s) {
     backend_.layer_norm(n, h, D, Tensor(), Tensor(), ln_eps);
@@ -723,38 +718,47 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
     const DitLayer& L = layers_[l];
     // Block self-attention over the B slots (q/k RMSNorm + RoPE at the slot positions).
     modulated(3 * l + kSelf);
-    backend_.matmul(p_.qkv, n, L.self_qkv);
-    backend_.slice_columns(p_.q, p_.qkv, 0);
-    backend_.slice_columns(p_.k, p_.qkv, A);
-    backend_.slice_columns(p_.v, p_.qkv, 2 * A);
-    backend_.rms_norm(p_.q, p_.q, L.self_q_norm, qk_eps);
-    backend_.rms_norm(p_.k, p_.k, L.self_k_norm, qk_eps);
-    backend_.rope(heads(p_.q), pos, inv_freq_, 1.0f);
-    backend_.rope(heads(p_.k), pos, inv_freq_, 1.0f);
-    backend_.attention(heads(p_.attn), heads(p_.q), heads(p_.k), heads(p_.v),
-                       AttentionMask{.causal = conv_.block_causal, .window = 0}, scale);
-    backend_.matmul(tmp, p_.attn, L.self_o);
-    backend_.gated_add(h, tmp, mod(j, 3 * l + kSelf, 2));
-    // Cross-attention over the cached context positions 0..p (non-causal). The paged op takes at
-    // most kv_len query rows per call, so short contexts (host lengths only) go in row chunks.
-    modulated(3 * l + kCross);
-    backend_.matmul(p_.q, n, L.cross_q);
-    backend_.rms_norm(p_.q, p_.q, L.cross_q_norm, qk_eps);
-    backend_.rope(heads(p_.q), pos, inv_freq_, 1.0f);
-    const int64_t chunk = kv_len.device ? B : kv_len.max;
-    for (int64_t r0 = 0; r0 < B; r0 += chunk) {
-      const int64_t rows = std::min(chunk, B - r0);
-      backend_.paged_attention(heads(p_.attn).rows(r0, rows), heads(p_.q).rows(r0, rows), kv.k[l],
-                               kv.v[l], table, kv_len, AttentionMask{.causal = false, .window = 0},
-                               scale);
+    backend_.matmul(qkv, n, L.self_qkv);
+    backend_.slice_columns(q, qkv, 0);
+    backend_.slice_columns(k, qkv, A);
+    backend_.slice_columns(v, qkv, 2 * A);
+    backend_.rms_norm(q, q, L.self_q_norm, qk_eps);
+    backend_.rms_norm(k, k, L.self_k_norm, qk_eps);
+    backend_.rope(heads(q), pos, inv_freq_, 1.0f);
+    backend_.rope(heads(k), pos, inv_freq_, 1.0f);
+    for (int64_t r0 = 0; r0 < R; r0 += B) {  // each block attends to its own B slots
+      backend_.attention(heads(attn).rows(r0, B), heads(q).rows(r0, B), heads(k).rows(r0, B),
+                         heads(v).rows(r0, B),
+                         AttentionMask{.causal = conv_.block_causal, .window = 0}, scale);
     }
-    backend_.matmul(tmp, p_.attn, L.cross_o);
+    backend_.matmul(tmp, attn, L.self_o);
+    backend_.gated_add(h, tmp, mod(j, 3 * l + kSelf, 2));
+    // Cross-attention over each block's cached context positions 0..p (non-causal): one batched
+    // call with device lengths; the paged op takes at most kv_len query rows per call, so a short
+    // context (one block, host length) goes in row chunks.
+    modulated(3 * l + kCross);
+    backend_.matmul(q, n, L.cross_q);
+    backend_.rms_norm(q, q, L.cross_q_norm, qk_eps);
+    backend_.rope(heads(q), pos, inv_freq_, 1.0f);
+    const AttentionMask context{.causal = false, .window = 0};
+    if (kv_len.device) {
+      backend_.paged_attention_batch(heads(attn), heads(q), kv.k[l], kv.v[l],
+                                     anchor_batch_.tables(), anchor_batch_.kv_lens(),
+                                     anchor_batch_.max_kv_len(), context, scale);
+    } else {
+      for (int64_t r0 = 0; r0 < B; r0 += kv_len.max) {
+        const int64_t rows = std::min(kv_len.max, B - r0);
+        backend_.paged_attention(heads(attn).rows(r0, rows), heads(q).rows(r0, rows), kv.k[l],
+                                 kv.v[l], anchor_batch_.table(0), kv_len, context, scale);
+      }
+    }
+    backend_.matmul(tmp, attn, L.cross_o);
     backend_.gated_add(h, tmp, mod(j, 3 * l + kCross, 2));
     // GELU (erf) MLP with biases.
     modulated(3 * l + kMlp);
-    backend_.matmul(p_.mid, n, L.fc1, &L.fc1_b);
-    backend_.gelu(p_.mid, p_.mid, /*tanh_approx=*/false);
-    backend_.matmul(tmp, p_.mid, L.fc2, &L.fc2_b);
+    backend_.matmul(mid, n, L.fc1, &L.fc1_b);
+    backend_.gelu(mid, mid, /*tanh_approx=*/false);
+    backend_.matmul(tmp, mid, L.fc2, &L.fc2_b);
     backend_.gated_add(h, tmp, mod(j, 3 * l + kMlp, 2));
   }
   // Final AdaLN (scale and shift only).
@@ -762,9 +766,45 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
   backend_.modulate(out, out, mod(j, 3 * c_.layers, 1), mod(j, 3 * c_.layers, 0));
 }
 
-Status FlashMapDrafterImpl::draw_noise(const Tensor& out, uint64_t seed, uint32_t stream) {
+void FlashMapDrafterImpl::ensure_propose(int64_t S) {
+  if (S <= prop_seqs_) return;
+  const int64_t n = std::max(S, 2 * prop_seqs_), R = n * c_.block_size, D = c_.hidden,
+                A = attn_dim(), Ht = c_.target_hidden;
+  prop_seqs_ = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
+  ++prop_generation_;
+  p_.ids = backend_.empty({n}, DType::kI32);
+  p_.logit_rows = backend_.empty({R}, DType::kI32);
+  p_.slot_pos = backend_.empty({R}, DType::kI32);
+  p_.anchor_emb = backend_.empty({n, Ht});
+  p_.anchor_row = backend_.empty({n, D});
+  anchor_.ensure(backend_, ctx_, n);
+  for (Tensor* t : {&p_.h, &p_.out, &p_.n, &p_.tmp, &p_.noise_proj, &p_.gathered}) {
+    *t = backend_.empty({R, D});
+  }
+  p_.qkv = backend_.empty({R, 3 * A});
+  for (Tensor* t : {&p_.q, &p_.k, &p_.v, &p_.attn}) *t = backend_.empty({R, A});
+  p_.mid = backend_.empty({R, c_.intermediate});
+  // The noise, the vocabulary-sized state and δ are fp32 on every backend (as in the seed); GEMMs
+  // read them at the backend's operand precision.
+  p_.z = backend_.empty({R, Ht}, DType::kF32);
+  if (!folded_) {
+    p_.pair = backend_.empty({2 * R, c_.vocab_size}, DType::kF32);
+    p_.pair_emb = backend_.empty({2 * R, Ht});
+    if (jumps_.size() > 1) p_.delta = backend_.empty({R, c_.vocab_size}, DType::kF32);
+  }
+  p_.head_logits = backend_.empty({R, head_w_.dim(0)});
+  p_.logits = backend_.empty({R, target_vocab_});
+  prop_seqs_ = n;
+}
+
+Status FlashMapDrafterImpl::draw_noise(const Tensor& out, uint32_t stream) {
   if (!injected_) {
-    backend_.seeded_normal(out, p_.slot_pos, seed, stream, noise_scale_);
+    const int64_t B = c_.block_size;
+    for (size_t r = 0; r < seeds_.size(); ++r) {
+      const int64_t r0 = static_cast<int64_t>(r) * B;
+      backend_.seeded_normal(out.rows(r0, B), p_.slot_pos.rows(r0, B), seeds_[r], stream,
+                             noise_scale_);
+    }
     return Status::Ok();
   }
   std::vector<float> noise = std::move(*injected_);
@@ -779,96 +819,142 @@ Status FlashMapDrafterImpl::draw_noise(const Tensor& out, uint64_t seed, uint32_
 }
 
 Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) {
-  const int64_t B = c_.block_size, p = req.anchor_pos, nd = req.num_drafts;
-  if (nd < 1 || nd > B) {
-    return InvalidArgument("flashmap propose: num_drafts {} out of range [1, {}]", nd, B);
-  }
-  if (req.anchor < 0 || req.anchor >= target_vocab_) {
-    return InvalidArgument("flashmap propose: anchor token {} out of range [0, {})", req.anchor,
-                           target_vocab_);
-  }
-  if (p < 0) return InvalidArgument("flashmap propose: anchor_pos {} < 0", p);
-  BS_RETURN_IF_ERROR(check_block_table(kv, req.block_table, p + 1, "flashmap propose"));
-  // The anchor row at p (its position, slot and table; the block attends to [0, p]).
-  const PagedBatch::Seq seq{.block_table = req.block_table, .start_pos = p, .rows = 1};
-  anchor_batch_.stage(backend_, kv, {&seq, 1});
-  std::vector<int32_t> slot_pos(B);
-  for (int64_t k = 0; k < B; ++k) {
-    slot_pos[k] = static_cast<int32_t>(p + conv_.noise_position_offset + k);
-  }
-  backend_.copy_from_host(p_.ids, &req.anchor);
-  backend_.copy_from_host(p_.slot_pos, slot_pos.data());
-  const int64_t kv_len = p + 1;
-  const Tensor table = anchor_batch_.table(0);
+  return propose_batch(kv, {&req, 1}, logits);
+}
 
-  // The block's device work depends on the call only through the uploaded tensors (the whole
-  // table, the device context length) and the noise seed: captured per draft count, table
-  // buffer, pools and seed. Injected noise (an upload) and contexts shorter than the block (row
-  // chunks sized on the host) run uncaptured.
-  if (injected_ || kv_len < B) {
-    BS_RETURN_IF_ERROR(propose_block(kv, table, KvLength(kv_len), nd, req.noise_seed));
+// S blocks through the DiT together (row-wise work over all S*B rows; block self-attention and
+// the noise per block; cross-attention in one batched call); block r's logits are exactly what
+// its propose alone gives.
+Status FlashMapDrafterImpl::propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs,
+                                          Tensor* logits) {
+  const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
+  if (S == 0) return InvalidArgument("flashmap propose: no requests");
+  int64_t nd = 0;
+  bool short_context = false;  // a context shorter than the block: row chunks sized on the host
+  for (const ProposeRequest& req : reqs) {
+    const int64_t p = req.anchor_pos;
+    if (req.num_drafts < 1 || req.num_drafts > B) {
+      return InvalidArgument("flashmap propose: num_drafts {} out of range [1, {}]", req.num_drafts,
+                             B);
+    }
+    if (req.anchor < 0 || req.anchor >= target_vocab_) {
+      return InvalidArgument("flashmap propose: anchor token {} out of range [0, {})", req.anchor,
+                             target_vocab_);
+    }
+    if (p < 0) return InvalidArgument("flashmap propose: anchor_pos {} < 0", p);
+    BS_RETURN_IF_ERROR(check_block_table(kv, req.block_table, p + 1, "flashmap propose"));
+    nd = std::max(nd, req.num_drafts);
+    short_context |= p + 1 < B;
+  }
+  if (S > 1 && (injected_ || short_context)) {
+    // Short contexts and injected noise (an upload) take the one-block path, block by block.
+    if (!batch_logits_.defined() || batch_logits_.dim(0) < S * nd) {
+      batch_logits_ = backend_.empty({S * nd, target_vocab_});
+    }
+    for (int64_t r = 0; r < S; ++r) {
+      Tensor one;
+      BS_RETURN_IF_ERROR(propose_batch(kv, reqs.subspan(r, 1), &one));
+      backend_.copy(batch_logits_.rows(r * nd, reqs[r].num_drafts), one);
+    }
+    *logits = batch_logits_.rows(0, S * nd);
+    return Status::Ok();
+  }
+  ensure_propose(S);
+  // Block r: the anchor row at p (its position, slot and table; the block attends to [0, p]),
+  // noise slots at p + offset .., logits of its first nd rows.
+  std::vector<PagedBatch::Seq> seqs;
+  std::vector<int32_t> anchors, slot_pos, rows;
+  seeds_.clear();
+  for (int64_t r = 0; r < S; ++r) {
+    const ProposeRequest& req = reqs[r];
+    seqs.push_back({.block_table = req.block_table, .start_pos = req.anchor_pos, .rows = 1});
+    anchors.push_back(req.anchor);
+    for (int64_t k = 0; k < B; ++k) {
+      slot_pos.push_back(static_cast<int32_t>(req.anchor_pos + conv_.noise_position_offset + k));
+    }
+    for (int64_t k = 0; k < nd; ++k) rows.push_back(static_cast<int32_t>(r * B + k));
+    seeds_.push_back(req.noise_seed);
+  }
+  anchor_batch_.stage(backend_, kv, seqs);
+  backend_.copy_from_host(p_.ids.rows(0, S), anchors.data());
+  backend_.copy_from_host(p_.slot_pos.rows(0, S * B), slot_pos.data());
+  if (S > 1) backend_.copy_from_host(p_.logit_rows.rows(0, S * nd), rows.data());
+
+  // The blocks' device work depends on the call only through the uploaded tensors (the whole
+  // tables, the device context lengths) and the noise seeds: captured per batch, draft count,
+  // staged buffers, pools and seeds. Injected noise and short contexts run uncaptured.
+  if (injected_ || short_context) {
+    BS_RETURN_IF_ERROR(propose_block(kv, KvLength(reqs[0].anchor_pos + 1), nd, 1));
   } else {
-    const Tensor device_kv_len = anchor_batch_.kv_lens();
-    const KvLength device_len(anchor_batch_.max_kv_len(), &device_kv_len);
-    const std::string key =
-        fmt::format("flashmap:{}:{}:{}", nd, anchor_batch_.key(kv), req.noise_seed);
+    const Tensor device_kv_lens = anchor_batch_.kv_lens();
+    const KvLength device_len(anchor_batch_.max_kv_len(), &device_kv_lens);
+    const std::string key = fmt::format("flashmap:{}:{}:{}:{}", prop_generation_, nd,
+                                        anchor_batch_.key(kv), fmt::join(seeds_, ","));
     Status status = Status::Ok();
-    backend_.run_captured(
-        key, [&] { status = propose_block(kv, table, device_len, nd, req.noise_seed); });
+    backend_.run_captured(key, [&] { status = propose_block(kv, device_len, nd, S); });
     BS_RETURN_IF_ERROR(status);
   }
-  *logits = p_.logits.rows(0, nd);
+  *logits = p_.logits.rows(0, S * nd);
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::propose_block(KvPool& kv, const Tensor& table, KvLength kv_len,
-                                          int64_t nd, uint64_t noise_seed) {
-  const int64_t B = c_.block_size;
+Status FlashMapDrafterImpl::propose_block(KvPool& kv, KvLength kv_len, int64_t nd, int64_t S) {
+  const int64_t R = S * c_.block_size;
+  const Tensor anchor_emb = p_.anchor_emb.rows(0, S), anchor_row = p_.anchor_row.rows(0, S);
+  const Tensor h = p_.h.rows(0, R), out = p_.out.rows(0, R), z = p_.z.rows(0, R);
   // Anchor row at p: anchor_norm(anchor_proj(E[x_p])), its K/V through the fused weight. It stands
   // in for the anchor's unknown target features until observe overwrites the slot.
-  backend_.embedding(p_.anchor_emb, p_.ids, embed_);
-  backend_.matmul(p_.anchor_row, p_.anchor_emb, anchor_proj_, &anchor_proj_b_);
-  backend_.rms_norm(p_.anchor_row, p_.anchor_row, anchor_norm_,
-                    static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(backend_, ctx_, p_.anchor_row, anchor_batch_.positions(), anchor_batch_.slots(),
+  backend_.embedding(anchor_emb, p_.ids.rows(0, S), embed_);
+  backend_.matmul(anchor_row, anchor_emb, anchor_proj_, &anchor_proj_b_);
+  backend_.rms_norm(anchor_row, anchor_row, anchor_norm_, static_cast<float>(c_.rms_norm_eps));
+  write_context_kv(backend_, ctx_, anchor_row, anchor_batch_.positions(), anchor_batch_.slots(),
                    anchor_, kv);
 
   if (folded_) {
     // One jump, folded: hidden = first_hidden + g_0 rsqrt(Σ eig z² + eps) (z · noise_embedᵀ).
-    BS_RETURN_IF_ERROR(draw_noise(p_.z, noise_seed, conv_.eigen_noise_stream));
-    backend_.matmul(p_.noise_proj, p_.z, noise_embed_);
-    backend_.noise_combine(p_.h, first_hidden_, p_.noise_proj, p_.z, noise_eig_,
-                           jumps_[0].noise_gate, static_cast<float>(c_.rms_norm_eps));
-    dit(p_.h, jumps_[0], p_.out, kv, table, kv_len);
+    const Tensor noise_proj = p_.noise_proj.rows(0, R);
+    BS_RETURN_IF_ERROR(draw_noise(z, conv_.eigen_noise_stream));
+    backend_.matmul(noise_proj, z, noise_embed_);
+    backend_.noise_combine(h, first_hidden_, noise_proj, z, noise_eig_, jumps_[0].noise_gate,
+                           static_cast<float>(c_.rms_norm_eps));
+    dit(h, jumps_[0], out, kv, kv_len, S);
   } else {
     // The exact algorithm with a vocabulary-sized fp32 state (specs/flashmap.md §3.7).
-    const Tensor post = p_.pair.rows(0, B), state = p_.pair.rows(B, B);
-    const Tensor post_emb = p_.pair_emb.rows(0, B), state_emb = p_.pair_emb.rows(B, B);
-    BS_RETURN_IF_ERROR(draw_noise(state, noise_seed, conv_.state_noise_stream));
+    const Tensor pair = p_.pair.rows(0, 2 * R), pair_emb = p_.pair_emb.rows(0, 2 * R);
+    const Tensor post = pair.rows(0, R), state = pair.rows(R, R);
+    const Tensor post_emb = pair_emb.rows(0, R), state_emb = pair_emb.rows(R, R);
+    const Tensor delta = p_.delta.defined() ? p_.delta.rows(0, R) : Tensor();
+    BS_RETURN_IF_ERROR(draw_noise(state, conv_.state_noise_stream));
     const Tensor e = embed_.rows(0, c_.vocab_size);
     for (size_t n = 0; n < jumps_.size(); ++n) {
       const Jump& j = jumps_[n];
       backend_.softmax(post, state, j.evidence);
-      backend_.gemm(p_.pair_emb, p_.pair, e, false, false);  // [post; state] @ E
+      backend_.gemm(pair_emb, pair, e, false, false);  // [post; state] @ E
       backend_.rms_norm(post_emb, post_emb, state_norm_, static_cast<float>(c_.rms_norm_eps));
       backend_.rms_norm(state_emb, state_emb, j.noise_norm, static_cast<float>(c_.rms_norm_eps));
       backend_.add(post_emb, post_emb, state_emb);
-      backend_.matmul(p_.h, post_emb, x_embed_, &x_embed_b_);
-      dit(p_.h, j, p_.out, kv, table, kv_len);
+      backend_.matmul(h, post_emb, x_embed_, &x_embed_b_);
+      dit(h, j, out, kv, kv_len, S);
       if (n + 1 < jumps_.size()) {
         // state <- X_{t0,t1}(state) = ((1 - t1) state + (t1 - t0) δ) / (1 - t0).
-        backend_.matmul(p_.delta, p_.out, jump_head_w_, &jump_head_b_);
-        backend_.softmax(p_.delta, p_.delta, 1.0f);
+        backend_.matmul(delta, out, jump_head_w_, &jump_head_b_);
+        backend_.softmax(delta, delta, 1.0f);
         backend_.axpby(state, static_cast<float>((1.0 - j.t1) / (1.0 - j.t0)), state,
-                       static_cast<float>((j.t1 - j.t0) / (1.0 - j.t0)), p_.delta);
+                       static_cast<float>((j.t1 - j.t0) / (1.0 - j.t0)), delta);
       }
     }
   }
 
-  // Logits of the first nd slots through the folded head; -inf outside the draft vocabulary.
-  const Tensor out_rows = p_.out.rows(0, nd), result = p_.logits.rows(0, nd);
+  // Logits of the first nd slots of each block through the folded head (several blocks: those
+  // rows gathered first); -inf outside the draft vocabulary.
+  Tensor out_rows = out.rows(0, nd);
+  if (S > 1) {
+    out_rows = p_.gathered.rows(0, S * nd);
+    backend_.embedding(out_rows, p_.logit_rows.rows(0, S * nd), out);
+  }
+  const Tensor result = p_.logits.rows(0, S * nd);
   if (draft_ids_.defined()) {
-    const Tensor small = p_.head_logits.rows(0, nd);
+    const Tensor small = p_.head_logits.rows(0, S * nd);
     backend_.matmul(small, out_rows, head_w_, &head_b_);
     backend_.scatter_columns(result, small, draft_ids_, -std::numeric_limits<float>::infinity());
   } else {
