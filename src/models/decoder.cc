@@ -64,10 +64,7 @@ class DecoderLM final : public CausalLM {
       BS_ASSIGN_OR_RETURN(DecoderLayer layer, load_decoder_layer(w, c, i, options, mask));
       layers_.push_back(std::move(layer));
     }
-    const RopeTable rope = compute_rope(c.rope, hd, c.max_position_embeddings);
-    inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
-                                       {static_cast<int64_t>(rope.inv_freq.size())});
-    attention_scaling_ = rope.attention_scaling;
+    rope_ = upload_rope(backend_, c.rope, hd, c.max_position_embeddings);
     weight_bytes_ = file_bytes;
     return Status::Ok();
   }
@@ -215,8 +212,7 @@ class DecoderLM final : public CausalLM {
         .max_kv_len = batch_.max_kv_len(),
         .uneven_rows = batch_.even() ? std::span<const int64_t>() : batch_.seq_rows(),
         .fused = true,
-        .inv_freq = inv_freq_,
-        .attention_scaling = attention_scaling_,
+        .rope = rope_,
         .eps = static_cast<float>(c.rms_norm_eps),
         .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
     const LayerActivations a = s_.first_rows(rows);
@@ -272,8 +268,7 @@ class DecoderLM final : public CausalLM {
   Backend& backend_;
   Tensor embed_, lm_head_, final_norm_;  // [vocab, hidden] x2, [hidden]
   std::vector<DecoderLayer> layers_;
-  Tensor inv_freq_;  // F32 [head_dim / 2]
-  float attention_scaling_ = 1.0f;
+  Rope rope_;
   int64_t weight_bytes_ = 0;
   Scratch s_;
   // Staging for the index uploads: [rows] ids, [logit rows].

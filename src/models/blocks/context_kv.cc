@@ -35,7 +35,7 @@ void write_context_kv(Backend& b, const ContextKv& w, const Tensor& ctx, const T
     b.slice_columns(k, fused, l * 2 * kv_dim);
     b.slice_columns(v, fused, l * 2 * kv_dim + kv_dim);
     b.rms_norm(k, k, w.k_norms[l], w.k_eps);
-    b.rope(k_heads, positions, w.inv_freq, w.attention_scaling);
+    b.rope(k_heads, positions, w.rope.inv_freq, w.rope.attention_scaling);
     b.kv_write(kv.k[l], kv.v[l], k_heads, v.view({n, w.kv_heads, w.head_dim}), slots);
   }
 }

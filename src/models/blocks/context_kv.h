@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "models/kv_pool.h"
+#include "models/rope.h"
 
 namespace bs {
 
@@ -19,8 +20,7 @@ struct ContextKv {
   Tensor hidden_norm;           // [H]
   Tensor kv_fused;              // [L * 2 * kv_dim, H]: per layer its k_proj rows, then v_proj rows
   std::vector<Tensor> k_norms;  // per layer [hd]
-  Tensor inv_freq;              // F32 [hd / 2]
-  float attention_scaling = 1.0f;
+  Rope rope;
   float eps = 1e-6f;    // hidden_norm
   float k_eps = 1e-6f;  // k_norm
   int64_t kv_heads = 0, head_dim = 0;

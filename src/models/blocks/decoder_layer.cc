@@ -78,13 +78,13 @@ void linear(Backend& b, const Tensor& y, const Tensor& x, const DenseWeight& w, 
 void attention(Backend& b, const DecoderLayer& L, const LayerActivations& a,
                const PagedAttention& p, const Tensor& k_pool, const Tensor& v_pool) {
   if (p.uneven_rows.empty() && p.fused) {
-    b.prologue_attention(a.attn, a.q, a.qkv, L.q_norm, L.k_norm, p.eps, p.positions, p.inv_freq,
-                         p.attention_scaling, k_pool, v_pool, p.slots, p.tables, p.kv_lens,
-                         p.max_kv_len, L.mask, p.scale);
+    b.prologue_attention(a.attn, a.q, a.qkv, L.q_norm, L.k_norm, p.eps, p.positions,
+                         p.rope.inv_freq, p.rope.attention_scaling, k_pool, v_pool, p.slots,
+                         p.tables, p.kv_lens, p.max_kv_len, L.mask, p.scale);
     return;
   }
-  b.attention_prologue(a.q, a.qkv, L.q_norm, L.k_norm, p.eps, p.positions, p.inv_freq,
-                       p.attention_scaling, k_pool, v_pool, p.slots);
+  b.attention_prologue(a.q, a.qkv, L.q_norm, L.k_norm, p.eps, p.positions, p.rope.inv_freq,
+                       p.rope.attention_scaling, k_pool, v_pool, p.slots);
   if (p.uneven_rows.empty()) {
     b.paged_attention_batch(a.attn, a.q, k_pool, v_pool, p.tables, p.kv_lens, p.max_kv_len, L.mask,
                             p.scale);

@@ -14,6 +14,7 @@
 #include "io/hf_config.h"
 #include "models/blocks/weights.h"
 #include "models/kv_pool.h"
+#include "models/rope.h"
 
 namespace bs {
 
@@ -66,8 +67,7 @@ struct PagedAttention {
   std::span<const int64_t> uneven_rows;
   // One fused prologue + attention call where the backend has one (causal target rows).
   bool fused = false;
-  Tensor inv_freq;  // F32 [hd / 2]
-  float attention_scaling = 1.0f;
+  Rope rope;
   float eps = 1e-6f;   // rms_norm_eps
   float scale = 1.0f;  // 1 / sqrt(hd)
 };

@@ -33,6 +33,20 @@ Status check_block_table(const KvPool& kv, std::span<const int32_t> table, int64
   return Status::Ok();
 }
 
+Status check_propose(const KvPool& kv, const ProposeRequest& req, int64_t max_drafts, int64_t vocab,
+                     int64_t block_rows, std::string_view what) {
+  if (req.num_drafts < 1 || req.num_drafts > max_drafts) {
+    return InvalidArgument("{}: num_drafts {} out of range [1, {}]", what, req.num_drafts,
+                           max_drafts);
+  }
+  if (req.anchor < 0 || req.anchor >= vocab) {
+    return InvalidArgument("{}: anchor token {} out of range [0, {})", what, req.anchor, vocab);
+  }
+  if (req.anchor_pos < 0)
+    return InvalidArgument("{}: negative anchor_pos {}", what, req.anchor_pos);
+  return check_block_table(kv, req.block_table, req.anchor_pos + block_rows, what);
+}
+
 void PagedBatch::stage(Backend& b, const KvPool& kv, std::span<const Seq> seqs, bool with_tables) {
   const int64_t num_seqs = static_cast<int64_t>(seqs.size());
   int64_t rows = 0, table_blocks = 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "models/drafter.h"
 #include "models/kv_pool.h"
 
 namespace bs {
@@ -21,6 +22,11 @@ KvPool make_kv_pool(Backend& backend, int64_t num_layers, int64_t kv_heads, int6
 // OK when `table` covers positions [0, end) with block ids of the pool; errors begin with `what`.
 Status check_block_table(const KvPool& kv, std::span<const int32_t> table, int64_t end,
                          std::string_view what);
+
+// A drafter's propose request: 1 <= num_drafts <= max_drafts, anchor id in [0, vocab),
+// anchor_pos >= 0, a block table covering [0, anchor_pos + block_rows); errors begin with `what`.
+Status check_propose(const KvPool& kv, const ProposeRequest& req, int64_t max_drafts, int64_t vocab,
+                     int64_t block_rows, std::string_view what);
 
 // The index tensors of one paged forward over several sequences whose rows lie back to back,
 // staged once per step (one upload each) into buffers that grow by doubling:

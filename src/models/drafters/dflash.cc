@@ -92,12 +92,7 @@ class DFlashDrafter final : public Drafter {
       lm_head_.to_fp8(backend_);  // a copy: the target keeps its own LM head
     }
 
-    const RopeTable rope = compute_rope(m.rope, hd, m.max_position_embeddings);
-    inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
-                                       {static_cast<int64_t>(rope.inv_freq.size())});
-    attention_scaling_ = rope.attention_scaling;
-    ctx_.inv_freq = inv_freq_;
-    ctx_.attention_scaling = attention_scaling_;
+    ctx_.rope = upload_rope(backend_, m.rope, hd, m.max_position_embeddings);
     ctx_.eps = ctx_.k_eps = static_cast<float>(m.rms_norm_eps);
     ctx_.kv_heads = m.num_kv_heads;
     ctx_.head_dim = hd;
@@ -130,6 +125,7 @@ class DFlashDrafter final : public Drafter {
   // row lands in its own sequence's slot at its own position).
   Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) override {
     const int64_t width = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
+    BS_RETURN_IF_ERROR(check_pool(kv, "observe"));
     int64_t n = 0;
     for (const ObserveRequest& req : reqs) {
       if (!req.taps.defined()) return InvalidArgument("dflash observe: taps are undefined");
@@ -142,8 +138,8 @@ class DFlashDrafter final : public Drafter {
       if (req.start_pos < 0) {
         return InvalidArgument("dflash observe: negative start_pos {}", req.start_pos);
       }
-      BS_RETURN_IF_ERROR(
-          check_table(kv, req.block_table, req.start_pos + req.taps.dim(0), "observe"));
+      BS_RETURN_IF_ERROR(check_block_table(kv, req.block_table, req.start_pos + req.taps.dim(0),
+                                           "dflash observe"));
       n += req.taps.dim(0);
     }
     if (n == 0) return Status::Ok();
@@ -249,19 +245,10 @@ class DFlashDrafter final : public Drafter {
   Status forward_blocks(KvPool& kv, std::span<const ProposeRequest> reqs, int64_t* nd_out) {
     const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
     if (S == 0) return InvalidArgument("dflash propose: no requests");
+    BS_RETURN_IF_ERROR(check_pool(kv, "propose"));
     int64_t nd = 0;
     for (const ProposeRequest& req : reqs) {
-      const int64_t s = req.anchor_pos;
-      if (req.num_drafts < 1 || req.num_drafts > max_drafts()) {
-        return InvalidArgument("{} propose: num_drafts {} out of range [1, {}]", family(),
-                               req.num_drafts, max_drafts());
-      }
-      if (req.anchor < 0 || req.anchor >= vocab_) {
-        return InvalidArgument("dflash propose: anchor token {} out of range [0, {})", req.anchor,
-                               vocab_);
-      }
-      if (s < 0) return InvalidArgument("dflash propose: negative anchor_pos {}", s);
-      BS_RETURN_IF_ERROR(check_table(kv, req.block_table, s + B, "propose"));
+      BS_RETURN_IF_ERROR(check_propose(kv, req, max_drafts(), vocab_, B, family() + " propose"));
       nd = std::max(nd, req.num_drafts);
     }
     ensure_propose(S);
@@ -311,8 +298,7 @@ class DFlashDrafter final : public Drafter {
                                .tables = batch_.tables(),
                                .kv_lens = batch_.kv_lens(),
                                .max_kv_len = batch_.max_kv_len(),
-                               .inv_freq = inv_freq_,
-                               .attention_scaling = attention_scaling_,
+                               .rope = ctx_.rope,
                                .eps = eps,
                                .scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim))};
     // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
@@ -336,13 +322,12 @@ class DFlashDrafter final : public Drafter {
     lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
   }
 
-  Status check_table(const KvPool& kv, std::span<const int32_t> table, int64_t positions,
-                     const char* op) const {
+  Status check_pool(const KvPool& kv, const char* op) const {
     if (static_cast<int64_t>(kv.k.size()) != c_.model.num_layers) {
       return InvalidArgument("dflash {}: KV pool has {} layers, the drafter has {}", op,
                              kv.k.size(), c_.model.num_layers);
     }
-    return check_block_table(kv, table, positions, fmt::format("dflash {}", op));
+    return Status::Ok();
   }
 
   // Propose scratch for `seqs` blocks. Growing it bumps prop_generation_ (captured proposes hold
@@ -380,8 +365,6 @@ class DFlashDrafter final : public Drafter {
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
   DenseWeight lm_head_;  // [vocab, H]
-  Tensor inv_freq_;      // F32 [hd / 2]
-  float attention_scaling_ = 1.0f;
   ContextKvScratch obs_;
   PagedBatch obs_batch_;  // positions and slots of the current observe
   Tensor obs_taps_;       // [>= rows, taps width]: the taps of a batched observe, side by side

@@ -310,7 +310,6 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Tensor state_norm_;                   // [Ht]
   Tensor x_embed_, x_embed_b_;          // [D, Ht], [D]
   std::vector<DitLayer> layers_;
-  Tensor inv_freq_;  // F32 [hd/2]
 
   // Folds.
   std::vector<Jump> jumps_;
@@ -417,10 +416,7 @@ Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
   }
   BS_ASSIGN_OR_RETURN(ctx_.kv_fused, r.load_stacked(ctx_kv, std::vector<std::vector<int64_t>>(
                                                                 ctx_kv.size(), {A, D})));
-  const RopeTable rope = compute_rope(io::RopeConfig{.theta = c_.rope_theta}, c_.head_dim, 0);
-  inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
-                                     {static_cast<int64_t>(rope.inv_freq.size())});
-  ctx_.inv_freq = inv_freq_;
+  ctx_.rope = upload_rope(backend_, io::RopeConfig{.theta = c_.rope_theta}, c_.head_dim, 0);
   ctx_.eps = static_cast<float>(c_.rms_norm_eps);
   ctx_.k_eps = static_cast<float>(c_.qk_norm_eps);
   ctx_.kv_heads = c_.heads;
@@ -724,8 +720,8 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
     backend_.slice_columns(v, qkv, 2 * A);
     backend_.rms_norm(q, q, L.self_q_norm, qk_eps);
     backend_.rms_norm(k, k, L.self_k_norm, qk_eps);
-    backend_.rope(heads(q), pos, inv_freq_, 1.0f);
-    backend_.rope(heads(k), pos, inv_freq_, 1.0f);
+    backend_.rope(heads(q), pos, ctx_.rope.inv_freq, 1.0f);
+    backend_.rope(heads(k), pos, ctx_.rope.inv_freq, 1.0f);
     for (int64_t r0 = 0; r0 < R; r0 += B) {  // each block attends to its own B slots
       backend_.attention(heads(attn).rows(r0, B), heads(q).rows(r0, B), heads(k).rows(r0, B),
                          heads(v).rows(r0, B),
@@ -739,7 +735,7 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
     modulated(3 * l + kCross);
     backend_.matmul(q, n, L.cross_q);
     backend_.rms_norm(q, q, L.cross_q_norm, qk_eps);
-    backend_.rope(heads(q), pos, inv_freq_, 1.0f);
+    backend_.rope(heads(q), pos, ctx_.rope.inv_freq, 1.0f);
     const AttentionMask context{.causal = false, .window = 0};
     if (kv_len.device) {
       backend_.paged_attention_batch(heads(attn), heads(q), kv.k[l], kv.v[l],
@@ -832,19 +828,9 @@ Status FlashMapDrafterImpl::propose_batch(KvPool& kv, std::span<const ProposeReq
   int64_t nd = 0;
   bool short_context = false;  // a context shorter than the block: row chunks sized on the host
   for (const ProposeRequest& req : reqs) {
-    const int64_t p = req.anchor_pos;
-    if (req.num_drafts < 1 || req.num_drafts > B) {
-      return InvalidArgument("flashmap propose: num_drafts {} out of range [1, {}]", req.num_drafts,
-                             B);
-    }
-    if (req.anchor < 0 || req.anchor >= target_vocab_) {
-      return InvalidArgument("flashmap propose: anchor token {} out of range [0, {})", req.anchor,
-                             target_vocab_);
-    }
-    if (p < 0) return InvalidArgument("flashmap propose: anchor_pos {} < 0", p);
-    BS_RETURN_IF_ERROR(check_block_table(kv, req.block_table, p + 1, "flashmap propose"));
+    BS_RETURN_IF_ERROR(check_propose(kv, req, B, target_vocab_, 1, "flashmap propose"));
     nd = std::max(nd, req.num_drafts);
-    short_context |= p + 1 < B;
+    short_context |= req.anchor_pos + 1 < B;
   }
   if (S > 1 && (injected_ || short_context)) {
     // Short contexts and injected noise (an upload) take the one-block path, block by block.
