@@ -1,5 +1,5 @@
-// The decoder-only transformer shared by the Llama and Qwen3 families, and the registry that
-// picks a family from config.json.
+// The decoder-only transformer of the Llama, Mistral, Qwen2 and Qwen3 families (its layers are
+// models/blocks/decoder_layer.h), and the registry that picks a family from config.json.
 #include <fmt/format.h>
 
 #include <algorithm>
