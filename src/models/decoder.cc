@@ -204,17 +204,8 @@ class DecoderLM final : public CausalLM {
     // size): one attention call for the whole batch, each row bit-identical to its per-sequence
     // call; else one call per sequence. The whole table row of each sequence: the attention
     // reads only the blocks covering its kv length (read on the device).
-    const PagedAttention paged{
-        .positions = batch_.positions(),
-        .slots = batch_.slots(),
-        .tables = batch_.tables(),
-        .kv_lens = batch_.kv_lens(),
-        .max_kv_len = batch_.max_kv_len(),
-        .uneven_rows = batch_.even() ? std::span<const int64_t>() : batch_.seq_rows(),
-        .fused = true,
-        .rope = rope_,
-        .eps = static_cast<float>(c.rms_norm_eps),
-        .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    const PagedAttention paged =
+        PagedAttention::of(batch_, rope_, c.rms_norm_eps, c.head_dim, /*fused=*/true);
     const LayerActivations a = s_.first_rows(rows);
     for (int64_t li = 0; li < c.num_layers; ++li) {
       decoder_layer(backend_, li, layers_[li], a, paged, kv);

@@ -171,24 +171,7 @@ TEST_F(CudaModels, SlidingWindowTargetsMatchReference) {
     CausalLM& m = **model;
     const int64_t P = static_cast<int64_t>(prompt.size()), V = m.config().vocab_size;
     for (const int64_t chunk : {P, int64_t{7}, int64_t{1}}) {
-      KvPool pool = m.make_kv_pool(8);
-      BlockAllocator alloc(8);
-      SequenceKv seq(alloc, kKvBlockSize);
-      ASSERT_TRUE(seq.reserve(P).ok());
-      std::vector<float> got;
-      for (int64_t start = 0; start < P; start += chunk) {
-        const int64_t n = std::min(chunk, P - start);
-        ForwardResult res;
-        ASSERT_TRUE(m.forward({.tokens = std::span(prompt).subspan(start, n),
-                               .start_pos = start,
-                               .block_table = seq.block_table(),
-                               .num_logits = n},
-                              pool, &res)
-                        .ok());
-        const auto rows = gpu_->to_host_f32(res.logits);
-        got.insert(got.end(), rows.begin(), rows.end());
-        seq.set_length(start + n);
-      }
+      const std::vector<float> got = test_util::chunked_prompt_logits(m, prompt, chunk);
       EXPECT_LT(rel_err(got, ref), 3e-2) << "chunk " << chunk;
       for (int64_t r = 0; r < P; ++r) {
         if (top2_margin(ref, r, V) > 0.05f) {

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/kv_cache.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
@@ -53,23 +53,11 @@ TEST_P(SlidingWindowGolden, MatchesReferenceInPrefillChunksAndDecode) {
   // Chunk sizes: the whole prompt at once; 7-token chunks (each row's window spans chunks and
   // KV blocks); one token at a time (the decode shape).
   for (const int64_t chunk : {P, int64_t{7}, int64_t{1}}) {
-    SCOPED_TRACE("chunk " + std::to_string(chunk));
-    KvPool pool = m.make_kv_pool(8);
-    BlockAllocator alloc(8);
-    SequenceKv seq(alloc, kKvBlockSize);
-    ASSERT_TRUE(seq.reserve(P).ok());
-    for (int64_t start = 0; start < P; start += chunk) {
-      const int64_t n = std::min(chunk, P - start);
-      ForwardResult res;
-      ASSERT_TRUE(m.forward({.tokens = std::span(prompt).subspan(start, n),
-                             .start_pos = start,
-                             .block_table = seq.block_table(),
-                             .num_logits = n},
-                            pool, &res)
-                      .ok());
-      const std::vector<float> got = backend->to_host_f32(res.logits);
-      EXPECT_LT(max_rel_err(got.data(), &ref[start * V], n * V), 1e-4) << "rows from " << start;
-      seq.set_length(start + n);
+    const std::vector<float> got = test_util::chunked_prompt_logits(m, prompt, chunk);
+    ASSERT_EQ(got.size(), ref.size()) << "chunk " << chunk;
+    for (int64_t r = 0; r < P; ++r) {
+      EXPECT_LT(max_rel_err(&got[r * V], &ref[r * V], V), 1e-4)
+          << "chunk " << chunk << " row " << r;
     }
   }
 }

@@ -1,5 +1,7 @@
 #include "models/blocks/decoder_layer.h"
 
+#include <cmath>
+
 namespace bs {
 
 Result<DecoderLayer> load_decoder_layer(WeightLoader& w, const io::TransformerConfig& c,
@@ -61,6 +63,20 @@ LayerActivations LayerActivations::first_rows(int64_t n) const {
     *dst = src->rows(0, n);
   }
   return a;
+}
+
+PagedAttention PagedAttention::of(const PagedBatch& batch, const Rope& rope, double eps,
+                                  int64_t head_dim, bool fused) {
+  return {.positions = batch.positions(),
+          .slots = batch.slots(),
+          .tables = batch.tables(),
+          .kv_lens = batch.kv_lens(),
+          .max_kv_len = batch.max_kv_len(),
+          .uneven_rows = batch.even() ? std::span<const int64_t>() : batch.seq_rows(),
+          .fused = fused,
+          .rope = rope,
+          .eps = static_cast<float>(eps),
+          .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
 }
 
 namespace {

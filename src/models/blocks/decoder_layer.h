@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "io/hf_config.h"
+#include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
 #include "models/kv_pool.h"
 #include "models/rope.h"
@@ -70,6 +71,10 @@ struct PagedAttention {
   Rope rope;
   float eps = 1e-6f;   // rms_norm_eps
   float scale = 1.0f;  // 1 / sqrt(hd)
+
+  // The inputs `batch` staged, for a model with this RoPE, rms_norm_eps and head_dim.
+  static PagedAttention of(const PagedBatch& batch, const Rope& rope, double eps, int64_t head_dim,
+                           bool fused = false);
 };
 
 // DFlash2's block convolutions around both sublayers (DFlashModules::conv_prepare / finish):

@@ -293,14 +293,7 @@ class DFlashDrafter final : public Drafter {
     const float emb_scale = modules_ ? modules_->input_embedding_scale() : 1.0f;
     if (emb_scale != 1.0f) backend_.scale_softcap(x, x, emb_scale, 0.0f);
     // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
-    const PagedAttention paged{.positions = batch_.positions(),
-                               .slots = batch_.slots(),
-                               .tables = batch_.tables(),
-                               .kv_lens = batch_.kv_lens(),
-                               .max_kv_len = batch_.max_kv_len(),
-                               .rope = ctx_.rope,
-                               .eps = eps,
-                               .scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim))};
+    const PagedAttention paged = PagedAttention::of(batch_, ctx_.rope, m.rms_norm_eps, m.head_dim);
     // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
     SublayerConvs convs{
         .prepare = [&](int64_t l, int sub, const Tensor& y,
