@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
@@ -121,6 +122,33 @@ inline std::string param_name(std::string s) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
   return s;
+}
+
+// `prompt` through `m` from position 0 in forwards of `chunk` tokens each (a fresh pool): the
+// logits of every row, read back.
+inline std::vector<float> chunked_prompt_logits(CausalLM& m, std::span<const int32_t> prompt,
+                                                int64_t chunk) {
+  const int64_t P = static_cast<int64_t>(prompt.size()), blocks = P / kKvBlockSize + 1;
+  KvPool pool = m.make_kv_pool(blocks);
+  BlockAllocator alloc(blocks);
+  SequenceKv seq(alloc, kKvBlockSize);
+  EXPECT_TRUE(seq.reserve(P).ok());
+  std::vector<float> out;
+  for (int64_t start = 0; start < P; start += chunk) {
+    const int64_t n = std::min(chunk, P - start);
+    ForwardResult res;
+    const Status st = m.forward({.tokens = prompt.subspan(start, n),
+                                 .start_pos = start,
+                                 .block_table = seq.block_table(),
+                                 .num_logits = n},
+                                pool, &res);
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) return {};
+    const std::vector<float> rows = m.backend().to_host_f32(res.logits);
+    out.insert(out.end(), rows.begin(), rows.end());
+    seq.set_length(start + n);
+  }
+  return out;
 }
 
 }  // namespace bs::test_util

@@ -1,5 +1,5 @@
-// The decoder-only transformer shared by the Llama and Qwen3 families, and the registry that
-// picks a family from config.json.
+// The decoder-only transformer of the Llama, Mistral, Qwen2 and Qwen3 families (its layers are
+// models/blocks/decoder_layer.h), and the registry that picks a family from config.json.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,39 +7,25 @@
 #include <filesystem>
 
 #include "core/check.h"
-#include "models/layer_activations.h"
+#include "models/blocks/decoder_layer.h"
+#include "models/blocks/paged_kv.h"
+#include "models/blocks/weights.h"
 #include "models/registry.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
-#include "models/weights.h"
 
 namespace bs {
 namespace {
 
-// Projections are stored fused: q/k/v rows stacked in one matrix and gate/up rows in another,
-// so each takes one GEMM (one weight stream instead of three or two).
-struct Layer {
-  Tensor input_norm;         // [hidden]
-  Tensor w_qkv, wo;          // [(heads + 2 kv) * hd, hidden], [hidden, heads * hd]
-  Tensor b_qkv, bo;          // biases or undefined
-  Tensor q_norm, k_norm;     // [hd] (qk_norm families)
-  Tensor post_norm;          // [hidden]
-  Tensor w_gate_up;          // [2 * inter, hidden]: gate rows, then up rows
-  Tensor w_down;             // [hidden, inter]
-  Tensor b_gate_up, b_down;  // biases or undefined
-};
-
 // Activation buffers sized for up to `rows` tokens per forward.
 struct Scratch : LayerActivations {
   int64_t rows = 0;
-  int64_t generation = 0;        // bumped on every reallocation (keys of captured forwards)
-  Tensor ids, positions, slots;  // I32 [rows]
-  Tensor kv_len;                 // I32 [seqs]: start_pos + n of each sequence of the forward
-  Tensor block_table;            // I32 [seqs, capacity in blocks]
-  Tensor logit_rows;             // I32 [rows]: rows whose logits a batched forward wants
-  Tensor gathered;               // [rows, hidden]: logit rows of a batch, gathered
-  Tensor logits;                 // [rows, vocab]
-  Tensor taps;                   // [rows, n_taps * hidden]
+  int64_t generation = 0;  // bumped on every reallocation (keys of captured forwards)
+  Tensor ids;              // I32 [rows]
+  Tensor logit_rows;       // I32 [rows]: rows whose logits a batched forward wants
+  Tensor gathered;         // [rows, hidden]: logit rows of a batch, gathered
+  Tensor logits;           // [rows, vocab]
+  Tensor taps;             // [rows, n_taps * hidden]
   int64_t tap_cols = 0;
 };
 
@@ -50,60 +36,35 @@ class DecoderLM final : public CausalLM {
 
   Status load(const io::Checkpoint& ckpt) {
     const auto& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, q_dim = c.num_heads * hd,
-                  kv_dim = c.num_kv_heads * hd, inter = c.intermediate_size;
+    const int64_t h = c.hidden_size, hd = c.head_dim;
     int64_t file_bytes = 0;
     for (const auto& name : ckpt.names()) {
       if (const auto info = ckpt.get(name); info.ok()) file_bytes += (*info)->nbytes;
     }
     LoadProgress progress(ckpt.dir(), static_cast<int64_t>(ckpt.size()), file_bytes);
-    WeightLoader w(ckpt, backend_, "model.", &progress);
+    WeightLoader w(ckpt, backend_, &progress);
     BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {c.vocab_size, h}));
     BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
-    WeightLoader top(ckpt, backend_, "", &progress);
-    if (top.has("lm_head.weight")) {
-      BS_ASSIGN_OR_RETURN(lm_head_, top.load("lm_head.weight", {c.vocab_size, h}));
+    if (w.has("lm_head.weight")) {
+      BS_ASSIGN_OR_RETURN(lm_head_, w.load("lm_head.weight", {c.vocab_size, h}));
     } else if (c.tie_word_embeddings) {
       lm_head_ = embed_;
     } else {
       return NotFound("tensor 'lm_head.weight' not found in {} and tie_word_embeddings is false",
                       ckpt.dir());
     }
-    layers_.resize(c.num_layers);
+    const DecoderLayerOptions options{.qk_norm = spec_.qk_norm,
+                                      .attention_bias = spec_.attention_bias,
+                                      .mlp_bias = spec_.mlp_bias};
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      Layer& L = layers_[i];
-      const std::string p = "layers." + std::to_string(i) + ".";
-      BS_ASSIGN_OR_RETURN(L.input_norm, w.load(p + "input_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.post_norm, w.load(p + "post_attention_layernorm.weight", {h}));
-      const std::string a = p + "self_attn.", m = p + "mlp.";
-      BS_ASSIGN_OR_RETURN(
-          L.w_qkv, w.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                  {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
-      BS_ASSIGN_OR_RETURN(L.wo, w.load(a + "o_proj.weight", {h, q_dim}));
-      if (spec_.attention_bias) {
-        BS_ASSIGN_OR_RETURN(
-            L.b_qkv, w.load_stacked({a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
-                                    {{q_dim}, {kv_dim}, {kv_dim}}));
-        BS_ASSIGN_OR_RETURN(L.bo, w.load_optional(a + "o_proj.bias", {h}));
-      }
-      if (spec_.qk_norm) {
-        BS_ASSIGN_OR_RETURN(L.q_norm, w.load(a + "q_norm.weight", {hd}));
-        BS_ASSIGN_OR_RETURN(L.k_norm, w.load(a + "k_norm.weight", {hd}));
-      }
-      BS_ASSIGN_OR_RETURN(
-          L.w_gate_up,
-          w.load_stacked({m + "gate_proj.weight", m + "up_proj.weight"}, {{inter, h}, {inter, h}}));
-      BS_ASSIGN_OR_RETURN(L.w_down, w.load(m + "down_proj.weight", {h, inter}));
-      if (spec_.mlp_bias) {
-        BS_ASSIGN_OR_RETURN(L.b_gate_up, w.load_stacked({m + "gate_proj.bias", m + "up_proj.bias"},
-                                                        {{inter}, {inter}}));
-        BS_ASSIGN_OR_RETURN(L.b_down, w.load(m + "down_proj.bias", {h}));
-      }
+      // transformers' sliding_window_overlay (kv > q - window): `window` keys incl. the query's.
+      const AttentionMask mask{
+          .causal = true,
+          .window = c.layer_types[i] == "sliding_attention" ? c.sliding_window.value_or(0) : 0};
+      BS_ASSIGN_OR_RETURN(DecoderLayer layer, load_decoder_layer(w, c, i, options, mask));
+      layers_.push_back(std::move(layer));
     }
-    const RopeTable rope = compute_rope(c.rope, hd, c.max_position_embeddings);
-    inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
-                                       {static_cast<int64_t>(rope.inv_freq.size())});
-    attention_scaling_ = rope.attention_scaling;
+    rope_ = upload_rope(backend_, c.rope, hd, c.max_position_embeddings);
     weight_bytes_ = file_bytes;
     return Status::Ok();
   }
@@ -116,15 +77,8 @@ class DecoderLM final : public CausalLM {
   int64_t weight_bytes() const override { return weight_bytes_; }
 
   KvPool make_kv_pool(int64_t num_blocks) override {
-    KvPool pool;
-    pool.num_blocks = num_blocks;
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      pool.k.push_back(
-          backend_.empty({num_blocks, pool.block_size, config_.num_kv_heads, config_.head_dim}));
-      pool.v.push_back(
-          backend_.empty({num_blocks, pool.block_size, config_.num_kv_heads, config_.head_dim}));
-    }
-    return pool;
+    return bs::make_kv_pool(backend_, config_.num_layers, config_.num_kv_heads, config_.head_dim,
+                            num_blocks);
   }
 
   Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) override {
@@ -138,7 +92,7 @@ class DecoderLM final : public CausalLM {
                        BatchForwardResult* out) override {
     const auto& c = config_;
     if (reqs.empty()) return InvalidArgument("forward: no sequences");
-    int64_t rows = 0, logit_rows = 0, table_blocks = 0;
+    int64_t rows = 0, logit_rows = 0;
     for (size_t r = 0; r < reqs.size(); ++r) {
       BS_RETURN_IF_ERROR(validate(reqs[r], kv)
                              .with_context(reqs.size() > 1
@@ -150,64 +104,48 @@ class DecoderLM final : public CausalLM {
       }
       rows += reqs[r].size();
       logit_rows += reqs[r].num_logits;
-      table_blocks = std::max(table_blocks, static_cast<int64_t>(reqs[r].block_table.size()));
     }
     const int64_t num_seqs = static_cast<int64_t>(reqs.size());
     const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
-    ensure_scratch(rows, table_blocks, tap_cols, num_seqs);
-    const int64_t capacity = s_.block_table.dim(1);
+    ensure_scratch(rows, tap_cols);
 
     // Host-side index tensors for this step, uploaded before the captured layer stack: rows of
-    // all sequences back to back; per sequence its block table row and KV length; the rows
-    // whose logits are wanted (the last num_logits rows of each sequence). Tokens already on the
-    // device are copied into the ids on the device after the upload (a zero stands in for them
-    // in the host ids), outside the captured stack like the uploads.
+    // all sequences back to back (positions, slots, tables and KV lengths: the paged batch); the
+    // ids and the rows whose logits are wanted (the last num_logits rows of each sequence).
+    // Tokens already on the device are copied into the ids on the device after the upload (a
+    // zero stands in for them in the host ids), outside the captured stack like the uploads.
+    batch_seqs_.clear();
     ids_host_.clear();
-    positions_host_.clear();
-    slots_host_.clear();
     logit_rows_host_.clear();
-    kv_len_host_.clear();
-    std::string shape;  // rows / logits per sequence, part of the capture key
+    std::string shape;  // logits per sequence, part of the capture key
     bool host_ids = false;
     for (const ForwardRequest& req : reqs) {
       const int64_t n = req.size(), first = ids_host_.size();
       const bool on_device = req.device_tokens.defined();
       host_ids |= !on_device;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t pos = req.start_pos + i;
-        ids_host_.push_back(on_device ? 0 : req.tokens[i]);
-        positions_host_.push_back(static_cast<int32_t>(pos));
-        slots_host_.push_back(static_cast<int32_t>(
-            req.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size));
-      }
+      for (int64_t i = 0; i < n; ++i) ids_host_.push_back(on_device ? 0 : req.tokens[i]);
       for (int64_t i = n - req.num_logits; i < n; ++i) {
         logit_rows_host_.push_back(static_cast<int32_t>(first + i));
       }
-      kv_len_host_.push_back(static_cast<int32_t>(req.start_pos + n));
-      shape += fmt::format("{}/{},", n, req.num_logits);
+      batch_seqs_.push_back(
+          {.block_table = req.block_table, .start_pos = req.start_pos, .rows = n});
+      shape += fmt::format("{},", req.num_logits);
     }
+    batch_.stage(backend_, kv, batch_seqs_);
     if (host_ids) backend_.copy_from_host(s_.ids.rows(0, rows), ids_host_.data());
     for (int64_t r = 0, row = 0; r < num_seqs; row += reqs[r].size(), ++r) {
       if (reqs[r].device_tokens.defined()) {
         backend_.copy(s_.ids.rows(row, reqs[r].size()), reqs[r].device_tokens);
       }
     }
-    backend_.copy_from_host(s_.positions.rows(0, rows), positions_host_.data());
-    backend_.copy_from_host(s_.slots.rows(0, rows), slots_host_.data());
     if (num_seqs > 1 && logit_rows > 0) {
       backend_.copy_from_host(s_.logit_rows.rows(0, logit_rows), logit_rows_host_.data());
     }
-    for (int64_t r = 0; r < num_seqs; ++r) {
-      backend_.copy_from_host(
-          table_row(r).rows(0, static_cast<int64_t>(reqs[r].block_table.size())),
-          reqs[r].block_table.data());
-    }
-    backend_.copy_from_host(s_.kv_len.rows(0, num_seqs), kv_len_host_.data());
 
     // Everything below depends on the step only through the uploaded tensors, so a backend may
     // capture it once per (sequence shapes, taps, cache capacity, KV pools) and replay it.
-    std::string key = fmt::format("decoder:{}:{}:{}:{:x}:{}", s_.generation, shape, capacity,
-                                  kv_pool_id(kv), tap_cols);
+    std::string key =
+        fmt::format("decoder:{}:{}:{}:{}", s_.generation, batch_.key(kv), shape, tap_cols);
     for (int layer : reqs[0].tap_layers) key += fmt::format(",{}", layer);
     backend_.run_captured(key, [&] { layers(reqs, rows, logit_rows, kv); });
 
@@ -226,8 +164,6 @@ class DecoderLM final : public CausalLM {
   }
 
  private:
-  static const Tensor* opt(const Tensor& t) { return t.defined() ? &t : nullptr; }
-
   Status validate(const ForwardRequest& req, const KvPool& kv) const {
     const auto& c = config_;
     const int64_t n = req.size();
@@ -251,78 +187,28 @@ class DecoderLM final : public CausalLM {
         return InvalidArgument("tap layer {} out of range [0, {})", layer, c.num_layers);
       }
     }
-    const int64_t kv_len = req.start_pos + n;
-    const int64_t blocks_needed = (kv_len + kv.block_size - 1) / kv.block_size;
-    if (static_cast<int64_t>(req.block_table.size()) < blocks_needed) {
-      return InvalidArgument("forward: block table has {} blocks, {} positions need {}",
-                             req.block_table.size(), kv_len, blocks_needed);
-    }
-    return Status::Ok();
+    return check_block_table(kv, req.block_table, req.start_pos + n, "forward");
   }
 
-  // Sequence r's row of the block-table scratch: I32 [capacity].
-  Tensor table_row(int64_t r) const {
-    return s_.block_table.rows(r, 1).view({s_.block_table.dim(1)});
-  }
-
-  // The layer stack of one forward over the uploaded rows of all sequences (ids / positions /
-  // slots / block tables / kv lengths in scratch): projections and MLPs run over all rows at
-  // once, attention per sequence over its own cache (in one batched call when the sequences have
-  // equally many rows); writes logits and taps to scratch.
+  // The layer stack of one forward over the uploaded rows of all sequences (ids in scratch,
+  // positions / slots / block tables / kv lengths in the paged batch): projections and MLPs run
+  // over all rows at once, attention per sequence over its own cache (in one batched call when the
+  // sequences have equally many rows); writes logits and taps to scratch.
   void layers(std::span<const ForwardRequest> reqs, int64_t rows, int64_t logit_rows, KvPool& kv) {
     const auto& c = config_;
     const int64_t tap_cols = static_cast<int64_t>(reqs[0].tap_layers.size()) * c.hidden_size;
-    const Tensor ids = s_.ids.rows(0, rows), pos_t = s_.positions.rows(0, rows),
-                 slot_t = s_.slots.rows(0, rows);
     const Tensor x = s_.x.rows(0, rows), xn = s_.xn.rows(0, rows);
-    backend_.embedding(x, ids, embed_);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const AttentionMask causal{.causal = true, .window = 0};
-    const Tensor qkv = s_.qkv.rows(0, rows), q = s_.q.rows(0, rows), attn = s_.attn.rows(0, rows),
-                 gate_up = s_.gate_up.rows(0, rows), act = s_.act.rows(0, rows);
+    backend_.embedding(x, s_.ids.rows(0, rows), embed_);
     const Tensor taps = tap_cols ? s_.taps.rows(0, rows) : Tensor();
-    // The whole table row of each sequence: the attention reads only the blocks covering its
-    // kv length (read on the device).
-    const int64_t capacity = s_.block_table.dim(1), max_kv_len = capacity * kv.block_size;
-    const int64_t num_seqs = static_cast<int64_t>(reqs.size());
-    // Equally many rows per sequence (batched decode, or verify blocks of one size): one attention
-    // call for the whole batch, each row bit-identical to its per-sequence call.
-    const bool batched_attention =
-        num_seqs > 1 && std::all_of(reqs.begin(), reqs.end(), [&](const ForwardRequest& req) {
-          return req.size() == reqs[0].size();
-        });
-    const Tensor all_tables = s_.block_table.rows(0, num_seqs);  // [num_seqs, capacity]
-    const Tensor all_kv_lens = s_.kv_len.rows(0, num_seqs);      // [num_seqs]
-    std::vector<Tensor> tables, kv_lens;
-    for (int64_t r = 0; r < num_seqs && !batched_attention; ++r) {
-      tables.push_back(table_row(r));
-      kv_lens.push_back(s_.kv_len.rows(r, 1));
-    }
+    // Equally many rows per sequence (one sequence, batched decode, or verify blocks of one
+    // size): one attention call for the whole batch, each row bit-identical to its per-sequence
+    // call; else one call per sequence. The whole table row of each sequence: the attention
+    // reads only the blocks covering its kv length (read on the device).
+    const PagedAttention paged =
+        PagedAttention::of(batch_, rope_, c.rms_norm_eps, c.head_dim, /*fused=*/true);
+    const LayerActivations a = s_.first_rows(rows);
     for (int64_t li = 0; li < c.num_layers; ++li) {
-      const Layer& L = layers_[li];
-      // Attention block: x += o_proj(attn(rope(norm(q)), rope(norm(k)), v)).
-      backend_.rms_norm(xn, x, L.input_norm, c.rms_norm_eps);
-      backend_.matmul(qkv, xn, L.w_qkv, opt(L.b_qkv));
-      if (num_seqs == 1 || batched_attention) {
-        backend_.prologue_attention(attn, q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t,
-                                    inv_freq_, attention_scaling_, kv.k[li], kv.v[li], slot_t,
-                                    all_tables, all_kv_lens, max_kv_len, causal, scale);
-      } else {
-        backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, c.rms_norm_eps, pos_t, inv_freq_,
-                                    attention_scaling_, kv.k[li], kv.v[li], slot_t);
-        for (size_t r = 0, row = 0; r < reqs.size(); row += reqs[r].size(), ++r) {
-          const int64_t n = reqs[r].size();
-          const int64_t r0 = static_cast<int64_t>(row);
-          backend_.paged_attention(attn.rows(r0, n), q.rows(r0, n), kv.k[li], kv.v[li], tables[r],
-                                   KvLength(max_kv_len, &kv_lens[r]), causal, scale);
-        }
-      }
-      backend_.matmul(x, attn, L.wo, opt(L.bo), /*accumulate=*/true);
-      // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(xn, x, L.post_norm, c.rms_norm_eps);
-      backend_.matmul(gate_up, xn, L.w_gate_up, opt(L.b_gate_up));
-      backend_.swiglu(act, gate_up);
-      backend_.matmul(x, act, L.w_down, opt(L.b_down), /*accumulate=*/true);
+      decoder_layer(backend_, li, layers_[li], a, paged, kv);
       for (size_t t = 0; t < reqs[0].tap_layers.size(); ++t) {
         if (reqs[0].tap_layers[t] == li) {
           backend_.copy_columns(taps, static_cast<int64_t>(t) * c.hidden_size, x);
@@ -344,7 +230,7 @@ class DecoderLM final : public CausalLM {
     }
   }
 
-  void ensure_scratch(int64_t rows, int64_t table_blocks, int64_t tap_cols, int64_t num_seqs) {
+  void ensure_scratch(int64_t rows, int64_t tap_cols) {
     const auto& c = config_;
     // The sizes are recorded after their buffers exist: an allocation failure (AllocationError)
     // leaves scratch that still matches them, so the next forward works.
@@ -355,8 +241,6 @@ class DecoderLM final : public CausalLM {
       s_.tap_cols = 0;
       s_.ids = backend_.empty({r}, DType::kI32);
       s_.logit_rows = backend_.empty({r}, DType::kI32);
-      s_.positions = backend_.empty({r}, DType::kI32);
-      s_.slots = backend_.empty({r}, DType::kI32);
       s_.allocate_layers(backend_, c, r);
       s_.gathered = backend_.empty({r, c.hidden_size});
       s_.logits = backend_.empty({r, c.vocab_size});
@@ -368,35 +252,20 @@ class DecoderLM final : public CausalLM {
       s_.taps = backend_.empty({s_.rows, tap_cols});
       s_.tap_cols = tap_cols;
     }
-    // Block tables: one row per sequence; the capacity only grows (graphs bind it).
-    const int64_t seqs = std::max<int64_t>(num_seqs, 1);
-    if (!s_.block_table.defined() || s_.block_table.dim(1) < table_blocks ||
-        s_.block_table.dim(0) < seqs) {
-      // Capacity doubles when outgrown, so a long generation re-captures its graphs only
-      // log2(length) times.
-      const int64_t old_cap = s_.block_table.defined() ? s_.block_table.dim(1) : 0;
-      const int64_t cap =
-          std::max<int64_t>({table_blocks, 64, table_blocks > old_cap ? 2 * old_cap : old_cap});
-      const int64_t rows_needed =
-          std::max(seqs, s_.block_table.defined() ? s_.block_table.dim(0) : int64_t{1});
-      Tensor table = backend_.empty({rows_needed, cap}, DType::kI32);
-      s_.kv_len = backend_.empty({rows_needed}, DType::kI32);
-      s_.block_table = std::move(table);
-      ++s_.generation;
-    }
   }
 
   io::TransformerConfig config_;
   TargetSpec spec_;
   Backend& backend_;
   Tensor embed_, lm_head_, final_norm_;  // [vocab, hidden] x2, [hidden]
-  std::vector<Layer> layers_;
-  Tensor inv_freq_;  // F32 [head_dim / 2]
-  float attention_scaling_ = 1.0f;
+  std::vector<DecoderLayer> layers_;
+  Rope rope_;
   int64_t weight_bytes_ = 0;
   Scratch s_;
-  // Staging for the index uploads: [rows] ids / positions / slots, [logit rows], [seqs].
-  std::vector<int32_t> ids_host_, positions_host_, slots_host_, logit_rows_host_, kv_len_host_;
+  // Staging for the index uploads: [rows] ids, [logit rows].
+  std::vector<int32_t> ids_host_, logit_rows_host_;
+  PagedBatch batch_;  // positions, slots, block tables, KV lengths of the current forward
+  std::vector<PagedBatch::Seq> batch_seqs_;
 };
 
 }  // namespace

@@ -135,4 +135,12 @@ RopeTable compute_rope(const io::RopeConfig& rope, int64_t head_dim,
   return t;
 }
 
+Rope upload_rope(Backend& backend, const io::RopeConfig& rope, int64_t head_dim,
+                 int64_t max_position_embeddings) {
+  const RopeTable t = compute_rope(rope, head_dim, max_position_embeddings);
+  return {backend.upload_weight(DType::kF32, t.inv_freq.data(),
+                                {static_cast<int64_t>(t.inv_freq.size())}),
+          t.attention_scaling};
+}
+
 }  // namespace bs

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "io/hf_config.h"
 
 namespace bs {
@@ -21,5 +22,13 @@ struct RopeTable {
 // (used by yarn/llama3 when rope.original_max_position_embeddings is 0).
 RopeTable compute_rope(const io::RopeConfig& rope, int64_t head_dim,
                        int64_t max_position_embeddings);
+
+// A RoPE table on a backend (what the rope / attention ops take).
+struct Rope {
+  Tensor inv_freq;  // F32 [head_dim / 2]
+  float attention_scaling = 1.0f;
+};
+Rope upload_rope(Backend& backend, const io::RopeConfig& rope, int64_t head_dim,
+                 int64_t max_position_embeddings);
 
 }  // namespace bs

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,68 @@ TEST_F(FlashMapGolden, DraftVocabulary) {
     auto d = load(kDrafterDv, 2);
     ASSERT_TRUE(d);
     expect_logits(draft(*d, &x0), "dv_logits_j2", 2e-5);
+  }
+}
+
+// propose_batch: every block's rows equal its propose alone (folded one jump, the exact
+// several-jump path, the draft vocabulary), with different contexts, anchors, seeds and draft
+// counts; a context shorter than the block takes the one-block path inside the batch.
+TEST_F(FlashMapGolden, BatchedProposeMatchesSingleProposes) {
+  struct Case {
+    std::string dir;
+    int steps;
+    bool fold;
+  };
+  for (const Case& c :
+       {Case{kDrafter, 1, true}, Case{kDrafter, 2, false}, Case{kDrafterDv, 1, true}}) {
+    SCOPED_TRACE(c.dir + " steps " + std::to_string(c.steps));
+    auto d = load(c.dir, c.steps, c.fold);
+    ASSERT_TRUE(d);
+    KvPool kv = d->make_kv_pool(16);
+    const int64_t cols = 3 * kHt;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const std::vector<std::vector<int32_t>> tables{{2, 0, 9}, {5, 1, 3}, {7, 4, 8}, {6, 10, 11}};
+    const std::vector<int64_t> anchor_pos{11, 30, 20, 3};
+    std::vector<ProposeRequest> reqs;
+    for (size_t r = 0; r < tables.size(); ++r) {
+      std::vector<float> taps(static_cast<size_t>(anchor_pos[r] * cols));
+      for (float& x : taps) x = normal(rng);
+      Tensor t = backend_->empty({anchor_pos[r], cols}, DType::kF32);
+      backend_->copy_from_host(t, taps.data());
+      ASSERT_TRUE(d->observe(kv, tables[r], t, 0).ok());
+      reqs.push_back({.anchor = static_cast<int32_t>(17 + 40 * r),
+                      .anchor_pos = anchor_pos[r],
+                      .block_table = tables[r],
+                      .num_drafts = r == 1 ? 5 : kB,
+                      .noise_seed = 1000 + r});
+    }
+    // The first three (long contexts: one batched pass), then all four (one short context).
+    for (const size_t n : {size_t{3}, size_t{4}}) {
+      SCOPED_TRACE("batch of " + std::to_string(n));
+      const std::span<const ProposeRequest> batch(reqs.data(), n);
+      std::vector<std::vector<float>> single;
+      for (const ProposeRequest& req : batch) {
+        Tensor logits;
+        ASSERT_TRUE(d->propose(kv, req, &logits).ok());
+        single.push_back(backend_->to_host_f32(logits));
+      }
+      Tensor logits;
+      const Status st = d->propose_batch(kv, batch, &logits);
+      ASSERT_TRUE(st.ok()) << st.message();
+      const std::vector<float> all = backend_->to_host_f32(logits);
+      ASSERT_EQ(static_cast<int64_t>(all.size()), static_cast<int64_t>(n) * kB * kV);
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t i = 0; i < single[r].size(); ++i) {
+          const float want = single[r][i], got = all[r * kB * kV + i];
+          if (!std::isfinite(want)) {
+            ASSERT_EQ(got, want) << "block " << r << " entry " << i;
+          } else {
+            ASSERT_NEAR(got, want, 1e-4 * (1 + std::abs(want))) << "block " << r << " entry " << i;
+          }
+        }
+      }
+    }
   }
 }
 

@@ -10,44 +10,23 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
-#include "models/layer_activations.h"
+#include "models/blocks/context_kv.h"
+#include "models/blocks/decoder_layer.h"
+#include "models/blocks/paged_kv.h"
+#include "models/blocks/weights.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
-#include "models/weights.h"
 
 namespace bs {
 namespace {
 
 using nlohmann::json;
 
-struct Layer {
-  Tensor input_norm, post_norm;  // [H]
-  DenseWeight w_qkv;             // [(heads + 2 kv) * hd, H]: q, k, v rows (one propose GEMM)
-  DenseWeight wo;                // [H, heads*hd]
-  Tensor q_norm, k_norm;         // [hd]
-  DenseWeight w_gate_up;         // [2I, H]: gate rows, then up rows
-  DenseWeight w_down;            // [H, I]
-  AttentionMask mask;
-};
-
-// Activation buffers of observe (n context rows) and propose (B block rows).
-struct ObserveScratch {
-  int64_t rows = 0;
-  Tensor ctx;         // [rows, H]
-  Tensor fused;       // [rows, L*2*kv_dim]: per row K0 V0 K1 V1 ...
-  Tensor kv;          // [2*L*rows, kv_dim]: layer-major regrouping, all K then all V
-  Tensor gather_ids;  // I32 [2*L*rows]
-  Tensor positions;   // I32 [L*rows]: positions repeated once per layer
-  Tensor slots;       // I32 [rows]
-  Tensor taps;        // [>= rows, taps width]: the taps of a batched observe, side by side
-};
-
 // Rows of `seqs` blocks of B (one block per sequence of a propose_batch).
 struct ProposeScratch : LayerActivations {
   int64_t seqs = 0;
-  Tensor ids, positions, slots;  // I32 [seqs * B]
-  Tensor kv_len;                 // I32 [seqs]: anchor_pos + B of each sequence
-  Tensor logit_rows;             // I32 [seqs * (B-1)]: block rows whose logits are wanted
+  Tensor ids;         // I32 [seqs * B]
+  Tensor logit_rows;  // I32 [seqs * (B-1)]: block rows whose logits are wanted
   // LayerActivations: [seqs * B, ...]
   Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
   Tensor logits;        // [seqs * nd, V]
@@ -69,87 +48,54 @@ class DFlashDrafter final : public Drafter {
   Status load(const io::Checkpoint& ckpt, const CausalLM& target, bool fp8_weights) {
     const auto& m = c_.model;
     const int64_t h = m.hidden_size, hd = m.head_dim, q_dim = m.num_heads * hd,
-                  kv_dim = m.num_kv_heads * hd, inter = m.intermediate_size,
-                  n_layers = m.num_layers;
+                  kv_dim = m.num_kv_heads * hd, n_layers = m.num_layers;
     const int64_t fc_in = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
-    WeightLoader w(ckpt, backend_, "");
-    // Names appear with or without a "model." prefix (vLLM-style exports add one).
-    auto name = [&](const std::string& n) -> Result<std::string> {
-      if (ckpt.has(n)) return n;
-      if (ckpt.has("model." + n)) return "model." + n;
-      return NotFound("{}: drafter tensor '{}' (or 'model.{}') not found", ckpt.dir(), n, n);
-    };
-    auto load = [&](const std::string& n, std::vector<int64_t> shape) -> Result<Tensor> {
-      BS_ASSIGN_OR_RETURN(std::string full, name(n));
-      return w.load(full, std::move(shape));
-    };
+    WeightLoader w(ckpt, backend_);
+    BS_ASSIGN_OR_RETURN(ctx_.fc,
+                        w.load("fc.weight", {h, fc_in},
+                               fmt::format("[hidden_size, n_taps * target hidden]: n_taps = "
+                                           "len(target_layer_ids) = {}, target hidden {}",
+                                           c_.target_layers.size(), target_hidden_)));
+    BS_ASSIGN_OR_RETURN(ctx_.hidden_norm, w.load("hidden_norm.weight", {h}));
+    BS_ASSIGN_OR_RETURN(final_norm_, w.load("norm.weight", {h}));
 
-    BS_ASSIGN_OR_RETURN(std::string fc_name, name("fc.weight"));
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* fc_info, ckpt.get(fc_name));
-    if (fc_info->shape != std::vector<int64_t>{h, fc_in}) {
-      return InvalidArgument(
-          "{}: tensor '{}' has shape {}, expected [hidden_size, n_taps * target hidden] = [{}, "
-          "{}] (n_taps = len(target_layer_ids) = {}, target hidden {})",
-          ckpt.dir(), fc_name, io::shape_to_string(fc_info->shape), h, fc_in,
-          c_.target_layers.size(), target_hidden_);
-    }
-    BS_ASSIGN_OR_RETURN(fc_, load("fc.weight", {h, fc_in}));
-    BS_ASSIGN_OR_RETURN(hidden_norm_, load("hidden_norm.weight", {h}));
-    BS_ASSIGN_OR_RETURN(final_norm_, load("norm.weight", {h}));
-
-    layers_.resize(n_layers);
     for (int64_t i = 0; i < n_layers; ++i) {
-      Layer& L = layers_[i];
-      const std::string p = "layers." + std::to_string(i) + ".";
-      BS_ASSIGN_OR_RETURN(L.input_norm, load(p + "input_layernorm.weight", {h}));
-      BS_ASSIGN_OR_RETURN(L.post_norm, load(p + "post_attention_layernorm.weight", {h}));
-      const std::string a = p + "self_attn.", f = p + "mlp.";
-      BS_ASSIGN_OR_RETURN(const std::string qn, name(a + "q_proj.weight"));
-      BS_ASSIGN_OR_RETURN(const std::string kn, name(a + "k_proj.weight"));
-      BS_ASSIGN_OR_RETURN(const std::string vn, name(a + "v_proj.weight"));
-      BS_ASSIGN_OR_RETURN(L.w_qkv.w,
-                          w.load_stacked({qn, kn, vn}, {{q_dim, h}, {kv_dim, h}, {kv_dim, h}}));
-      BS_ASSIGN_OR_RETURN(L.wo.w, load(a + "o_proj.weight", {h, q_dim}));
-      BS_ASSIGN_OR_RETURN(L.q_norm, load(a + "q_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(L.k_norm, load(a + "k_norm.weight", {hd}));
-      BS_ASSIGN_OR_RETURN(const std::string gn, name(f + "gate_proj.weight"));
-      BS_ASSIGN_OR_RETURN(const std::string un, name(f + "up_proj.weight"));
-      BS_ASSIGN_OR_RETURN(L.w_gate_up.w, w.load_stacked({gn, un}, {{inter, h}, {inter, h}}));
-      BS_ASSIGN_OR_RETURN(L.w_down.w, load(f + "down_proj.weight", {h, inter}));
-      L.mask = c_.layer_masks[i];
+      BS_ASSIGN_OR_RETURN(DecoderLayer layer,
+                          load_decoder_layer(w, m, i, {.qk_norm = true}, c_.layer_masks[i]));
+      layers_.push_back(std::move(layer));
     }
     // One [L*2*kv_dim, H] matrix, rows K0 V0 K1 V1 ...: observe projects the context of every
     // layer with a single matmul (a copy of the k / v rows of each layer's fused projection).
-    kv_fused_ = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.w.dtype());
+    ctx_.kv_fused = backend_.empty({n_layers * 2 * kv_dim, h}, layers_[0].w_qkv.w.dtype());
     for (int64_t i = 0; i < n_layers; ++i) {
-      const Layer& L = layers_[i];
-      backend_.copy(kv_fused_.rows(2 * i * kv_dim, 2 * kv_dim), L.w_qkv.w.rows(q_dim, 2 * kv_dim));
+      const DecoderLayer& L = layers_[i];
+      backend_.copy(ctx_.kv_fused.rows(2 * i * kv_dim, 2 * kv_dim),
+                    L.w_qkv.w.rows(q_dim, 2 * kv_dim));
+      ctx_.k_norms.push_back(L.k_norm);
     }
 
     // Embedding and LM head: the drafter's own when it ships them, else the target's.
-    const bool own_embed = ckpt.has("embed_tokens.weight") || ckpt.has("model.embed_tokens.weight");
-    const bool own_head = ckpt.has("lm_head.weight") || ckpt.has("model.lm_head.weight");
-    if (own_embed) {
-      BS_ASSIGN_OR_RETURN(embed_, load("embed_tokens.weight", {vocab_, h}));
+    if (w.has("embed_tokens.weight")) {
+      BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {vocab_, h}));
     } else {
       embed_ = target.embed_tokens();
     }
-    if (own_head) {
-      BS_ASSIGN_OR_RETURN(lm_head_.w, load("lm_head.weight", {vocab_, h}));
+    if (w.has("lm_head.weight")) {
+      BS_ASSIGN_OR_RETURN(lm_head_.w, w.load("lm_head.weight", {vocab_, h}));
     } else {
       lm_head_.w = target.lm_head();
     }
-    if (fp8_weights) {  // after kv_fused_ has copied the K/V rows of the loaded w_qkv
-      for (Layer& L : layers_) {
+    if (fp8_weights) {  // after ctx_.kv_fused has copied the K/V rows of the loaded w_qkv
+      for (DecoderLayer& L : layers_) {
         for (DenseWeight* dw : {&L.w_qkv, &L.wo, &L.w_gate_up, &L.w_down}) dw->to_fp8(backend_);
       }
       lm_head_.to_fp8(backend_);  // a copy: the target keeps its own LM head
     }
 
-    const RopeTable rope = compute_rope(m.rope, hd, m.max_position_embeddings);
-    inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
-                                       {static_cast<int64_t>(rope.inv_freq.size())});
-    attention_scaling_ = rope.attention_scaling;
+    ctx_.rope = upload_rope(backend_, m.rope, hd, m.max_position_embeddings);
+    ctx_.eps = ctx_.k_eps = static_cast<float>(m.rms_norm_eps);
+    ctx_.kv_heads = m.num_kv_heads;
+    ctx_.head_dim = hd;
     if (modules_) BS_RETURN_IF_ERROR(modules_->load(ckpt, backend_));
     return Status::Ok();
   }
@@ -163,19 +109,12 @@ class DFlashDrafter final : public Drafter {
   const std::vector<int>& target_layers() const override { return c_.target_layers; }
 
   KvPool make_kv_pool(int64_t num_blocks) override {
-    KvPool pool;
-    pool.num_blocks = num_blocks;
-    for (int64_t i = 0; i < c_.model.num_layers; ++i) {
-      pool.k.push_back(
-          backend_.empty({num_blocks, pool.block_size, c_.model.num_kv_heads, c_.model.head_dim}));
-      pool.v.push_back(
-          backend_.empty({num_blocks, pool.block_size, c_.model.num_kv_heads, c_.model.head_dim}));
-    }
-    return pool;
+    return bs::make_kv_pool(backend_, c_.model.num_layers, c_.model.num_kv_heads, c_.model.head_dim,
+                            num_blocks);
   }
 
-  // ctx = hidden_norm(fc(taps)); one matmul gives every layer's K and V; per-layer k_norm;
-  // RoPE at the absolute positions; one paged write per layer.
+  // The context K/V path (blocks/context_kv.h): hidden_norm(fc(taps)), every layer's K and V;
+  // k_norm and RoPE at the absolute positions; one paged write per layer.
   Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
                  int64_t start_pos) override {
     const ObserveRequest req{.block_table = block_table, .taps = taps, .start_pos = start_pos};
@@ -185,8 +124,8 @@ class DFlashDrafter final : public Drafter {
   // Every request's rows through the context projection together (the work is row-wise: each
   // row lands in its own sequence's slot at its own position).
   Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) override {
-    const auto& m = c_.model;
     const int64_t width = static_cast<int64_t>(c_.target_layers.size()) * target_hidden_;
+    BS_RETURN_IF_ERROR(check_pool(kv, "observe"));
     int64_t n = 0;
     for (const ObserveRequest& req : reqs) {
       if (!req.taps.defined()) return InvalidArgument("dflash observe: taps are undefined");
@@ -199,91 +138,44 @@ class DFlashDrafter final : public Drafter {
       if (req.start_pos < 0) {
         return InvalidArgument("dflash observe: negative start_pos {}", req.start_pos);
       }
-      BS_RETURN_IF_ERROR(
-          check_table(kv, req.block_table, req.start_pos + req.taps.dim(0), "observe"));
+      BS_RETURN_IF_ERROR(check_block_table(kv, req.block_table, req.start_pos + req.taps.dim(0),
+                                           "dflash observe"));
       n += req.taps.dim(0);
     }
     if (n == 0) return Status::Ok();
-    const int64_t n_layers = m.num_layers;
-    ensure_observe(n, reqs.size() > 1 ? width : 0);
-    ObserveScratch& s = obs_;
-
-    std::vector<int32_t> ids(static_cast<size_t>(2 * n_layers * n));
-    std::vector<int32_t> positions(static_cast<size_t>(n_layers * n));
-    std::vector<int32_t> slots(static_cast<size_t>(n));
-    for (int64_t c = 0; c < 2; ++c) {
-      for (int64_t l = 0; l < n_layers; ++l) {
-        for (int64_t i = 0; i < n; ++i) {
-          // Row (c, l, i) of the regrouped K/V = chunk (i, l, c) of the fused projection.
-          ids[(c * n_layers + l) * n + i] = static_cast<int32_t>(i * 2 * n_layers + 2 * l + c);
-        }
-      }
-    }
-    int64_t row = 0;
+    obs_.ensure(backend_, ctx_, n);
+    std::vector<PagedBatch::Seq> seqs;
     for (const ObserveRequest& req : reqs) {
-      for (int64_t i = 0; i < req.taps.dim(0); ++i, ++row) {
-        const int64_t pos = req.start_pos + i;
-        slots[row] = slot_of(kv, req.block_table, pos);
-        for (int64_t l = 0; l < n_layers; ++l) positions[l * n + row] = static_cast<int32_t>(pos);
-      }
+      seqs.push_back(
+          {.block_table = req.block_table, .start_pos = req.start_pos, .rows = req.taps.dim(0)});
     }
-    const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
-    const Tensor pos_t = s.positions.rows(0, n_layers * n);
-    const Tensor slot_t = s.slots.rows(0, n);
-    backend_.copy_from_host(gather_ids, ids.data());
-    backend_.copy_from_host(pos_t, positions.data());
-    backend_.copy_from_host(slot_t, slots.data());
+    obs_batch_.stage(backend_, kv, seqs, /*with_tables=*/false);
+    auto write = [&](const Tensor& taps) {
+      context_kv(backend_, ctx_, taps, obs_batch_.positions(), obs_batch_.slots(), obs_, kv);
+    };
 
     if (reqs.size() == 1) {
       // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
       const Tensor& taps = reqs[0].taps;
-      const std::string key = fmt::format("dflash-observe:{}:{}:{}:{:x}", obs_generation_, n,
-                                          static_cast<const void*>(taps.data()), kv_pool_id(kv));
-      backend_.run_captured(key, [&] { context_kv(kv, taps, n); });
+      const std::string key =
+          fmt::format("dflash-observe:{}:{}:{}", obs_.generation, obs_batch_.key(kv),
+                      static_cast<const void*>(taps.data()));
+      backend_.run_captured(key, [&] { write(taps); });
       return Status::Ok();
     }
     // Several sequences: their taps side by side, then one uncaptured pass (the row count
     // changes from step to step, so graphs would rarely be replayed).
-    row = 0;
+    if (!obs_taps_.defined() || obs_taps_.dim(0) < n) {
+      obs_taps_ = backend_.empty({std::max<int64_t>(n, 64), width});
+    }
+    int64_t row = 0;
     for (const ObserveRequest& req : reqs) {
       const int64_t rows = req.taps.dim(0);
-      if (rows > 0) backend_.copy(s.taps.rows(row, rows), req.taps);
+      if (rows > 0) backend_.copy(obs_taps_.rows(row, rows), req.taps);
       row += rows;
     }
-    context_kv(kv, s.taps.rows(0, n), n);
+    write(obs_taps_.rows(0, n));
     return Status::Ok();
-  }
-
-  // observe's device work for n uploaded context rows: fc + hidden_norm, one fused K/V GEMM,
-  // k_norm, RoPE and the paged writes of every layer.
-  void context_kv(KvPool& kv, const Tensor& taps, int64_t n) {
-    const auto& m = c_.model;
-    const int64_t n_layers = m.num_layers, kv_dim = m.num_kv_heads * m.head_dim;
-    ObserveScratch& s = obs_;
-    const Tensor gather_ids = s.gather_ids.rows(0, 2 * n_layers * n);
-    const Tensor pos_t = s.positions.rows(0, n_layers * n);
-    const Tensor slot_t = s.slots.rows(0, n);
-    const Tensor ctx = s.ctx.rows(0, n);
-    backend_.matmul(ctx, taps, fc_);
-    backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(m.rms_norm_eps));
-    const Tensor fused = s.fused.rows(0, n);
-    backend_.matmul(fused, ctx, kv_fused_);
-    // Regroup [n, L, 2, kv_dim] into [2, L, n, kv_dim] with a row gather, so that every layer's
-    // K and V are contiguous [n, kv_heads, hd] tensors.
-    const Tensor kv_rows = s.kv.rows(0, 2 * n_layers * n);
-    backend_.embedding(kv_rows, gather_ids, fused.view({n * 2 * n_layers, kv_dim}));
-    const Tensor k_all = kv_rows.rows(0, n_layers * n);
-    for (int64_t l = 0; l < n_layers; ++l) {
-      const Tensor k_l = k_all.rows(l * n, n);
-      backend_.rms_norm(k_l, k_l, layers_[l].k_norm, static_cast<float>(m.rms_norm_eps));
-    }
-    backend_.rope(k_all.view({n_layers * n, m.num_kv_heads, m.head_dim}), pos_t, inv_freq_,
-                  attention_scaling_);
-    for (int64_t l = 0; l < n_layers; ++l) {
-      const Tensor k_l = k_all.rows(l * n, n).view({n, m.num_kv_heads, m.head_dim});
-      const Tensor v_l = kv_rows.rows((n_layers + l) * n, n).view({n, m.num_kv_heads, m.head_dim});
-      backend_.kv_write(kv.k[l], kv.v[l], k_l, v_l, slot_t);
-    }
   }
 
   // Block [anchor, mask x (B-1)] at positions s .. s+B-1 through every layer, attending to the
@@ -353,56 +245,36 @@ class DFlashDrafter final : public Drafter {
   Status forward_blocks(KvPool& kv, std::span<const ProposeRequest> reqs, int64_t* nd_out) {
     const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
     if (S == 0) return InvalidArgument("dflash propose: no requests");
-    int64_t nd = 0, table_blocks = 0;
+    BS_RETURN_IF_ERROR(check_pool(kv, "propose"));
+    int64_t nd = 0;
     for (const ProposeRequest& req : reqs) {
-      const int64_t s = req.anchor_pos;
-      if (req.num_drafts < 1 || req.num_drafts > max_drafts()) {
-        return InvalidArgument("{} propose: num_drafts {} out of range [1, {}]", family(),
-                               req.num_drafts, max_drafts());
-      }
-      if (req.anchor < 0 || req.anchor >= vocab_) {
-        return InvalidArgument("dflash propose: anchor token {} out of range [0, {})", req.anchor,
-                               vocab_);
-      }
-      if (s < 0) return InvalidArgument("dflash propose: negative anchor_pos {}", s);
-      BS_RETURN_IF_ERROR(check_table(kv, req.block_table, s + B, "propose"));
+      BS_RETURN_IF_ERROR(check_propose(kv, req, max_drafts(), vocab_, B, family() + " propose"));
       nd = std::max(nd, req.num_drafts);
-      table_blocks = std::max(table_blocks, static_cast<int64_t>(req.block_table.size()));
     }
-    ensure_propose(S, table_blocks);
+    ensure_propose(S);
     ProposeScratch& p = prop_;
-    const int64_t cap = table_.dim(1);
 
     // The whole block runs even when fewer drafts are wanted: rows attend to each other
     // (non-causal), so dropping trailing mask rows would change the earlier rows' drafts.
-    std::vector<int32_t> ids(S * B, static_cast<int32_t>(c_.mask_token_id)), positions(S * B),
-        slots(S * B), kv_lens(S), rows(S * nd), tables(S * cap, 0);
+    // Block r: positions anchor_pos .. anchor_pos + B - 1, attending to the cache up to its end.
+    std::vector<int32_t> ids(S * B, static_cast<int32_t>(c_.mask_token_id)), rows(S * nd);
+    std::vector<PagedBatch::Seq> seqs;
     for (int64_t r = 0; r < S; ++r) {
       const ProposeRequest& req = reqs[r];
-      const int64_t s = req.anchor_pos;
       ids[r * B] = req.anchor;
-      for (int64_t i = 0; i < B; ++i) {
-        positions[r * B + i] = static_cast<int32_t>(s + i);
-        slots[r * B + i] = slot_of(kv, req.block_table, s + i);
-      }
+      seqs.push_back({.block_table = req.block_table, .start_pos = req.anchor_pos, .rows = B});
       // DFlash: row 0 echoes the anchor, row j predicts position s + j. Shifted (DSpark): row j
       // predicts s + j + 1.
       const int64_t first = shifted() ? 0 : 1;
       for (int64_t j = 0; j < nd; ++j) rows[r * nd + j] = static_cast<int32_t>(r * B + first + j);
-      kv_lens[r] = static_cast<int32_t>(s + B);
-      std::copy(req.block_table.begin(), req.block_table.end(), tables.begin() + r * cap);
     }
+    batch_.stage(backend_, kv, seqs);
     backend_.copy_from_host(p.ids.rows(0, S * B), ids.data());
-    backend_.copy_from_host(p.positions.rows(0, S * B), positions.data());
-    backend_.copy_from_host(p.slots.rows(0, S * B), slots.data());
     backend_.copy_from_host(p.logit_rows.rows(0, S * nd), rows.data());
-    backend_.copy_from_host(p.kv_len.rows(0, S), kv_lens.data());
-    backend_.copy_from_host(table_.rows(0, S), tables.data());
 
     // The block forward depends on the call only through the uploaded tensors: a backend may
     // capture it once per batch size, draft count and table capacity and replay it.
-    const std::string key =
-        fmt::format("dflash:{}:{}:{}:{}:{:x}", table_generation_, S, nd, cap, kv_pool_id(kv));
+    const std::string key = fmt::format("dflash:{}:{}:{}", prop_generation_, nd, batch_.key(kv));
     backend_.run_captured(key, [&] { block_forward(kv, S, nd); });
     *nd_out = nd;
     return Status::Ok();
@@ -413,56 +285,29 @@ class DFlashDrafter final : public Drafter {
   void block_forward(KvPool& kv, int64_t S, int64_t nd) {
     const auto& m = c_.model;
     const ProposeScratch& p = prop_;
-    const int64_t rows = S * c_.block_size;
+    const int64_t rows = S * c_.block_size, B = c_.block_size;
     const float eps = static_cast<float>(m.rms_norm_eps);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-    const Tensor x = p.x.rows(0, rows), xn = p.xn.rows(0, rows), qkv = p.qkv.rows(0, rows),
-                 q = p.q.rows(0, rows), attn = p.attn.rows(0, rows),
-                 gate_up = p.gate_up.rows(0, rows), act = p.act.rows(0, rows),
-                 positions = p.positions.rows(0, rows), slots = p.slots.rows(0, rows);
-    const Tensor tables = table_.rows(0, S), kv_lens = p.kv_len.rows(0, S);
-    const int64_t max_kv_len = table_.dim(1) * kv.block_size;
+    const LayerActivations a = p.first_rows(rows);
+    const Tensor x = a.x;
     backend_.embedding(x, p.ids.rows(0, rows), embed_);
     const float emb_scale = modules_ ? modules_->input_embedding_scale() : 1.0f;
     if (emb_scale != 1.0f) backend_.scale_softcap(x, x, emb_scale, 0.0f);
-    const bool convs = modules_ && modules_->has_convs();
-    const int64_t B = c_.block_size;
-    const Tensor xc = convs ? p.conv_in.rows(0, rows) : Tensor();
-    const Tensor sub = convs ? p.sub_out.rows(0, rows) : Tensor();
+    // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
+    const PagedAttention paged = PagedAttention::of(batch_, ctx_.rope, m.rms_norm_eps, m.head_dim);
+    // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
+    SublayerConvs convs{
+        .prepare = [&](int64_t l, int sub, const Tensor& y,
+                       const Tensor& in) { modules_->conv_prepare(l, sub, y, in, B); },
+        .finish = [&](int64_t l, int sub, const Tensor& residual,
+                      const Tensor& out) { modules_->conv_finish(l, sub, residual, out, B); }};
+    const bool with_convs = modules_ && modules_->has_convs();
+    if (with_convs) {
+      convs.in = p.conv_in.rows(0, rows);
+      convs.out = p.sub_out.rows(0, rows);
+    }
     for (size_t li = 0; li < layers_.size(); ++li) {
-      const Layer& L = layers_[li];
-      // Attention: x += o_proj(attn(rope(q_norm(q)), [context K/V ; rope(k_norm(k)), v])).
-      // Block K/V go to the real slots of positions s.. and are overwritten by later observes.
-      // DFlash2 convolves the normed input and the sublayer output (DFlashModules).
-      backend_.rms_norm(xn, x, L.input_norm, eps);
-      if (convs) modules_->conv_prepare(static_cast<int64_t>(li), 0, xc, xn, B);
-      L.w_qkv.apply(backend_, qkv, convs ? xc : xn);
-      backend_.attention_prologue(q, qkv, L.q_norm, L.k_norm, eps, positions, inv_freq_,
-                                  attention_scaling_, kv.k[li], kv.v[li], slots);
-      if (S == 1) {
-        backend_.paged_attention(attn, q, kv.k[li], kv.v[li], tables.view({-1}),
-                                 KvLength(max_kv_len, &kv_lens), L.mask, scale);
-      } else {
-        backend_.paged_attention_batch(attn, q, kv.k[li], kv.v[li], tables, kv_lens, max_kv_len,
-                                       L.mask, scale);
-      }
-      if (convs) {
-        L.wo.apply(backend_, sub, attn);
-        modules_->conv_finish(static_cast<int64_t>(li), 0, x, sub, B);
-      } else {
-        L.wo.apply(backend_, x, attn, /*accumulate=*/true);
-      }
-      // MLP: x += down(silu(gate(norm(x))) * up(norm(x))).
-      backend_.rms_norm(xn, x, L.post_norm, eps);
-      if (convs) modules_->conv_prepare(static_cast<int64_t>(li), 1, xc, xn, B);
-      L.w_gate_up.apply(backend_, gate_up, convs ? xc : xn);
-      backend_.swiglu(act, gate_up);
-      if (convs) {
-        L.w_down.apply(backend_, sub, act);
-        modules_->conv_finish(static_cast<int64_t>(li), 1, x, sub, B);
-      } else {
-        L.w_down.apply(backend_, x, act, /*accumulate=*/true);
-      }
+      decoder_layer(backend_, static_cast<int64_t>(li), layers_[li], a, paged, kv,
+                    with_convs ? &convs : nullptr);
     }
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
@@ -470,64 +315,24 @@ class DFlashDrafter final : public Drafter {
     lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
   }
 
-  static int32_t slot_of(const KvPool& kv, std::span<const int32_t> table, int64_t pos) {
-    return static_cast<int32_t>(table[pos / kv.block_size] * kv.block_size + pos % kv.block_size);
-  }
-
-  Status check_table(const KvPool& kv, std::span<const int32_t> table, int64_t positions,
-                     const char* op) const {
+  Status check_pool(const KvPool& kv, const char* op) const {
     if (static_cast<int64_t>(kv.k.size()) != c_.model.num_layers) {
       return InvalidArgument("dflash {}: KV pool has {} layers, the drafter has {}", op,
                              kv.k.size(), c_.model.num_layers);
     }
-    const int64_t needed = (positions + kv.block_size - 1) / kv.block_size;
-    if (static_cast<int64_t>(table.size()) < needed) {
-      return InvalidArgument("dflash {}: block table has {} blocks, {} positions need {}", op,
-                             table.size(), positions, needed);
-    }
-    for (int64_t b = 0; b < needed; ++b) {
-      if (table[b] < 0 || table[b] >= kv.num_blocks) {
-        return InvalidArgument("dflash {}: block id {} out of range [0, {})", op, table[b],
-                               kv.num_blocks);
-      }
-    }
     return Status::Ok();
   }
 
-  // Observe scratch for `rows` rows (and a taps buffer of `taps_width` columns when asked).
-  void ensure_observe(int64_t rows, int64_t taps_width) {
-    const auto& m = c_.model;
-    if (taps_width > 0 && (!obs_.taps.defined() || obs_.taps.dim(0) < rows)) {
-      obs_.taps = backend_.empty({std::max<int64_t>(rows, 64), taps_width});
-    }
-    if (rows <= obs_.rows) return;
-    const int64_t r = std::max<int64_t>(rows, 64), L = m.num_layers,
-                  kv_dim = m.num_kv_heads * m.head_dim;
-    // The size is recorded once the buffers exist (an AllocationError leaves a consistent state).
-    obs_.rows = 0;
-    ++obs_generation_;
-    obs_.ctx = backend_.empty({r, m.hidden_size});
-    obs_.fused = backend_.empty({r, L * 2 * kv_dim});
-    obs_.kv = backend_.empty({2 * L * r, kv_dim});
-    obs_.gather_ids = backend_.empty({2 * L * r}, DType::kI32);
-    obs_.positions = backend_.empty({L * r}, DType::kI32);
-    obs_.slots = backend_.empty({r}, DType::kI32);
-    obs_.rows = r;
-  }
-
-  // Propose scratch for `seqs` blocks and a [seqs, >= table_blocks] table. Growing either
-  // bumps table_generation_ (captured proposes hold the old buffers); both double.
-  void ensure_propose(int64_t seqs, int64_t table_blocks) {
+  // Propose scratch for `seqs` blocks. Growing it bumps prop_generation_ (captured proposes hold
+  // the old buffers); it doubles.
+  void ensure_propose(int64_t seqs) {
     const auto& m = c_.model;
     const int64_t B = c_.block_size;
     if (seqs > prop_.seqs) {
       const int64_t n = std::max(seqs, 2 * prop_.seqs), rows = n * B;
       prop_.seqs = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
-      ++table_generation_;
+      ++prop_generation_;
       prop_.ids = backend_.empty({rows}, DType::kI32);
-      prop_.positions = backend_.empty({rows}, DType::kI32);
-      prop_.slots = backend_.empty({rows}, DType::kI32);
-      prop_.kv_len = backend_.empty({n}, DType::kI32);
       const int64_t nd = max_drafts();
       prop_.logit_rows = backend_.empty({n * nd}, DType::kI32);
       prop_.allocate_layers(backend_, m, rows);
@@ -541,14 +346,6 @@ class DFlashDrafter final : public Drafter {
       }
       prop_.seqs = n;
     }
-    const int64_t cap = table_.defined() ? table_.dim(1) : 0;
-    if (!table_.defined() || table_.dim(0) < prop_.seqs || cap < table_blocks) {
-      // Doubling, so that captured proposes are re-captured only log2(length) times.
-      const int64_t new_cap =
-          cap >= table_blocks ? cap : std::max<int64_t>({table_blocks, 64, 2 * cap});
-      table_ = backend_.empty({prop_.seqs, new_cap}, DType::kI32);
-      ++table_generation_;
-    }
   }
 
   DFlashConfig c_;
@@ -556,20 +353,17 @@ class DFlashDrafter final : public Drafter {
   int64_t target_hidden_;
   int64_t vocab_;
   std::unique_ptr<DFlashModules> modules_;  // DSpark / DFlash2 parts; null for DFlash
-  Tensor fc_;                               // [H, n_taps * H_target]
-  Tensor hidden_norm_;                      // [H]
-  Tensor kv_fused_;                         // [L * 2 * kv_heads * hd, H], rows K0 V0 K1 V1 ...
-  std::vector<Layer> layers_;
+  ContextKv ctx_;                           // fc, hidden_norm, every layer's k/v projection
+  std::vector<DecoderLayer> layers_;
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
   DenseWeight lm_head_;  // [vocab, H]
-  Tensor inv_freq_;      // F32 [hd / 2]
-  float attention_scaling_ = 1.0f;
-  ObserveScratch obs_;
+  ContextKvScratch obs_;
+  PagedBatch obs_batch_;  // positions and slots of the current observe
+  Tensor obs_taps_;       // [>= rows, taps width]: the taps of a batched observe, side by side
   ProposeScratch prop_;
-  Tensor table_;                  // I32 [seqs, capacity]: block tables of the current call
-  int64_t table_generation_ = 0;  // bumped when table_ is reallocated
-  int64_t obs_generation_ = 0;    // bumped when the observe scratch is reallocated
+  PagedBatch batch_;             // positions, slots, tables, KV lengths of the current propose
+  int64_t prop_generation_ = 0;  // bumped when the propose scratch is reallocated
 };
 
 // dflash_config when present (an object), else an empty object.
@@ -757,17 +551,6 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
     c.layer_masks.push_back(mask);
   }
   return c;
-}
-
-Result<std::string> drafter_tensor_name(const io::Checkpoint& ckpt,
-                                        std::initializer_list<std::string> spellings) {
-  std::string tried;
-  for (const std::string& n : spellings) {
-    if (ckpt.has(n)) return n;
-    if (ckpt.has("model." + n)) return "model." + n;
-    tried += fmt::format("{}'{}' (or 'model.{}')", tried.empty() ? "" : ", ", n, n);
-  }
-  return NotFound("{}: drafter tensor {} not found", ckpt.dir(), tried);
 }
 
 Result<std::unique_ptr<Drafter>> load_dflash(const std::string& dir, const json& config,

@@ -56,7 +56,7 @@ class DFlashModules {
   // attention, 1 = MLP. conv_prepare writes the sublayer input y [rows, H] from the normed x and
   // keeps what conv_finish needs; conv_finish adds the convolved sublayer output to `residual`.
   // Scratch for `rows` rows is reserved by reserve_rows (a call that grows it must be followed by
-  // a new capture key: the drafter bumps its table generation).
+  // a new capture key: the drafter bumps its propose generation).
   virtual bool has_convs() const { return false; }
   virtual void reserve_rows(int64_t rows) { (void)rows; }
   virtual void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
@@ -76,11 +76,6 @@ class DFlashModules {
   virtual void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
                     const Tensor& rows_out, std::vector<float>* confidences) = 0;
 };
-
-// The checkpoint name of drafter tensor `name`: itself or "model." + name (NotFound naming both).
-// With several spellings, the first present wins and the error names them all.
-Result<std::string> drafter_tensor_name(const io::Checkpoint& ckpt,
-                                        std::initializer_list<std::string> spellings);
 
 // Default taps when the config has no target_layer_ids (dflash.md §1.1): one drafter layer ->
 // [N / 2]; else round(1 + i (N - 4) / (L - 1)) for i < L, rounding halves to even like Python.

@@ -2,29 +2,18 @@
 
 #include <fmt/format.h>
 
-#include "models/drafters/dflash.h"
-#include "models/weights.h"
+#include "models/blocks/weights.h"
 
 namespace bs {
 
 Result<Tensor> load_module_tensor(const io::Checkpoint& ckpt, Backend& backend,
                                   std::initializer_list<std::string> spellings,
                                   std::vector<int64_t> shape, std::string_view why) {
-  auto name = drafter_tensor_name(ckpt, spellings);
-  if (!name.ok()) return NotFound("{} (needed by {})", name.status().message(), why);
-  BS_ASSIGN_OR_RETURN(const io::TensorInfo* info, ckpt.get(*name));
-  if (info->shape != shape) {
-    return InvalidArgument("{}: tensor '{}' has shape {}, expected {} ({})", ckpt.dir(), *name,
-                           io::shape_to_string(info->shape), io::shape_to_string(shape), why);
-  }
-  return WeightLoader(ckpt, backend, "").load(*name, std::move(shape));
+  return WeightLoader(ckpt, backend).load_any(spellings, std::move(shape), why);
 }
 
 bool has_module_tensor(const io::Checkpoint& ckpt, std::initializer_list<std::string> spellings) {
-  for (const std::string& n : spellings) {
-    if (ckpt.has(n) || ckpt.has("model." + n)) return true;
-  }
-  return false;
+  return resolve_tensor_name(ckpt, spellings).ok();
 }
 
 void draw_row(Backend& backend, const Tensor& row, const Tensor& out, const DraftDraw& d,

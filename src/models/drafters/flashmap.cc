@@ -3,6 +3,8 @@
 // noise). Decisions on the seed's unknowns live in flashmap_conventions.h; docs/FLASHMAP.md.
 #include "models/drafters/flashmap.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,12 +16,14 @@
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/blocks/context_kv.h"
+#include "models/blocks/paged_kv.h"
+#include "models/blocks/weights.h"
 #include "models/drafters/flashmap_conventions.h"
 #include "models/drafters/flashmap_fold.h"
 #include "models/kv_pool.h"
 #include "models/rope.h"
 #include "models/weight_budget.h"
-#include "models/weights.h"
 
 namespace bs {
 namespace {
@@ -184,55 +188,6 @@ Result<std::vector<double>> jump_grid(const FlashMapConfig& c, int64_t steps,
 // Checkpoint access
 // ------------------------------------------------------------------------------------------------
 
-// Reads checkpoint tensors by name (with the checkpoint's prefix), shape-checked, and records every
-// name consumed so that leftovers can be reported.
-class TensorReader {
- public:
-  TensorReader(const io::Checkpoint& ckpt, Backend& backend, std::string prefix)
-      : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)) {}
-
-  Result<const io::TensorInfo*> info(const std::string& name, std::vector<int64_t> shape) {
-    const std::string full = prefix_ + name;
-    if (!ckpt_.has(full)) {
-      return NotFound("{}: FlashMap tensor '{}' (shape {}) is missing", ckpt_.dir(), full,
-                      io::shape_to_string(shape));
-    }
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, ckpt_.get(full, std::move(shape)));
-    used_.insert(full);
-    return t;
-  }
-  // A float tensor converted to fp32 on the host.
-  Result<std::vector<float>> host(const std::string& name, std::vector<int64_t> shape) {
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, info(name, std::move(shape)));
-    BS_RETURN_IF_ERROR(check_float(*t));
-    std::vector<float> out(static_cast<size_t>(t->numel()));
-    convert_to_f32(t->dtype, t->data, out.data(), out.size());
-    return out;
-  }
-  // A float tensor uploaded as a backend weight (converted from its checkpoint dtype).
-  Result<Tensor> load(const std::string& name, std::vector<int64_t> shape) {
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, info(name, std::move(shape)));
-    BS_RETURN_IF_ERROR(check_float(*t));
-    return upload(backend_, t->dtype, t->data, t->shape);
-  }
-  void mark_used(const std::string& full) { used_.insert(full); }
-  Status check_float(const io::TensorInfo& t) const {
-    if (t.dtype == DType::kI32 || t.dtype == DType::kI64 || t.dtype == DType::kU8) {
-      return InvalidArgument("{}: FlashMap tensor '{}' has dtype {}, expected a float type",
-                             ckpt_.dir(), t.name, dtype_name(t.dtype));
-    }
-    return Status::Ok();
-  }
-  const std::set<std::string>& used() const { return used_; }
-  const std::string& prefix() const { return prefix_; }
-
- private:
-  const io::Checkpoint& ckpt_;
-  Backend& backend_;
-  std::string prefix_;
-  std::set<std::string> used_;
-};
-
 // Integer tensor as int64 values.
 Result<std::vector<int64_t>> read_ids(const io::TensorInfo& t, const std::string& where) {
   std::vector<int64_t> out(static_cast<size_t>(t.numel()));
@@ -298,6 +253,7 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
                  int64_t start_pos) override;
   Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) override;
+  Status propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs, Tensor* logits) override;
 
   // ---- FlashMapDrafter ----
   int num_steps() const override { return static_cast<int>(jumps_.size()); }
@@ -317,29 +273,26 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
     return t;
   }
 
-  Status load_weights(TensorReader& r);
-  Status load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt, TensorReader& r);
-  Status fold_jumps(TensorReader& r, const std::vector<double>& grid);
-  Status fold_noise(TensorReader& r);
-  Status fold_head(TensorReader& r);  // after the draft vocabulary and the jumps
+  Status load_weights(WeightLoader& r);
+  Status load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt, WeightLoader& r);
+  Status fold_jumps(WeightLoader& r, const std::vector<double>& grid);
+  Status fold_noise(WeightLoader& r);
+  Status fold_head(WeightLoader& r);  // after the draft vocabulary and the jumps
   Result<SymmetricEigen> embedding_eigenbasis() const;
-  void ensure_observe_scratch(int64_t rows);
 
-  // rows[n, D] at positions/slots (I32 [n]) -> cross-attention K/V of every layer: one GEMM over
-  // the fused [L*2*A, D] weight, then per layer k_norm + RoPE and the paged write.
-  void write_context_kv(KvPool& kv, const Tensor& rows, const Tensor& fused,
-                        const Tensor& positions, const Tensor& slots, const Tensor& k,
-                        const Tensor& v);
   // The DiT on h [B, D] (modified in place) for one jump; writes the final AdaLN output to out.
-  void dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv, const Tensor& table,
-           KvLength kv_len);
-  // propose's device work after the uploads: anchor row, noise, jumps, head logits of nd rows.
-  Status propose_block(KvPool& kv, const Tensor& table, KvLength kv_len, int64_t nd,
-                       uint64_t noise_seed);
-  // observe's device work after the uploads, for n context rows.
-  void observe_rows(KvPool& kv, const Tensor& taps, int64_t n);
-  // Starting noise [B, cols] for the slots at p+1.. into `out`.
-  Status draw_noise(const Tensor& out, uint64_t seed, uint32_t stream);
+  // The DiT on h [S*B, D] (S blocks, modified in place) for one jump; writes the final AdaLN
+  // output to out. Cross-attention reads the staged tables with device lengths, or (one block,
+  // host length) table row 0 in row chunks.
+  void dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv, KvLength kv_len,
+           int64_t S);
+  // propose's device work after the uploads for S blocks: anchor rows, noise, jumps, head
+  // logits of nd rows per block.
+  Status propose_block(KvPool& kv, KvLength kv_len, int64_t nd, int64_t S);
+  // Propose scratch for S blocks (grows; bumps prop_generation_).
+  void ensure_propose(int64_t S);
+  // Starting noise [S*B, cols] for the slots at p+1.. of each block (seed seeds_[r]) into `out`.
+  Status draw_noise(const Tensor& out, uint32_t stream);
 
   FlashMapConfig c_;
   FlashMapConventions conv_;
@@ -351,15 +304,12 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   float noise_scale_ = 1;
 
   // Weights.
-  Tensor fc_;                           // [D, n_aux*Ht]
-  Tensor hidden_norm_;                  // [D]
+  ContextKv ctx_;  // fc, hidden_norm, every layer's cross k/v projection and k_norm
   Tensor anchor_proj_, anchor_proj_b_;  // [D, Ht], [D]
   Tensor anchor_norm_;                  // [D]
   Tensor state_norm_;                   // [Ht]
   Tensor x_embed_, x_embed_b_;          // [D, Ht], [D]
-  Tensor ctx_kv_;                       // [L*2*A, D]: per layer cross k_proj, v_proj stacked
   std::vector<DitLayer> layers_;
-  Tensor inv_freq_;  // F32 [hd/2]
 
   // Folds.
   std::vector<Jump> jumps_;
@@ -372,36 +322,33 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   Tensor draft_ids_;                  // I32 [V'] target ids of head rows; undefined: identity
   std::vector<int32_t> draft_vocab_;
 
-  // Propose scratch (B rows).
+  // Propose scratch (S blocks of B rows).
+  int64_t prop_seqs_ = 0, prop_generation_ = 0;
+  std::vector<uint64_t> seeds_;  // noise seed of each block of the current propose
+  Tensor batch_logits_;          // [S * nd, V_target]: proposes run one block at a time
   struct {
-    Tensor ids, anchor_pos, anchor_slot;  // I32 [1]
-    Tensor kv_len;                        // I32 [1]: p + 1, the context the block attends to
-    Tensor slot_pos;                      // I32 [B]: p+1 .. p+B
-    Tensor block_table;                   // I32 [capacity]
-    Tensor anchor_emb;                    // [1, Ht]
-    Tensor anchor_row;                    // [1, D]
-    Tensor anchor_fused;                  // [1, L*2*A]
-    Tensor anchor_k, anchor_v;            // [1, A]
-    Tensor h, out, n, tmp;                // [B, D]
-    Tensor qkv;                           // [B, 3*A]
-    Tensor q, k, v, attn;                 // [B, A]
-    Tensor mid;                           // [B, I]
-    Tensor z;                             // F32 [B, Ht] eigenbasis noise (folded)
-    Tensor noise_proj;                    // [B, D]
-    Tensor pair;                          // F32 [2B, V]: posterior rows, then state rows
-    Tensor pair_emb;                      // [2B, Ht]
-    Tensor delta;                         // F32 [B, V]
-    Tensor head_logits;                   // [B, V'] (draft vocabulary)
-    Tensor logits;                        // [B, V_target]
+    Tensor ids;             // I32 [S]: anchors
+    Tensor logit_rows;      // I32 [S * B]: the first nd rows of each block
+    Tensor gathered;        // [S * B, D]: those rows of out
+    Tensor slot_pos;        // I32 [B]: p+1 .. p+B
+    Tensor anchor_emb;      // [1, Ht]
+    Tensor anchor_row;      // [1, D]
+    Tensor h, out, n, tmp;  // [B, D]
+    Tensor qkv;             // [B, 3*A]
+    Tensor q, k, v, attn;   // [B, A]
+    Tensor mid;             // [B, I]
+    Tensor z;               // F32 [B, Ht] eigenbasis noise (folded)
+    Tensor noise_proj;      // [B, D]
+    Tensor pair;            // F32 [2B, V]: posterior rows, then state rows
+    Tensor pair_emb;        // [2B, Ht]
+    Tensor delta;           // F32 [B, V]
+    Tensor head_logits;     // [B, V'] (draft vocabulary)
+    Tensor logits;          // [B, V_target]
   } p_;
-  // Observe scratch (grows).
-  struct {
-    int64_t rows = 0;
-    Tensor ctx;               // [rows, D]
-    Tensor fused;             // [rows, L*2*A]
-    Tensor k, v;              // [rows, A]
-    Tensor positions, slots;  // I32 [rows]
-  } o_;
+  ContextKvScratch o_;       // observe (grows)
+  ContextKvScratch anchor_;  // propose's anchor row
+  PagedBatch obs_batch_;     // positions and slots of the current observe
+  PagedBatch anchor_batch_;  // the anchor's position, slot, block table and p + 1
   std::optional<std::vector<float>> injected_;
 };
 
@@ -412,9 +359,7 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   for (int64_t id : c_.aux_layer_ids) target_layers_.push_back(static_cast<int>(id - 1));
   noise_scale_ = options.flashmap_noise_scale;
   // Names: the seed's, optionally under a "model." prefix (both spellings exist in exports).
-  std::string prefix;
-  if (!ckpt.has("fc.weight") && ckpt.has("model.fc.weight")) prefix = "model.";
-  TensorReader r(ckpt, backend_, prefix);
+  WeightLoader r(ckpt, backend_);
   BS_RETURN_IF_ERROR(load_weights(r));
   BS_RETURN_IF_ERROR(load_draft_vocab(dir, ckpt, r));
   BS_RETURN_IF_ERROR(fold_jumps(r, grid));
@@ -425,93 +370,66 @@ Status FlashMapDrafterImpl::load(const std::string& dir, const io::Checkpoint& c
   // be silently ignored. The target's own embedding / LM head and t2d are skipped.
   for (const std::string& name : ckpt.names()) {
     if (r.used().count(name)) continue;
-    const std::string bare = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+    const std::string bare = name.rfind("model.", 0) == 0 ? name.substr(6) : name;
     if (bare == "embed_tokens.weight" || bare == "lm_head.weight" || bare == "t2d") continue;
     return InvalidArgument("{}: unexpected FlashMap weight '{}'", ckpt.dir(), name);
   }
-  // Scratch of propose.
-  const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), Ht = c_.target_hidden;
-  p_.ids = backend_.empty({1}, DType::kI32);
-  p_.anchor_pos = backend_.empty({1}, DType::kI32);
-  p_.anchor_slot = backend_.empty({1}, DType::kI32);
-  p_.kv_len = backend_.empty({1}, DType::kI32);
-  p_.slot_pos = backend_.empty({B}, DType::kI32);
-  p_.anchor_emb = backend_.empty({1, Ht});
-  p_.anchor_row = backend_.empty({1, D});
-  p_.anchor_fused = backend_.empty({1, c_.layers * 2 * A});
-  p_.anchor_k = backend_.empty({1, A});
-  p_.anchor_v = backend_.empty({1, A});
-  for (Tensor* t : {&p_.h, &p_.out, &p_.n, &p_.tmp, &p_.noise_proj}) *t = backend_.empty({B, D});
-  p_.qkv = backend_.empty({B, 3 * A});
-  for (Tensor* t : {&p_.q, &p_.k, &p_.v, &p_.attn}) *t = backend_.empty({B, A});
-  p_.mid = backend_.empty({B, c_.intermediate});
-  // The noise, the vocabulary-sized state and δ are fp32 on every backend (as in the seed); GEMMs
-  // read them at the backend's operand precision.
-  p_.z = backend_.empty({B, Ht}, DType::kF32);
-  if (!folded_) {
-    p_.pair = backend_.empty({2 * B, c_.vocab_size}, DType::kF32);
-    p_.pair_emb = backend_.empty({2 * B, Ht});
-    if (jumps_.size() > 1) p_.delta = backend_.empty({B, c_.vocab_size}, DType::kF32);
-  }
-  p_.head_logits = backend_.empty({B, head_w_.dim(0)});
-  p_.logits = backend_.empty({B, target_vocab_});
+  ensure_propose(1);
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::load_weights(TensorReader& r) {
+Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
   const int64_t D = c_.hidden, Ht = c_.target_hidden, A = attn_dim(), hd = c_.head_dim,
                 I = c_.intermediate;
   const int64_t n_aux = static_cast<int64_t>(c_.aux_layer_ids.size());
-  BS_ASSIGN_OR_RETURN(fc_, r.load("fc.weight", {D, n_aux * Ht}));
-  BS_ASSIGN_OR_RETURN(hidden_norm_, r.load("hidden_norm.weight", {D}));
+  BS_ASSIGN_OR_RETURN(ctx_.fc, r.load("fc.weight", {D, n_aux * Ht}));
+  BS_ASSIGN_OR_RETURN(ctx_.hidden_norm, r.load("hidden_norm.weight", {D}));
   BS_ASSIGN_OR_RETURN(anchor_proj_, r.load("anchor_proj.weight", {D, Ht}));
   BS_ASSIGN_OR_RETURN(anchor_proj_b_, r.load("anchor_proj.bias", {D}));
   BS_ASSIGN_OR_RETURN(anchor_norm_, r.load("anchor_norm.weight", {D}));
   BS_ASSIGN_OR_RETURN(state_norm_, r.load("state_norm.weight", {Ht}));
   BS_ASSIGN_OR_RETURN(x_embed_, r.load("x_embed.weight", {D, Ht}));
   BS_ASSIGN_OR_RETURN(x_embed_b_, r.load("x_embed.bias", {D}));
-  std::vector<float> ctx_kv;  // [L*2*A, D]
+  std::vector<std::string> ctx_kv;  // per layer cross k_proj, v_proj: one [L*2*A, D] weight
   layers_.resize(c_.layers);
   for (int64_t i = 0; i < c_.layers; ++i) {
     DitLayer& L = layers_[i];
     const std::string p = "layers." + std::to_string(i) + ".";
-    std::vector<float> qkv;
-    for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
-      BS_ASSIGN_OR_RETURN(std::vector<float> w,
-                          r.host(p + "self_attn." + proj + ".weight", {A, D}));
-      qkv.insert(qkv.end(), w.begin(), w.end());
-    }
-    L.self_qkv = upload(backend_, DType::kF32, qkv.data(), {3 * A, D});
+    const std::string a = p + "self_attn.";
+    BS_ASSIGN_OR_RETURN(
+        L.self_qkv, r.load_stacked({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                   {{A, D}, {A, D}, {A, D}}));
     BS_ASSIGN_OR_RETURN(L.self_o, r.load(p + "self_attn.o_proj.weight", {D, A}));
     BS_ASSIGN_OR_RETURN(L.self_q_norm, r.load(p + "self_attn.q_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.self_k_norm, r.load(p + "self_attn.k_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.cross_q, r.load(p + "cross_attn.q_proj.weight", {A, D}));
-    for (const char* proj : {"k_proj", "v_proj"}) {
-      BS_ASSIGN_OR_RETURN(std::vector<float> w,
-                          r.host(p + "cross_attn." + proj + ".weight", {A, D}));
-      ctx_kv.insert(ctx_kv.end(), w.begin(), w.end());
-    }
+    ctx_kv.push_back(p + "cross_attn.k_proj.weight");
+    ctx_kv.push_back(p + "cross_attn.v_proj.weight");
     BS_ASSIGN_OR_RETURN(L.cross_o, r.load(p + "cross_attn.o_proj.weight", {D, A}));
     BS_ASSIGN_OR_RETURN(L.cross_q_norm, r.load(p + "cross_attn.q_norm.weight", {hd}));
     BS_ASSIGN_OR_RETURN(L.cross_k_norm, r.load(p + "cross_attn.k_norm.weight", {hd}));
+    ctx_.k_norms.push_back(L.cross_k_norm);
     BS_ASSIGN_OR_RETURN(L.fc1, r.load(p + "mlp.fc1.weight", {I, D}));
     BS_ASSIGN_OR_RETURN(L.fc1_b, r.load(p + "mlp.fc1.bias", {I}));
     BS_ASSIGN_OR_RETURN(L.fc2, r.load(p + "mlp.fc2.weight", {D, I}));
     BS_ASSIGN_OR_RETURN(L.fc2_b, r.load(p + "mlp.fc2.bias", {D}));
   }
-  ctx_kv_ = upload(backend_, DType::kF32, ctx_kv.data(), {c_.layers * 2 * A, D});
-  const RopeTable rope = compute_rope(io::RopeConfig{.theta = c_.rope_theta}, c_.head_dim, 0);
-  inv_freq_ = backend_.upload_weight(DType::kF32, rope.inv_freq.data(),
-                                     {static_cast<int64_t>(rope.inv_freq.size())});
+  BS_ASSIGN_OR_RETURN(ctx_.kv_fused, r.load_stacked(ctx_kv, std::vector<std::vector<int64_t>>(
+                                                                ctx_kv.size(), {A, D})));
+  ctx_.rope = upload_rope(backend_, io::RopeConfig{.theta = c_.rope_theta}, c_.head_dim, 0);
+  ctx_.eps = static_cast<float>(c_.rms_norm_eps);
+  ctx_.k_eps = static_cast<float>(c_.qk_norm_eps);
+  ctx_.kv_heads = c_.heads;
+  ctx_.head_dim = c_.head_dim;
   return Status::Ok();
 }
 
 Status FlashMapDrafterImpl::load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt,
-                                             TensorReader& r) {
+                                             WeightLoader& r) {
   const int64_t V = c_.vocab_size, Vd = c_.draft_vocab_size;
-  const std::string d2t_name = r.prefix() + "d2t";
-  const bool has_d2t = ckpt.has(d2t_name) || ckpt.has("d2t");
-  const std::string d2t_full = ckpt.has(d2t_name) ? d2t_name : "d2t";
+  const Result<std::string> d2t_name = r.resolve({"d2t"});
+  const bool has_d2t = d2t_name.ok();
+  const std::string d2t_full = has_d2t ? *d2t_name : "d2t";
   std::vector<int64_t> hot;  // sorted target ids
   if (Vd == V) {
     if (has_d2t) {
@@ -568,7 +486,7 @@ Status FlashMapDrafterImpl::load_draft_vocab(const std::string& dir, const io::C
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::fold_head(TensorReader& r) {
+Status FlashMapDrafterImpl::fold_head(WeightLoader& r) {
   // The DiT head folded into the target's LM head (no nonlinearity between them):
   // W_f = lm_head[rows] · W_head [V', D]; b_f = lm_head[rows] · b_head [V'].
   const int64_t V = c_.vocab_size, Ht = c_.target_hidden, D = c_.hidden;
@@ -596,7 +514,7 @@ Status FlashMapDrafterImpl::fold_head(TensorReader& r) {
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::fold_jumps(TensorReader& r, const std::vector<double>& grid) {
+Status FlashMapDrafterImpl::fold_jumps(WeightLoader& r, const std::vector<double>& grid) {
   const int64_t C = c_.cond_dim, Fq = c_.freq_dim, D = c_.hidden, L = c_.layers;
   // Time embedders and AdaLN projections (only needed here: they fold into per-jump constants).
   struct Embedder {
@@ -679,7 +597,7 @@ Result<SymmetricEigen> FlashMapDrafterImpl::embedding_eigenbasis() const {
   return symmetric_eigen(std::move(a), Ht);
 }
 
-Status FlashMapDrafterImpl::fold_noise(TensorReader& r) {
+Status FlashMapDrafterImpl::fold_noise(WeightLoader& r) {
   const int64_t Ht = c_.target_hidden, D = c_.hidden, V = c_.vocab_size;
   // t = 0 constant: the uniform posterior's embedding through state_norm and x_embed.
   {
@@ -748,41 +666,7 @@ Result<std::vector<float>> FlashMapDrafterImpl::eigen_noise_from_vocab(
 }
 
 KvPool FlashMapDrafterImpl::make_kv_pool(int64_t num_blocks) {
-  KvPool pool;
-  pool.num_blocks = num_blocks;
-  for (int64_t i = 0; i < c_.layers; ++i) {
-    pool.k.push_back(backend_.empty({num_blocks, pool.block_size, c_.heads, c_.head_dim}));
-    pool.v.push_back(backend_.empty({num_blocks, pool.block_size, c_.heads, c_.head_dim}));
-  }
-  return pool;
-}
-
-void FlashMapDrafterImpl::ensure_observe_scratch(int64_t rows) {
-  if (rows <= o_.rows) return;
-  const int64_t r = std::max<int64_t>(rows, 16), A = attn_dim();
-  o_.rows = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
-  o_.ctx = backend_.empty({r, c_.hidden});
-  o_.fused = backend_.empty({r, c_.layers * 2 * A});
-  o_.k = backend_.empty({r, A});
-  o_.v = backend_.empty({r, A});
-  o_.positions = backend_.empty({r}, DType::kI32);
-  o_.slots = backend_.empty({r}, DType::kI32);
-  o_.rows = r;
-}
-
-void FlashMapDrafterImpl::write_context_kv(KvPool& kv, const Tensor& rows, const Tensor& fused,
-                                           const Tensor& positions, const Tensor& slots,
-                                           const Tensor& k, const Tensor& v) {
-  const int64_t n = rows.dim(0), A = attn_dim();
-  backend_.matmul(fused, rows, ctx_kv_);  // [n, L*2*A]: K0 V0 K1 V1 ...
-  for (int64_t l = 0; l < c_.layers; ++l) {
-    backend_.slice_columns(k, fused, l * 2 * A);
-    backend_.slice_columns(v, fused, l * 2 * A + A);
-    backend_.rms_norm(k, k, layers_[l].cross_k_norm, static_cast<float>(c_.qk_norm_eps));
-    backend_.rope(k.view({n, c_.heads, c_.head_dim}), positions, inv_freq_, 1.0f);
-    backend_.kv_write(kv.k[l], kv.v[l], k.view({n, c_.heads, c_.head_dim}),
-                      v.view({n, c_.heads, c_.head_dim}), slots);
-  }
+  return bs::make_kv_pool(backend_, c_.layers, c_.heads, c_.head_dim, num_blocks);
 }
 
 Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_table,
@@ -797,50 +681,30 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
   }
   if (n == 0) return Status::Ok();
   if (start_pos < 0) return InvalidArgument("flashmap observe: start_pos {} < 0", start_pos);
-  const int64_t end = start_pos + n;
-  if (static_cast<int64_t>(block_table.size()) * kv.block_size < end) {
-    return InvalidArgument(
-        "flashmap observe: block table of {} blocks does not cover positions "
-        "[{}, {})",
-        block_table.size(), start_pos, end);
-  }
-  ensure_observe_scratch(n);
-  std::vector<int32_t> pos(n), slots(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = start_pos + i;
-    pos[i] = static_cast<int32_t>(p);
-    slots[i] =
-        static_cast<int32_t>(block_table[p / kv.block_size] * kv.block_size + p % kv.block_size);
-  }
-  const Tensor pos_t = o_.positions.rows(0, n), slot_t = o_.slots.rows(0, n);
-  backend_.copy_from_host(pos_t, pos.data());
-  backend_.copy_from_host(slot_t, slots.data());
+  BS_RETURN_IF_ERROR(check_block_table(kv, block_table, start_pos + n, "flashmap observe"));
+  o_.ensure(backend_, ctx_, n);
+  const PagedBatch::Seq seq{.block_table = block_table, .start_pos = start_pos, .rows = n};
+  obs_batch_.stage(backend_, kv, {&seq, 1}, /*with_tables=*/false);
   // Captured per (rows, scratch, taps buffer, pools): the ops read only uploaded tensors.
-  const std::string key =
-      fmt::format("flashmap-observe:{}:{}:{}:{:x}", n, static_cast<const void*>(o_.ctx.data()),
-                  static_cast<const void*>(taps.data()), kv_pool_id(kv));
-  backend_.run_captured(key, [&] { observe_rows(kv, taps, n); });
+  const std::string key = fmt::format("flashmap-observe:{}:{}:{}", o_.generation,
+                                      obs_batch_.key(kv), static_cast<const void*>(taps.data()));
+  backend_.run_captured(key, [&] {
+    context_kv(backend_, ctx_, taps, obs_batch_.positions(), obs_batch_.slots(), o_, kv);
+  });
   return Status::Ok();
 }
 
-void FlashMapDrafterImpl::observe_rows(KvPool& kv, const Tensor& taps, int64_t n) {
-  // Context rows: hidden_norm(fc(concat taps)).
-  const Tensor ctx = o_.ctx.rows(0, n);
-  backend_.matmul(ctx, taps, fc_);
-  backend_.rms_norm(ctx, ctx, hidden_norm_, static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(kv, ctx, o_.fused.rows(0, n), o_.positions.rows(0, n), o_.slots.rows(0, n),
-                   o_.k.rows(0, n), o_.v.rows(0, n));
-}
-
 void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out, KvPool& kv,
-                              const Tensor& table, KvLength kv_len) {
-  const int64_t B = c_.block_size, D = c_.hidden, A = attn_dim(), H = c_.heads, hd = c_.head_dim;
+                              KvLength kv_len, int64_t S) {
+  const int64_t B = c_.block_size, R = S * B, D = c_.hidden, A = attn_dim(), H = c_.heads,
+                hd = c_.head_dim;
   const float ln_eps = static_cast<float>(c_.adaln_eps),
               qk_eps = static_cast<float>(c_.qk_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const Tensor& pos = p_.slot_pos;
-  const Tensor n = p_.n, tmp = p_.tmp;
-  auto heads = [&](const Tensor& t) { return t.view({B, H, hd}); };
+  const Tensor pos = p_.slot_pos.rows(0, R), n = p_.n.rows(0, R), tmp = p_.tmp.rows(0, R),
+               qkv = p_.qkv.rows(0, R), q = p_.q.rows(0, R), k = p_.k.rows(0, R),
+               v = p_.v.rows(0, R), attn = p_.attn.rows(0, R), mid = p_.mid.rows(0, R);
+  auto heads = [&](const Tensor& t) { return t.view({R, H, hd}); };
   // n = LN(h) * (1 + scale) + shift of sub-block s.
   auto modulated = [&](int64_t s) {
     backend_.layer_norm(n, h, D, Tensor(), Tensor(), ln_eps);
@@ -850,38 +714,47 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
     const DitLayer& L = layers_[l];
     // Block self-attention over the B slots (q/k RMSNorm + RoPE at the slot positions).
     modulated(3 * l + kSelf);
-    backend_.matmul(p_.qkv, n, L.self_qkv);
-    backend_.slice_columns(p_.q, p_.qkv, 0);
-    backend_.slice_columns(p_.k, p_.qkv, A);
-    backend_.slice_columns(p_.v, p_.qkv, 2 * A);
-    backend_.rms_norm(p_.q, p_.q, L.self_q_norm, qk_eps);
-    backend_.rms_norm(p_.k, p_.k, L.self_k_norm, qk_eps);
-    backend_.rope(heads(p_.q), pos, inv_freq_, 1.0f);
-    backend_.rope(heads(p_.k), pos, inv_freq_, 1.0f);
-    backend_.attention(heads(p_.attn), heads(p_.q), heads(p_.k), heads(p_.v),
-                       AttentionMask{.causal = conv_.block_causal, .window = 0}, scale);
-    backend_.matmul(tmp, p_.attn, L.self_o);
-    backend_.gated_add(h, tmp, mod(j, 3 * l + kSelf, 2));
-    // Cross-attention over the cached context positions 0..p (non-causal). The paged op takes at
-    // most kv_len query rows per call, so short contexts (host lengths only) go in row chunks.
-    modulated(3 * l + kCross);
-    backend_.matmul(p_.q, n, L.cross_q);
-    backend_.rms_norm(p_.q, p_.q, L.cross_q_norm, qk_eps);
-    backend_.rope(heads(p_.q), pos, inv_freq_, 1.0f);
-    const int64_t chunk = kv_len.device ? B : kv_len.max;
-    for (int64_t r0 = 0; r0 < B; r0 += chunk) {
-      const int64_t rows = std::min(chunk, B - r0);
-      backend_.paged_attention(heads(p_.attn).rows(r0, rows), heads(p_.q).rows(r0, rows), kv.k[l],
-                               kv.v[l], table, kv_len, AttentionMask{.causal = false, .window = 0},
-                               scale);
+    backend_.matmul(qkv, n, L.self_qkv);
+    backend_.slice_columns(q, qkv, 0);
+    backend_.slice_columns(k, qkv, A);
+    backend_.slice_columns(v, qkv, 2 * A);
+    backend_.rms_norm(q, q, L.self_q_norm, qk_eps);
+    backend_.rms_norm(k, k, L.self_k_norm, qk_eps);
+    backend_.rope(heads(q), pos, ctx_.rope.inv_freq, 1.0f);
+    backend_.rope(heads(k), pos, ctx_.rope.inv_freq, 1.0f);
+    for (int64_t r0 = 0; r0 < R; r0 += B) {  // each block attends to its own B slots
+      backend_.attention(heads(attn).rows(r0, B), heads(q).rows(r0, B), heads(k).rows(r0, B),
+                         heads(v).rows(r0, B),
+                         AttentionMask{.causal = conv_.block_causal, .window = 0}, scale);
     }
-    backend_.matmul(tmp, p_.attn, L.cross_o);
+    backend_.matmul(tmp, attn, L.self_o);
+    backend_.gated_add(h, tmp, mod(j, 3 * l + kSelf, 2));
+    // Cross-attention over each block's cached context positions 0..p (non-causal): one batched
+    // call with device lengths; the paged op takes at most kv_len query rows per call, so a short
+    // context (one block, host length) goes in row chunks.
+    modulated(3 * l + kCross);
+    backend_.matmul(q, n, L.cross_q);
+    backend_.rms_norm(q, q, L.cross_q_norm, qk_eps);
+    backend_.rope(heads(q), pos, ctx_.rope.inv_freq, 1.0f);
+    const AttentionMask context{.causal = false, .window = 0};
+    if (kv_len.device) {
+      backend_.paged_attention_batch(heads(attn), heads(q), kv.k[l], kv.v[l],
+                                     anchor_batch_.tables(), anchor_batch_.kv_lens(),
+                                     anchor_batch_.max_kv_len(), context, scale);
+    } else {
+      for (int64_t r0 = 0; r0 < B; r0 += kv_len.max) {
+        const int64_t rows = std::min(kv_len.max, B - r0);
+        backend_.paged_attention(heads(attn).rows(r0, rows), heads(q).rows(r0, rows), kv.k[l],
+                                 kv.v[l], anchor_batch_.table(0), kv_len, context, scale);
+      }
+    }
+    backend_.matmul(tmp, attn, L.cross_o);
     backend_.gated_add(h, tmp, mod(j, 3 * l + kCross, 2));
     // GELU (erf) MLP with biases.
     modulated(3 * l + kMlp);
-    backend_.matmul(p_.mid, n, L.fc1, &L.fc1_b);
-    backend_.gelu(p_.mid, p_.mid, /*tanh_approx=*/false);
-    backend_.matmul(tmp, p_.mid, L.fc2, &L.fc2_b);
+    backend_.matmul(mid, n, L.fc1, &L.fc1_b);
+    backend_.gelu(mid, mid, /*tanh_approx=*/false);
+    backend_.matmul(tmp, mid, L.fc2, &L.fc2_b);
     backend_.gated_add(h, tmp, mod(j, 3 * l + kMlp, 2));
   }
   // Final AdaLN (scale and shift only).
@@ -889,9 +762,45 @@ void FlashMapDrafterImpl::dit(const Tensor& h, const Jump& j, const Tensor& out,
   backend_.modulate(out, out, mod(j, 3 * c_.layers, 1), mod(j, 3 * c_.layers, 0));
 }
 
-Status FlashMapDrafterImpl::draw_noise(const Tensor& out, uint64_t seed, uint32_t stream) {
+void FlashMapDrafterImpl::ensure_propose(int64_t S) {
+  if (S <= prop_seqs_) return;
+  const int64_t n = std::max(S, 2 * prop_seqs_), R = n * c_.block_size, D = c_.hidden,
+                A = attn_dim(), Ht = c_.target_hidden;
+  prop_seqs_ = 0;  // until every buffer exists (an AllocationError leaves a consistent state)
+  ++prop_generation_;
+  p_.ids = backend_.empty({n}, DType::kI32);
+  p_.logit_rows = backend_.empty({R}, DType::kI32);
+  p_.slot_pos = backend_.empty({R}, DType::kI32);
+  p_.anchor_emb = backend_.empty({n, Ht});
+  p_.anchor_row = backend_.empty({n, D});
+  anchor_.ensure(backend_, ctx_, n);
+  for (Tensor* t : {&p_.h, &p_.out, &p_.n, &p_.tmp, &p_.noise_proj, &p_.gathered}) {
+    *t = backend_.empty({R, D});
+  }
+  p_.qkv = backend_.empty({R, 3 * A});
+  for (Tensor* t : {&p_.q, &p_.k, &p_.v, &p_.attn}) *t = backend_.empty({R, A});
+  p_.mid = backend_.empty({R, c_.intermediate});
+  // The noise, the vocabulary-sized state and δ are fp32 on every backend (as in the seed); GEMMs
+  // read them at the backend's operand precision.
+  p_.z = backend_.empty({R, Ht}, DType::kF32);
+  if (!folded_) {
+    p_.pair = backend_.empty({2 * R, c_.vocab_size}, DType::kF32);
+    p_.pair_emb = backend_.empty({2 * R, Ht});
+    if (jumps_.size() > 1) p_.delta = backend_.empty({R, c_.vocab_size}, DType::kF32);
+  }
+  p_.head_logits = backend_.empty({R, head_w_.dim(0)});
+  p_.logits = backend_.empty({R, target_vocab_});
+  prop_seqs_ = n;
+}
+
+Status FlashMapDrafterImpl::draw_noise(const Tensor& out, uint32_t stream) {
   if (!injected_) {
-    backend_.seeded_normal(out, p_.slot_pos, seed, stream, noise_scale_);
+    const int64_t B = c_.block_size;
+    for (size_t r = 0; r < seeds_.size(); ++r) {
+      const int64_t r0 = static_cast<int64_t>(r) * B;
+      backend_.seeded_normal(out.rows(r0, B), p_.slot_pos.rows(r0, B), seeds_[r], stream,
+                             noise_scale_);
+    }
     return Status::Ok();
   }
   std::vector<float> noise = std::move(*injected_);
@@ -906,109 +815,132 @@ Status FlashMapDrafterImpl::draw_noise(const Tensor& out, uint64_t seed, uint32_
 }
 
 Status FlashMapDrafterImpl::propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) {
-  const int64_t B = c_.block_size, p = req.anchor_pos, nd = req.num_drafts;
-  if (nd < 1 || nd > B) {
-    return InvalidArgument("flashmap propose: num_drafts {} out of range [1, {}]", nd, B);
-  }
-  if (req.anchor < 0 || req.anchor >= target_vocab_) {
-    return InvalidArgument("flashmap propose: anchor token {} out of range [0, {})", req.anchor,
-                           target_vocab_);
-  }
-  if (p < 0) return InvalidArgument("flashmap propose: anchor_pos {} < 0", p);
-  const int64_t table_blocks = static_cast<int64_t>(req.block_table.size());
-  if (table_blocks * kv.block_size <= p) {
-    return InvalidArgument(
-        "flashmap propose: block table of {} blocks does not cover the anchor "
-        "position {}",
-        table_blocks, p);
-  }
-  if (!p_.block_table.defined() || p_.block_table.numel() < table_blocks) {
-    p_.block_table = backend_.empty({std::max<int64_t>(table_blocks, 64)}, DType::kI32);
-  }
-  const Tensor table = p_.block_table.rows(0, table_blocks);
-  backend_.copy_from_host(table, req.block_table.data());
-  const int32_t anchor_pos = static_cast<int32_t>(p);
-  const int32_t anchor_slot =
-      static_cast<int32_t>(req.block_table[p / kv.block_size] * kv.block_size + p % kv.block_size);
-  std::vector<int32_t> slot_pos(B);
-  for (int64_t k = 0; k < B; ++k) {
-    slot_pos[k] = static_cast<int32_t>(p + conv_.noise_position_offset + k);
-  }
-  backend_.copy_from_host(p_.ids, &req.anchor);
-  backend_.copy_from_host(p_.anchor_pos, &anchor_pos);
-  backend_.copy_from_host(p_.anchor_slot, &anchor_slot);
-  backend_.copy_from_host(p_.slot_pos, slot_pos.data());
-  const int32_t kv_len = static_cast<int32_t>(p + 1);
-  backend_.copy_from_host(p_.kv_len, &kv_len);
+  return propose_batch(kv, {&req, 1}, logits);
+}
 
-  // The block's device work depends on the call only through the uploaded tensors (the whole
-  // table, the device context length) and the noise seed: captured per draft count, table
-  // buffer, pools and seed. Injected noise (an upload) and contexts shorter than the block (row
-  // chunks sized on the host) run uncaptured.
-  if (injected_ || kv_len < B) {
-    BS_RETURN_IF_ERROR(propose_block(kv, table, KvLength(kv_len), nd, req.noise_seed));
+// S blocks through the DiT together (row-wise work over all S*B rows; block self-attention and
+// the noise per block; cross-attention in one batched call); block r's logits are exactly what
+// its propose alone gives.
+Status FlashMapDrafterImpl::propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs,
+                                          Tensor* logits) {
+  const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
+  if (S == 0) return InvalidArgument("flashmap propose: no requests");
+  int64_t nd = 0;
+  bool short_context = false;  // a context shorter than the block: row chunks sized on the host
+  for (const ProposeRequest& req : reqs) {
+    BS_RETURN_IF_ERROR(check_propose(kv, req, B, target_vocab_, 1, "flashmap propose"));
+    nd = std::max(nd, req.num_drafts);
+    short_context |= req.anchor_pos + 1 < B;
+  }
+  if (S > 1 && (injected_ || short_context)) {
+    // Short contexts and injected noise (an upload) take the one-block path, block by block.
+    if (!batch_logits_.defined() || batch_logits_.dim(0) < S * nd) {
+      batch_logits_ = backend_.empty({S * nd, target_vocab_});
+    }
+    for (int64_t r = 0; r < S; ++r) {
+      Tensor one;
+      BS_RETURN_IF_ERROR(propose_batch(kv, reqs.subspan(r, 1), &one));
+      backend_.copy(batch_logits_.rows(r * nd, reqs[r].num_drafts), one);
+    }
+    *logits = batch_logits_.rows(0, S * nd);
+    return Status::Ok();
+  }
+  ensure_propose(S);
+  // Block r: the anchor row at p (its position, slot and table; the block attends to [0, p]),
+  // noise slots at p + offset .., logits of its first nd rows.
+  std::vector<PagedBatch::Seq> seqs;
+  std::vector<int32_t> anchors, slot_pos, rows;
+  seeds_.clear();
+  for (int64_t r = 0; r < S; ++r) {
+    const ProposeRequest& req = reqs[r];
+    seqs.push_back({.block_table = req.block_table, .start_pos = req.anchor_pos, .rows = 1});
+    anchors.push_back(req.anchor);
+    for (int64_t k = 0; k < B; ++k) {
+      slot_pos.push_back(static_cast<int32_t>(req.anchor_pos + conv_.noise_position_offset + k));
+    }
+    for (int64_t k = 0; k < nd; ++k) rows.push_back(static_cast<int32_t>(r * B + k));
+    seeds_.push_back(req.noise_seed);
+  }
+  anchor_batch_.stage(backend_, kv, seqs);
+  backend_.copy_from_host(p_.ids.rows(0, S), anchors.data());
+  backend_.copy_from_host(p_.slot_pos.rows(0, S * B), slot_pos.data());
+  if (S > 1) backend_.copy_from_host(p_.logit_rows.rows(0, S * nd), rows.data());
+
+  // The blocks' device work depends on the call only through the uploaded tensors (the whole
+  // tables, the device context lengths) and the noise seeds: captured per batch, draft count,
+  // staged buffers, pools and seeds. Injected noise and short contexts run uncaptured.
+  if (injected_ || short_context) {
+    BS_RETURN_IF_ERROR(propose_block(kv, KvLength(reqs[0].anchor_pos + 1), nd, 1));
   } else {
-    const KvLength device_len(p_.block_table.numel() * kv.block_size, &p_.kv_len);
-    const std::string key = fmt::format("flashmap:{}:{}:{}:{:x}:{}", nd, p_.block_table.numel(),
-                                        static_cast<const void*>(p_.block_table.data()),
-                                        kv_pool_id(kv), req.noise_seed);
+    const Tensor device_kv_lens = anchor_batch_.kv_lens();
+    const KvLength device_len(anchor_batch_.max_kv_len(), &device_kv_lens);
+    const std::string key = fmt::format("flashmap:{}:{}:{}:{}", prop_generation_, nd,
+                                        anchor_batch_.key(kv), fmt::join(seeds_, ","));
     Status status = Status::Ok();
-    backend_.run_captured(
-        key, [&] { status = propose_block(kv, p_.block_table, device_len, nd, req.noise_seed); });
+    backend_.run_captured(key, [&] { status = propose_block(kv, device_len, nd, S); });
     BS_RETURN_IF_ERROR(status);
   }
-  *logits = p_.logits.rows(0, nd);
+  *logits = p_.logits.rows(0, S * nd);
   return Status::Ok();
 }
 
-Status FlashMapDrafterImpl::propose_block(KvPool& kv, const Tensor& table, KvLength kv_len,
-                                          int64_t nd, uint64_t noise_seed) {
-  const int64_t B = c_.block_size;
+Status FlashMapDrafterImpl::propose_block(KvPool& kv, KvLength kv_len, int64_t nd, int64_t S) {
+  const int64_t R = S * c_.block_size;
+  const Tensor anchor_emb = p_.anchor_emb.rows(0, S), anchor_row = p_.anchor_row.rows(0, S);
+  const Tensor h = p_.h.rows(0, R), out = p_.out.rows(0, R), z = p_.z.rows(0, R);
   // Anchor row at p: anchor_norm(anchor_proj(E[x_p])), its K/V through the fused weight. It stands
   // in for the anchor's unknown target features until observe overwrites the slot.
-  backend_.embedding(p_.anchor_emb, p_.ids, embed_);
-  backend_.matmul(p_.anchor_row, p_.anchor_emb, anchor_proj_, &anchor_proj_b_);
-  backend_.rms_norm(p_.anchor_row, p_.anchor_row, anchor_norm_,
-                    static_cast<float>(c_.rms_norm_eps));
-  write_context_kv(kv, p_.anchor_row, p_.anchor_fused, p_.anchor_pos, p_.anchor_slot, p_.anchor_k,
-                   p_.anchor_v);
+  backend_.embedding(anchor_emb, p_.ids.rows(0, S), embed_);
+  backend_.matmul(anchor_row, anchor_emb, anchor_proj_, &anchor_proj_b_);
+  backend_.rms_norm(anchor_row, anchor_row, anchor_norm_, static_cast<float>(c_.rms_norm_eps));
+  write_context_kv(backend_, ctx_, anchor_row, anchor_batch_.positions(), anchor_batch_.slots(),
+                   anchor_, kv);
 
   if (folded_) {
     // One jump, folded: hidden = first_hidden + g_0 rsqrt(Σ eig z² + eps) (z · noise_embedᵀ).
-    BS_RETURN_IF_ERROR(draw_noise(p_.z, noise_seed, conv_.eigen_noise_stream));
-    backend_.matmul(p_.noise_proj, p_.z, noise_embed_);
-    backend_.noise_combine(p_.h, first_hidden_, p_.noise_proj, p_.z, noise_eig_,
-                           jumps_[0].noise_gate, static_cast<float>(c_.rms_norm_eps));
-    dit(p_.h, jumps_[0], p_.out, kv, table, kv_len);
+    const Tensor noise_proj = p_.noise_proj.rows(0, R);
+    BS_RETURN_IF_ERROR(draw_noise(z, conv_.eigen_noise_stream));
+    backend_.matmul(noise_proj, z, noise_embed_);
+    backend_.noise_combine(h, first_hidden_, noise_proj, z, noise_eig_, jumps_[0].noise_gate,
+                           static_cast<float>(c_.rms_norm_eps));
+    dit(h, jumps_[0], out, kv, kv_len, S);
   } else {
     // The exact algorithm with a vocabulary-sized fp32 state (specs/flashmap.md §3.7).
-    const Tensor post = p_.pair.rows(0, B), state = p_.pair.rows(B, B);
-    const Tensor post_emb = p_.pair_emb.rows(0, B), state_emb = p_.pair_emb.rows(B, B);
-    BS_RETURN_IF_ERROR(draw_noise(state, noise_seed, conv_.state_noise_stream));
+    const Tensor pair = p_.pair.rows(0, 2 * R), pair_emb = p_.pair_emb.rows(0, 2 * R);
+    const Tensor post = pair.rows(0, R), state = pair.rows(R, R);
+    const Tensor post_emb = pair_emb.rows(0, R), state_emb = pair_emb.rows(R, R);
+    const Tensor delta = p_.delta.defined() ? p_.delta.rows(0, R) : Tensor();
+    BS_RETURN_IF_ERROR(draw_noise(state, conv_.state_noise_stream));
     const Tensor e = embed_.rows(0, c_.vocab_size);
     for (size_t n = 0; n < jumps_.size(); ++n) {
       const Jump& j = jumps_[n];
       backend_.softmax(post, state, j.evidence);
-      backend_.gemm(p_.pair_emb, p_.pair, e, false, false);  // [post; state] @ E
+      backend_.gemm(pair_emb, pair, e, false, false);  // [post; state] @ E
       backend_.rms_norm(post_emb, post_emb, state_norm_, static_cast<float>(c_.rms_norm_eps));
       backend_.rms_norm(state_emb, state_emb, j.noise_norm, static_cast<float>(c_.rms_norm_eps));
       backend_.add(post_emb, post_emb, state_emb);
-      backend_.matmul(p_.h, post_emb, x_embed_, &x_embed_b_);
-      dit(p_.h, j, p_.out, kv, table, kv_len);
+      backend_.matmul(h, post_emb, x_embed_, &x_embed_b_);
+      dit(h, j, out, kv, kv_len, S);
       if (n + 1 < jumps_.size()) {
         // state <- X_{t0,t1}(state) = ((1 - t1) state + (t1 - t0) δ) / (1 - t0).
-        backend_.matmul(p_.delta, p_.out, jump_head_w_, &jump_head_b_);
-        backend_.softmax(p_.delta, p_.delta, 1.0f);
+        backend_.matmul(delta, out, jump_head_w_, &jump_head_b_);
+        backend_.softmax(delta, delta, 1.0f);
         backend_.axpby(state, static_cast<float>((1.0 - j.t1) / (1.0 - j.t0)), state,
-                       static_cast<float>((j.t1 - j.t0) / (1.0 - j.t0)), p_.delta);
+                       static_cast<float>((j.t1 - j.t0) / (1.0 - j.t0)), delta);
       }
     }
   }
 
-  // Logits of the first nd slots through the folded head; -inf outside the draft vocabulary.
-  const Tensor out_rows = p_.out.rows(0, nd), result = p_.logits.rows(0, nd);
+  // Logits of the first nd slots of each block through the folded head (several blocks: those
+  // rows gathered first); -inf outside the draft vocabulary.
+  Tensor out_rows = out.rows(0, nd);
+  if (S > 1) {
+    out_rows = p_.gathered.rows(0, S * nd);
+    backend_.embedding(out_rows, p_.logit_rows.rows(0, S * nd), out);
+  }
+  const Tensor result = p_.logits.rows(0, S * nd);
   if (draft_ids_.defined()) {
-    const Tensor small = p_.head_logits.rows(0, nd);
+    const Tensor small = p_.head_logits.rows(0, S * nd);
     backend_.matmul(small, out_rows, head_w_, &head_b_);
     backend_.scatter_columns(result, small, draft_ids_, -std::numeric_limits<float>::infinity());
   } else {
