@@ -133,6 +133,8 @@ struct Scheduler::Impl {
   Requests running;                                 // each with its next step begun
   int64_t reserved = 0;  // blocks of the admitted requests' worst cases (without preemption)
   int64_t num_preemptions = 0;
+  SchedulerTimes times;
+  std::vector<int64_t> committed_before;  // step(): each running request's commits so far
   // Plain step scratch.
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
@@ -443,20 +445,27 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
 
 Status Scheduler::step() {
   Impl& m = *impl_;
+  const auto t0 = Clock::now();
   m.retire_cancelled();
   m.admit_and_prefill();
+  const auto t1 = Clock::now();
+  m.times.admit_prefill += std::chrono::duration<double>(t1 - t0).count();
   if (m.running.empty()) return Status::Ok();
-  std::vector<int64_t> committed_before;
-  for (const auto& r : m.running) committed_before.push_back(r->committed);
+  m.committed_before.clear();
+  for (const auto& r : m.running) m.committed_before.push_back(r->committed);
   const Status s =
       catch_allocation_failure([&m] { return m.drafter ? m.step_speculative() : m.step_plain(); });
+  const auto t2 = Clock::now();
+  m.times.batch += std::chrono::duration<double>(t2 - t1).count();
+  ++m.times.steps;
   if (!s.ok()) {
     const bool one = s.code() == StatusCode::kOutOfMemory && m.running.size() > 1;
-    m.fail_step(s, committed_before);
+    m.fail_step(s, m.committed_before);
     if (one && !m.running.empty()) return Status::Ok();  // the others go on
     return s;
   }
   m.begin_next_steps();
+  m.times.next += seconds_since(t2);
   return Status::Ok();
 }
 
@@ -481,5 +490,6 @@ int64_t Scheduler::num_kv_blocks_used() const {
   return a.num_blocks() - a.free_blocks();
 }
 int64_t Scheduler::num_preemptions() const { return impl_->num_preemptions; }
+const SchedulerTimes& Scheduler::times() const { return impl_->times; }
 
 }  // namespace bs

@@ -64,6 +64,15 @@ struct SchedulerOptions {
   bool preemption = false;
 };
 
+// Host-clock seconds spent in each phase of Scheduler::step() since construction (a batched
+// step's time includes the device's and the callbacks'); for profiling the serving loop.
+struct SchedulerTimes {
+  int64_t steps = 0;         // step() calls that ran a batched step
+  double admit_prefill = 0;  // retiring cancelled requests, admission, prefill chunks
+  double batch = 0;          // the batched decode / speculative step
+  double next = 0;           // ending finished requests, beginning the next steps
+};
+
 // How a request ended. status not ok: it failed (tokens: what was committed before).
 struct Completion {
   RequestId id = 0;
@@ -120,6 +129,7 @@ class Scheduler {
   int64_t num_kv_blocks() const;       // the pool size
   int64_t num_kv_blocks_used() const;  // blocks the running requests hold now (KV usage metric)
   int64_t num_preemptions() const;     // requests preempted so far (SchedulerOptions::preemption)
+  const SchedulerTimes& times() const;
 
  private:
   struct Impl;

@@ -86,6 +86,8 @@ class Job {
   friend class EngineWorker;
   void append(const std::string& text);
   void append_logprobs(LogprobsEntry entry);
+  // Text and logprobs of one engine step at once: one lock, one wake-up of the waiting handler.
+  void deliver(std::string& text, std::vector<LogprobsEntry>& logprobs);
   void end(Status status, std::string finish_reason);
 
   std::atomic<bool> cancelled_{false};
@@ -122,9 +124,31 @@ class EngineWorker {
     double queued_before = 0;                 // submitted -> handed to the scheduler
     Job::Clock::time_point last_output;       // when the last step that gave it tokens did
     uint64_t last_step = 0;                   // that step's number (steps_ then)
+    // Committed in the current step, handed to the job once after it (deliver_step_output).
+    std::string out;
+    std::vector<LogprobsEntry> out_logprobs;
+    bool touched = false;  // listed in touched_
+  };
+
+  // Seconds of the engine thread's host work by phase (BLOCKSPEC_PROFILE_HOST=1): printed to
+  // stderr each time the engine goes idle after work, then reset. Worker thread only.
+  struct HostProfile {
+    bool enabled = false;
+    int64_t steps = 0, tokens = 0;
+    double intake = 0;        // taking submitted jobs: TextStream set-up, Scheduler::add, cancels
+    double callbacks = 0;     // on_token / on_logprobs / on_done inside the step (detokenization)
+    double deliver = 0;       // the step's text to the jobs (locks, wake-ups)
+    double publish = 0;       // counts and iteration metrics
+    double loop = 0;          // whole loop iterations that ran a step (busy time)
+    SchedulerTimes at_start;  // the scheduler's phase times when this window began
   };
 
   void loop();
+  // Hands each job its text and logprobs of this step (one lock and wake-up per job per step).
+  void deliver_step_output();
+  // Takes the job's pending output (`a` is its Active) into the job.
+  static void deliver(Active& a);
+  void print_profile();  // BLOCKSPEC_PROFILE_HOST: the window's figures to stderr, then reset
   void start(std::shared_ptr<Job> job);  // hands a job to the scheduler
   // Echo: the prompt's text and logprobs into the job; false when the job ended (an error, or
   // max_tokens 0).
@@ -143,6 +167,9 @@ class EngineWorker {
   RequestId next_id_ = 0;               // worker thread only
   uint64_t steps_ = 0;                  // scheduler steps begun (worker thread only)
   int64_t step_tokens_ = 0;             // this step's vllm:iteration_tokens_total (worker thread)
+  std::vector<RequestId> touched_;      // jobs with output in this step (worker thread)
+  std::vector<double> step_itls_;       // this step's inter-token latencies (worker thread)
+  HostProfile profile_;                 // worker thread only
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;       // submitted, not yet in the scheduler

@@ -1,0 +1,107 @@
+#!/bin/bash
+# Runs on the GPU machine from the repo root (binaries carried in build-cuda/dist, see
+# make_dist.sh): issue 15's serving measurements in one call of at most ~5 minutes.
+#   synthetic Qwen3-8B target (blockspec synth, in /dev/shm), served plain (--no-drafter) and with
+#   DFlash-b16 forced to 100 % acceptance, driven by bench-serve at 1 / 8 / 32 / 128 clients with
+#   128-token prompts (256 new tokens), 1 / 32 clients with 2,048-token prompts (128 new) and
+#   1 / 8 clients with 8,192-token prompts (64 new); and first `bench --batch N` (N = 1 / 8 / 32 / 128,
+#   256 new tokens) for the engine's own figure; a table of served / bench to stdout and
+#   $OUT/summary.txt. Servers run with BLOCKSPEC_PROFILE_HOST=1: their per-step host profile lines
+#   (docs/SERVER.md) are in the summary too.
+# Every stage has a timeout and is skipped once $BUDGET seconds (default 250) have passed.
+# Files back: $OUT/summary.txt, $OUT/logs.tgz (every log and JSON report), $OUT/env.txt.
+set -u
+. tools/device/device_env.sh
+T0=$SECONDS; BUDGET=${BUDGET:-250}
+L=/tmp/s8logs; rm -rf $L; mkdir -p $L
+left() { [ $((SECONDS - T0)) -lt "$BUDGET" ] || { echo "(skipped: $1 at ${SECONDS}s)"; return 1; }; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > $OUT/env.txt 2>&1
+git log -1 --format='%H %s' >> $OUT/env.txt 2>/dev/null
+cat $OUT/env.txt
+S=${SYNTH_DIR:-/dev/shm/synth}; PRESET=${PRESET:-qwen3-8b}; DEV=${DEV:-cuda}  # PRESET=tiny DEV=cpu: a dry run
+M="--model $S/$PRESET"; DR="--drafter $S/$PRESET-dflash-b16-acc100"
+if [ ! -e $S/$PRESET-dflash-b16-acc100 ]; then
+  timeout 120 $B synth --preset $PRESET --out $S/$PRESET --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
+  echo "synth rc=$? ($((SECONDS - T0))s)"
+fi
+# The engine's own figure first (the denominators): plain and speculative batched generation.
+for n in 1 8 32 128; do
+  left "bench batch $n" || break
+  timeout 60 $B bench $M $DR --device $DEV --iters 3 --warmup 1 --context 384 --gen-tokens 256 \
+    --batch $n > $L/bench_b$n.txt 2>&1
+  echo "-- bench --batch $n rc=$? ($((SECONDS - T0))s)"; grep -E "^generate|error" $L/bench_b$n.txt
+done
+PORT=18188
+# serve_runs MODE SERVE-ARGS...: one server, bench-serve over the matrix, JSON per run.
+serve_runs() {
+  local mode=$1; shift
+  left "serve $mode" || return
+  BLOCKSPEC_PROFILE_HOST=1 timeout 200 $B serve $M "$@" --device $DEV --port $PORT \
+    --max-num-seqs 128 --max-model-len 8448 > $L/serve_$mode.log 2>&1 &
+  local pid=$!
+  # Warm-up: start-up, then one request at 1, 32 and 128 clients (plans, graphs, handler threads).
+  timeout 90 $B bench-serve --port $PORT --wait 80 --clients 1 --requests 1 --output-tokens 8 > $L/warm_$mode.txt 2>&1 \
+    || { echo "serve $mode: no answer ($((SECONDS - T0))s)"; tail -5 $L/serve_$mode.log; kill $pid 2>/dev/null; wait $pid 2>/dev/null; return; }
+  for c in 32 128; do
+    timeout 30 $B bench-serve --port $PORT --clients $c --requests $c --output-tokens 32 >> $L/warm_$mode.txt 2>&1
+  done
+  echo "serve $mode up and warm ($((SECONDS - T0))s)"
+  # prompt:output:clients:requests-per-client
+  for run in 128:256:1:2 128:256:8:2 128:256:32:2 128:256:128:2 2048:128:1:2 2048:128:32:1 8192:64:1:2 8192:64:8:1; do
+    IFS=: read -r p o c k <<< "$run"
+    left "$mode p$p c$c" || break
+    timeout 35 $B bench-serve --port $PORT --clients $c --requests $((c * k)) --prompt-tokens $p \
+      --output-tokens $o --seed 1 --timeout 30 --json > $L/bs_${mode}_p${p}_c$c.json 2> $L/bs_${mode}_p${p}_c$c.err
+    echo "-- $mode prompt $p clients $c rc=$? ($((SECONDS - T0))s)"
+  done
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null  # SIGTERM: the server prints its last profile
+}
+serve_runs plain --no-drafter
+serve_runs spec $DR
+python3 - $L > $OUT/summary.txt 2>&1 <<'EOF'
+import json, os, re, sys
+L = sys.argv[1]
+bench = {}
+for n in (1, 8, 32, 128):
+    try:
+        t = open(f"{L}/bench_b{n}.txt").read()
+    except OSError:
+        continue
+    for mode, key in (("plain", "plain"), ("spec", "speculative")):
+        m = re.search(r"^generate \(" + key + r"(, batch \d+)?\): .*?-> ([\d.]+) tok/s", t, re.M)
+        if m: bench[(mode, n)] = float(m.group(2))
+print("served (bench-serve, streaming, greedy, ignore_eos) vs the engine (bench --batch N generate,")
+print("32-token prompts, 256 new tokens, prefill excluded); decode tok/s = clients / mean TPOT")
+hdr = ("mode", "prompt", "out", "cl", "req", "fail", "out tok/s", "req/s", "decode tok/s",
+       "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "bench tok/s",
+       "served/bench", "decode/bench")
+print("| " + " | ".join(hdr) + " |"); print("|" + "---|" * len(hdr))
+for mode in ("plain", "spec"):
+    for p, o, c in ((128, 256, 1), (128, 256, 8), (128, 256, 32), (128, 256, 128), (2048, 128, 1),
+                    (2048, 128, 32), (8192, 64, 1), (8192, 64, 8)):
+        f = f"{L}/bs_{mode}_p{p}_c{c}.json"
+        try:
+            j = json.load(open(f))
+        except Exception as e:
+            print(f"| {mode} | {p} | {o} | {c} | no report ({os.path.basename(f)}) |"); continue
+        q = lambda k: "{:.1f} / {:.1f} / {:.1f}".format(j[k]["p50"], j[k]["p90"], j[k]["p99"])
+        dec = j.get("decode_tokens_per_s", 0.0)
+        b = bench.get((mode, c))
+        ratio = lambda x: f"{100 * x / b:.0f} %" if b else "-"
+        print(f"| {mode} | {p} | {o} | {c} | {j['requests']} | {j['failed']} | "
+              f"{j['output_tokens_per_s']:.1f} | {j['request_throughput']:.2f} | {dec:.1f} | "
+              f"{q('ttft_ms')} | {q('tpot_ms')} | {q('itl_ms')} | {b if b else '-'} | "
+              f"{ratio(j['output_tokens_per_s'])} | {ratio(dec)} |")
+        if j.get("first_error"): print(f"|  first error: {j['first_error'][:150]} |")
+print()
+for mode in ("plain", "spec"):
+    try:
+        for line in open(f"{L}/serve_{mode}.log"):
+            m = re.match(r"host profile: (\d+) steps", line)
+            if m and int(m.group(1)) >= 30: print(mode, line.rstrip())
+    except OSError:
+        pass
+EOF
+cat $OUT/summary.txt
+tar czf $OUT/logs.tgz -C $L . 2>/dev/null
+echo "total $((SECONDS - T0))s"
