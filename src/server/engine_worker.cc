@@ -1,6 +1,7 @@
 #include "server/engine_worker.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -68,15 +69,13 @@ void Job::append(const std::string& text) {
   cv_.notify_all();
 }
 
-void Job::deliver(std::string& text, std::vector<LogprobsEntry>& logprobs) {
+void Job::deliver(const std::string& text, std::vector<LogprobsEntry>& logprobs) {
   if (text.empty() && logprobs.empty()) return;
   {
     std::lock_guard lock(mutex_);
     text_ += text;
     std::move(logprobs.begin(), logprobs.end(), std::back_inserter(logprobs_));
   }
-  text.clear();
-  logprobs.clear();
   cv_.notify_all();  // outside the lock: the woken handler does not block on it at once
 }
 
@@ -97,7 +96,15 @@ EngineWorker::EngineWorker(ServedModel& model, Metrics& metrics, const Scheduler
       thread_() {
   const char* env = std::getenv("BLOCKSPEC_PROFILE_HOST");
   profile_.enabled = env && *env && std::string(env) != "0";
-  thread_ = std::thread([this] { loop(); });
+  // Named for profilers (perf, top -H): bs-engine runs the model, bs-deliver wakes the handlers.
+  out_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "bs-deliver");
+    delivery_loop();
+  });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "bs-engine");
+    loop();
+  });
 }
 
 EngineWorker::~EngineWorker() {
@@ -109,7 +116,13 @@ EngineWorker::~EngineWorker() {
     cv_.notify_all();
   }
   for (auto& job : left) job->end(FailedPrecondition("the server is shutting down"), "abort");
-  thread_.join();
+  thread_.join();  // its last posts are flushed
+  {
+    std::lock_guard lock(out_mutex_);
+    out_stopping_ = true;
+  }
+  out_cv_.notify_all();
+  out_thread_.join();  // after delivering everything posted
 }
 
 void EngineWorker::submit(std::shared_ptr<Job> job) {
@@ -187,17 +200,52 @@ void EngineWorker::loop() {
   deliver_step_output();
 }
 
-void EngineWorker::deliver(Active& a) {
+EngineWorker::Delivery EngineWorker::take_output(Active& a) {
   a.touched = false;
-  a.job->deliver(a.out, a.out_logprobs);
+  Delivery d{.job = a.job, .text = std::move(a.out), .logprobs = std::move(a.out_logprobs)};
+  a.out.clear();
+  a.out_logprobs.clear();
+  return d;
 }
 
 void EngineWorker::deliver_step_output() {
   for (const RequestId id : touched_) {
     const auto it = active_.find(id);
-    if (it != active_.end()) deliver(it->second);  // a finished job took its output already
+    if (it != active_.end()) posts_.push_back(take_output(it->second));  // else finish() took it
   }
   touched_.clear();
+  flush_posts();
+}
+
+void EngineWorker::flush_posts() {
+  if (posts_.empty()) return;
+  {
+    std::lock_guard lock(out_mutex_);
+    if (out_queue_.empty()) {
+      out_queue_.swap(posts_);
+    } else {
+      std::move(posts_.begin(), posts_.end(), std::back_inserter(out_queue_));
+    }
+  }
+  posts_.clear();
+  out_cv_.notify_one();
+}
+
+void EngineWorker::delivery_loop() {
+  std::vector<Delivery> batch;
+  for (;;) {
+    {
+      std::unique_lock lock(out_mutex_);
+      out_cv_.wait(lock, [&] { return out_stopping_ || !out_queue_.empty(); });
+      if (out_queue_.empty()) return;  // stopping, all delivered
+      batch.swap(out_queue_);
+    }
+    for (Delivery& d : batch) {
+      d.job->deliver(d.text, d.logprobs);
+      if (d.end) d.job->end(std::move(d.status), std::move(d.finish_reason));
+    }
+    batch.clear();
+  }
 }
 
 void EngineWorker::print_profile() {
@@ -223,6 +271,7 @@ bool EngineWorker::echo_prompt(Job& job) {
     auto scored = prompt_logprobs(*model_.target, job.prompt, job.options.logprobs);
     if (!scored.ok()) {
       fail(job, scored.status());
+      job.end(scored.status(), "abort");  // nothing of it is posted: it may end at once
       return false;
     }
     TokenTexts texts(*model_.tokenizer);
@@ -306,6 +355,7 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
       !s.ok()) {
     active_.erase(id);
     fail(*job, s);
+    job->end(s, "abort");  // nothing of it is posted: it may end at once
   }
 }
 
@@ -326,7 +376,6 @@ void EngineWorker::fail(Job& job, const Status& status) {
   metrics_.record({.stats = nullptr});
   end_choice(job);
   if (log_) fmt::print(stderr, "[{}] error: {}\n", job.id, status.message());
-  job.end(status, "abort");
 }
 
 void EngineWorker::finish(RequestId id, Completion result) {
@@ -334,12 +383,20 @@ void EngineWorker::finish(RequestId id, Completion result) {
   Active a = std::move(it->second);
   active_.erase(it);
   publish_counts();  // before the client can see the end
-  deliver(a);        // what this step committed before it ended
+  // What this step committed before it ended, then the end, in one delivery.
+  Delivery d = take_output(a);
+  d.end = true;
   Job& job = *a.job;
   job.stats_ = std::move(result.stats);
-  if (!result.status.ok()) return fail(job, result.status);
+  if (!result.status.ok()) {
+    fail(job, result.status);
+    d.status = result.status;
+    d.finish_reason = "abort";
+    posts_.push_back(std::move(d));
+    return;
+  }
   const GenerateStats& st = job.stats_;
-  job.append(a.text->finish());
+  d.text += a.text->finish();
   std::string reason = "length";
   if (a.text->stopped() || st.finish == FinishReason::kStop) reason = "stop";
   if (!a.text->stopped() && st.finish == FinishReason::kCancelled) reason = "abort";
@@ -359,7 +416,9 @@ void EngineWorker::finish(RequestId id, Completion result) {
     fmt::print(stderr, "[{}] {} prompt tokens, {} generated ({}), {:.1f} tok/s, {:.3f} s{}\n",
                job.id, st.prompt_tokens, st.generated_tokens, reason, tps, e2e, spec);
   }
-  job.end(Status::Ok(), std::move(reason));
+  d.status = Status::Ok();
+  d.finish_reason = std::move(reason);
+  posts_.push_back(std::move(d));
 }
 
 }  // namespace bs::server

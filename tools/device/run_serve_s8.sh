@@ -8,14 +8,16 @@
 #   256 new tokens) for the engine's own figure; a table of served / bench to stdout and
 #   $OUT/summary.txt. Servers run with BLOCKSPEC_PROFILE_HOST=1: their per-step host profile lines
 #   (docs/SERVER.md) are in the summary too.
-# Every stage has a timeout and is skipped once $BUDGET seconds (default 250) have passed.
+# A dry run on the CPU: PRESET=tiny DEV=cpu MAXLEN=4096 RUNS='128:64:1:2 128:64:8:1' SYNTH_DIR=/tmp/x.
+# Every stage has a timeout and is skipped once $BUDGET seconds (default 250) have passed (the plain
+# server's runs once half of what was left when it started has).
 # Files back: $OUT/summary.txt, $OUT/logs.tgz (every log and JSON report), $OUT/env.txt.
 set -u
 . tools/device/device_env.sh
 T0=$SECONDS; BUDGET=${BUDGET:-250}
 L=/tmp/s8logs; rm -rf $L; mkdir -p $L
-left() { [ $((SECONDS - T0)) -lt "$BUDGET" ] || { echo "(skipped: $1 at ${SECONDS}s)"; return 1; }; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > $OUT/env.txt 2>&1
+left() { [ $((SECONDS - T0)) -lt "${2:-$BUDGET}" ] || { echo "(skipped: $1 at $((SECONDS - T0))s)"; return 1; }; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || nproc; } > $OUT/env.txt 2>&1
 git log -1 --format='%H %s' >> $OUT/env.txt 2>/dev/null
 cat $OUT/env.txt
 S=${SYNTH_DIR:-/dev/shm/synth}; PRESET=${PRESET:-qwen3-8b}; DEV=${DEV:-cuda}  # PRESET=tiny DEV=cpu: a dry run
@@ -32,33 +34,43 @@ for n in 1 8 32 128; do
   echo "-- bench --batch $n rc=$? ($((SECONDS - T0))s)"; grep -E "^generate|error" $L/bench_b$n.txt
 done
 PORT=18188
-# serve_runs MODE SERVE-ARGS...: one server, bench-serve over the matrix, JSON per run.
+# prompt:output:clients:requests-per-client (RUNS and MAXLEN may be set for a dry run on the CPU)
+RUNS=${RUNS:-128:256:1:2 128:256:8:2 128:256:32:2 128:256:128:2 2048:128:1:2 2048:128:32:1 8192:64:1:2 8192:64:8:1}
+MAXLEN=${MAXLEN:-8448}
+# serve_runs MODE UNTIL SERVE-ARGS...: one server, bench-serve over the matrix (no run starts after
+# UNTIL seconds), JSON per run.
 serve_runs() {
-  local mode=$1; shift
+  local mode=$1 until=$2; shift 2
   left "serve $mode" || return
   BLOCKSPEC_PROFILE_HOST=1 timeout 200 $B serve $M "$@" --device $DEV --port $PORT \
-    --max-num-seqs 128 --max-model-len 8448 > $L/serve_$mode.log 2>&1 &
-  local pid=$!
-  # Warm-up: start-up, then one request at 1, 32 and 128 clients (plans, graphs, handler threads).
-  timeout 90 $B bench-serve --port $PORT --wait 80 --clients 1 --requests 1 --output-tokens 8 > $L/warm_$mode.txt 2>&1 \
-    || { echo "serve $mode: no answer ($((SECONDS - T0))s)"; tail -5 $L/serve_$mode.log; kill $pid 2>/dev/null; wait $pid 2>/dev/null; return; }
+    --max-num-seqs 128 --max-model-len $MAXLEN > $L/serve_$mode.log 2>&1 &
+  local pid=$! t=0
+  # Up: /health answers (at most 90 s, and not after the server exited).
+  until $B bench-serve --port $PORT --wait 1 --clients 1 --requests 1 --output-tokens 8 > $L/warm_$mode.txt 2>&1; do
+    t=$((t + 1))
+    if ! kill -0 $pid 2>/dev/null || [ $t -ge 90 ]; then
+      echo "serve $mode: no answer ($((SECONDS - T0))s)"; tail -5 $L/serve_$mode.log
+      kill $pid 2>/dev/null; wait $pid 2>/dev/null; return
+    fi
+  done
+  # Warm-up: one request at 32 and 128 clients (plans, graphs, handler threads).
   for c in 32 128; do
     timeout 30 $B bench-serve --port $PORT --clients $c --requests $c --output-tokens 32 >> $L/warm_$mode.txt 2>&1
   done
   echo "serve $mode up and warm ($((SECONDS - T0))s)"
   # prompt:output:clients:requests-per-client
-  for run in 128:256:1:2 128:256:8:2 128:256:32:2 128:256:128:2 2048:128:1:2 2048:128:32:1 8192:64:1:2 8192:64:8:1; do
+  for run in $RUNS; do
     IFS=: read -r p o c k <<< "$run"
-    left "$mode p$p c$c" || break
+    left "$mode p$p c$c" $until || break
     timeout 35 $B bench-serve --port $PORT --clients $c --requests $((c * k)) --prompt-tokens $p \
       --output-tokens $o --seed 1 --timeout 30 --json > $L/bs_${mode}_p${p}_c$c.json 2> $L/bs_${mode}_p${p}_c$c.err
     echo "-- $mode prompt $p clients $c rc=$? ($((SECONDS - T0))s)"
   done
   kill $pid 2>/dev/null; wait $pid 2>/dev/null  # SIGTERM: the server prints its last profile
 }
-serve_runs plain --no-drafter
-serve_runs spec $DR
-python3 - $L > $OUT/summary.txt 2>&1 <<'EOF'
+serve_runs plain $(( (SECONDS - T0 + BUDGET) / 2 + 10 )) --no-drafter  # leaves the drafter its share
+serve_runs spec $BUDGET $DR
+python3 - $L $RUNS > $OUT/summary.txt 2>&1 <<'EOF'
 import json, os, re, sys
 L = sys.argv[1]
 bench = {}
@@ -77,8 +89,7 @@ hdr = ("mode", "prompt", "out", "cl", "req", "fail", "out tok/s", "req/s", "deco
        "served/bench", "decode/bench")
 print("| " + " | ".join(hdr) + " |"); print("|" + "---|" * len(hdr))
 for mode in ("plain", "spec"):
-    for p, o, c in ((128, 256, 1), (128, 256, 8), (128, 256, 32), (128, 256, 128), (2048, 128, 1),
-                    (2048, 128, 32), (8192, 64, 1), (8192, 64, 8)):
+    for p, o, c in (tuple(int(x) for x in r.split(":")[:3]) for r in sys.argv[2:]):
         f = f"{L}/bs_{mode}_p{p}_c{c}.json"
         try:
             j = json.load(open(f))
