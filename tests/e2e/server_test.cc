@@ -264,6 +264,32 @@ TEST(Server, StreamedChunksConcatenateToTheCompletion) {
   EXPECT_TRUE(json::parse(events[events.size() - 2])["choices"].empty());
 }
 
+// The engine thread hands a job its output once per step (docs/SERVER.md, "Host work per step"),
+// so a streamed speculative reply has at most one text chunk per step: the prefill's first token,
+// then one per draft-and-verify step (before, a handler woken at a step's first token sent it
+// alone, and the rest of the step's tokens in more chunks).
+TEST(Server, AStepsTokensStreamInOneChunk) {
+  RunningServer server;
+  for (int k = 0; k < 3; ++k) {
+    const Reply r = post(server.port(), "/v1/completions",
+                         json{{"prompt", "Once upon a time"},
+                              {"max_tokens", 200},
+                              {"temperature", 0},
+                              {"stream", true}}
+                             .dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    int64_t chunks = 0, drafts = -1;
+    for (const std::string& e : sse_events(r.raw)) {
+      if (e == "[DONE]") continue;
+      const json j = json::parse(e);
+      if (!j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) ++chunks;
+      if (j.contains("blockspec")) drafts = j["blockspec"]["drafts"];
+    }
+    ASSERT_GT(drafts, 0) << r.raw;
+    EXPECT_LE(chunks, drafts + 1) << "run " << k;
+  }
+}
+
 TEST(Server, StopStringsCutTheText) {
   RunningServer server;
   Engine engine;
