@@ -23,7 +23,7 @@ cat $OUT/env.txt
 S=${SYNTH_DIR:-/dev/shm/synth}; PRESET=${PRESET:-qwen3-8b}; DEV=${DEV:-cuda}  # PRESET=tiny DEV=cpu: a dry run
 M="--model $S/$PRESET"; DR="--drafter $S/$PRESET-dflash-b16-acc100"
 if [ ! -e $S/$PRESET-dflash-b16-acc100 ]; then
-  timeout 120 $B synth --preset $PRESET --out $S/$PRESET --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
+  timeout 180 $B synth --preset $PRESET --out $S/$PRESET --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
   echo "synth rc=$? ($((SECONDS - T0))s)"
 fi
 # The engine's own figure first (the denominators): plain and speculative batched generation.
