@@ -323,10 +323,16 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
     } else if (a.last_step != steps_) {
       step_itls_.push_back(std::chrono::duration<double>(now - a.last_output).count());
     }
+    const bool first = a.last_step == 0;
     a.last_output = now;
     a.last_step = steps_;
     a.out += a.text->push(token);
-    if (!a.touched) {
+    if (first) {
+      // The first token goes out at once (its prefill ends the step's admission phase; the batched
+      // step that follows would delay it by a step).
+      posts_.push_back(take_output(a));
+      flush_posts();
+    } else if (!a.touched) {
       a.touched = true;
       touched_.push_back(id);
     }

@@ -37,20 +37,26 @@ PORT=18188
 # prompt:output:clients:requests-per-client (RUNS and MAXLEN may be set for a dry run on the CPU)
 RUNS=${RUNS:-128:256:1:2 128:256:8:2 128:256:32:2 128:256:128:2 2048:128:1:2 2048:128:32:1 8192:64:1:2 8192:64:8:1}
 MAXLEN=${MAXLEN:-8448}
+# SIGTERM, up to 15 s to stop, then SIGKILL.
+stop_server() {
+  kill $1 2>/dev/null
+  for _ in $(seq 30); do kill -0 $1 2>/dev/null || break; sleep 0.5; done
+  kill -9 $1 2>/dev/null; wait $1 2>/dev/null
+}
 # serve_runs MODE UNTIL SERVE-ARGS...: one server, bench-serve over the matrix (no run starts after
 # UNTIL seconds), JSON per run.
 serve_runs() {
   local mode=$1 until=$2; shift 2
   left "serve $mode" || return
-  BLOCKSPEC_PROFILE_HOST=1 timeout 200 $B serve $M "$@" --device $DEV --port $PORT \
+  PORT=$((PORT + 1))  # a server that would not stop keeps its port; the next one takes another
+  BLOCKSPEC_PROFILE_HOST=1 $B serve $M "$@" --device $DEV --port $PORT \
     --max-num-seqs 128 --max-model-len $MAXLEN > $L/serve_$mode.log 2>&1 &
-  local pid=$! t=0
-  # Up: /health answers (at most 90 s, and not after the server exited).
-  until $B bench-serve --port $PORT --wait 1 --clients 1 --requests 1 --output-tokens 8 > $L/warm_$mode.txt 2>&1; do
-    t=$((t + 1))
-    if ! kill -0 $pid 2>/dev/null || [ $t -ge 90 ]; then
+  local pid=$! up=$SECONDS
+  # Up: /health answers and a first request completes (at most 120 s; not after the server exited).
+  until timeout 60 $B bench-serve --port $PORT --wait 1 --clients 1 --requests 1 --output-tokens 8 > $L/warm_$mode.txt 2>&1; do
+    if ! kill -0 $pid 2>/dev/null || [ $((SECONDS - up)) -ge 120 ]; then
       echo "serve $mode: no answer ($((SECONDS - T0))s)"; tail -5 $L/serve_$mode.log
-      kill $pid 2>/dev/null; wait $pid 2>/dev/null; return
+      stop_server $pid; return
     fi
   done
   # Warm-up: one request at 32 and 128 clients (plans, graphs, handler threads).
@@ -66,7 +72,7 @@ serve_runs() {
       --output-tokens $o --seed 1 --timeout 30 --json > $L/bs_${mode}_p${p}_c$c.json 2> $L/bs_${mode}_p${p}_c$c.err
     echo "-- $mode prompt $p clients $c rc=$? ($((SECONDS - T0))s)"
   done
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null  # SIGTERM: the server prints its last profile
+  stop_server $pid  # SIGTERM: the server prints its last profile
 }
 serve_runs plain $(( (SECONDS - T0 + BUDGET) / 2 + 10 )) --no-drafter  # leaves the drafter its share
 serve_runs spec $BUDGET $DR
