@@ -27,7 +27,7 @@ if [ ! -e $S/$PRESET-dflash-b16-acc100 ]; then
   echo "synth rc=$? ($((SECONDS - T0))s)"
 fi
 # The engine's own figure first (the denominators): plain and speculative batched generation.
-for n in 1 8 32 128; do
+for n in ${BENCH_BATCHES:-1 8 32 128}; do
   left "bench batch $n" || break
   timeout 60 $B bench $M $DR --device $DEV --iters 3 --warmup 1 --context 384 --gen-tokens 256 \
     --batch $n > $L/bench_b$n.txt 2>&1
