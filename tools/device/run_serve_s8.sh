@@ -12,6 +12,8 @@
 # Every stage has a timeout and is skipped once $BUDGET seconds (default 250) have passed (the plain
 # server's runs once half of what was left when it started has).
 # Files back: $OUT/summary.txt, $OUT/logs.tgz (every log and JSON report), $OUT/env.txt.
+# How: here `bash tools/device/make_dist.sh` (a CUDA build), then one `run` with carry
+# ["build-cuda/dist"] and the command `bash tools/device/run_serve_s8.sh` (~4-5 minutes).
 set -u
 . tools/device/device_env.sh
 T0=$SECONDS; BUDGET=${BUDGET:-250}
