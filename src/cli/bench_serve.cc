@@ -8,7 +8,8 @@
 // tokenizer can take it) of --prompt-tokens ids and asks for exactly --output-tokens tokens
 // (ignore_eos), streamed with usage; with --range-ratio r both lengths are drawn uniformly from
 // [len (1 - r), len (1 + r)] per request (seeded). A speculative server streams several tokens per
-// chunk, so ITL is per chunk; TPOT is per token: (latency - TTFT) / (output tokens - 1).
+// chunk, so ITL is per chunk; TPOT is per token: (latency - TTFT) / (output tokens - 1); the
+// decode rate is clients / mean TPOT (the engine's view without prefill, as `bench --batch N`).
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -232,6 +233,7 @@ int run_bench_serve(const BenchServeArgs& a) {
       client.set_read_timeout(static_cast<time_t>(a.timeout_s), 0);
       client.set_write_timeout(static_cast<time_t>(a.timeout_s), 0);
       client.set_keep_alive(true);
+      client.set_tcp_nodelay(true);  // the request's body is not held behind its headers
       for (int i; (i = next.fetch_add(1)) < total;) run_one(client, a, &recs[i], bench_start);
     });
   }
@@ -264,6 +266,10 @@ int run_bench_serve(const BenchServeArgs& a) {
                 {"p90", percentile(v, 90)},
                 {"p99", percentile(v, 99)}};
   };
+  // Aggregate decode rate, clients / mean TPOT: what the clients see between their first and last
+  // tokens, comparable with `bench --batch N`'s generate figure (which leaves prefill out).
+  const double tpot_mean = mean(tpot);
+  const double decode_rate = tpot_mean > 0 ? std::min(a.clients, total) * 1e3 / tpot_mean : 0.0;
   json rep = {{"clients", a.clients},
               {"requests", total},
               {"completed", completed},
@@ -275,6 +281,7 @@ int run_bench_serve(const BenchServeArgs& a) {
               {"request_throughput", completed / duration},
               {"output_tokens_per_s", static_cast<double>(out_tokens) / duration},
               {"total_tokens_per_s", static_cast<double>(in_tokens + out_tokens) / duration},
+              {"decode_tokens_per_s", decode_rate},
               {"ttft_ms", stats(ttft)},
               {"tpot_ms", stats(tpot)},
               {"itl_ms", stats(itl)},
@@ -293,6 +300,7 @@ int run_bench_serve(const BenchServeArgs& a) {
     fmt::print("request throughput {:.2f} req/s, output {:.1f} tok/s, total {:.1f} tok/s\n",
                completed / duration, static_cast<double>(out_tokens) / duration,
                static_cast<double>(in_tokens + out_tokens) / duration);
+    fmt::print("decode {:.1f} tok/s (clients / mean TPOT)\n", decode_rate);
     fmt::print("{:<16}{:>10}{:>10}{:>10}{:>10}\n", "ms", "mean", "p50", "p90", "p99");
     for (const auto& [name, v] : std::vector<std::pair<std::string, const std::vector<double>*>>{
              {"TTFT", &ttft}, {"TPOT", &tpot}, {"ITL (chunk)", &itl}, {"E2E latency", &e2e}}) {

@@ -99,6 +99,14 @@ struct Scheduler::Impl {
   // Feeds up to `max_tokens` (0: all) of the request's prompt; after the last chunk its first
   // token is committed and its first decode step begun.
   Status prefill(Request& r, int64_t max_tokens);
+  // Plain decoding with chunked prefill: the front prefilling requests whose whole remaining
+  // prompt fits `budget` go through one forward_batch, each taking its first token as a prefill
+  // alone does (one weight stream for all their prompts instead of one each); the budget shrinks
+  // by their tokens. When the forward runs out of memory the newest of them ends with that error
+  // (as in a batched step) and the others stay. False (nothing changed but KV reservations, which
+  // their own prefill reuses) when fewer than two qualify or their batch fails otherwise: then
+  // each prefills alone.
+  bool prefill_together(int64_t& budget);
   Status step_plain();
   Status step_speculative();
   void begin_next_steps();
@@ -133,10 +141,13 @@ struct Scheduler::Impl {
   Requests running;                                 // each with its next step begun
   int64_t reserved = 0;  // blocks of the admitted requests' worst cases (without preemption)
   int64_t num_preemptions = 0;
+  SchedulerTimes times;
+  std::vector<int64_t> committed_before;  // step(): each running request's commits so far
   // Plain step scratch.
   std::vector<ForwardRequest> reqs;
   BatchForwardResult res;
   std::vector<detail::PlainSequence*> plain_seqs;  // plain step: the running sequences
+  std::vector<Request*> group;                     // prefill_together's requests
   std::vector<detail::SpeculativeSequence*> seqs;  // speculative step: the running sequences
 };
 
@@ -218,6 +229,62 @@ Status Scheduler::Impl::prefill(Request& r, int64_t max_tokens) {
   r.stats.prefill_seconds = r.prefill_seconds;
   r.decode_start = Clock::now();
   return r.begin_step().status();
+}
+
+bool Scheduler::Impl::prefill_together(int64_t& budget) {
+  if (drafter || budget <= 0) return false;
+  group.clear();
+  int64_t tokens = 0;
+  for (const auto& r : prefilling) {
+    if (static_cast<int64_t>(group.size()) == max_num_seqs || tokens + r->prompt_left() > budget) {
+      break;
+    }
+    tokens += r->prompt_left();
+    group.push_back(r.get());
+  }
+  if (group.size() < 2) return false;
+  const auto t = Clock::now();
+  reqs.clear();
+  plain_seqs.clear();
+  for (Request* r : group) {
+    const Result<bool> stepping = r->begin_step();  // reserves its prompt's KV blocks
+    if (!stepping.ok() || !*stepping) return false;
+    reqs.push_back(r->plain->request());
+    plain_seqs.push_back(r->plain.get());
+  }
+  const Status batch =
+      catch_allocation_failure([&] { return target.forward_batch(reqs, pool, &res); });
+  if (batch.code() == StatusCode::kOutOfMemory) {
+    // As a batched step's: the newest of them ends with it, the others try again, fewer at once.
+    const auto newest = prefilling.begin() + static_cast<std::ptrdiff_t>(group.size() - 1);
+    std::unique_ptr<Request> r = std::move(*newest);
+    prefilling.erase(newest);
+    complete(std::move(r),
+             batch.with_context(fmt::format("the batched prefill of {} prompts ran out of memory "
+                                            "and ended the newest of them",
+                                            group.size())));
+    return true;
+  }
+  if (!batch.ok()) return false;  // each prefills alone and fails, if it does, on its own
+  detail::take_step(target.backend(), plain_seqs, res.logits, ids);
+  budget -= tokens;
+  const double seconds = seconds_since(t);
+  for (size_t i = 0; i < group.size(); ++i) {  // the front ones, in order
+    std::unique_ptr<Request> r = std::move(prefilling.front());
+    prefilling.pop_front();
+    r->prefill_seconds += seconds;
+    r->stats.prefill_seconds = r->prefill_seconds;
+    r->decode_start = Clock::now();
+    const Status s = r->done() ? Status::Ok() : r->begin_step().status();
+    if (preemption && is_kv_full(s)) {
+      preempt(std::move(r));
+    } else if (!s.ok() || r->done()) {
+      complete(std::move(r), s);
+    } else {
+      running.push_back(std::move(r));
+    }
+  }
+  return true;
 }
 
 void Scheduler::Impl::admit_waiting() {
@@ -306,6 +373,7 @@ void Scheduler::Impl::admit_and_prefill() {
   for (;;) {
     admit_waiting();  // again after a request ended in its prefill and freed its room
     if (prefilling.empty() || budget == 0) return;
+    if (prefill_together(budget)) continue;
     Request& r = *prefilling.front();
     const int64_t n = budget < 0 ? 0 : std::min(budget, r.prompt_left());
     if (budget > 0) budget -= n;
@@ -445,20 +513,27 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
 
 Status Scheduler::step() {
   Impl& m = *impl_;
+  const auto t0 = Clock::now();
   m.retire_cancelled();
   m.admit_and_prefill();
+  const auto t1 = Clock::now();
+  m.times.admit_prefill += std::chrono::duration<double>(t1 - t0).count();
   if (m.running.empty()) return Status::Ok();
-  std::vector<int64_t> committed_before;
-  for (const auto& r : m.running) committed_before.push_back(r->committed);
+  m.committed_before.clear();
+  for (const auto& r : m.running) m.committed_before.push_back(r->committed);
   const Status s =
       catch_allocation_failure([&m] { return m.drafter ? m.step_speculative() : m.step_plain(); });
+  const auto t2 = Clock::now();
+  m.times.batch += std::chrono::duration<double>(t2 - t1).count();
+  ++m.times.steps;
   if (!s.ok()) {
     const bool one = s.code() == StatusCode::kOutOfMemory && m.running.size() > 1;
-    m.fail_step(s, committed_before);
+    m.fail_step(s, m.committed_before);
     if (one && !m.running.empty()) return Status::Ok();  // the others go on
     return s;
   }
   m.begin_next_steps();
+  m.times.next += seconds_since(t2);
   return Status::Ok();
 }
 
@@ -483,5 +558,6 @@ int64_t Scheduler::num_kv_blocks_used() const {
   return a.num_blocks() - a.free_blocks();
 }
 int64_t Scheduler::num_preemptions() const { return impl_->num_preemptions; }
+const SchedulerTimes& Scheduler::times() const { return impl_->times; }
 
 }  // namespace bs

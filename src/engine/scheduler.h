@@ -11,12 +11,13 @@
 // alone, first come first served: without max_prefill_tokens each whole prompt in one forward (as
 // generate_plain / generate_speculative prefill), with it at most that many prompt tokens in all
 // this step (chunked prefill: consecutive forwards at their start positions, the drafter observing
-// each chunk's taps; a prompt may take several steps), and a request whose prompt is done samples
-// its first token and joins the batch; then one batched step of every running request
-// (plain: one CausalLM::forward_batch row each; speculative: drafts for all in one
-// Drafter::propose_batch when the drafter has it, one forward_batch verifying every block, each
-// sequence accepting on its own, one Drafter::observe_batch); committed tokens go to each
-// request's on_token as they become final; finished requests get on_done and free their KV.
+// each chunk's taps; a prompt may take several steps; without a drafter the front requests whose
+// whole remaining prompt fits the step's budget prefill together in one forward_batch), and a
+// request whose prompt is done samples its first token and joins the batch; then one batched step
+// of every running request (plain: one CausalLM::forward_batch row each; speculative: drafts for
+// all in one Drafter::propose_batch when the drafter has it, one forward_batch verifying every
+// block, each sequence accepting on its own, one Drafter::observe_batch); committed tokens go to
+// each request's on_token as they become final; finished requests get on_done and free their KV.
 //
 // Lossless: every request's tokens, finish reason and counts equal what generate_plain /
 // generate_speculative give for its prompt and options alone, chunked or not (greedy bit for bit
@@ -65,6 +66,15 @@ struct SchedulerOptions {
   // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Empty
   // (the default): measured at the first step that needs it (engine/verify_budget.h).
   StepTimeModel step_time;
+};
+
+// Host-clock seconds spent in each phase of Scheduler::step() since construction (a batched
+// step's time includes the device's and the callbacks'); for profiling the serving loop.
+struct SchedulerTimes {
+  int64_t steps = 0;         // step() calls that ran a batched step
+  double admit_prefill = 0;  // retiring cancelled requests, admission, prefill chunks
+  double batch = 0;          // the batched decode / speculative step
+  double next = 0;           // ending finished requests, beginning the next steps
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).
@@ -123,6 +133,7 @@ class Scheduler {
   int64_t num_kv_blocks() const;       // the pool size
   int64_t num_kv_blocks_used() const;  // blocks the running requests hold now (KV usage metric)
   int64_t num_preemptions() const;     // requests preempted so far (SchedulerOptions::preemption)
+  const SchedulerTimes& times() const;
 
  private:
   struct Impl;

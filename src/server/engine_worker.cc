@@ -1,9 +1,11 @@
 #include "server/engine_worker.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <utility>
 
@@ -67,6 +69,16 @@ void Job::append(const std::string& text) {
   cv_.notify_all();
 }
 
+void Job::deliver(const std::string& text, std::vector<LogprobsEntry>& logprobs) {
+  if (text.empty() && logprobs.empty()) return;
+  {
+    std::lock_guard lock(mutex_);
+    text_ += text;
+    std::move(logprobs.begin(), logprobs.end(), std::back_inserter(logprobs_));
+  }
+  cv_.notify_all();  // outside the lock: the woken handler does not block on it at once
+}
+
 void Job::end(Status status, std::string finish_reason) {
   std::lock_guard lock(mutex_);
   status_ = std::move(status);
@@ -81,7 +93,19 @@ EngineWorker::EngineWorker(ServedModel& model, Metrics& metrics, const Scheduler
       metrics_(metrics),
       log_(log),
       scheduler_(*model.target, model.drafter.get(), scheduling),
-      thread_([this] { loop(); }) {}
+      thread_() {
+  const char* env = std::getenv("BLOCKSPEC_PROFILE_HOST");
+  profile_.enabled = env && *env && std::string(env) != "0";
+  // Named for profilers (perf, top -H): bs-engine runs the model, bs-deliver wakes the handlers.
+  out_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "bs-deliver");
+    delivery_loop();
+  });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "bs-engine");
+    loop();
+  });
+}
 
 EngineWorker::~EngineWorker() {
   std::deque<std::shared_ptr<Job>> left;
@@ -92,7 +116,13 @@ EngineWorker::~EngineWorker() {
     cv_.notify_all();
   }
   for (auto& job : left) job->end(FailedPrecondition("the server is shutting down"), "abort");
-  thread_.join();
+  thread_.join();  // its last posts are flushed
+  {
+    std::lock_guard lock(out_mutex_);
+    out_stopping_ = true;
+  }
+  out_cv_.notify_all();
+  out_thread_.join();  // after delivering everything posted
 }
 
 void EngineWorker::submit(std::shared_ptr<Job> job) {
@@ -122,31 +152,117 @@ void EngineWorker::publish_queue() {
 }
 
 void EngineWorker::loop() {
+  using Clock = Job::Clock;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   for (;;) {
     std::deque<std::shared_ptr<Job>> arrived;
     {
       std::unique_lock lock(mutex_);
+      if (profile_.enabled && profile_.steps > 0 && queue_.empty() && scheduler_.idle()) {
+        print_profile();
+      }
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !scheduler_.idle(); });
       if (stopping_) break;
       arrived.swap(queue_);
     }
+    const auto t0 = Clock::now();
     for (auto& job : arrived) start(std::move(job));
     for (const auto& [id, active] : active_) {
       if (active.job->cancelled()) scheduler_.cancel(id);  // the client went away
     }
+    const auto t1 = Clock::now();
     ++steps_;
     step_tokens_ = 0;
     if (Status s = scheduler_.step(); !s.ok() && log_) {
       fmt::print(stderr, "engine step failed: {}\n", s.message());
     }
-    if (step_tokens_ > 0) metrics_.record_iteration(step_tokens_);
+    const auto t2 = Clock::now();
+    deliver_step_output();
+    const auto t3 = Clock::now();
+    metrics_.record_step(step_itls_, step_tokens_);
+    step_itls_.clear();
     publish_counts();
+    if (profile_.enabled) {
+      profile_.intake += std::chrono::duration<double>(t1 - t0).count();
+      profile_.deliver += std::chrono::duration<double>(t3 - t2).count();
+      profile_.publish += since(t3);
+      profile_.loop += since(t0);
+      profile_.steps += 1;
+    }
   }
   // Shutting down: the scheduler ends every job it holds (cancelled) without running the model.
   for (const auto& [id, active] : active_) scheduler_.cancel(id);
   while (!scheduler_.idle()) {
     if (!scheduler_.step().ok()) break;
   }
+  deliver_step_output();
+}
+
+EngineWorker::Delivery EngineWorker::take_output(Active& a) {
+  a.touched = false;
+  Delivery d{.job = a.job, .text = std::move(a.out), .logprobs = std::move(a.out_logprobs)};
+  a.out.clear();
+  a.out_logprobs.clear();
+  return d;
+}
+
+void EngineWorker::deliver_step_output() {
+  for (const RequestId id : touched_) {
+    const auto it = active_.find(id);
+    if (it != active_.end()) posts_.push_back(take_output(it->second));  // else finish() took it
+  }
+  touched_.clear();
+  flush_posts();
+}
+
+void EngineWorker::flush_posts() {
+  if (posts_.empty()) return;
+  {
+    std::lock_guard lock(out_mutex_);
+    if (out_queue_.empty()) {
+      out_queue_.swap(posts_);
+    } else {
+      std::move(posts_.begin(), posts_.end(), std::back_inserter(out_queue_));
+    }
+  }
+  posts_.clear();
+  out_cv_.notify_one();
+}
+
+void EngineWorker::delivery_loop() {
+  std::vector<Delivery> batch;
+  for (;;) {
+    {
+      std::unique_lock lock(out_mutex_);
+      out_cv_.wait(lock, [&] { return out_stopping_ || !out_queue_.empty(); });
+      if (out_queue_.empty()) return;  // stopping, all delivered
+      batch.swap(out_queue_);
+    }
+    for (Delivery& d : batch) {
+      d.job->deliver(d.text, d.logprobs);
+      if (d.end) d.job->end(std::move(d.status), std::move(d.finish_reason));
+    }
+    batch.clear();
+  }
+}
+
+void EngineWorker::print_profile() {
+  HostProfile& p = profile_;
+  const SchedulerTimes& now = scheduler_.times();
+  const SchedulerTimes& was = p.at_start;
+  const double steps = static_cast<double>(std::max<int64_t>(1, p.steps));
+  const auto ms = [&](double seconds) { return 1e3 * seconds / steps; };
+  const double batch = now.batch - was.batch;
+  fmt::print(stderr,
+             "host profile: {} steps, {} tokens, {:.3f} s busy; per step ms: loop {:.3f} = "
+             "intake {:.3f} + scheduler admit/prefill {:.3f} + batched step {:.3f} (of which "
+             "token callbacks {:.3f}) + next {:.3f} + deliver {:.3f} + publish {:.3f}\n",
+             p.steps, p.tokens, p.loop, ms(p.loop), ms(p.intake),
+             ms(now.admit_prefill - was.admit_prefill), ms(batch), ms(p.callbacks),
+             ms(now.next - was.next), ms(p.deliver), ms(p.publish));
+  p = HostProfile{.enabled = true, .at_start = now};
 }
 
 bool EngineWorker::echo_prompt(Job& job) {
@@ -155,6 +271,7 @@ bool EngineWorker::echo_prompt(Job& job) {
     auto scored = prompt_logprobs(*model_.target, job.prompt, job.options.logprobs);
     if (!scored.ok()) {
       fail(job, scored.status());
+      job.end(scored.status(), "abort");  // nothing of it is posted: it may end at once
       return false;
     }
     TokenTexts texts(*model_.tokenizer);
@@ -191,7 +308,10 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
     a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer, job->prompt);
   }
   a.queued_before = seconds_since(job->submitted_);
+  // Text and logprobs collect in the Active during a step and go to the job once after it
+  // (deliver_step_output): one lock and one wake-up of its handler per step, not per token.
   const auto on_token = [this, id](int32_t token) {
+    const auto t = profile_.enabled ? Job::Clock::now() : Job::Clock::time_point{};
     Active& a = active_.at(id);
     // vLLM's iteration tokens (a prompt counts in the step of its first token) and inter-token
     // latency (once per step, from the previous step that gave this request tokens).
@@ -201,24 +321,47 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
       a.ttft = seconds_since(a.job->submitted_);
       step_tokens_ += static_cast<int64_t>(a.job->prompt.size());
     } else if (a.last_step != steps_) {
-      metrics_.record_inter_token(std::chrono::duration<double>(now - a.last_output).count());
+      step_itls_.push_back(std::chrono::duration<double>(now - a.last_output).count());
     }
+    const bool first = a.last_step == 0;
     a.last_output = now;
     a.last_step = steps_;
-    a.job->append(a.text->push(token));
+    a.out += a.text->push(token);
+    if (first) {
+      // The first token goes out at once (its prefill ends the step's admission phase; the batched
+      // step that follows would delay it by a step).
+      posts_.push_back(take_output(a));
+      flush_posts();
+    } else if (!a.touched) {
+      a.touched = true;
+      touched_.push_back(id);
+    }
+    if (profile_.enabled) {
+      ++profile_.tokens;
+      profile_.callbacks += seconds_since(t);
+    }
     return !a.text->stopped() && !a.job->cancelled();
   };
-  const auto on_done = [this, id](Completion c) { finish(id, std::move(c)); };
+  const auto on_done = [this, id](Completion c) {
+    const auto t = profile_.enabled ? Job::Clock::now() : Job::Clock::time_point{};
+    finish(id, std::move(c));
+    if (profile_.enabled) profile_.callbacks += seconds_since(t);
+  };
   // Tokens past a matched stop string are not committed (on_token ends the request), so every
   // logprobs entry belongs to a token of the reply.
   const auto on_logprobs = [this, id](const TokenLogprobs& lp) {
     Active& a = active_.at(id);
-    a.job->append_logprobs(entry_of(lp, /*scored=*/true, *a.token_texts));
+    a.out_logprobs.push_back(entry_of(lp, /*scored=*/true, *a.token_texts));
+    if (!a.touched) {
+      a.touched = true;
+      touched_.push_back(id);
+    }
   };
   if (Status s = scheduler_.add(id, job->prompt, job->options, on_token, on_done, on_logprobs);
       !s.ok()) {
     active_.erase(id);
     fail(*job, s);
+    job->end(s, "abort");  // nothing of it is posted: it may end at once
   }
 }
 
@@ -239,7 +382,6 @@ void EngineWorker::fail(Job& job, const Status& status) {
   metrics_.record({.stats = nullptr});
   end_choice(job);
   if (log_) fmt::print(stderr, "[{}] error: {}\n", job.id, status.message());
-  job.end(status, "abort");
 }
 
 void EngineWorker::finish(RequestId id, Completion result) {
@@ -247,11 +389,20 @@ void EngineWorker::finish(RequestId id, Completion result) {
   Active a = std::move(it->second);
   active_.erase(it);
   publish_counts();  // before the client can see the end
+  // What this step committed before it ended, then the end, in one delivery.
+  Delivery d = take_output(a);
+  d.end = true;
   Job& job = *a.job;
   job.stats_ = std::move(result.stats);
-  if (!result.status.ok()) return fail(job, result.status);
+  if (!result.status.ok()) {
+    fail(job, result.status);
+    d.status = result.status;
+    d.finish_reason = "abort";
+    posts_.push_back(std::move(d));
+    return;
+  }
   const GenerateStats& st = job.stats_;
-  job.append(a.text->finish());
+  d.text += a.text->finish();
   std::string reason = "length";
   if (a.text->stopped() || st.finish == FinishReason::kStop) reason = "stop";
   if (!a.text->stopped() && st.finish == FinishReason::kCancelled) reason = "abort";
@@ -271,7 +422,9 @@ void EngineWorker::finish(RequestId id, Completion result) {
     fmt::print(stderr, "[{}] {} prompt tokens, {} generated ({}), {:.1f} tok/s, {:.3f} s{}\n",
                job.id, st.prompt_tokens, st.generated_tokens, reason, tps, e2e, spec);
   }
-  job.end(Status::Ok(), std::move(reason));
+  d.status = Status::Ok();
+  d.finish_reason = std::move(reason);
+  posts_.push_back(std::move(d));
 }
 
 }  // namespace bs::server

@@ -86,6 +86,8 @@ class Job {
   friend class EngineWorker;
   void append(const std::string& text);
   void append_logprobs(LogprobsEntry entry);
+  // Text and logprobs of one engine step at once: one lock, one wake-up of the waiting handler.
+  void deliver(const std::string& text, std::vector<LogprobsEntry>& logprobs);
   void end(Status status, std::string finish_reason);
 
   std::atomic<bool> cancelled_{false};
@@ -122,15 +124,52 @@ class EngineWorker {
     double queued_before = 0;                 // submitted -> handed to the scheduler
     Job::Clock::time_point last_output;       // when the last step that gave it tokens did
     uint64_t last_step = 0;                   // that step's number (steps_ then)
+    // Committed in the current step, handed to the job once after it (deliver_step_output).
+    std::string out;
+    std::vector<LogprobsEntry> out_logprobs;
+    bool touched = false;  // listed in touched_
+  };
+
+  // A job's output of one step, and/or its end, for the delivery thread (which applies them in
+  // the order the engine thread posted them).
+  struct Delivery {
+    std::shared_ptr<Job> job;
+    std::string text;
+    std::vector<LogprobsEntry> logprobs;
+    bool end = false;
+    Status status;
+    std::string finish_reason;
+  };
+
+  // Seconds of the engine thread's host work by phase (BLOCKSPEC_PROFILE_HOST=1): printed to
+  // stderr each time the engine goes idle after work, then reset. Worker thread only.
+  struct HostProfile {
+    bool enabled = false;
+    int64_t steps = 0, tokens = 0;
+    double intake = 0;        // taking submitted jobs: TextStream set-up, Scheduler::add, cancels
+    double callbacks = 0;     // on_token / on_logprobs / on_done inside the step (detokenization)
+    double deliver = 0;       // the step's text to the jobs (locks, wake-ups)
+    double publish = 0;       // counts and iteration metrics
+    double loop = 0;          // whole loop iterations that ran a step (busy time)
+    SchedulerTimes at_start;  // the scheduler's phase times when this window began
   };
 
   void loop();
+  // Posts each job's text and logprobs of this step, then hands the step's posts to the delivery
+  // thread at once (flush_posts).
+  void deliver_step_output();
+  // The job's pending output (`a` is its Active) as a Delivery.
+  static Delivery take_output(Active& a);
+  void flush_posts();
+  void delivery_loop();  // the delivery thread: jobs' locks and handlers' wake-ups
+  void print_profile();  // BLOCKSPEC_PROFILE_HOST: the window's figures to stderr, then reset
   void start(std::shared_ptr<Job> job);  // hands a job to the scheduler
   // Echo: the prompt's text and logprobs into the job; false when the job ended (an error, or
   // max_tokens 0).
   bool echo_prompt(Job& job);
   void finish(RequestId id, Completion result);  // the scheduler ended it
-  void fail(Job& job, const Status& status);
+  void fail(Job& job, const Status& status);     // metrics and log; the caller ends the job
+
   void end_choice(const Job& job);  // the job's ChoiceGroup to the metrics when it was the last
   void publish_counts();            // the scheduler's counts to the metrics (worker thread)
   void publish_queue();             // under mutex_
@@ -143,6 +182,15 @@ class EngineWorker {
   RequestId next_id_ = 0;               // worker thread only
   uint64_t steps_ = 0;                  // scheduler steps begun (worker thread only)
   int64_t step_tokens_ = 0;             // this step's vllm:iteration_tokens_total (worker thread)
+  std::vector<RequestId> touched_;      // jobs with output in this step (worker thread)
+  std::vector<double> step_itls_;       // this step's inter-token latencies (worker thread)
+  HostProfile profile_;                 // worker thread only
+  std::vector<Delivery> posts_;         // this step's (worker thread)
+  std::mutex out_mutex_;                // guards out_queue_, out_stopping_
+  std::condition_variable out_cv_;
+  std::vector<Delivery> out_queue_;  // posted, not yet delivered
+  bool out_stopping_ = false;
+  std::thread out_thread_;  // delivery_loop
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;       // submitted, not yet in the scheduler

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -154,10 +156,13 @@ HttpServer::HttpServer(const TransportOptions& options) : options_(options) {
   const size_t core = options.core_threads, max = options.max_threads;
   new_task_queue = [core, max] { return new HandlerPool(core, max); };
   // SO_REUSEADDR only (a restart can bind while old connections linger in TIME_WAIT); no
-  // SO_REUSEPORT, which lets a second server share the port.
+  // SO_REUSEPORT, which lets a second server share the port. TCP_NODELAY (inherited by the
+  // accepted sockets): without it Nagle's algorithm holds a streamed response's first event
+  // behind its unacknowledged headers until the client's delayed ACK (~40 ms of TTFT).
   set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
   });
   set_read_timeout(options.read_timeout_s);
   set_write_timeout(options.write_timeout_s);

@@ -135,6 +135,12 @@ void Metrics::record_inter_token(double seconds) {
   inter_token_.observe(seconds);
 }
 
+void Metrics::record_step(std::span<const double> inter_token_seconds, int64_t iteration_tokens) {
+  std::lock_guard lock(mutex_);
+  for (const double s : inter_token_seconds) inter_token_.observe(s);
+  if (iteration_tokens > 0) iteration_tokens_.observe(static_cast<double>(iteration_tokens));
+}
+
 void Metrics::record_group(int n, int64_t max_generated) {
   std::lock_guard lock(mutex_);
   n_.observe(n);

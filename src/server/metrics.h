@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ class Metrics {
   // A request's time since its previous output (vllm:inter_token_latency_seconds): once per step
   // that committed tokens to it, its first token's step excepted.
   void record_inter_token(double seconds);
+  // A step's worth of them (and its iteration tokens when > 0) under one lock.
+  void record_step(std::span<const double> inter_token_seconds, int64_t iteration_tokens);
   void record(const RequestRecord& r);
   // The n choices of one prompt have all finished: n, and the most tokens one generated.
   void record_group(int n, int64_t max_generated);

@@ -99,6 +99,9 @@ TEST(BenchServe, ReportCountsAddUpAgainstServe) {
   EXPECT_LE(j["ttft_ms"]["p50"].get<double>(), j["ttft_ms"]["p99"].get<double>());
   EXPECT_LE(j["ttft_ms"]["p99"].get<double>(), j["e2e_latency_ms"]["p99"].get<double>());
   EXPECT_GT(j["tpot_ms"]["mean"].get<double>(), 0.0);
+  // The decode rate is the clients over the mean time per output token.
+  EXPECT_NEAR(j["decode_tokens_per_s"].get<double>(), 3 * 1e3 / j["tpot_ms"]["mean"].get<double>(),
+              1e-6 * j["decode_tokens_per_s"].get<double>());
 
   // Random lengths (range ratio) and the human-readable table.
   out.clear();

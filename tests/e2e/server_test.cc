@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -262,6 +263,60 @@ TEST(Server, StreamedChunksConcatenateToTheCompletion) {
   EXPECT_EQ(usage["prompt_tokens"], want.prompt_tokens);
   // The usage chunk is the last before [DONE] and has no choices.
   EXPECT_TRUE(json::parse(events[events.size() - 2])["choices"].empty());
+}
+
+// The server's side of a connection has TCP_NODELAY: without it Nagle's algorithm held a streamed
+// reply's first event behind its unacknowledged headers until the client's delayed ACK (~40 ms
+// of every TTFT). Checked on this process's sockets whose own port is the server's.
+TEST(Server, AcceptedConnectionsHaveNoDelay) {
+  RunningServer server;
+  httplib::Client cli("127.0.0.1", server.port());
+  cli.set_keep_alive(true);  // the connection stays open after the reply
+  const auto r = cli.Get("/health");
+  ASSERT_TRUE(r && r->status == 200);
+  int accepted = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    sockaddr_in local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        local.sin_family != AF_INET || ntohs(local.sin_port) != server.port() ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+      continue;  // not a connection accepted by the server
+    }
+    int on = 0;
+    socklen_t len = sizeof on;
+    ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len), 0);
+    EXPECT_NE(on, 0) << "fd " << fd;
+    ++accepted;
+  }
+  EXPECT_GE(accepted, 1);
+}
+
+// The engine thread hands a job its output once per step (docs/SERVER.md, "Host work per step"),
+// so a streamed speculative reply has at most one text chunk per step: the prefill's first token,
+// then one per draft-and-verify step (before, a handler woken at a step's first token sent it
+// alone, and the rest of the step's tokens in more chunks).
+TEST(Server, AStepsTokensStreamInOneChunk) {
+  RunningServer server;
+  for (int k = 0; k < 3; ++k) {
+    const Reply r = post(server.port(), "/v1/completions",
+                         json{{"prompt", "Once upon a time"},
+                              {"max_tokens", 200},
+                              {"temperature", 0},
+                              {"stream", true}}
+                             .dump());
+    ASSERT_EQ(r.status, 200) << r.raw;
+    int64_t chunks = 0, drafts = -1;
+    for (const std::string& e : sse_events(r.raw)) {
+      if (e == "[DONE]") continue;
+      const json j = json::parse(e);
+      if (!j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) ++chunks;
+      if (j.contains("blockspec")) drafts = j["blockspec"]["drafts"];
+    }
+    ASSERT_GT(drafts, 0) << r.raw;
+    EXPECT_LE(chunks, drafts + 1) << "run " << k;
+  }
 }
 
 TEST(Server, StopStringsCutTheText) {
