@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
   auto* gen = app.add_subcommand("generate", "Generate a completion and stream it to stdout");
   gen->add_option("--model", g.model,
                   "Target model folder (Hugging Face format); default: the embedded stories260K");
-  gen->add_option("--drafter", g.drafter, "Drafter folder (DFlash or FlashMap)");
+  gen->add_option("--drafter", g.drafter, "Drafter folder (DFlash, DSpark, DFlash2 or FlashMap)");
   gen->add_flag("--no-drafter", g.no_drafter, "Plain autoregressive decoding");
   gen->add_flag("--drafter-fp8", g.drafter_fp8,
                 "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "

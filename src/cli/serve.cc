@@ -140,7 +140,7 @@ void register_serve(CLI::App& app) {
   g_cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (docs/SERVER.md)");
   g_cmd->add_option("--model", g_args.model,
                     "Target model folder (Hugging Face format); default: the embedded stories260K");
-  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash or FlashMap)");
+  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash, DSpark, DFlash2 or FlashMap)");
   g_cmd->add_flag("--no-drafter", g_args.no_drafter, "Plain autoregressive decoding");
   g_cmd->add_option("--host", g_args.host, "Address to listen on");
   g_cmd->add_option("--port", g_args.port, "Port to listen on (0: any free port)")

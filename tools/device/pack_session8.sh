@@ -19,7 +19,8 @@ for t in e2e_server_load_test cuda_cuda_ops_test; do
   [ -x $BUILD/tests/$t ] || { echo "missing $BUILD/tests/$t: cmake --build $BUILD --target $t"; exit 1; }
 done
 bash tools/device/make_dist.sh "$BUILD" > /dev/null
-rm -f build-cuda/dist/cuda_models_test build-cuda/dist/bench_cli_test build-cuda/dist/eval_acceptance
+# FULL=1 keeps them (run_session8b.sh runs every CUDA suite and the training's eval_acceptance).
+[ "${FULL:-0}" = 1 ] || rm -f build-cuda/dist/cuda_models_test build-cuda/dist/bench_cli_test build-cuda/dist/eval_acceptance
 tar -C build-cuda -cf - dist | xz -T0 -6 > $P/dist.tar.xz
 F=$(mktemp -d)
 for h in safetensors hf_config tokenizer_json tokenizer_encode jinja_template chat_render openai_request; do
