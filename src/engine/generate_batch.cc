@@ -42,9 +42,10 @@ Result<std::vector<std::vector<int32_t>>> run_batch(CausalLM& target, Drafter* d
   const auto t0 = Clock::now();
   while (!scheduler.idle()) BS_RETURN_IF_ERROR(scheduler.step());
   BS_RETURN_IF_ERROR(failed);
-  // The batch's times: the prefills run one after another, the decode steps together.
-  double prefill_seconds = 0;
-  for (const GenerateStats& s : st) prefill_seconds += s.prefill_seconds;
+  // The batch's times: the scheduler's own admission + prefill time (prompts may prefill
+  // together in one forward, so the requests' own prefill times overlap and must not be summed),
+  // the rest is decoding.
+  const double prefill_seconds = scheduler.times().admit_prefill;
   const double decode_seconds = seconds_since(t0) - prefill_seconds;
   for (GenerateStats& s : st) {
     s.prefill_seconds = prefill_seconds;

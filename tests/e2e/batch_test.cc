@@ -5,6 +5,7 @@
 // (Llama) and the tiny Qwen3 / Llama test targets.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -131,6 +132,28 @@ TEST_P(Batch, GenerateBatchEqualsGeneratePerPrompt) {
       EXPECT_EQ(stats[i].prompt_tokens, alone_stats.prompt_tokens) << "prompt " << i;
     }
     EXPECT_EQ(stats[1].finish, FinishReason::kStop);
+  }
+}
+
+// Prompts admitted together prefill in one forward, so each request's own prefill time is the
+// whole group's: the batch's prefill time is the scheduler's, not their sum (summed, 8 long prompts
+// with 2 new tokens each gave `bench --batch` a negative decode time on the H200).
+TEST_P(Batch, BatchTimesAddUpToTheWallTime) {
+  const auto& c = target_->config();
+  std::mt19937 rng(11);
+  GenerateOptions o;
+  o.max_tokens = 2;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(random_tokens(rng, 200, c.vocab_size));
+  std::vector<GenerateStats> stats;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto batch = generate_plain_batch(*target_, prompts, o, &stats);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(batch.ok()) << batch.status().message();
+  for (const GenerateStats& s : stats) {
+    EXPECT_GT(s.prefill_seconds, 0.0);
+    EXPECT_GE(s.decode_seconds, 0.0);
+    EXPECT_LE(s.prefill_seconds + s.decode_seconds, wall * 1.001);
   }
 }
 
