@@ -23,11 +23,14 @@ inline std::string stories_drafter_dir() {
 class RunningServer {
  public:
   explicit RunningServer(ServerOptions options = {}, bool drafter = true,
-                         const std::string& model_dir = stories_model_dir()) {
-    auto model = load_served_model({.model_dir = model_dir,
-                                    .drafter_dir = drafter ? stories_drafter_dir() : "",
-                                    .device = "cpu",
-                                    .threads = 1});
+                         const std::string& model_dir = stories_model_dir())
+      : RunningServer({.model_dir = model_dir,
+                       .drafter_dir = drafter ? stories_drafter_dir() : "",
+                       .device = "cpu",
+                       .threads = 1},
+                      std::move(options)) {}
+  RunningServer(const ModelOptions& model_options, ServerOptions options) {
+    auto model = load_served_model(model_options);
     EXPECT_TRUE(model.ok()) << model.status().message();
     options.host = "127.0.0.1";
     options.port = 0;

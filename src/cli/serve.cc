@@ -32,6 +32,7 @@ struct ServeArgs {
   int threads = 0;
   int64_t draft_tokens = 0;
   double draft_confidence_min = 0;
+  VerifyBudget verify_budget = VerifyBudget::kOff;
   bool drafter_fp8 = false;
   int64_t max_num_seqs = 8;
   int64_t kv_cache_tokens = 0;
@@ -67,6 +68,7 @@ int run_serve(const ServeArgs& a) {
                                           .max_model_len = a.max_model_len,
                                           .draft_tokens = a.draft_tokens,
                                           .draft_confidence_min = a.draft_confidence_min,
+                                          .verify_budget = a.verify_budget,
                                           .drafter_fp8 = a.drafter_fp8,
                                           .tool_call_parser = a.tool_call_parser});
   if (!model.ok()) return fail(model.status());
@@ -140,7 +142,8 @@ void register_serve(CLI::App& app) {
   g_cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (docs/SERVER.md)");
   g_cmd->add_option("--model", g_args.model,
                     "Target model folder (Hugging Face format); default: the embedded stories260K");
-  g_cmd->add_option("--drafter", g_args.drafter, "Drafter folder (DFlash, DSpark, DFlash2 or FlashMap)");
+  g_cmd->add_option("--drafter", g_args.drafter,
+                    "Drafter folder (DFlash, DSpark, DFlash2 or FlashMap)");
   g_cmd->add_flag("--no-drafter", g_args.no_drafter, "Plain autoregressive decoding");
   g_cmd->add_option("--host", g_args.host, "Address to listen on");
   g_cmd->add_option("--port", g_args.port, "Port to listen on (0: any free port)")
@@ -164,6 +167,7 @@ void register_serve(CLI::App& app) {
       ->add_option("--draft-confidence-min", g_args.draft_confidence_min,
                    "DSpark: verify only drafts whose predicted prefix survival is >= P (0 = off)")
       ->check(number_in(0, 1));
+  add_verify_budget_option(g_cmd, &g_args.verify_budget);
   g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
                   "DFlash drafter weights in FP8 (one scale per row): faster drafting, output "
                   "unchanged");

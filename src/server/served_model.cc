@@ -35,6 +35,7 @@ Result<ServedModel> load_served_model(const ModelOptions& options) {
         "enable_confidence_head)");
   }
   m.draft_confidence_min = options.draft_confidence_min;
+  m.verify_budget = options.verify_budget;
   const int64_t window = m.target->config().max_position_embeddings;
   if (options.max_model_len < 0 || options.max_model_len > window) {
     return InvalidArgument("--max-model-len {} is outside [1, {}] (the model's context window)",

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "engine/verify_budget.h"
 #include "models/causal_lm.h"
 #include "models/drafter.h"
 #include "server/tool_calls.h"
@@ -34,7 +35,8 @@ struct ModelOptions {
   int64_t max_model_len = 0;        // 0: the model's max_position_embeddings
   int64_t draft_tokens = 0;         // 0: the drafter's maximum
   double draft_confidence_min = 0;  // GenerateOptions::draft_confidence_min (DSpark)
-  bool drafter_fp8 = false;         // DrafterOptions::fp8_weights
+  VerifyBudget verify_budget = VerifyBudget::kOff;  // GenerateOptions::verify_budget
+  bool drafter_fp8 = false;                         // DrafterOptions::fp8_weights
   // "hermes", "llama3_json", "none", or "auto": hermes when the chat template mentions
   // <tool_call>, else none.
   std::string tool_call_parser = "auto";
@@ -46,6 +48,7 @@ struct ServedModel {
   int64_t max_model_len = 0;  // context window in tokens (prompt + generated)
   int64_t draft_tokens = 0;
   double draft_confidence_min = 0;
+  VerifyBudget verify_budget = VerifyBudget::kOff;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;  // declared before the models that use it
   std::unique_ptr<CausalLM> target;

@@ -435,6 +435,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       job->options.max_context = model.max_model_len;
       job->options.draft_tokens = model.draft_tokens;
       job->options.draft_confidence_min = model.draft_confidence_min;
+      job->options.verify_budget = model.verify_budget;
       job->options.logprobs = r.logprobs;
       job->stop = r.stop;
       job->echo = r.echo;

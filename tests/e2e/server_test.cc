@@ -217,6 +217,36 @@ TEST(Server, CompletionEqualsEngineGreedyWithAndWithoutDrafter) {
   }
 }
 
+// serve --verify-budget auto with the shipped DSpark drafter (confidence head): concurrent greedy
+// requests share steps whose verify lengths the budget chooses, and each still gets exactly the
+// target's greedy text.
+TEST(Server, VerifyBudgetKeepsGreedyOutputs) {
+  Engine engine;
+  RunningServer server({.model_dir = stories_model_dir(),
+                        .drafter_dir = std::string(BS_SOURCE_DIR) + "/models/stories260K-dspark",
+                        .device = "cpu",
+                        .threads = 1,
+                        .verify_budget = VerifyBudget::kAuto},
+                       {});
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily saw a",
+                                            "Tom had a red"};
+  std::vector<std::thread> clients;
+  std::vector<Reply> replies(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      replies[i] =
+          post(server.port(), "/v1/completions",
+               json{{"prompt", prompts[i]}, {"max_tokens", 48}, {"temperature", 0}}.dump());
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+    EXPECT_EQ(replies[i].body["choices"][0]["text"], engine.greedy(prompts[i], 48).text)
+        << prompts[i];
+  }
+}
+
 TEST(Server, TokenIdPromptEqualsTextPrompt) {
   RunningServer server;
   Engine engine;
