@@ -173,8 +173,15 @@ TEST_F(CudaModels, SlidingWindowTargetsMatchReference) {
     for (const int64_t chunk : {P, int64_t{7}, int64_t{1}}) {
       const std::vector<float> got = test_util::chunked_prompt_logits(m, prompt, chunk);
       EXPECT_LT(rel_err(got, ref), 3e-2) << "chunk " << chunk;
+      // The reference computes in fp32, the GPU keeps bf16 activations (~1e-2 relative noise):
+      // the argmax must agree where the reference's top-2 margin is clear of that noise, 2 % of
+      // the row's largest logit (tiny-mistral-swa row 13: 8.74 vs 8.68, a 0.7 % margin, flips
+      // in the chunked runs). A window applied wrongly moves logits by up to 8.7 (the CPU
+      // golden test's failure before the fix), which rel_err above catches anyway.
       for (int64_t r = 0; r < P; ++r) {
-        if (top2_margin(ref, r, V) > 0.05f) {
+        float row_max = 0.0f;
+        for (int64_t v = 0; v < V; ++v) row_max = std::max(row_max, std::abs(ref[r * V + v]));
+        if (top2_margin(ref, r, V) > 0.02f * row_max) {
           EXPECT_EQ(argmax_row(got, r, V), argmax_row(ref, r, V))
               << "chunk " << chunk << " row " << r;
         }
