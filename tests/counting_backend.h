@@ -14,7 +14,7 @@
 
 namespace bs::test_util {
 
-class CountingBackend final : public Backend {
+class CountingBackend : public Backend {
  public:
   struct Read {
     bool f32 = false;  // to_host_f32 (else copy_to_host)

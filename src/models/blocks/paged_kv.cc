@@ -116,9 +116,14 @@ bool PagedBatch::even() const {
 std::string PagedBatch::key(const KvPool& kv) const {
   // The buffers' addresses tell two models' batches apart; the generation, reallocations at an
   // address used before.
-  return fmt::format("{}:{}:{}:{}:{}:{:x}", static_cast<const void*>(positions_.data()),
+  // The pool's block count too: a graph bakes the pool's capacity in (the prologue and kv_write
+  // drop rows whose slot lies past it), and the caching allocator gives a released pool's
+  // addresses to the next pool of the same size class (13 to 16 blocks of stories260K: 16 KiB);
+  // kv_pool_id names the addresses only (tests/e2e/capture_key_pool_test.cc).
+  return fmt::format("{}:{}:{}:{}:{}:{:x}:{}", static_cast<const void*>(positions_.data()),
                      static_cast<const void*>(tables_.defined() ? tables_.data() : nullptr),
-                     generation_, fmt::join(seq_rows_, ","), capacity(), kv_pool_id(kv));
+                     generation_, fmt::join(seq_rows_, ","), capacity(), kv_pool_id(kv),
+                     kv.k.empty() ? int64_t{0} : kv.k[0].dim(0));
 }
 
 }  // namespace bs
