@@ -19,10 +19,21 @@
 #include "engine/device_sampling.h"
 #include "engine/generate.h"
 #include "engine/kv_cache.h"
+#include "io/safetensors.h"
 #include "models/drafter.h"
 #include "models/registry.h"
 
 namespace bs::test_util {
+
+// A golden file's tensor as floats, whatever its dtype; a missing tensor fails the test and
+// gives an empty vector.
+inline std::vector<float> golden_floats(const io::Checkpoint& golden, const std::string& name) {
+  auto info = golden.get(name);
+  EXPECT_TRUE(info.ok()) << name;
+  std::vector<float> out(info.ok() ? (*info)->numel() : 0);
+  if (info.ok()) convert_to_f32((*info)->dtype, (*info)->data, out.data(), out.size());
+  return out;
+}
 
 // A fresh directory per test (named after the test), removed afterwards.
 class TempDir {

@@ -158,13 +158,8 @@ TEST_F(CudaModels, SlidingWindowTargetsMatchReference) {
     const std::string dir = std::string(BS_TEST_DATA) + "/" + name;
     auto golden = io::Checkpoint::open_file(dir + "/golden.safetensors");
     ASSERT_TRUE(golden.ok()) << golden.status().message();
-    auto read = [&](const char* t) {
-      const io::TensorInfo* info = *golden->get(t);
-      std::vector<float> out(info->numel());
-      convert_to_f32(info->dtype, info->data, out.data(), out.size());
-      return out;
-    };
-    const std::vector<float> ids_f = read("prompt_ids"), ref = read("logits");
+    const std::vector<float> ids_f = test_util::golden_floats(*golden, "prompt_ids"),
+                             ref = test_util::golden_floats(*golden, "logits");
     const std::vector<int32_t> prompt(ids_f.begin(), ids_f.end());
     auto model = load_target(dir, *gpu_);
     ASSERT_TRUE(model.ok()) << model.status().message();

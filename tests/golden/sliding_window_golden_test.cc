@@ -14,14 +14,6 @@
 namespace bs {
 namespace {
 
-std::vector<float> floats(const io::Checkpoint& g, const std::string& name) {
-  auto info = g.get(name);
-  EXPECT_TRUE(info.ok()) << name;
-  std::vector<float> out(info.ok() ? (*info)->numel() : 0);
-  if (info.ok()) convert_to_f32((*info)->dtype, (*info)->data, out.data(), out.size());
-  return out;
-}
-
 // Max |a-b| / (1 + |b|).
 double max_rel_err(const float* a, const float* b, int64_t n) {
   double e = 0;
@@ -43,9 +35,9 @@ TEST_P(SlidingWindowGolden, MatchesReferenceInPrefillChunksAndDecode) {
   CausalLM& m = **model;
   const int64_t V = m.config().vocab_size;
   ASSERT_TRUE(m.config().sliding_window.has_value());
-  const std::vector<float> ids_f = floats(*golden, "prompt_ids");
+  const std::vector<float> ids_f = test_util::golden_floats(*golden, "prompt_ids");
   const std::vector<int32_t> prompt(ids_f.begin(), ids_f.end());
-  const std::vector<float> ref = floats(*golden, "logits");  // [P, V]
+  const std::vector<float> ref = test_util::golden_floats(*golden, "logits");  // [P, V]
   const int64_t P = static_cast<int64_t>(prompt.size());
   ASSERT_GT(P, 3 * *m.config().sliding_window);
   ASSERT_EQ(static_cast<int64_t>(ref.size()), P * V);

@@ -11,21 +11,15 @@
 #include "engine/kv_cache.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<float> floats(const io::Checkpoint& g, const std::string& name) {
-  auto info = g.get(name);
-  EXPECT_TRUE(info.ok()) << name;
-  std::vector<float> out((*info)->numel());
-  convert_to_f32((*info)->dtype, (*info)->data, out.data(), out.size());
-  return out;
-}
 std::vector<int32_t> ints(const io::Checkpoint& g, const std::string& name) {
-  const auto f = floats(g, name);
+  const auto f = test_util::golden_floats(g, name);
   return std::vector<int32_t>(f.begin(), f.end());
 }
 
@@ -52,8 +46,8 @@ TEST_P(TargetGolden, MatchesTransformers) {
   const int64_t V = c.vocab_size, H = c.hidden_size, L = c.num_layers;
 
   const auto prompt = ints(*golden, "prompt_ids");
-  const auto ref_logits = floats(*golden, "prefill_logits");
-  const auto ref_hidden = floats(*golden, "prefill_hidden");  // [L+1, P, H]
+  const auto ref_logits = test_util::golden_floats(*golden, "prefill_logits");
+  const auto ref_hidden = test_util::golden_floats(*golden, "prefill_hidden");  // [L+1, P, H]
   const int64_t P = static_cast<int64_t>(prompt.size());
   KvPool pool = m.make_kv_pool(32);
   BlockAllocator alloc(32);
@@ -84,7 +78,7 @@ TEST_P(TargetGolden, MatchesTransformers) {
 
   // Decode one token at a time from the cache.
   const auto decode_ids = ints(*golden, "decode_ids");
-  const auto decode_logits = floats(*golden, "decode_logits");
+  const auto decode_logits = test_util::golden_floats(*golden, "decode_logits");
   for (size_t i = 0; i < decode_ids.size(); ++i) {
     const int32_t tok = decode_ids[i];
     // Step i feeds the argmax of the previous logits.
@@ -103,7 +97,7 @@ TEST_P(TargetGolden, MatchesTransformers) {
   // A 5-token chunk right after the prompt (roll back the decoded tokens first).
   seq.truncate(P);
   const auto chunk = ints(*golden, "chunk_ids");
-  const auto chunk_logits = floats(*golden, "chunk_logits");
+  const auto chunk_logits = test_util::golden_floats(*golden, "chunk_logits");
   const int64_t n = static_cast<int64_t>(chunk.size());
   ASSERT_TRUE(
       m.forward(
@@ -140,7 +134,7 @@ TEST(Stories260K, GreedyMatchesTransformers) {
   }
   // Logits of the first 40 positions in one prefill.
   // Input [BOS, ids[0..38]]: row i predicts ids[i].
-  const auto ref_logits = floats(*golden, "logits");
+  const auto ref_logits = test_util::golden_floats(*golden, "logits");
   const int64_t n = static_cast<int64_t>(ref_logits.size()) / 512;
   std::vector<int32_t> input{1};
   const auto ids = ints(*golden, "ids");
