@@ -29,11 +29,21 @@ class CountingBackend : public Backend {
   void reset() {
     reads_.clear();
     syncs_ = 0;
+    allocations_.clear();
   }
 
   Device device() const override { return b_.device(); }
   std::string name() const override { return b_.name(); }
-  DType activation_dtype() const override { return b_.activation_dtype(); }
+  DType activation_dtype() const override { return posed_.value_or(b_.activation_dtype()); }
+  // Tests of dtype choices on a CPU: activation_dtype() reports `d` (e.g. BF16, as a GPU would),
+  // every empty() request is recorded, and requests for `d` are served in the inner backend's
+  // own activation dtype (so its F32-only ops still run).
+  struct Allocation {
+    std::vector<int64_t> shape;
+    DType dtype = DType::kF32;  // as requested
+  };
+  void pose_activation_dtype(DType d) { posed_ = d; }
+  const std::vector<Allocation>& allocations() const { return allocations_; }
 
   // Memory as the inner backend reports it, or what set_memory_info gave (tests of KV sizing).
   MemoryInfo memory_info() const override { return memory_ ? *memory_ : b_.memory_info(); }
@@ -44,7 +54,9 @@ class CountingBackend : public Backend {
 
   using Backend::empty;
   Tensor empty(std::initializer_list<int64_t> shape, DType dtype) override {
-    return b_.empty(shape, dtype);
+    if (!posed_) return b_.empty(shape, dtype);
+    allocations_.push_back({std::vector<int64_t>(shape), dtype});
+    return b_.empty(shape, dtype == *posed_ ? b_.activation_dtype() : dtype);
   }
   Tensor upload_weight(DType src_dtype, const void* src,
                        std::initializer_list<int64_t> shape) override {
@@ -215,6 +227,8 @@ class CountingBackend : public Backend {
   std::vector<Read> reads_;
   int64_t syncs_ = 0;
   std::optional<MemoryInfo> memory_;
+  std::optional<DType> posed_;
+  std::vector<Allocation> allocations_;
 };
 
 }  // namespace bs::test_util

@@ -29,7 +29,7 @@ struct ProposeScratch : LayerActivations {
   Tensor logit_rows;  // I32 [seqs * (B-1)]: block rows whose logits are wanted
   // LayerActivations: [seqs * B, ...]
   Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
-  Tensor logits;        // [seqs * nd, V]
+  Tensor logits;        // [seqs * nd, V] (F32 when the modules want f32_logits)
   // Relatives (DFlashModules): the convolved sublayer input and the sublayer output [seqs * B, H]
   // (DFlash2); the greedy chain's rows F32 [>= seqs * nd, V] and drafts I32 (propose() only).
   Tensor conv_in, sub_out, chain_rows, chain_ids;
@@ -338,7 +338,9 @@ class DFlashDrafter final : public Drafter {
       prop_.allocate_layers(backend_, m, rows);
       prop_.last = backend_.empty({n * nd, m.hidden_size});
       prop_.last_n = backend_.empty({n * nd, m.hidden_size});
-      prop_.logits = backend_.empty({n * nd, vocab_});
+      prop_.logits = modules_ && modules_->f32_logits()
+                         ? backend_.empty({n * nd, vocab_}, DType::kF32)
+                         : backend_.empty({n * nd, vocab_});
       if (modules_ && modules_->has_convs()) {
         prop_.conv_in = backend_.empty({rows, m.hidden_size});
         prop_.sub_out = backend_.empty({rows, m.hidden_size});

@@ -69,6 +69,9 @@ class DFlashModules {
   }
 
   virtual bool has_confidence() const { return false; }
+  // Whether draw() needs the LM-head rows in F32 (else the backend's activation dtype, BF16 on
+  // the GPU): a family that takes a top-k over them keeps the fp32 order of close logits.
+  virtual bool f32_logits() const { return false; }
   // Draws one request's k drafts from its rows: hidden [k, H] (final-normed), logits [k, V]
   // (their LM-head rows). `rows_out` (F32 [k, V], may be undefined) gets the full-vocabulary
   // logits each draft was chosen from; `confidences` (may be null) the prefix survival a_1..a_k

@@ -47,6 +47,11 @@ class DFlash2Modules final : public DFlashModules {
   std::string family() const override { return "dflash2"; }
   float input_embedding_scale() const override { return c_.embedding_scale; }
   bool has_convs() const override { return true; }
+  // The unary values u and their top-K are fp32 (specs/dflash.md §5.4). BF16 LM-head rows (the
+  // GPU's activation dtype) round close logits into exact ties, which topk then gives to the
+  // lowest ids: a set of near-equal logits (e.g. the stories260K byte tokens, within 1e-3 of each
+  // other) turns into candidates 2, 3, 7, 9, ... that the fp32 order would not pick.
+  bool f32_logits() const override { return true; }
 
   Status load(const io::Checkpoint& ckpt, Backend& backend) override {
     backend_ = &backend;
