@@ -609,9 +609,6 @@ TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
   auto c = load_target(kStories, *cpu_);
   ASSERT_TRUE(c.ok()) << c.status().message();
   auto dg = load_drafter(dir, **g, {});
-  if (!dg.ok() && dg.status().code() == StatusCode::kUnimplemented) {
-    GTEST_SKIP() << "drafter family not available yet: " << dg.status().message();
-  }
   ASSERT_TRUE(dg.ok()) << dg.status().message();
   auto dc = load_drafter(dir, **c, {});
   ASSERT_TRUE(dc.ok()) << dc.status().message();
@@ -628,9 +625,6 @@ TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
   ASSERT_TRUE(plain.ok()) << plain.status().message();
   GenerateStats st;
   auto spec = generate_speculative(**g, **dg, bos, opt, nullptr, &st);
-  if (!spec.ok() && spec.status().code() == StatusCode::kUnimplemented) {
-    GTEST_SKIP() << "speculative decoding not available yet: " << spec.status().message();
-  }
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   EXPECT_EQ(*spec, *plain) << GetParam() << ": speculative != plain on the GPU";
   std::printf("[ %s on GPU: acceptance length %.2f over %lld steps ]\n", GetParam(),
@@ -679,8 +673,21 @@ TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
         const float tol = 0.1f * std::max(1.0f, std::fabs(cr[ic]));
         const bool near_tie = (std::isfinite(cr[ig]) && cr[ic] - cr[ig] <= tol) ||
                               (std::isfinite(gr[ic]) && gr[ig] - gr[ic] <= tol);
-        EXPECT_TRUE(near_tie) << GetParam() << " seed " << seed << " row " << same << ": GPU draft "
-                              << ig << " vs CPU " << ic << " without a near tie";
+        // A restricted row (DFlash2's top-K candidates, the rest -inf) may also part at the
+        // K-th place: near-equal unary logits (bf16 activations) put a different token last. Then
+        // one side's draft is not a candidate of the other, and the two candidate sets still share
+        // all but a few entries (a boundary swap, not a different row).
+        int64_t only_g = 0, only_c = 0;
+        for (int64_t i = 0; i < V; ++i) {
+          only_g += std::isfinite(gr[i]) && !std::isfinite(cr[i]);
+          only_c += std::isfinite(cr[i]) && !std::isfinite(gr[i]);
+        }
+        const bool cut_swap = (!std::isfinite(cr[ig]) || !std::isfinite(gr[ic])) && only_g <= 2 &&
+                              only_c <= 2 && only_g == only_c;
+        EXPECT_TRUE(near_tie || cut_swap)
+            << GetParam() << " seed " << seed << " row " << same << ": GPU draft " << ig
+            << " vs CPU " << ic << " without a near tie (" << only_g << " GPU-only and " << only_c
+            << " CPU-only candidates)";
         break;
       }
       for (int64_t i = 0; i < V; ++i) {
