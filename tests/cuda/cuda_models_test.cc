@@ -643,7 +643,7 @@ INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters), [](
 class CudaRelatives : public CudaModels, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
-  const std::string dir = std::string(BS_TEST_DATA) + "/" + GetParam();
+  const std::string dir = std::string(BS_SOURCE_DIR) + "/" + GetParam();
   if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
   auto g = load_target(kStories, *gpu_);
   ASSERT_TRUE(g.ok()) << g.status().message();
@@ -723,10 +723,19 @@ TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
               st.acceptance_length(), sst.acceptance_length());
 }
 
-const char* kRelatives[] = {"dspark-stories260K", "dflash2-stories260K"};
+// Drafter directories under the source tree. DFlash2 is checked with the shipped trained drafter,
+// not the random one of tests/data: with random weights and the stories260K LM head, ~250 byte
+// tokens have unary logits within ~2e-3 of each other and that clump fills the top-16 from block
+// row 2 on, so the candidate set is decided by rounding noise (on the H200, 8-14 of the 16
+// candidates differ between the GPU's bf16 activations and the CPU's fp32 ones: session 9). The
+// walk kernel itself is compared with the CPU on identical inputs
+// (CudaOps.CandidateWalkMatchesCpu).
+const char* kRelatives[] = {"tests/data/dspark-stories260K", "models/stories260K-dspark",
+                            "models/stories260K-dflash2"};
 INSTANTIATE_TEST_SUITE_P(Data, CudaRelatives, ::testing::ValuesIn(kRelatives),
                          [](const auto& info) {
                            std::string s = info.param;
+                           s = s.substr(s.rfind('/') + 1);
                            std::replace(s.begin(), s.end(), '-', '_');
                            return s;
                          });
