@@ -66,6 +66,23 @@ void expect_zero_acceptance(const std::string& out) {
   EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
 }
 
+// `generate` of the synthetic target `dir` with the forced drafter `ddir` (acceptance `acc`, 100
+// or 0): the output line is `plain`'s, and every draft (100) or none (0) is accepted.
+void expect_forced_generate(const std::string& dir, const std::string& ddir, int acc,
+                            const std::string& plain) {
+  std::string out;
+  ASSERT_EQ(run(std::string(BS_BINARY_DIR) + "/blockspec generate --model " + dir + " --drafter " +
+                    ddir + " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                &out),
+            0)
+      << out;
+  EXPECT_EQ(out.substr(0, out.find('\n')), plain.substr(0, plain.find('\n'))) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
+  EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+  EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
+}
+
 class BenchCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -339,16 +356,7 @@ TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
             << plain;
       }
       const std::string ddir = dir + "-" + drafter + "-acc" + std::to_string(acc);
-      ASSERT_EQ(run(bin + " generate --model " + dir + " --drafter " + ddir +
-                        " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
-                    &out),
-                0)
-          << out;
-      EXPECT_EQ(out.substr(0, out.find('\n')), plain.substr(0, plain.find('\n'))) << out;
-      std::smatch m;
-      ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
-      EXPECT_GT(std::stoi(m[2].str()), 0) << out;
-      EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
+      expect_forced_generate(dir, ddir, acc, plain);
       std::error_code ec;
       fs::remove_all(ddir, ec);
     }
@@ -398,16 +406,7 @@ TEST(SynthDraftVocab, RestrictedDFlashKeepsForcedAcceptance) {
                 0)
           << plain;
     }
-    ASSERT_EQ(run(bin + " generate --model " + dir + " --drafter " + ddir +
-                      " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
-                  &out),
-              0)
-        << out;
-    EXPECT_EQ(out.substr(0, out.find('\n')), plain.substr(0, plain.find('\n'))) << out;
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
-    EXPECT_GT(std::stoi(m[2].str()), 0) << out;
-    EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
+    expect_forced_generate(dir, ddir, acc, plain);
     std::error_code ec;
     fs::remove_all(ddir, ec);
   }
