@@ -238,6 +238,22 @@ TEST_F(DFlashDraftVocab, SampledProposalIsTheDraftVocabularySoftmax) {
   }
 }
 
+// draft_vocab_size may sit in dflash_config too (it wins over the top level).
+TEST_F(DFlashDraftVocab, DraftVocabSizeInDflashConfig) {
+  const std::vector<int32_t> hot = test_util::stories_draft_vocab();
+  std::vector<int64_t> d2t = test_util::d2t_offsets(hot);
+  json c = config_of(kBase);
+  c["dflash_config"]["draft_vocab_size"] = 128;
+  c["draft_vocab_size"] = 64;
+  const std::string dir = tmp_.file("nested");
+  test_util::write_drafter_variant(kBase, dir, c, {{"d2t", DType::kI64, {128}, d2t.data()}});
+  auto full = load(kBase);
+  auto dv = load(dir);
+  ASSERT_TRUE(full && dv);
+  const auto& prompt = test_util::kStoryPrompts[3];
+  expect_restriction_of(draft_logits(*full, prompt), draft_logits(*dv, prompt), hot, "nested");
+}
+
 // Trainers save d2t = zeros of vocab_size when they did not restrict the vocabulary.
 TEST_F(DFlashDraftVocab, ZeroD2tOfFullLengthIsUnrestricted) {
   std::vector<int64_t> zeros(kVocab, 0);
