@@ -9,8 +9,10 @@
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -124,6 +126,47 @@ inline std::map<int32_t, int64_t> count_device_draws(DeviceSampling& dev, Sample
     for (int32_t id : ids) ++counts[id];
   }
   return counts;
+}
+
+// A restricted draft vocabulary of stories260K (512 tokens): 128 target ids, in draft-id order.
+// `shuffled` permutes them (EAGLE-3 d2t is usually sorted, but any order is allowed).
+inline std::vector<int32_t> stories_draft_vocab(bool shuffled = false) {
+  std::vector<int32_t> hot;
+  for (int32_t t = 0; t < 64; ++t) hot.push_back(t);
+  for (int32_t k = 0; k < 64; ++k) hot.push_back(64 + 7 * k);
+  if (shuffled) {
+    for (size_t i = 0; i < hot.size(); ++i) std::swap(hot[i], hot[(i * 53 + 17) % hot.size()]);
+  }
+  return hot;
+}
+
+// EAGLE-3 offsets of a draft vocabulary: d2t[j] = hot[j] - j.
+inline std::vector<int64_t> d2t_offsets(const std::vector<int32_t>& hot) {
+  std::vector<int64_t> d2t(hot.size());
+  for (size_t j = 0; j < hot.size(); ++j) d2t[j] = hot[j] - static_cast<int64_t>(j);
+  return d2t;
+}
+
+// Writes the drafter folder `dst`: config.json = `config`, model.safetensors = the tensors of
+// `src`'s single-file checkpoint (minus those named in `drop`) plus `extra`.
+inline void write_drafter_variant(const std::string& src, const std::string& dst,
+                                  const nlohmann::json& config,
+                                  std::vector<io::TensorToWrite> extra = {},
+                                  const std::vector<std::string>& drop = {}) {
+  std::filesystem::create_directories(dst);
+  std::ofstream(std::filesystem::path(dst) / "config.json") << config.dump(2);
+  auto ckpt = io::Checkpoint::open(src);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
+  std::vector<io::TensorToWrite> tensors;
+  for (const std::string& n : ckpt->names()) {
+    if (std::find(drop.begin(), drop.end(), n) != drop.end()) continue;
+    const io::TensorInfo* info = *ckpt->get(n);
+    tensors.push_back({n, info->dtype, info->shape, info->data});
+  }
+  for (auto& t : extra) tensors.push_back(std::move(t));
+  const Status st =
+      io::write_safetensors((std::filesystem::path(dst) / "model.safetensors").string(), tensors);
+  ASSERT_TRUE(st.ok()) << st.message();
 }
 
 // A GoogleTest parameter name from any string: characters other than letters and digits become

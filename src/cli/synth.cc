@@ -234,17 +234,29 @@ class Writer {
     (*v)[kFavoured * h + kSpecialDim] = f32_to_bf16(1.0f);
     (*v)[kShunned * h + kSpecialDim] = f32_to_bf16(-1.0f);
   }
+  // An I64 tensor [values.size()] (a draft vocabulary's d2t), written with the next shard.
+  void int64s(const std::string& name, std::vector<int64_t> values) {
+    ++tensors_;
+    if (!dry_) ints_.emplace_back(name, std::move(values));
+  }
   // The last tensor added (not in a dry run), to adjust single entries.
   std::vector<uint16_t>* last() { return dry_ || cur_.data.empty() ? nullptr : &cur_.data.back(); }
 
   // Writes the tensors gathered so far as the next shard once they pass `min_bytes`.
   Status flush(uint64_t min_bytes = 0) {
-    if (dry_ || cur_.names.empty() || cur_.bytes() < min_bytes) return Status::Ok();
+    if (dry_ || (cur_.names.empty() && ints_.empty()) || cur_.bytes() < min_bytes) {
+      return Status::Ok();
+    }
     const std::string file = fmt::format("model-{:05d}.safetensors", shards_.size() + 1);
     std::vector<io::TensorToWrite> tw;
     for (size_t i = 0; i < cur_.names.size(); ++i) {
       tw.push_back({cur_.names[i], DType::kBF16, cur_.shapes[i], cur_.data[i].data()});
       map_[cur_.names[i]] = file;
+    }
+    for (const auto& [name, values] : ints_) {
+      tw.push_back({name, DType::kI64, {static_cast<int64_t>(values.size())}, values.data()});
+      map_[name] = file;
+      total_ += values.size() * sizeof(int64_t);
     }
     total_ += cur_.bytes();
     BS_RETURN_IF_ERROR(io::write_safetensors((fs::path(dir_) / file).string(), tw));
@@ -252,6 +264,7 @@ class Writer {
                static_cast<double>(cur_.bytes()) / 1e9);
     shards_.push_back(file);
     cur_.clear();
+    ints_.clear();
     return Status::Ok();
   }
   // Writes the last shard and model.safetensors.index.json.
@@ -283,6 +296,7 @@ class Writer {
   uint64_t seed_;
   bool dry_;
   Tensors cur_;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> ints_;  // I64 tensors of the shard
   std::vector<std::string> shards_;
   std::map<std::string, std::string> map_;
   uint64_t total_ = 0;
@@ -406,37 +420,63 @@ Status write_target(Writer& w, const Preset& p, uint64_t seed) {
   return Status::Ok();
 }
 
-json dflash_config(const Preset& p, uint64_t seed, int acceptance) {
-  return {{"architectures", {"DFlashDraftModel"}},
-          {"model_type", "qwen3"},
-          {"hidden_size", p.hidden},
-          {"intermediate_size", p.inter},
-          {"num_hidden_layers", p.d_layers},
-          {"num_attention_heads", p.heads},
-          {"num_key_value_heads", p.kv_heads},
-          {"head_dim", p.head_dim},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"rms_norm_eps", 1e-6},
-          {"rope_theta", p.rope_theta},
-          {"rope_scaling", nullptr},
-          {"max_position_embeddings", p.max_pos},
-          {"vocab_size", p.vocab},
-          {"tie_word_embeddings", false},
-          {"torch_dtype", "bfloat16"},
-          {"num_target_layers", p.layers},
-          {"block_size", p.block_size},
-          {"dflash_config", {{"mask_token_id", p.mask_id}, {"target_layer_ids", p.taps}}},
-          {"layer_types", std::vector<std::string>(p.d_layers, "full_attention")},
-          {"use_sliding_window", false},
-          {"sliding_window", nullptr},
-          {"max_window_layers", p.d_layers},
-          {"blockspec_synth",
-           {{"preset", p.name}, {"seed", seed}, {"acceptance_percent", acceptance}}}};
+// --draft-vocab N: N target ids in EAGLE-3 form (sorted; d2t[j] = id_j - j). Both forced tokens
+// are in it, so the drafter keeps its forced acceptance; the others are spread evenly over the
+// vocabulary.
+std::vector<int64_t> synth_draft_vocab(int64_t n, int64_t vocab) {
+  std::vector<char> taken(static_cast<size_t>(vocab), 0);
+  std::vector<int64_t> ids;
+  auto take = [&](int64_t id) {
+    if (static_cast<int64_t>(ids.size()) < n && !taken[id]) {
+      taken[id] = 1;
+      ids.push_back(id);
+    }
+  };
+  take(kFavoured);
+  take(kShunned);
+  for (int64_t i = 0; i < n; ++i) take(i * vocab / n);
+  for (int64_t id = 0; id < vocab; ++id) take(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
-Status write_dflash(Writer& w, const Preset& p, int acceptance) {
+// draft_vocab > 0: a restricted draft vocabulary of that many tokens (draft_vocab_size).
+json dflash_config(const Preset& p, uint64_t seed, int acceptance, int64_t draft_vocab = 0) {
+  json c = {{"architectures", {"DFlashDraftModel"}},
+            {"model_type", "qwen3"},
+            {"hidden_size", p.hidden},
+            {"intermediate_size", p.inter},
+            {"num_hidden_layers", p.d_layers},
+            {"num_attention_heads", p.heads},
+            {"num_key_value_heads", p.kv_heads},
+            {"head_dim", p.head_dim},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", p.rope_theta},
+            {"rope_scaling", nullptr},
+            {"max_position_embeddings", p.max_pos},
+            {"vocab_size", p.vocab},
+            {"tie_word_embeddings", false},
+            {"torch_dtype", "bfloat16"},
+            {"num_target_layers", p.layers},
+            {"block_size", p.block_size},
+            {"dflash_config", {{"mask_token_id", p.mask_id}, {"target_layer_ids", p.taps}}},
+            {"layer_types", std::vector<std::string>(p.d_layers, "full_attention")},
+            {"use_sliding_window", false},
+            {"sliding_window", nullptr},
+            {"max_window_layers", p.d_layers},
+            {"blockspec_synth",
+             {{"preset", p.name}, {"seed", seed}, {"acceptance_percent", acceptance}}}};
+  if (draft_vocab > 0) {
+    c["draft_vocab_size"] = draft_vocab;
+    c["blockspec_synth"]["draft_vocab"] = draft_vocab;
+  }
+  return c;
+}
+
+Status write_dflash(Writer& w, const Preset& p, int acceptance, int64_t draft_vocab) {
   const int64_t h = p.hidden;
   w.linear("fc.weight", h, h * static_cast<int64_t>(p.taps.size()), false);
   w.norm("hidden_norm.weight", h);
@@ -444,6 +484,11 @@ Status write_dflash(Writer& w, const Preset& p, int acceptance) {
   for (int64_t i = 0; i < p.d_layers; ++i) {
     const std::string pre = fmt::format("layers.{}.", i);
     write_decoder_layer(w, p, pre);
+  }
+  if (draft_vocab > 0) {
+    std::vector<int64_t> d2t = synth_draft_vocab(draft_vocab, p.vocab);
+    for (size_t j = 0; j < d2t.size(); ++j) d2t[j] -= static_cast<int64_t>(j);
+    w.int64s("d2t", std::move(d2t));
   }
   return w.finish();
 }
@@ -633,6 +678,7 @@ struct SynthArgs {
   std::string drafter;
   std::string drafter_out;
   int acceptance = 100;
+  int64_t draft_vocab = 0;  // DFlash: a restricted draft vocabulary of this many tokens (d2t)
   uint64_t seed = 1;
   bool force = false;
   bool dry_run = false;
@@ -678,6 +724,21 @@ int run_synth(const SynthArgs& a) {
     fmt::print(stderr, "blockspec: error: --acceptance must be 100 or 0\n");
     return 1;
   }
+  if (a.draft_vocab != 0) {
+    if (!dflash) {
+      fmt::print(stderr,
+                 "blockspec: error: --draft-vocab needs --drafter dflash-b16 (DSpark and DFlash2 "
+                 "draw over the full vocabulary)\n");
+      return 1;
+    }
+    if (a.draft_vocab < 2 || a.draft_vocab >= p->vocab) {
+      fmt::print(stderr,
+                 "blockspec: error: --draft-vocab {} must be in [2, {}) (the preset's vocabulary; "
+                 "it holds both forced tokens)\n",
+                 a.draft_vocab, p->vocab);
+      return 1;
+    }
+  }
   const char* dry_note = a.dry_run ? " [dry run: nothing written]" : "";
   if (!a.dry_run && !a.force && target_exists(a.out, *p, a.seed)) {
     fmt::print(stderr, "synth: reusing target {}\n", a.out);
@@ -696,14 +757,14 @@ int run_synth(const SynthArgs& a) {
                                 ? fmt::format("{}-{}-acc{}", a.out, a.drafter, a.acceptance)
                                 : a.drafter_out;
     Writer w(dir, a.seed ^ (flashmap ? 0xF1A5A4A9ull : 0xD1F1A5Full), a.dry_run);
-    const Status st = dflash     ? write_dflash(w, *p, a.acceptance)
+    const Status st = dflash     ? write_dflash(w, *p, a.acceptance, a.draft_vocab)
                       : flashmap ? write_flashmap(w, *p, a.acceptance)
                                  : write_relative(w, *p, a.acceptance, dspark);
     if (!st.ok()) {
       fmt::print(stderr, "blockspec: error: {}\n", st.message());
       return 1;
     }
-    const json cfg = dflash     ? dflash_config(*p, a.seed, a.acceptance)
+    const json cfg = dflash     ? dflash_config(*p, a.seed, a.acceptance, a.draft_vocab)
                      : flashmap ? flashmap_config(*p, a.seed, a.acceptance)
                                 : relative_config(*p, a.seed, a.acceptance, dspark);
     if (!a.dry_run) write_json(fs::path(dir) / "config.json", cfg);
@@ -727,6 +788,9 @@ void register_synth(CLI::App& app) {
                     "Drafter folder (default: OUT-DRAFTER-accN)");
   g_cmd->add_option("--acceptance", g_args.acceptance,
                     "Forced acceptance of the drafter: 100 or 0");
+  g_cmd->add_option("--draft-vocab", g_args.draft_vocab,
+                    "dflash-b16: a restricted draft vocabulary of N tokens (d2t, "
+                    "draft_vocab_size N; keeps the forced acceptance)");
   g_cmd->add_option("--seed", g_args.seed, "Random seed of the weights");
   g_cmd->add_flag("--force", g_args.force, "Rewrite the target even if OUT already holds it");
   g_cmd->add_flag("--dry-run", g_args.dry_run,

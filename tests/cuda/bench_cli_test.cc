@@ -6,16 +6,20 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
+#include "io/safetensors.h"
 
 namespace bs {
 namespace {
@@ -60,6 +64,23 @@ void expect_zero_acceptance(const std::string& out) {
   EXPECT_GT(std::stoi(m[2].str()), 0) << out;
   EXPECT_NE(out.find("acceptance length 1.00 "), std::string::npos) << out;
   EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
+}
+
+// `generate` of the synthetic target `dir` with the forced drafter `ddir` (acceptance `acc`, 100
+// or 0): the output line is `plain`'s, and every draft (100) or none (0) is accepted.
+void expect_forced_generate(const std::string& dir, const std::string& ddir, int acc,
+                            const std::string& plain) {
+  std::string out;
+  ASSERT_EQ(run(std::string(BS_BINARY_DIR) + "/blockspec generate --model " + dir + " --drafter " +
+                    ddir + " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                &out),
+            0)
+      << out;
+  EXPECT_EQ(out.substr(0, out.find('\n')), plain.substr(0, plain.find('\n'))) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
+  EXPECT_GT(std::stoi(m[2].str()), 0) << out;
+  EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
 }
 
 class BenchCli : public ::testing::Test {
@@ -335,20 +356,69 @@ TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
             << plain;
       }
       const std::string ddir = dir + "-" + drafter + "-acc" + std::to_string(acc);
-      ASSERT_EQ(run(bin + " generate --model " + dir + " --drafter " + ddir +
-                        " --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
-                    &out),
-                0)
-          << out;
-      EXPECT_EQ(out.substr(0, out.find('\n')), plain.substr(0, plain.find('\n'))) << out;
-      std::smatch m;
-      ASSERT_TRUE(std::regex_search(out, m, std::regex("(\\d+)/(\\d+) drafts accepted"))) << out;
-      EXPECT_GT(std::stoi(m[2].str()), 0) << out;
-      EXPECT_EQ(m[1].str(), acc == 100 ? m[2].str() : "0") << out;
+      expect_forced_generate(dir, ddir, acc, plain);
       std::error_code ec;
       fs::remove_all(ddir, ec);
     }
   }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// synth --draft-vocab N: the DFlash drafter ships d2t (N distinct sorted target ids holding both
+// forced tokens) and draft_vocab_size N, and keeps its forced 100 % / 0 % acceptance with plain
+// decoding's output; other drafters and out-of-range N are refused.
+TEST(SynthDraftVocab, RestrictedDFlashKeepsForcedAcceptance) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("bs_synth_dv_" + std::to_string(getpid()))).string();
+  const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
+  std::string plain, out;
+  for (int acc : {100, 0}) {
+    SCOPED_TRACE(acc);
+    ASSERT_EQ(run(bin + " synth --preset tiny --out " + dir +
+                      " --drafter dflash-b16 --draft-vocab 300 --acceptance " + std::to_string(acc),
+                  &out),
+              0)
+        << out;
+    const std::string ddir = dir + "-dflash-b16-acc" + std::to_string(acc);
+    std::ifstream cf(ddir + "/config.json");
+    EXPECT_EQ(nlohmann::json::parse(cf)["draft_vocab_size"], 300);
+    auto ckpt = io::Checkpoint::open(ddir);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
+    auto d2t = ckpt->get("d2t", {300});
+    ASSERT_TRUE(d2t.ok()) << d2t.status().message();
+    ASSERT_EQ((*d2t)->dtype, DType::kI64);
+    std::vector<int64_t> off(300);
+    std::memcpy(off.data(), (*d2t)->data, sizeof(int64_t) * 300);
+    std::vector<int64_t> ids;
+    for (int64_t j = 0; j < 300; ++j) ids.push_back(j + off[j]);
+    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+    EXPECT_EQ(std::adjacent_find(ids.begin(), ids.end()), ids.end());
+    EXPECT_GE(ids.front(), 0);
+    EXPECT_LT(ids.back(), 4096);
+    for (int64_t forced : {1000, 2000}) {
+      EXPECT_TRUE(std::binary_search(ids.begin(), ids.end(), forced)) << forced;
+    }
+    if (plain.empty()) {
+      ASSERT_EQ(run(bin + " generate --model " + dir +
+                        " --no-drafter --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                    &plain),
+                0)
+          << plain;
+    }
+    expect_forced_generate(dir, ddir, acc, plain);
+    std::error_code ec;
+    fs::remove_all(ddir, ec);
+  }
+  EXPECT_NE(run(bin + " synth --preset tiny --out " + dir + " --drafter dspark-b7 --draft-vocab 64",
+                &out),
+            0);
+  EXPECT_NE(out.find("--draft-vocab needs --drafter dflash-b16"), std::string::npos) << out;
+  EXPECT_NE(
+      run(bin + " synth --preset tiny --out " + dir + " --drafter dflash-b16 --draft-vocab 4096",
+          &out),
+      0);
+  EXPECT_NE(out.find("--draft-vocab 4096 must be in [2, 4096)"), std::string::npos) << out;
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
@@ -596,6 +598,59 @@ TEST_F(CudaModels, Fp8DFlashMatchesCpuAndIsLossless) {
     EXPECT_EQ(*spec, *plain) << "FP8 drafter: speculative != plain on the GPU";
     std::printf("[ fp8 dflash on GPU: acceptance length %.2f over %lld steps ]\n",
                 st.acceptance_length(), static_cast<long long>(st.steps));
+  }
+}
+
+// DFlash with a restricted draft vocabulary (d2t of 128 ids, written at test time from the
+// stories260K drafter), BF16 and FP8 weights: the GPU's draft logits follow the CPU's, are -inf
+// exactly outside the draft vocabulary, their argmax (the greedy draft) is the CPU's wherever the
+// CPU's margin is clear and lies inside the draft vocabulary; greedy speculative == plain.
+TEST_F(CudaModels, DraftVocabDFlashMatchesCpuAndIsLossless) {
+  test_util::TempDir tmp;
+  const std::string src = std::string(BS_TEST_DATA) + "/dflash-stories260K";
+  const std::vector<int32_t> hot = test_util::stories_draft_vocab(/*shuffled=*/true);
+  std::vector<int64_t> d2t = test_util::d2t_offsets(hot);
+  nlohmann::json config;
+  std::ifstream(src + "/config.json") >> config;
+  config["draft_vocab_size"] = hot.size();
+  const std::string dir = tmp.file("dv");
+  test_util::write_drafter_variant(src, dir, config, {{"d2t", DType::kI64, {128}, d2t.data()}});
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto c = load_target(kStories, *cpu_);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const std::vector<int32_t> prompt = random_prompt(5);
+  std::vector<char> in(512, 0);
+  for (int32_t t : hot) in[t] = 1;
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+    auto dg = load_drafter(dir, **g, {.fp8_weights = fp8});
+    ASSERT_TRUE(dg.ok()) << dg.status().message();
+    auto dc = load_drafter(dir, **c, {.fp8_weights = fp8});
+    ASSERT_TRUE(dc.ok()) << dc.status().message();
+    const DraftRun rg = draft_once(**g, **dg, prompt), rc = draft_once(**c, **dc, prompt);
+    ASSERT_TRUE(rg.ok && rc.ok);
+    const double e = rel_err(rg.logits, rc.logits);  // inf unless the -inf columns agree
+    EXPECT_LT(e, 5e-2) << "CUDA vs CPU restricted draft logits";
+    std::printf("[ d2t dflash (%s): CUDA vs CPU draft logits rel err %.2e ]\n",
+                fp8 ? "fp8" : "bf16", e);
+    const int64_t rows = static_cast<int64_t>(rc.logits.size()) / 512;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t ag = argmax_row(rg.logits, r, 512), ac = argmax_row(rc.logits, r, 512);
+      EXPECT_TRUE(in[ag]) << "row " << r << ": GPU draft " << ag << " outside the draft vocabulary";
+      if (top2_margin(rc.logits, r, 512) > 0.05f) {
+        EXPECT_EQ(ag, ac) << "row " << r;
+      }
+    }
+    GenerateOptions opt;
+    opt.max_tokens = 100;
+    auto plain = generate_plain(**g, prompt, opt, nullptr, nullptr);
+    ASSERT_TRUE(plain.ok()) << plain.status().message();
+    GenerateStats st;
+    auto spec = generate_speculative(**g, **dg, prompt, opt, nullptr, &st);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    EXPECT_EQ(*spec, *plain) << "d2t drafter: speculative != plain on the GPU";
+    EXPECT_GT(st.drafted, 0);
   }
 }
 

@@ -7,11 +7,13 @@
 #include <cfenv>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "models/blocks/context_kv.h"
 #include "models/blocks/decoder_layer.h"
+#include "models/blocks/draft_vocab.h"
 #include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
 #include "models/rope.h"
@@ -30,6 +32,7 @@ struct ProposeScratch : LayerActivations {
   // LayerActivations: [seqs * B, ...]
   Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
   Tensor logits;        // [seqs * nd, V] (F32 when the modules want f32_logits)
+  Tensor draft_logits;  // [seqs * nd, draft_vocab]: the head's rows (restricted draft vocabulary)
   // Relatives (DFlashModules): the convolved sublayer input and the sublayer output [seqs * B, H]
   // (DFlash2); the greedy chain's rows F32 [>= seqs * nd, V] and drafts I32 (propose() only).
   Tensor conv_in, sub_out, chain_rows, chain_ids;
@@ -74,16 +77,33 @@ class DFlashDrafter final : public Drafter {
       ctx_.k_norms.push_back(L.k_norm);
     }
 
-    // Embedding and LM head: the drafter's own when it ships them, else the target's.
+    BS_RETURN_IF_ERROR(load_draft_vocab_rows(ckpt, w));
+    // Embedding and LM head: the drafter's own when it ships them, else the target's. With a
+    // restricted draft vocabulary the head is a compact copy of the draft-vocabulary rows (an own
+    // lm_head may already hold just those, in draft-id order).
     if (w.has("embed_tokens.weight")) {
       BS_ASSIGN_OR_RETURN(embed_, w.load("embed_tokens.weight", {vocab_, h}));
     } else {
       embed_ = target.embed_tokens();
     }
+    const int64_t vd = static_cast<int64_t>(draft_vocab_.size());
+    bool compact = false;  // the head holds only the draft-vocabulary rows
+    Tensor head;
     if (w.has("lm_head.weight")) {
-      BS_ASSIGN_OR_RETURN(lm_head_.w, w.load("lm_head.weight", {vocab_, h}));
+      BS_ASSIGN_OR_RETURN(const std::string name, w.resolve({"lm_head.weight"}));
+      BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, ckpt.get(name));
+      compact = vd > 0 && t->shape == std::vector<int64_t>{vd, h};
+      BS_ASSIGN_OR_RETURN(head, w.load("lm_head.weight", {compact ? vd : vocab_, h},
+                                       vd > 0 ? "[vocab_size or draft_vocab_size, hidden_size]"
+                                              : "[vocab_size, hidden_size]"));
     } else {
-      lm_head_.w = target.lm_head();
+      head = target.lm_head();
+    }
+    if (vd > 0 && !compact) {  // gather the draft-vocabulary rows [vd, h] (a copy)
+      lm_head_.w = backend_.empty({vd, h}, head.dtype());
+      backend_.embedding(lm_head_.w, draft_ids_, head);
+    } else {
+      lm_head_.w = head;
     }
     if (fp8_weights) {  // after ctx_.kv_fused has copied the K/V rows of the loaded w_qkv
       for (DecoderLayer& L : layers_) {
@@ -240,6 +260,26 @@ class DFlashDrafter final : public Drafter {
  private:
   bool shifted() const { return modules_ && modules_->shifted_rows(); }
 
+  // The checkpoint's draft vocabulary (d2t, blocks/draft_vocab.h) into draft_vocab_ / draft_ids_.
+  // DSpark and DFlash2 draw over the whole target vocabulary (the Markov bias and the candidate
+  // codebooks are indexed by target ids, specs/dflash.md §5.4: DFlash2 needs the full vocabulary),
+  // so a restricted one is refused for them.
+  Status load_draft_vocab_rows(const io::Checkpoint& ckpt, WeightLoader& w) {
+    if (modules_ && c_.draft_vocab_size != vocab_) {
+      return Unimplemented(
+          "{}: draft_vocab_size {} < vocab_size {}: a restricted draft vocabulary (tensor 'd2t') "
+          "is not supported for {} drafters (they draw over the full target vocabulary)",
+          ckpt.dir(), c_.draft_vocab_size, vocab_, modules_->family());
+    }
+    BS_ASSIGN_OR_RETURN(draft_vocab_, load_draft_vocab(ckpt.dir(), ckpt, w,
+                                                       {.vocab_size = vocab_,
+                                                        .draft_vocab_size = c_.draft_vocab_size}));
+    if (draft_vocab_.empty()) return Status::Ok();
+    draft_ids_ = backend_.empty({static_cast<int64_t>(draft_vocab_.size())}, DType::kI32);
+    backend_.copy_from_host(draft_ids_, draft_vocab_.data());
+    return Status::Ok();
+  }
+
   // The block forward of every request (propose_batch's work up to the logits): p.last_n and
   // p.logits rows [r * nd, r * nd + num_drafts) are request r's; *nd_out = nd.
   Status forward_blocks(KvPool& kv, std::span<const ProposeRequest> reqs, int64_t* nd_out) {
@@ -312,7 +352,16 @@ class DFlashDrafter final : public Drafter {
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
     backend_.rms_norm(last_n, last, final_norm_, eps);
-    lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
+    if (draft_ids_.defined()) {
+      // Restricted draft vocabulary: the head over its rows only, scattered into -inf rows of the
+      // target vocabulary (argmax and the sampled proposal q stay within it: lossless).
+      const Tensor small = p.draft_logits.rows(0, S * nd);
+      lm_head_.apply(backend_, small, last_n);
+      backend_.scatter_columns(p.logits.rows(0, S * nd), small, draft_ids_,
+                               -std::numeric_limits<float>::infinity());
+    } else {
+      lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
+    }
   }
 
   Status check_pool(const KvPool& kv, const char* op) const {
@@ -341,6 +390,7 @@ class DFlashDrafter final : public Drafter {
       prop_.logits = modules_ && modules_->f32_logits()
                          ? backend_.empty({n * nd, vocab_}, DType::kF32)
                          : backend_.empty({n * nd, vocab_});
+      if (draft_ids_.defined()) prop_.draft_logits = backend_.empty({n * nd, draft_ids_.dim(0)});
       if (modules_ && modules_->has_convs()) {
         prop_.conv_in = backend_.empty({rows, m.hidden_size});
         prop_.sub_out = backend_.empty({rows, m.hidden_size});
@@ -359,7 +409,11 @@ class DFlashDrafter final : public Drafter {
   std::vector<DecoderLayer> layers_;
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
-  DenseWeight lm_head_;  // [vocab, H]
+  DenseWeight lm_head_;  // [vocab, H]; [draft_vocab, H] with a restricted draft vocabulary
+  // Restricted draft vocabulary: target ids of the head's rows (draft ids 0 ..), and the same as
+  // I32 [draft_vocab] on the backend; both empty when the head covers the whole vocabulary.
+  std::vector<int32_t> draft_vocab_;
+  Tensor draft_ids_;
   ContextKvScratch obs_;
   PagedBatch obs_batch_;  // positions and slots of the current observe
   Tensor obs_taps_;       // [>= rows, taps width]: the taps of a batched observe, side by side
@@ -488,6 +542,20 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
     BS_ASSIGN_OR_RETURN(c.mask_token_id, io::get_int(j, "mask_token_id", file));
   } else {
     return InvalidArgument("{}: missing field 'dflash_config.mask_token_id'", file);
+  }
+
+  // Restricted draft vocabulary (EAGLE-3 / SpecForge convention, top level or in dflash_config);
+  // the d2t tensor itself is read at load.
+  c.draft_vocab_size = m.vocab_size;
+  for (const json* src : std::initializer_list<const json*>{&d, &j}) {
+    if (!io::has_field(*src, "draft_vocab_size")) continue;
+    const std::string& where = src == &d ? dfile : file;
+    BS_ASSIGN_OR_RETURN(c.draft_vocab_size, io::get_int(*src, "draft_vocab_size", where));
+    if (c.draft_vocab_size < 1 || c.draft_vocab_size > m.vocab_size) {
+      return InvalidArgument("{}: field 'draft_vocab_size' = {} must be in [1, vocab_size = {}]",
+                             where, c.draft_vocab_size, m.vocab_size);
+    }
+    break;
   }
 
   if (io::has_field(d, "num_target_layers")) {

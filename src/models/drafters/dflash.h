@@ -28,6 +28,9 @@ struct DFlashConfig {
   std::vector<int> target_layers;          // 0-based target layers tapped, in fc column order
   int64_t num_target_layers = 0;           // the config's num_target_layers; 0 when absent
   std::vector<AttentionMask> layer_masks;  // per drafter layer (causal / sliding window)
+  // Tokens the drafter's LM head covers: < vocab_size when the checkpoint ships a restricted draft
+  // vocabulary (tensor d2t, blocks/draft_vocab.h); == vocab_size otherwise.
+  int64_t draft_vocab_size = 0;
 };
 
 // Which DFlash-format family a config is parsed for: DSpark and DFlash2 accept the fields that the

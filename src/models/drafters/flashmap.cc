@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -17,6 +16,7 @@
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "models/blocks/context_kv.h"
+#include "models/blocks/draft_vocab.h"
 #include "models/blocks/paged_kv.h"
 #include "models/blocks/weights.h"
 #include "models/drafters/flashmap_conventions.h"
@@ -182,26 +182,6 @@ Result<std::vector<double>> jump_grid(const FlashMapConfig& c, int64_t steps,
     }
   }
   return g;
-}
-
-// ------------------------------------------------------------------------------------------------
-// Checkpoint access
-// ------------------------------------------------------------------------------------------------
-
-// Integer tensor as int64 values.
-Result<std::vector<int64_t>> read_ids(const io::TensorInfo& t, const std::string& where) {
-  std::vector<int64_t> out(static_cast<size_t>(t.numel()));
-  if (t.dtype == DType::kI64) {
-    std::memcpy(out.data(), t.data, out.size() * sizeof(int64_t));
-  } else if (t.dtype == DType::kI32) {
-    std::vector<int32_t> tmp(out.size());
-    std::memcpy(tmp.data(), t.data, tmp.size() * sizeof(int32_t));
-    std::copy(tmp.begin(), tmp.end(), out.begin());
-  } else {
-    return InvalidArgument("{}: tensor '{}' has dtype {}, expected I64 or I32", where, t.name,
-                           dtype_name(t.dtype));
-  }
-  return out;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -426,63 +406,18 @@ Status FlashMapDrafterImpl::load_weights(WeightLoader& r) {
 
 Status FlashMapDrafterImpl::load_draft_vocab(const std::string& dir, const io::Checkpoint& ckpt,
                                              WeightLoader& r) {
-  const int64_t V = c_.vocab_size, Vd = c_.draft_vocab_size;
-  const Result<std::string> d2t_name = r.resolve({"d2t"});
-  const bool has_d2t = d2t_name.ok();
-  const std::string d2t_full = has_d2t ? *d2t_name : "d2t";
-  std::vector<int64_t> hot;  // sorted target ids
-  if (Vd == V) {
-    if (has_d2t) {
-      return InvalidArgument(
-          "{}: tensor '{}' is present but draft_vocab_size equals vocab_size "
-          "({}): set draft_vocab_size to its length",
-          ckpt.dir(), d2t_full, V);
+  const int64_t V = c_.vocab_size;
+  BS_ASSIGN_OR_RETURN(draft_vocab_, bs::load_draft_vocab(dir, ckpt, r,
+                                                         {.vocab_size = V,
+                                                          .draft_vocab_size = c_.draft_vocab_size,
+                                                          .release_file = true}));
+  if (draft_vocab_.empty()) {
+    if (V == target_vocab_) return Status::Ok();  // the head covers every target id
+    for (int64_t j = 0; j < V; ++j) {
+      draft_vocab_.push_back(static_cast<int32_t>(j));  // vocab_size < target rows: pad with -inf
     }
-  } else if (has_d2t) {
-    // EAGLE-3 offsets: hot id j = j + d2t[j].
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, ckpt.get(d2t_full, {Vd}));
-    r.mark_used(d2t_full);
-    BS_ASSIGN_OR_RETURN(std::vector<int64_t> d2t, read_ids(*t, ckpt.dir()));
-    for (int64_t j = 0; j < Vd; ++j) hot.push_back(j + d2t[j]);
-  } else {
-    // A release folder's draft_vocab.safetensors: target ids, most frequent first.
-    const std::string path = (std::filesystem::path(dir) / "draft_vocab.safetensors").string();
-    if (!std::filesystem::exists(path)) {
-      return NotFound(
-          "{}: draft_vocab_size {} < vocab_size {} needs a draft vocabulary: tensor "
-          "'d2t' [{}] in the checkpoint or draft_vocab.safetensors with 'ids'",
-          dir, Vd, V, Vd);
-    }
-    BS_ASSIGN_OR_RETURN(io::Checkpoint dv, io::Checkpoint::open_file(path));
-    BS_ASSIGN_OR_RETURN(const io::TensorInfo* ids_t, dv.get("ids"));
-    if (ids_t->shape.size() != 1 || ids_t->shape[0] < Vd) {
-      return InvalidArgument("{}: tensor 'ids' has shape {}, expected [n >= draft_vocab_size = {}]",
-                             path, io::shape_to_string(ids_t->shape), Vd);
-    }
-    BS_ASSIGN_OR_RETURN(std::vector<int64_t> ids, read_ids(*ids_t, path));
-    hot.assign(ids.begin(), ids.begin() + Vd);
-    std::sort(hot.begin(), hot.end());
-  }
-  if (hot.empty() && V == target_vocab_) return Status::Ok();  // the head covers every target id
-  if (hot.empty()) {
-    for (int64_t j = 0; j < V; ++j) hot.push_back(j);  // vocab_size < target rows: pad with -inf
-  }
-  std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
-  for (size_t j = 0; j < hot.size(); ++j) {
-    if (hot[j] < 0 || hot[j] >= V || seen[hot[j]]) {
-      return InvalidArgument(
-          "{}: the draft vocabulary must be distinct token ids in [0, "
-          "vocab_size = {}); entry {} is {}",
-          dir, V, j, hot[j]);
-    }
-    seen[hot[j]] = 1;
-    draft_vocab_.push_back(static_cast<int32_t>(hot[j]));
   }
   draft_ids_ = host_ids(draft_vocab_);
-  if (draft_vocab_.size() == static_cast<size_t>(V) && V == target_vocab_) {
-    draft_vocab_.clear();
-    draft_ids_ = Tensor();
-  }
   return Status::Ok();
 }
 
