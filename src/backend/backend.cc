@@ -17,6 +17,13 @@ AllocationError::AllocationError(std::string device, int64_t bytes, std::string 
                            static_cast<double>(bytes) / (1 << 20), bytes,
                            detail.empty() ? "" : ": ", detail)) {}
 
+std::string kv_slot_fault_message(const std::string& op, int64_t slot, int64_t capacity) {
+  return fmt::format(
+      "{}: KV slot {} is outside the KV pool of {} slots (an engine bug: the row's keys and values "
+      "were not written)",
+      op, slot, capacity);
+}
+
 namespace {
 // Allocations left until the injected failure (<= 0: none armed).
 std::atomic<int64_t> g_alloc_countdown{0};

@@ -12,6 +12,7 @@
 #include <memory>
 #include <new>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,8 @@ struct MemoryInfo {
 
 // Allocation failure (docs/RELIABILITY.md, "Out of memory"). Backend::empty and upload_weight
 // cannot return a Status (they are called from inside every op sequence), so running out of
-// device or host memory throws this, the code base's one exception: it unwinds to the nearest
+// device or host memory throws this, one of the code base's two exceptions (with BackendFault,
+// below): it unwinds to the nearest
 // step boundary (the Scheduler's prefill of one request and its batched step, generate_*,
 // plan_kv_cache's warm-up, model loading), which turns it into a kOutOfMemory Status with
 // to_status() and frees what the failed step held. Everything else about memory (the KV plan,
@@ -75,8 +77,24 @@ class AllocationError : public std::bad_alloc {
   std::string message_;
 };
 
+// A programming error that a backend op met but could not report through its (void) signature
+// (docs/RELIABILITY.md, "Backend faults"): today a KV slot outside the pool in kv_write,
+// attention_prologue or prologue_attention. The op skips the offending row and records the first
+// such fault; the backend's next read-back (copy_to_host, to_host_f32), which waits for the
+// queued work anyway, throws it as a BackendFault and clears the record. Like AllocationError it
+// unwinds to the nearest step boundary (catch_allocation_failure), which turns it into a kInternal
+// Status: the step's requests fail with the message, the server keeps serving.
+class BackendFault : public std::runtime_error {
+ public:
+  explicit BackendFault(const std::string& message) : std::runtime_error(message) {}
+  Status to_status() const { return {StatusCode::kInternal, what()}; }
+};
+
+// The message of a KV slot fault: names the op, the slot and the pool's capacity in slots.
+std::string kv_slot_fault_message(const std::string& op, int64_t slot, int64_t capacity);
+
 // Runs `f` (returning Status or Result<T>), turning an AllocationError or std::bad_alloc thrown
-// inside into a kOutOfMemory Status.
+// inside into a kOutOfMemory Status, and a BackendFault into a kInternal one.
 template <typename F>
 auto catch_allocation_failure(F&& f) -> decltype(f()) {
   try {
@@ -85,6 +103,8 @@ auto catch_allocation_failure(F&& f) -> decltype(f()) {
     return e.to_status();
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::kOutOfMemory, "out of host memory (std::bad_alloc)");
+  } catch (const BackendFault& e) {
+    return e.to_status();
   }
 }
 
@@ -131,7 +151,9 @@ class Backend {
   // Converts host data of any checkpoint dtype into this backend's weight storage.
   virtual Tensor upload_weight(DType src_dtype, const void* src,
                                std::initializer_list<int64_t> shape) = 0;
-  // Raw byte copies; host data is in the tensor's own dtype.
+  // Raw byte copies; host data is in the tensor's own dtype. copy_to_host (and to_host_f32, which
+  // reads through it) waits for the queued work and then throws the BackendFault an op recorded
+  // since the last read-back, if any (see BackendFault).
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
@@ -205,7 +227,9 @@ class Backend {
 
   // ---- Attention ----
   // Writes k/v[n, kv_heads, head_dim] into the paged pools [num_blocks, block_size, kv_heads,
-  // head_dim] at slots[n] (I32, slot = block * block_size + offset).
+  // head_dim] at slots[n] (I32, slot = block * block_size + offset). A slot outside
+  // [0, num_blocks * block_size) is a programming error: its row is not written and the next
+  // read-back throws a BackendFault naming it (so do attention_prologue and prologue_attention).
   virtual void kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
                         const Tensor& v, const Tensor& slots) = 0;
   // The attention prologue of a decoder layer, from the fused projection

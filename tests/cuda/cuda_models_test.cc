@@ -62,6 +62,12 @@ float top2_margin(const std::vector<float>& v, int64_t row, int64_t width) {
   return r[0] - r[1];
 }
 
+// The stories260K target and one drafter, each loaded on the GPU (g, dg) and on the CPU (c, dc).
+struct ModelPair {
+  std::unique_ptr<CausalLM> g, c;
+  std::unique_ptr<Drafter> dg, dc;
+};
+
 class CudaModels : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -69,6 +75,21 @@ class CudaModels : public ::testing::Test {
     if (!be.ok()) GTEST_SKIP() << "CUDA backend unavailable: " << be.status().message();
     gpu_ = std::move(*be);
     cpu_ = make_cpu_backend(0);
+  }
+  // Loads stories260K and the drafter at `dir` on both backends into *m.
+  void load_pair(const std::string& dir, const DrafterOptions& options, ModelPair* m) {
+    auto g = load_target(kStories, *gpu_);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    m->g = std::move(*g);
+    auto c = load_target(kStories, *cpu_);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    m->c = std::move(*c);
+    auto dg = load_drafter(dir, *m->g, options);
+    ASSERT_TRUE(dg.ok()) << dg.status().message();
+    m->dg = std::move(*dg);
+    auto dc = load_drafter(dir, *m->c, options);
+    ASSERT_TRUE(dc.ok()) << dc.status().message();
+    m->dc = std::move(*dc);
   }
   std::unique_ptr<Backend> gpu_, cpu_;
 };
@@ -503,8 +524,9 @@ TEST_F(CudaModels, SampledSpeculativeIsSeededAndReadsBackOncePerStepOnGpu) {
 }
 
 // Drafter data made by the drafter engineers (tests/data/<name>), against stories260K.
-const char* kDrafters[] = {"dflash-stories260K", "dflash-stories260K-swa", "flashmap-stories260K",
-                           "flashmap-stories260K-dv128"};
+const char* kDrafters[] = {"tests/data/dflash-stories260K", "tests/data/dflash-stories260K-swa",
+                           "tests/data/flashmap-stories260K",
+                           "tests/data/flashmap-stories260K-dv128"};
 
 struct DraftRun {
   std::vector<float> logits;
@@ -569,33 +591,34 @@ double draft_logits_rel_err(CausalLM& g, Drafter& dg, CausalLM& c, Drafter& dc,
   return rg.ok && rc.ok ? rel_err(rg.logits, rc.logits) : INFINITY;
 }
 
+// Greedy speculative decoding of up to 100 tokens after `prompt` must produce plain greedy
+// decoding's tokens (on the target's backend); *st gets the speculative run's statistics.
+void expect_lossless(CausalLM& target, Drafter& drafter, const std::vector<int32_t>& prompt,
+                     const std::string& what, GenerateStats* st) {
+  GenerateOptions opt;
+  opt.max_tokens = 100;
+  auto plain = generate_plain(target, prompt, opt, nullptr, nullptr);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  auto spec = generate_speculative(target, drafter, prompt, opt, nullptr, st);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(*spec, *plain) << what << ": speculative != plain on the GPU";
+}
+
 // DFlash with FP8 weights (DrafterOptions::fp8_weights): the GPU's drafts follow the CPU's
 // FP8 reference, and greedy speculative decoding still reproduces plain decoding. The shipped
 // stories260K drafter has k = 64 (FP8 tensor-core kernel) and k = 172 (dequantizing fallback).
 TEST_F(CudaModels, Fp8DFlashMatchesCpuAndIsLossless) {
-  const std::string dir = std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash";
-  auto g = load_target(kStories, *gpu_);
-  ASSERT_TRUE(g.ok()) << g.status().message();
-  auto c = load_target(kStories, *cpu_);
-  ASSERT_TRUE(c.ok()) << c.status().message();
-  auto dg = load_drafter(dir, **g, {.fp8_weights = true});
-  ASSERT_TRUE(dg.ok()) << dg.status().message();
-  auto dc = load_drafter(dir, **c, {.fp8_weights = true});
-  ASSERT_TRUE(dc.ok()) << dc.status().message();
+  ModelPair m;
+  ASSERT_NO_FATAL_FAILURE(load_pair(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash",
+                                    {.fp8_weights = true}, &m));
   const std::vector<int32_t> prompt = random_prompt(4);
-  const double e = draft_logits_rel_err(**g, **dg, **c, **dc, prompt);
+  const double e = draft_logits_rel_err(*m.g, *m.dg, *m.c, *m.dc, prompt);
   EXPECT_LT(e, 5e-2) << "CUDA vs CPU FP8 draft logits";
   std::printf("[ fp8 dflash: CUDA vs CPU draft logits rel err %.2e ]\n", e);
 
   for (const std::vector<int32_t>& p : {std::vector<int32_t>{1}, prompt}) {
-    GenerateOptions opt;
-    opt.max_tokens = 100;
-    auto plain = generate_plain(**g, p, opt, nullptr, nullptr);
-    ASSERT_TRUE(plain.ok()) << plain.status().message();
     GenerateStats st;
-    auto spec = generate_speculative(**g, **dg, p, opt, nullptr, &st);
-    ASSERT_TRUE(spec.ok()) << spec.status().message();
-    EXPECT_EQ(*spec, *plain) << "FP8 drafter: speculative != plain on the GPU";
+    ASSERT_NO_FATAL_FAILURE(expect_lossless(*m.g, *m.dg, p, "FP8 drafter", &st));
     std::printf("[ fp8 dflash on GPU: acceptance length %.2f over %lld steps ]\n",
                 st.acceptance_length(), static_cast<long long>(st.steps));
   }
@@ -654,64 +677,54 @@ TEST_F(CudaModels, DraftVocabDFlashMatchesCpuAndIsLossless) {
   }
 }
 
-class CudaDrafters : public CudaModels, public ::testing::WithParamInterface<const char*> {};
+// The stories260K target and the drafter of <source dir>/<param>, each on the GPU and on the CPU
+// (m_); skipped when that test data is absent.
+class CudaDrafterData : public CudaModels, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override {
+    CudaModels::SetUp();
+    if (IsSkipped()) return;
+    const std::string dir = std::string(BS_SOURCE_DIR) + "/" + GetParam();
+    if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
+    ASSERT_NO_FATAL_FAILURE(load_pair(dir, {}, &m_));
+  }
+  ModelPair m_;
+};
+
+// The parameter's last path component with '-' as '_' (a GoogleTest name).
+std::string data_name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string s = info.param;
+  s = s.substr(s.rfind('/') + 1);
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+class CudaDrafters : public CudaDrafterData {};
 
 TEST_P(CudaDrafters, ProposalsMatchCpuAndSpeculativeIsLossless) {
-  const std::string dir = std::string(BS_TEST_DATA) + "/" + GetParam();
-  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
-  auto g = load_target(kStories, *gpu_);
-  ASSERT_TRUE(g.ok()) << g.status().message();
-  auto c = load_target(kStories, *cpu_);
-  ASSERT_TRUE(c.ok()) << c.status().message();
-  auto dg = load_drafter(dir, **g, {});
-  ASSERT_TRUE(dg.ok()) << dg.status().message();
-  auto dc = load_drafter(dir, **c, {});
-  ASSERT_TRUE(dc.ok()) << dc.status().message();
-
-  const double e = draft_logits_rel_err(**g, **dg, **c, **dc, random_prompt(3));
+  const double e = draft_logits_rel_err(*m_.g, *m_.dg, *m_.c, *m_.dc, random_prompt(3));
   EXPECT_LT(e, 5e-2) << GetParam() << ": CUDA vs CPU draft logits";
   std::printf("[ %s: CUDA vs CPU draft logits rel err %.2e ]\n", GetParam(), e);
 
   // Greedy speculative decoding on the GPU must produce plain greedy decoding's tokens.
-  GenerateOptions opt;
-  opt.max_tokens = 100;
-  const std::vector<int32_t> bos = {1};
-  auto plain = generate_plain(**g, bos, opt, nullptr, nullptr);
-  ASSERT_TRUE(plain.ok()) << plain.status().message();
   GenerateStats st;
-  auto spec = generate_speculative(**g, **dg, bos, opt, nullptr, &st);
-  ASSERT_TRUE(spec.ok()) << spec.status().message();
-  EXPECT_EQ(*spec, *plain) << GetParam() << ": speculative != plain on the GPU";
+  ASSERT_NO_FATAL_FAILURE(expect_lossless(*m_.g, *m_.dg, {1}, GetParam(), &st));
   std::printf("[ %s on GPU: acceptance length %.2f over %lld steps ]\n", GetParam(),
               st.acceptance_length(), static_cast<long long>(st.steps));
 }
 
-INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters), [](const auto& info) {
-  std::string s = info.param;
-  std::replace(s.begin(), s.end(), '-', '_');
-  return s;
-});
+INSTANTIATE_TEST_SUITE_P(Data, CudaDrafters, ::testing::ValuesIn(kDrafters), data_name);
 
 // DSpark / DFlash2 on the GPU, through the fused Backend::markov_row / candidate_walk: the greedy
 // chain's rows against the CPU's (their drafts equal; values over the entries finite on both),
 // greedy speculative == plain, and a sampled speculative run (the sampled walk and its q).
-class CudaRelatives : public CudaModels, public ::testing::WithParamInterface<const char*> {};
+class CudaRelatives : public CudaDrafterData {};
 
 TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
-  const std::string dir = std::string(BS_SOURCE_DIR) + "/" + GetParam();
-  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << "no drafter test data at " << dir;
-  auto g = load_target(kStories, *gpu_);
-  ASSERT_TRUE(g.ok()) << g.status().message();
-  auto c = load_target(kStories, *cpu_);
-  ASSERT_TRUE(c.ok()) << c.status().message();
-  auto dg = load_drafter(dir, **g, {});
-  ASSERT_TRUE(dg.ok()) << dg.status().message();
-  auto dc = load_drafter(dir, **c, {});
-  ASSERT_TRUE(dc.ok()) << dc.status().message();
-  const int64_t V = (*g)->config().vocab_size;
+  const int64_t V = m_.g->config().vocab_size;
   for (const uint32_t seed : {3u, 5u, 8u}) {
-    const DraftRun rg = draft_once(**g, **dg, random_prompt(seed));
-    const DraftRun rc = draft_once(**c, **dc, random_prompt(seed));
+    const DraftRun rg = draft_once(*m_.g, *m_.dg, random_prompt(seed));
+    const DraftRun rc = draft_once(*m_.c, *m_.dc, random_prompt(seed));
     ASSERT_TRUE(rg.ok && rc.ok);
     ASSERT_EQ(rg.logits.size(), rc.logits.size());
     const int64_t rows = static_cast<int64_t>(rc.logits.size()) / V;
@@ -757,20 +770,16 @@ TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
     std::printf("[ %s seed %u: %lld of %lld drafts equal, rows rel err %.2e ]\n", GetParam(), seed,
                 static_cast<long long>(same), static_cast<long long>(rows), e);
   }
+  const std::vector<int32_t> bos = {1};
+  GenerateStats st;
+  ASSERT_NO_FATAL_FAILURE(expect_lossless(*m_.g, *m_.dg, bos, GetParam(), &st));
   GenerateOptions opt;
   opt.max_tokens = 100;
-  const std::vector<int32_t> bos = {1};
-  auto plain = generate_plain(**g, bos, opt, nullptr, nullptr);
-  ASSERT_TRUE(plain.ok()) << plain.status().message();
-  GenerateStats st;
-  auto spec = generate_speculative(**g, **dg, bos, opt, nullptr, &st);
-  ASSERT_TRUE(spec.ok()) << spec.status().message();
-  EXPECT_EQ(*spec, *plain) << GetParam() << ": speculative != plain on the GPU";
   opt.sampling.temperature = 0.8f;
   opt.sampling.top_k = 20;
   opt.sampling.seed = 7;
   GenerateStats sst;
-  auto sampled = generate_speculative(**g, **dg, bos, opt, nullptr, &sst);
+  auto sampled = generate_speculative(*m_.g, *m_.dg, bos, opt, nullptr, &sst);
   ASSERT_TRUE(sampled.ok()) << sampled.status().message();
   EXPECT_FALSE(sampled->empty());
   for (int32_t t : *sampled) EXPECT_TRUE(t >= 0 && t < V);
@@ -787,13 +796,7 @@ TEST_P(CudaRelatives, ChainMatchesCpuAndSpeculativeIsLossless) {
 // (CudaOps.CandidateWalkMatchesCpu).
 const char* kRelatives[] = {"tests/data/dspark-stories260K", "models/stories260K-dspark",
                             "models/stories260K-dflash2"};
-INSTANTIATE_TEST_SUITE_P(Data, CudaRelatives, ::testing::ValuesIn(kRelatives),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           s = s.substr(s.rfind('/') + 1);
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Data, CudaRelatives, ::testing::ValuesIn(kRelatives), data_name);
 
 }  // namespace
 }  // namespace bs

@@ -991,6 +991,87 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
   }
 }
 
+// A KV slot outside the pool (an engine bug) in kv_write, attention_prologue (both kernels) and
+// the fused prologue_attention: the kernels skip that row, record the first such slot, and the
+// next read-back throws a BackendFault (kInternal) naming the op, the slot and the capacity, then
+// clears it. The other rows are written as with a valid slot for the bad row, whose pool row
+// stays empty.
+TEST_F(CudaOps, OutOfPoolSlotIsReportedAtTheNextReadBack) {
+  const int64_t kvh = 2, bs = 16, blocks = 2, capacity = blocks * bs, n = 3, heads = 8;
+  const std::vector<int32_t> good{3, 20, 7}, bad{3, capacity + 5, 7};
+  // Reads `t` back; expects the fault of `op` at slot capacity + 5 (op empty: any op).
+  const auto expect_fault = [&](const Tensor& t, const std::string& op, const std::string& what) {
+    try {
+      gpu_->to_host_f32(t);
+      ADD_FAILURE() << "no BackendFault, " << what;
+    } catch (const BackendFault& e) {
+      EXPECT_EQ(e.to_status().code(), StatusCode::kInternal);
+      const std::string tail = "KV slot " + std::to_string(capacity + 5) +
+                               " is outside the KV pool of " + std::to_string(capacity) + " slots";
+      EXPECT_NE(std::string(e.what()).find(op + (op.empty() ? "" : ": ") + tail), std::string::npos)
+          << e.what() << ", " << what;
+    }
+    EXPECT_NO_THROW(gpu_->to_host_f32(t)) << "reported once, " << what;
+  };
+  // The pool written with `good`, without row 1's slot.
+  const auto without_row1 = [&](const Tensor& pool, int64_t hd) {
+    std::vector<float> v = gpu_->to_host_f32(pool);
+    std::fill_n(v.begin() + good[1] * kvh * hd, kvh * hd, 0.0f);
+    return v;
+  };
+  const auto pool = [&](int64_t hd) { return make(*gpu_, {blocks, bs, kvh, hd}, DType::kBF16); };
+
+  {  // kv_write
+    const int64_t hd = 64;
+    const Tensor k = gpu_act({n, kvh, hd}, rnd(n * kvh * hd));
+    const Tensor v = gpu_act({n, kvh, hd}, rnd(n * kvh * hd));
+    Tensor kp = pool(hd), vp = pool(hd), rkp = pool(hd), rvp = pool(hd);
+    gpu_->kv_write(rkp, rvp, k, v, gpu_ints(good));
+    gpu_->kv_write(kp, vp, k, v, gpu_ints(bad));
+    expect_fault(kp, "kv_write", "kv_write");
+    EXPECT_EQ(gpu_->to_host_f32(kp), without_row1(rkp, hd));
+    EXPECT_EQ(gpu_->to_host_f32(vp), without_row1(rvp, hd));
+  }
+  for (const int64_t hd : {128, 96}) {  // the warp-per-vector kernel, the thread-per-pair one
+    const int64_t width = (heads + 2 * kvh) * hd;
+    const Tensor qkv = gpu_act({n, width}, rnd(n * width));
+    std::vector<float> freq(hd / 2);
+    for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(1e4f, -2.0f * i / hd);
+    const Tensor inv_freq = weight(*gpu_, {hd / 2}, freq), pos = gpu_ints({30, 31, 32});
+    Tensor q = make(*gpu_, {n, heads, hd}, DType::kBF16),
+           rq = make(*gpu_, {n, heads, hd}, DType::kBF16);
+    Tensor kp = pool(hd), vp = pool(hd), rkp = pool(hd), rvp = pool(hd);
+    gpu_->attention_prologue(rq, qkv, Tensor(), Tensor(), 1e-6f, pos, inv_freq, 1.0f, rkp, rvp,
+                             gpu_ints(good));
+    gpu_->attention_prologue(q, qkv, Tensor(), Tensor(), 1e-6f, pos, inv_freq, 1.0f, kp, vp,
+                             gpu_ints(bad));
+    const std::string what = "attention_prologue hd " + std::to_string(hd);
+    expect_fault(q, "attention_prologue", what);
+    EXPECT_EQ(gpu_->to_host_f32(q), gpu_->to_host_f32(rq)) << what;  // every query row
+    EXPECT_EQ(gpu_->to_host_f32(kp), without_row1(rkp, hd)) << what;
+    EXPECT_EQ(gpu_->to_host_f32(vp), without_row1(rvp, hd)) << what;
+  }
+  {  // prologue_attention, one decode row per sequence (the fused launch unless
+     // BLOCKSPEC_FUSED_PROLOGUE=0, which takes attention_prologue)
+    const int64_t hd = 128, width = (heads + 2 * kvh) * hd;
+    const Tensor qkv = gpu_act({n, width}, rnd(n * width));
+    std::vector<float> freq(hd / 2, 0.01f);
+    const Tensor inv_freq = weight(*gpu_, {hd / 2}, freq), pos = gpu_ints({3, 4, 7});
+    // Sequence s has block s % 2 and kv length pos + 1 (its one row is its last position).
+    const Tensor tables = gpu_ints({0, 1, 0}).view({n, 1}), lens = gpu_ints({4, 5, 8});
+    Tensor out = make(*gpu_, {n, heads, hd}, DType::kBF16),
+           q = make(*gpu_, {n, heads, hd}, DType::kBF16);
+    Tensor kp = pool(hd), vp = pool(hd);
+    gpu_->prologue_attention(out, q, qkv, Tensor(), Tensor(), 1e-6f, pos, inv_freq, 1.0f, kp, vp,
+                             gpu_ints(bad), tables, lens, bs, {}, 0.088f);
+    expect_fault(out, "", "prologue_attention");
+    std::vector<float> k_host = gpu_->to_host_f32(kp);
+    EXPECT_TRUE(std::all_of(k_host.begin() + 8 * kvh * hd, k_host.end(), [](float x) {
+      return x == 0.0f;
+    })) << "a row in the pool where only slots 3 and 7 were written";
+  }
+}
+
 TEST_F(CudaOps, SwigluMatchesCpu) {
   const int64_t n = 3, i_dim = 1000;
   const auto v = rnd(n * 2 * i_dim, 2.0f);

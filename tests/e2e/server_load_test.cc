@@ -38,8 +38,13 @@
 #include <thread>
 #include <vector>
 
+#include "http_client_util.h"
+
 namespace {
 
+using bs::test_util::metric_value;
+using bs::test_util::post_and_leave;
+using bs::test_util::sse_events;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -100,12 +105,8 @@ Outcome complete(int port, const Case& c, bool stream, int timeout_s) {
     out.completion_tokens = body["usage"].value("completion_tokens", int64_t{-1});
     return out;
   }
-  std::istringstream in(r->body);
-  std::string line;
   bool done = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("data: ", 0) != 0) continue;
-    const std::string payload = line.substr(6);
+  for (const std::string& payload : sse_events(r->body)) {
     if (payload == "[DONE]") {
       done = true;
       continue;
@@ -127,18 +128,7 @@ Outcome complete(int port, const Case& c, bool stream, int timeout_s) {
 
 // A streaming request whose client leaves after its second chunk.
 void leave_mid_stream(int port, const Case& c, int timeout_s) {
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(timeout_s);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = request_body(c, true).dump();
-  req.set_header("Content-Type", "application/json");
-  int chunks = 0;
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
-  httplib::Response res;
-  httplib::Error err;
-  cli.send(req, res, err);
+  post_and_leave(port, "/v1/completions", request_body(c, true).dump(), 2, timeout_s);
 }
 
 // The value of /metrics series vllm:<name> (first label set), or -1.
@@ -147,13 +137,7 @@ double series(int port, const std::string& name) {
   cli.set_read_timeout(10);
   auto r = cli.Get("/metrics");
   if (!r) return -1;
-  std::istringstream in(r->body);
-  std::string line;
-  const std::string prefix = "vllm:" + name + "{";
-  while (std::getline(in, line)) {
-    if (line.rfind(prefix, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
+  return metric_value(r->body, "vllm:" + name + "{").value_or(-1);
 }
 
 int64_t rss_kib(int64_t pid) {

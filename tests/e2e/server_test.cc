@@ -22,6 +22,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -30,6 +31,7 @@
 
 #include "backend/backend.h"
 #include "engine/generate.h"
+#include "http_client_util.h"
 #include "io/safetensors.h"
 #include "models/drafter.h"
 #include "models/registry.h"
@@ -38,6 +40,8 @@
 
 namespace bs::server {
 namespace {
+
+using test_util::sse_events;
 
 using json = nlohmann::json;
 
@@ -157,17 +161,6 @@ Reply get(int port, const std::string& path) {
   return {r->status, json::parse(r->body, nullptr, false), r->body};
 }
 
-// The events of an SSE body: each "data: X" payload in order.
-std::vector<std::string> sse_events(const std::string& body) {
-  std::vector<std::string> events;
-  std::istringstream in(body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("data: ", 0) == 0) events.push_back(line.substr(6));
-  }
-  return events;
-}
-
 // The completion text of `body` (streamed when body["stream"] is true: the chunks' text joined).
 std::string completion_text(int port, const json& body) {
   const Reply r = post(port, "/v1/completions", body.dump());
@@ -182,13 +175,9 @@ std::string completion_text(int port, const json& body) {
 // The value of the first /metrics series starting with `prefix` (name{labels...).
 double metric(int port, const std::string& prefix) {
   const Reply r = get(port, "/metrics");
-  std::istringstream in(r.raw);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(prefix, 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  ADD_FAILURE() << "no metric " << prefix << " in\n" << r.raw;
-  return -1;
+  const std::optional<double> v = test_util::metric_value(r.raw, prefix);
+  if (!v) ADD_FAILURE() << "no metric " << prefix << " in\n" << r.raw;
+  return v.value_or(-1);
 }
 
 TEST(Server, CompletionEqualsEngineGreedyWithAndWithoutDrafter) {
@@ -1281,19 +1270,9 @@ TEST(Server, ModelsAndTokenizeRoundTrip) {
 
 TEST(Server, ClientThatLeavesMidStreamDoesNotHurtOthers) {
   RunningServer server;
-  {
-    httplib::Client cli("127.0.0.1", server.port());
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = R"({"prompt": "Once upon a time", "max_tokens": 400, "stream": true})";
-    req.set_header("Content-Type", "application/json");
-    int chunks = 0;
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
-    httplib::Response res;
-    httplib::Error err;
-    cli.send(req, res, err);
-  }
+  test_util::post_and_leave(server.port(), "/v1/completions",
+                            R"({"prompt": "Once upon a time", "max_tokens": 400, "stream": true})",
+                            2);
   Engine engine;
   const Reply r = post(server.port(), "/v1/completions",
                        R"({"prompt": "The little dog", "max_tokens": 20, "temperature": 0})");
@@ -1558,20 +1537,7 @@ TEST(Server, LoadAndFaultTwoWavesOf256Clients) {
           }
           return;
         }
-        httplib::Client cli("127.0.0.1", server.port());
-        cli.set_read_timeout(600);
-        httplib::Request req;
-        req.method = "POST";
-        req.path = "/v1/completions";
-        req.body = body.dump();
-        req.set_header("Content-Type", "application/json");
-        int chunks = 0;
-        req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-          return ++chunks < 2;
-        };
-        httplib::Response res;
-        httplib::Error err;
-        cli.send(req, res, err);
+        test_util::post_and_leave(server.port(), "/v1/completions", body.dump(), 2, 600);
         status[i] = -1;  // left on purpose
       });
     }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "backend/backend.h"
 
@@ -297,6 +299,59 @@ TEST_F(CpuOps, AttentionPrologueEqualsSeparateOps) {
     EXPECT_EQ(be_->to_host_f32(kp), be_->to_host_f32(rkp)) << "norm " << with_norm;
     EXPECT_EQ(be_->to_host_f32(vp), be_->to_host_f32(rvp)) << "norm " << with_norm;
   }
+}
+
+// A KV slot outside the pool is an engine bug: the op writes the other rows, skips that one, and
+// the next read-back throws a BackendFault (kInternal through catch_allocation_failure) naming
+// the op, the slot and the capacity, then clears it; the process goes on.
+TEST_F(CpuOps, OutOfPoolSlotIsReportedAtTheNextReadBack) {
+  const int64_t kvh = 2, hd = 8, bs = 4, capacity = 2 * bs;
+  Tensor k = random({3, kvh, hd}), v = random({3, kvh, hd});
+  Tensor kp = be_->empty({2, bs, kvh, hd}), vp = be_->empty({2, bs, kvh, hd});
+  be_->kv_write(kp, vp, k, v, ints({1, 8, 3}));
+  be_->kv_write(kp, vp, k.rows(0, 1), v.rows(0, 1), ints({-1}));  // a second fault: not kept
+  const Status s = catch_allocation_failure([&] {
+    be_->to_host_f32(kp);
+    return Status::Ok();
+  });
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_NE(s.message().find("kv_write: KV slot 8 is outside the KV pool of 8 slots"),
+            std::string::npos)
+      << s.message();
+  const int64_t row = kvh * hd;
+  for (const auto& [i, slot] : {std::pair<int64_t, int64_t>{0, 1}, {2, 3}}) {
+    for (int64_t c = 0; c < row; ++c) {
+      ASSERT_EQ(kp.as<float>()[slot * row + c], k.as<float>()[i * row + c]) << "row " << i;
+      ASSERT_EQ(vp.as<float>()[slot * row + c], v.as<float>()[i * row + c]) << "row " << i;
+    }
+  }
+  EXPECT_NO_THROW(be_->to_host_f32(kp));  // reported once
+
+  // The prologue: the query rows are all computed, the keys of the bad row go nowhere.
+  const int64_t n = 3, heads = 4, width = (heads + 2 * kvh) * hd;
+  Tensor qkv = random({n, width});
+  std::vector<float> freq(hd / 2, 0.5f);
+  Tensor inv_freq = be_->upload_weight(DType::kF32, freq.data(), {hd / 2});
+  const Tensor pos = ints({4, 5, 6});
+  Tensor q = be_->empty({n, heads, hd}), q_ref = be_->empty({n, heads, hd});
+  be_->attention_prologue(q_ref, qkv, Tensor(), Tensor(), 1e-6f, pos, inv_freq, 1.0f, kp, vp,
+                          ints({0, 1, 2}));
+  const std::vector<float> pool_before = be_->to_host_f32(kp);
+  be_->attention_prologue(q, qkv, Tensor(), Tensor(), 1e-6f, pos, inv_freq, 1.0f, kp, vp,
+                          ints({0, capacity + 91, 2}));
+  std::vector<float> q_host(static_cast<size_t>(q.numel()));
+  try {
+    be_->copy_to_host(q_host.data(), q);
+    ADD_FAILURE() << "no BackendFault";
+  } catch (const BackendFault& e) {
+    EXPECT_EQ(e.to_status().code(), StatusCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find("attention_prologue: KV slot 99 is outside the KV pool of "
+                                         "8 slots"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(q_host, be_->to_host_f32(q_ref));
+  EXPECT_EQ(be_->to_host_f32(kp), pool_before);  // rows 0 and 2 rewritten alike, row 1 dropped
 }
 
 TEST_F(CpuOps, SwigluOnFusedGateUp) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -201,6 +202,7 @@ class CpuBackend final : public Backend {
   }
   void copy_to_host(void* dst, const Tensor& src) override {
     std::memcpy(dst, src.data(), src.nbytes());
+    throw_fault();
   }
   void copy(const Tensor& dst, const Tensor& src) override {
     BS_CHECK(dst.nbytes() == src.nbytes());
@@ -218,6 +220,7 @@ class CpuBackend final : public Backend {
   std::vector<float> to_host_f32(const Tensor& t) override {
     std::vector<float> out(static_cast<size_t>(t.numel()));
     convert_to_f32(t.dtype(), t.data(), out.data(), out.size());
+    throw_fault();
     return out;
   }
 
@@ -418,16 +421,23 @@ class CpuBackend final : public Backend {
     const int64_t width = q_dim + 2 * kv_dim, capacity = k_pool.dim(0) * k_pool.dim(1);
     BS_CHECK(k_pool.dim(3) == hd && qkv.numel() == n * width && positions.numel() == n &&
              slots.numel() == n && inv_freq.numel() == half);
-    std::vector<float> cos_t(half), sin_t(half);
+    std::vector<float> cos_t(half), sin_t(half), k_dropped;
     for (int64_t t = 0; t < n; ++t) {
       const float* src = qkv.as<float>() + t * width;
       float* q = q_out.as<float>() + t * q_dim;
       const int64_t slot = slots.as<int32_t>()[t];
-      BS_CHECK(slot >= 0 && slot < capacity);
-      float* k = k_pool.as<float>() + slot * kv_dim;
+      float* k = nullptr;
+      if (slot >= 0 && slot < capacity) {
+        k = k_pool.as<float>() + slot * kv_dim;
+        std::memcpy(v_pool.as<float>() + slot * kv_dim, src + q_dim + kv_dim,
+                    kv_dim * sizeof(float));
+      } else {  // the query row still gets computed; its key goes nowhere
+        record_slot_fault("attention_prologue", slot, capacity);
+        k_dropped.resize(static_cast<size_t>(kv_dim));
+        k = k_dropped.data();
+      }
       std::memcpy(q, src, q_dim * sizeof(float));
       std::memcpy(k, src + q_dim, kv_dim * sizeof(float));
-      std::memcpy(v_pool.as<float>() + slot * kv_dim, src + q_dim + kv_dim, kv_dim * sizeof(float));
       if (q_norm.defined()) {
         for (int64_t h = 0; h < heads; ++h)
           rms_norm_row(q + h * hd, q + h * hd, q_norm.as<float>(), hd, eps);
@@ -450,7 +460,10 @@ class CpuBackend final : public Backend {
     const int64_t capacity = k_pool.dim(0) * k_pool.dim(1);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t s = slots.as<int32_t>()[i];
-      BS_CHECK(s >= 0 && s < capacity);
+      if (s < 0 || s >= capacity) {
+        record_slot_fault("kv_write", s, capacity);
+        continue;
+      }
       std::memcpy(k_pool.as<float>() + s * row, k.as<float>() + i * row, row * sizeof(float));
       std::memcpy(v_pool.as<float>() + s * row, v.as<float>() + i * row, row * sizeof(float));
     }
@@ -871,6 +884,17 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A KV slot outside the pool (Backend::kv_write): the first one is kept for the next read-back.
+  void record_slot_fault(const char* op, int64_t slot, int64_t capacity) {
+    if (fault_.empty()) fault_ = kv_slot_fault_message(op, slot, capacity);
+  }
+  // Throws the recorded fault, if any, and clears it.
+  void throw_fault() {
+    if (fault_.empty()) return;
+    const std::string message = std::move(fault_);
+    fault_.clear();
+    throw BackendFault(message);
+  }
   // Shared attention over the rows in key_rows_/value_rows_ (position -> kv head 0's row).
   void attend(const Tensor& out, const Tensor& q, int64_t kv_len, int64_t kv_heads, int64_t hd,
               AttentionMask mask, float scale) {
@@ -903,6 +927,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::shared_ptr<ByteCounter> counter_ = std::make_shared<ByteCounter>();
   std::vector<const float*> key_rows_, value_rows_;  // attention scratch: position -> row
+  std::string fault_;  // the first fault since the last read-back (BackendFault); empty: none
 };
 
 }  // namespace

@@ -254,6 +254,12 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemset(walk_keys_, 0, (kMarkovRowMaxBlocks + 1) * sizeof(uint64_t)));
     walk_counter_ = reinterpret_cast<unsigned*>(walk_keys_ + kMarkovRowMaxBlocks);
     CUDA_CHECK(cudaHostAlloc(&ring_, kPinnedRingBytes, cudaHostAllocDefault));
+    // The fault record (kernels.h, FaultSink): host-mapped, read after each read-back's sync.
+    CUDA_CHECK(cudaHostAlloc(&fault_host_, sizeof(FaultRecord), cudaHostAllocMapped));
+    *fault_host_ = FaultRecord{};
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_.record), fault_host_, 0));
+    CUDA_CHECK(cudaMalloc(&fault_.claim, sizeof(int)));
+    CUDA_CHECK(cudaMemset(fault_.claim, 0, sizeof(int)));
     CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
     if (const char* env = std::getenv("BLOCKSPEC_GEMV")) {
       if (std::strcmp(env, "cublaslt") == 0) gemv_mode_ = GemvMode::kCublasLt;
@@ -282,6 +288,8 @@ class CudaBackend final : public Backend {
     cudaFree(argmax_keys_);
     cudaFree(walk_keys_);
     cudaFreeHost(ring_);
+    cudaFreeHost(fault_host_);
+    cudaFree(fault_.claim);
     cudaStreamDestroy(stream_);
   }
 
@@ -390,6 +398,7 @@ class CudaBackend final : public Backend {
     if (src.nbytes() == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    throw_fault();
   }
   void copy(const Tensor& dst, const Tensor& src) override {
     BS_CHECK(dst.nbytes() == src.nbytes());
@@ -655,7 +664,7 @@ class CudaBackend final : public Backend {
     BS_CHECK(k_pool.numel() / (k_pool.dim(0) * k_pool.dim(1)) == row);
     const int64_t capacity = k_pool.dim(0) * k_pool.dim(1);
     CUDA_CHECK(bs::cuda::kv_write(out(k_pool), out(v_pool), in(k), in(v), slots.as<int32_t>(), n,
-                                  row, capacity, stream_));
+                                  row, capacity, fault_, stream_));
   }
 
   void paged_attention(const Tensor& o, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
@@ -754,6 +763,20 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Throws the fault a kernel recorded (the stream has been synchronised), clearing the record.
+  void throw_fault() {
+    const volatile FaultRecord* r = fault_host_;
+    const auto op = static_cast<FaultOp>(r->op);
+    if (op == FaultOp::kNone) return;
+    const int64_t slot = r->slot, capacity = r->capacity;
+    fault_host_->op = static_cast<int32_t>(FaultOp::kNone);
+    CUDA_CHECK(cudaMemsetAsync(fault_.claim, 0, sizeof(int), stream_));
+    const char* name = op == FaultOp::kKvWrite             ? "kv_write"
+                       : op == FaultOp::kAttentionPrologue ? "attention_prologue"
+                                                           : "prologue_attention";
+    throw BackendFault(kv_slot_fault_message(name, slot, capacity));
+  }
+
   PrologueArgs prologue_args(const Tensor& q_out, const Tensor& qkv, const Tensor& q_norm,
                              const Tensor& k_norm, float eps, const Tensor& positions,
                              const Tensor& inv_freq, float attention_scaling, const Tensor& k_pool,
@@ -764,6 +787,7 @@ class CudaBackend final : public Backend {
     a.hd = q_out.dim(2);
     a.kv_heads = k_pool.dim(2);
     a.capacity = k_pool.dim(0) * k_pool.dim(1);
+    a.fault = fault_;
     BS_CHECK(q_out.dtype() == DType::kBF16 && qkv.dtype() == DType::kBF16 &&
              k_pool.dtype() == DType::kBF16 && v_pool.dtype() == DType::kBF16);
     BS_CHECK(qkv.numel() == a.n * (a.heads + 2 * a.kv_heads) * a.hd && k_pool.dim(3) == a.hd);
@@ -1246,6 +1270,8 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   void* ring_ = nullptr;
+  FaultRecord* fault_host_ = nullptr;  // host-mapped (FaultSink); fault_.record is its device view
+  FaultSink fault_;
   size_t ring_off_ = 0;
   cudaDeviceProp props_{};
   GemvMode gemv_mode_ = GemvMode::kAuto;

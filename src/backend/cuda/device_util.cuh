@@ -9,7 +9,21 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/kernels.h"
+
 namespace bs::cuda {
+
+// Reports a KV slot outside the pool (kernels.h, FaultSink); only the first report is kept. The
+// cold path of the one branch a kernel pays for the check.
+__device__ __forceinline__ void report_slot_fault(const FaultSink& f, FaultOp op, int64_t slot,
+                                                  int64_t capacity) {
+  if (f.claim == nullptr || atomicCAS(f.claim, 0, 1) != 0) return;
+  volatile FaultRecord* r = f.record;
+  r->slot = static_cast<int32_t>(slot);
+  r->capacity = capacity;
+  __threadfence_system();
+  r->op = static_cast<int32_t>(op);
+}
 
 // Sum / maximum over the 32 lanes of a full warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {

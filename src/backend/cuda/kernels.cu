@@ -527,11 +527,14 @@ __global__ void rope_kernel(Out x, const int32_t* positions, In inv_freq, int64_
 }
 
 __global__ void kv_write_kernel(Out kp, Out vp, In k, In v, const int32_t* slots, int64_t n,
-                                int64_t row, int64_t capacity) {
+                                int64_t row, int64_t capacity, FaultSink fault) {
   GRID_STRIDE(i, n * row) {
     const int64_t t = i / row, c = i % row;
     const int64_t slot = slots[t];
-    if (slot < 0 || slot >= capacity) continue;
+    if (slot < 0 || slot >= capacity) {
+      if (c == 0) report_slot_fault(fault, FaultOp::kKvWrite, slot, capacity);
+      continue;
+    }
     st(kp, slot * row + c, ld(k, i));
     st(vp, slot * row + c, ld(v, i));
   }
@@ -1010,10 +1013,10 @@ cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_
   return cudaGetLastError();
 }
 cudaError_t kv_write(Out k_pool, Out v_pool, In k, In v, const int32_t* slots, int64_t n,
-                     int64_t row, int64_t capacity, cudaStream_t s) {
+                     int64_t row, int64_t capacity, FaultSink fault, cudaStream_t s) {
   if (n * row <= 0) return cudaSuccess;
   kv_write_kernel<<<grid_for(n * row), kThreads, 0, s>>>(k_pool, v_pool, k, v, slots, n, row,
-                                                         capacity);
+                                                         capacity, fault);
   return cudaGetLastError();
 }
 

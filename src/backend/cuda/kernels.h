@@ -97,9 +97,34 @@ cudaError_t greedy_accept(int32_t* out, const int32_t* tokens, const int32_t* ta
 // In-place neox RoPE on x[n, heads, hd]: angle = float(pos) * inv_freq[i] in fp32.
 cudaError_t rope(Out x, const int32_t* positions, In inv_freq, int64_t n, int64_t heads, int64_t hd,
                  float attention_scaling, cudaStream_t s);
-// pool[slots[i] * row + c] = src[i * row + c] for k and v; slots outside [0, capacity) skipped.
+
+// ---- Faults (Backend's BackendFault) ----
+// A KV slot outside [0, capacity) is an engine bug the kernels cannot return: they skip the row
+// and report the first such slot here, and the backend turns it into a BackendFault at its next
+// read-back. The record lives in host-mapped pinned memory, so the host reads it after the
+// read-back's synchronisation with no copy and the fault-free path costs one branch.
+enum class FaultOp : int32_t {
+  kNone = 0,
+  kKvWrite = 1,
+  kAttentionPrologue = 2,
+  kPrologueAttention = 3
+};
+struct FaultRecord {
+  int32_t op = 0;  // FaultOp; written last, kNone until a fault
+  int32_t slot = 0;
+  int64_t capacity = 0;
+};
+// What a kernel gets: the first thread to move *claim (device memory) from 0 to 1 writes *record
+// (the device address of the host-mapped record). A null claim reports nothing.
+struct FaultSink {
+  int* claim = nullptr;
+  FaultRecord* record = nullptr;
+};
+
+// pool[slots[i] * row + c] = src[i * row + c] for k and v; a row whose slot is outside
+// [0, capacity) is skipped and reported to `fault` (FaultOp::kKvWrite).
 cudaError_t kv_write(Out k_pool, Out v_pool, In k, In v, const int32_t* slots, int64_t n,
-                     int64_t row, int64_t capacity, cudaStream_t s);
+                     int64_t row, int64_t capacity, FaultSink fault, cudaStream_t s);
 
 struct AttentionArgs {
   void* out = nullptr;      // [num_seqs * n, heads, hd]
@@ -158,6 +183,7 @@ struct PrologueArgs {
   const int32_t* slots = nullptr;
   int64_t n = 0, heads = 0, kv_heads = 0, hd = 0, capacity = 0;
   float eps = 1e-6f, attention_scaling = 1.0f;
+  FaultSink fault;  // rows with a slot outside [0, capacity): pools not written, reported here
 };
 cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s);
 // attention_prologue(p) then split_attention(a) with a.q = p.q_out, one launch fewer: the split

@@ -239,7 +239,11 @@ __global__ void __launch_bounds__(kSplitThreads)
       __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(Ks + j * kstride);
       __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(Vs + j * half);
       const int64_t slot = p.slots[r];
-      const bool to_pool = write_pools && slot >= 0 && slot < p.capacity;
+      const bool in_pool = slot >= 0 && slot < p.capacity;
+      const bool to_pool = write_pools && in_pool;
+      if (write_pools && !in_pool && lane == 0) {
+        report_slot_fault(p.fault, FaultOp::kPrologueAttention, slot, p.capacity);
+      }
       const int64_t pool_off = (slot * a.kv_heads + kvh) * hd;
 #pragma unroll
       for (int u = 0; u < P; ++u) {
@@ -420,7 +424,10 @@ __global__ void __launch_bounds__(128) prologue_warp_kernel(PrologueArgs a) {
   const int64_t slot = a.slots[t];
   const bool capacity_ok = slot >= 0 && slot < a.capacity;
   if (h >= a.heads + a.kv_heads) {  // v: straight into the pool
-    if (!capacity_ok) return;
+    if (!capacity_ok) {
+      if (lane == 0) report_slot_fault(a.fault, FaultOp::kAttentionPrologue, slot, a.capacity);
+      return;
+    }
     __nv_bfloat16* dst = a.v_pool + (slot * a.kv_heads + (h - a.heads - a.kv_heads)) * a.hd;
 #pragma unroll
     for (int u = 0; u < 2 * P; ++u) dst[lane + 32 * u] = src[lane + 32 * u];
@@ -453,7 +460,10 @@ __global__ void prologue_kernel(PrologueArgs a) {
   const int64_t slot = a.slots[t];
   const int64_t capacity_ok = slot >= 0 && slot < a.capacity;
   if (h >= a.heads + a.kv_heads) {  // v: straight into the pool
-    if (!capacity_ok) return;
+    if (!capacity_ok) {
+      if (i == 0) report_slot_fault(a.fault, FaultOp::kAttentionPrologue, slot, a.capacity);
+      return;
+    }
     __nv_bfloat16* dst = a.v_pool + (slot * a.kv_heads + (h - a.heads - a.kv_heads)) * a.hd;
     dst[i] = src[i];
     dst[i + half] = src[i + half];
