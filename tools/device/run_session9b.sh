@@ -23,7 +23,7 @@ echo "$(nproc) cores; TOTAL_S $TOTAL_S"
 L=/tmp/s9b; rm -rf $L; mkdir -p $L/fuzz $L/tests $L/steps $L/serve
 S=/dev/shm/synth
 
-OUT=$L/fuzz CORES=${FUZZ_CORES:-9} WEIGHTS=${FUZZ_WEIGHTS:-"tokenizer_encode:2 jinja_template:3 chat_render:2 openai_request:2"} \
+OUT=$L/fuzz CORES=${FUZZ_CORES:-11} WEIGHTS=${FUZZ_WEIGHTS:-"tokenizer_encode:2 jinja_template:3 chat_render:3 openai_request:3"} \
   bash tools/device/run_fuzz_long.sh "$((TOTAL_S - 40))" "${FUZZ_TARGET:-10000000}" > $L/fuzz.txt 2>&1 &
 FUZZ_PID=$!
 # The target is written on the CPU while the tests use the GPU.
