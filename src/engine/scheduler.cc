@@ -420,6 +420,14 @@ Status Scheduler::Impl::step_plain() {
 Status Scheduler::Impl::step_speculative() {
   seqs.clear();
   for (const auto& r : running) seqs.push_back(r->spec.get());
+  // Longest verify blocks first, else in arrival order: the few blocks that max_tokens or the
+  // context window shortened come last, so that the verify forward has one run of full blocks
+  // (one attention call for them) and a shape that repeats from step to step (a captured graph
+  // replays) instead of short blocks at changing places. Each sequence's tokens do not depend on
+  // where its block lies in the step.
+  std::stable_sort(seqs.begin(), seqs.end(), [](const auto* a, const auto* b) {
+    return a->verify_rows() > b->verify_rows();
+  });
   return detail::speculative_step(*spec, seqs);
 }
 

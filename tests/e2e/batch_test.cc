@@ -103,33 +103,12 @@ TEST_P(Batch, ForwardBatchEqualsForwardPerSequence) {
   }
 }
 
-// Counts the attention calls of a forward.
-class AttentionCounter : public test_util::CountingBackend {
- public:
-  using CountingBackend::CountingBackend;
-  int64_t single = 0, batched = 0;
-  void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
-                       const Tensor& v_pool, const Tensor& block_table, KvLength kv_len,
-                       AttentionMask mask, float scale) override {
-    ++single;
-    CountingBackend::paged_attention(out, q, k_pool, v_pool, block_table, kv_len, mask, scale);
-  }
-  void paged_attention_batch(const Tensor& out, const Tensor& q, const Tensor& k_pool,
-                             const Tensor& v_pool, const Tensor& block_tables,
-                             const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
-                             float scale) override {
-    ++batched;
-    CountingBackend::paged_attention_batch(out, q, k_pool, v_pool, block_tables, kv_lens,
-                                           max_kv_len, mask, scale);
-  }
-};
-
 // A batch whose sequences have unequal rows (a served speculative step where some verify blocks
 // are shorter): every run of consecutive sequences with equal rows shares one attention call per
 // layer (rows 4, 4, 4, 2, 4, 4: three calls, not six), and each sequence's logits and taps are
 // still forward()'s alone, bit for bit.
 TEST_P(Batch, UnevenRowsShareAttentionCallsByRuns) {
-  AttentionCounter counter(*backend_);
+  test_util::CountingBackend counter(*backend_);
   auto loaded = load_target(GetParam(), counter);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   CausalLM& target = **loaded;
@@ -168,11 +147,11 @@ TEST_P(Batch, UnevenRowsShareAttentionCallsByRuns) {
                     .num_logits = fresh[i],
                     .tap_layers = taps});
   }
-  counter.single = counter.batched = 0;
+  counter.reset();
   BatchForwardResult batch;
   ASSERT_TRUE(target.forward_batch(reqs, batched, &batch).ok());
-  EXPECT_EQ(counter.batched, 2 * c.num_layers);  // sequences 0-2 and 4-5
-  EXPECT_EQ(counter.single, c.num_layers);       // sequence 3
+  EXPECT_EQ(counter.batched_attention_calls(), 2 * c.num_layers);  // sequences 0-2 and 4-5
+  EXPECT_EQ(counter.attention_calls(), c.num_layers);              // sequence 3
   std::vector<std::vector<float>> batch_logits, batch_taps;
   for (const auto& r : batch.seqs) {
     batch_logits.push_back(counter.to_host_f32(r.logits));

@@ -257,6 +257,37 @@ TEST_P(SpeculativePrefill, AllocationFailureEndsTheNewest) {
   EXPECT_GE(in_prefill, 1);
 }
 
+// A step's verify blocks go longest first: a block that max_tokens shortened (request 1: one
+// draft left) goes after the full ones, so that the full blocks share one attention call per
+// target layer and the short one has its own (in arrival order: three calls per layer). The
+// outputs stay the single runs'.
+class ShortBlocksLast : public SpeculativePrefill {};
+
+TEST_P(ShortBlocksLast, FullBlocksShareTheAttentionCall) {
+  const GenerateOptions full{.max_tokens = 40};
+  GenerateOptions short_block = full;
+  short_block.max_tokens = 3;  // its first step verifies 1 draft (2 rows), the others the budget
+  const std::vector<Req> reqs = {
+      {kPrompts[1], full}, {kPrompts[2], short_block}, {kPrompts[1], full}};
+  std::vector<Output> want;
+  for (const Req& r : reqs) want.push_back(alone(r));
+  Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3});
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(add(s, i, reqs[i]).ok());
+  counting_->reset();
+  ASSERT_TRUE(s.step().ok());  // the prompts' batched prefill (even: 5 rows each), then a step
+  EXPECT_EQ(s.times().prefill_batches, 1);
+  EXPECT_EQ(counting_->attention_calls(), target_->config().num_layers);
+  while (!s.idle()) ASSERT_TRUE(s.step().ok());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    expect_equal(seen_[i], want[i], fmt::format("request {}", i));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafters, ShortBlocksLast,
+                         ::testing::Values("tests/data/dflash-stories260K",
+                                           "tests/data/dflash2-stories260K"),
+                         [](const auto& info) { return test_util::param_name(info.param); });
+
 INSTANTIATE_TEST_SUITE_P(
     Drafters, SpeculativePrefill,
     ::testing::Values("tests/data/dflash-stories260K", "tests/data/dspark-stories260K",
