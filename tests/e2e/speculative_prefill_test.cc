@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -255,6 +256,66 @@ TEST_P(SpeculativePrefill, AllocationFailureEndsTheNewest) {
     EXPECT_EQ(failed, 1) << "failure at allocation " << nth;
   }
   EXPECT_GE(in_prefill, 1);
+}
+
+// Counts matmuls (one context K/V pass is a fixed number of them).
+class MatmulCounter : public test_util::CountingBackend {
+ public:
+  using CountingBackend::CountingBackend;
+  int64_t matmuls = 0;
+  void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+              bool accumulate) override {
+    ++matmuls;
+    CountingBackend::matmul(y, x, w, bias, accumulate);
+  }
+};
+
+// Every drafter's observe_batch writes what one observe per request writes (bit for bit on the
+// CPU) in one pass: as many matmuls as one observe (FlashMap had only the default loop).
+TEST_P(SpeculativePrefill, ObserveBatchIsOnePassWithTheSameCache) {
+  auto cpu = make_cpu_backend(1);
+  MatmulCounter counter(*cpu);
+  auto t = load_target(kStories, counter);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/" + GetParam(), **t, {});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  Drafter& drafter = **d;
+  const int64_t width =
+      static_cast<int64_t>(drafter.target_layers().size()) * (*t)->config().hidden_size;
+  const int64_t blocks = 12;
+  KvPool batched = drafter.make_kv_pool(blocks), single = drafter.make_kv_pool(blocks);
+  for (KvPool* pool : {&batched, &single}) {
+    for (auto* ts : {&pool->k, &pool->v}) {
+      for (const Tensor& x : *ts) counter.fill_zero(x);
+    }
+  }
+  // Three sequences (blocks 0-3, 4-7, 8-11): 21 rows at 0, none, 9 rows at 30.
+  const std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+  const std::vector<int64_t> rows = {21, 0, 9}, starts = {0, 5, 30};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<ObserveRequest> reqs;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<float> host(static_cast<size_t>(rows[i] * width));
+    for (float& x : host) x = normal(rng);
+    Tensor taps = counter.empty({std::max<int64_t>(rows[i], 1), width});
+    if (rows[i] > 0) counter.copy_from_host(taps, host.data());  // activation dtype F32 on the CPU
+    reqs.push_back(
+        {.block_table = tables[i], .taps = taps.rows(0, rows[i]), .start_pos = starts[i]});
+  }
+  counter.matmuls = 0;
+  ASSERT_TRUE(drafter.observe(single, reqs[0].block_table, reqs[0].taps, reqs[0].start_pos).ok());
+  const int64_t one_pass = counter.matmuls;
+  for (size_t i = 1; i < reqs.size(); ++i) {
+    ASSERT_TRUE(drafter.observe(single, reqs[i].block_table, reqs[i].taps, reqs[i].start_pos).ok());
+  }
+  counter.matmuls = 0;
+  ASSERT_TRUE(drafter.observe_batch(batched, reqs).ok());
+  EXPECT_EQ(counter.matmuls, one_pass);
+  for (size_t l = 0; l < batched.k.size(); ++l) {
+    EXPECT_EQ(counter.to_host_f32(batched.k[l]), counter.to_host_f32(single.k[l])) << "K " << l;
+    EXPECT_EQ(counter.to_host_f32(batched.v[l]), counter.to_host_f32(single.v[l])) << "V " << l;
+  }
 }
 
 // A step's verify blocks go longest first: a block that max_tokens shortened (request 1: one
