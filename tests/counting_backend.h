@@ -26,9 +26,14 @@ class CountingBackend : public Backend {
 
   const std::vector<Read>& reads() const { return reads_; }
   int64_t syncs() const { return syncs_; }
+  // Paged attention calls for one sequence (paged_attention) and for several at once
+  // (paged_attention_batch).
+  int64_t attention_calls() const { return attention_calls_; }
+  int64_t batched_attention_calls() const { return batched_attention_calls_; }
   void reset() {
     reads_.clear();
     syncs_ = 0;
+    attention_calls_ = batched_attention_calls_ = 0;
     allocations_.clear();
   }
 
@@ -144,12 +149,14 @@ class CountingBackend : public Backend {
   void paged_attention(const Tensor& out, const Tensor& q, const Tensor& k_pool,
                        const Tensor& v_pool, const Tensor& block_table, KvLength kv_len,
                        AttentionMask mask, float scale) override {
+    ++attention_calls_;
     b_.paged_attention(out, q, k_pool, v_pool, block_table, kv_len, mask, scale);
   }
   void paged_attention_batch(const Tensor& out, const Tensor& q, const Tensor& k_pool,
                              const Tensor& v_pool, const Tensor& block_tables,
                              const Tensor& kv_lens, int64_t max_kv_len, AttentionMask mask,
                              float scale) override {
+    ++batched_attention_calls_;
     b_.paged_attention_batch(out, q, k_pool, v_pool, block_tables, kv_lens, max_kv_len, mask,
                              scale);
   }
@@ -226,6 +233,7 @@ class CountingBackend : public Backend {
   Backend& b_;
   std::vector<Read> reads_;
   int64_t syncs_ = 0;
+  int64_t attention_calls_ = 0, batched_attention_calls_ = 0;
   std::optional<MemoryInfo> memory_;
   std::optional<DType> posed_;
   std::vector<Allocation> allocations_;

@@ -102,7 +102,8 @@ Result<std::vector<int32_t>> generate_speculative(CausalLM& target, Drafter& dra
                                                   const LogprobsCallback& on_logprobs = nullptr);
 
 // Plain decoding of several prompts in lockstep (a Scheduler, engine/scheduler.h, admitting them
-// all at once): the prompts prefill one at a time, then every step runs one batched target
+// all at once): the prompts prefill together (forward_batch, as many as fit the prefill chunk;
+// a longer one in chunks of its own), then every step runs one batched target
 // forward (CausalLM::forward_batch) over the sequences still generating. Each output is what
 // generate_plain gives for that prompt alone with the same options (same stops; sampling draws
 // from a sampler seeded as generate_plain's). (*stats)[i] describes prompt i; the timing fields
@@ -116,7 +117,8 @@ Result<std::vector<std::vector<int32_t>>> generate_plain_batch(
 // generated count, steps / drafted / accepted and per-position counts in (*stats)[i]) is what
 // generate_speculative gives for that prompt alone with the same options: greedy bit for bit on
 // the CPU, sampled from per-sequence samplers seeded as generate_speculative's. Prompts prefill
-// one at a time; then each step every sequence still generating proposes its own drafts and one
+// together as generate_plain_batch's (the drafter observing all their taps in one pass); then
+// each step every sequence still generating proposes its own drafts and one
 // CausalLM::forward_batch verifies all blocks (of per-sequence sizes: k shrinks near max_tokens
 // and the context end). prefill / decode seconds are those of the whole batch, verify_seconds
 // adds the batch's verify time to every sequence in that step. There is no token callback, and

@@ -99,13 +99,14 @@ struct Scheduler::Impl {
   // Feeds up to `max_tokens` (0: all) of the request's prompt; after the last chunk its first
   // token is committed and its first decode step begun.
   Status prefill(Request& r, int64_t max_tokens);
-  // Plain decoding with chunked prefill: the front prefilling requests whose whole remaining
-  // prompt fits `budget` go through one forward_batch, each taking its first token as a prefill
-  // alone does (one weight stream for all their prompts instead of one each); the budget shrinks
-  // by their tokens. When the forward runs out of memory the newest of them ends with that error
-  // (as in a batched step) and the others stay. False (nothing changed but KV reservations, which
-  // their own prefill reuses) when fewer than two qualify or their batch fails otherwise: then
-  // each prefills alone.
+  // Chunked prefill: the front prefilling requests whose whole remaining prompt fits `budget` go
+  // through one forward_batch, each taking its first token as a prefill alone does (one weight
+  // stream for all their prompts instead of one each); with a drafter the forward taps its layers
+  // and one Drafter::observe_batch takes every prompt's taps (detail::prefill_batch). The budget
+  // shrinks by their tokens. When the batch runs out of memory the newest of them ends with that
+  // error (as in a batched step) and the others stay. False (nothing changed but KV reservations,
+  // which their own prefill reuses) when fewer than two qualify, the KV pool is full (preemption)
+  // or their batch fails otherwise: then each prefills alone.
   bool prefill_together(int64_t& budget);
   Status step_plain();
   Status step_speculative();
@@ -148,7 +149,7 @@ struct Scheduler::Impl {
   BatchForwardResult res;
   std::vector<detail::PlainSequence*> plain_seqs;  // plain step: the running sequences
   std::vector<Request*> group;                     // prefill_together's requests
-  std::vector<detail::SpeculativeSequence*> seqs;  // speculative step: the running sequences
+  std::vector<detail::SpeculativeSequence*> seqs;  // speculative step / prefill_together
 };
 
 Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options)
@@ -232,7 +233,7 @@ Status Scheduler::Impl::prefill(Request& r, int64_t max_tokens) {
 }
 
 bool Scheduler::Impl::prefill_together(int64_t& budget) {
-  if (drafter || budget <= 0) return false;
+  if (budget <= 0) return false;
   group.clear();
   int64_t tokens = 0;
   for (const auto& r : prefilling) {
@@ -244,16 +245,23 @@ bool Scheduler::Impl::prefill_together(int64_t& budget) {
   }
   if (group.size() < 2) return false;
   const auto t = Clock::now();
-  reqs.clear();
-  plain_seqs.clear();
-  for (Request* r : group) {
-    const Result<bool> stepping = r->begin_step();  // reserves its prompt's KV blocks
-    if (!stepping.ok() || !*stepping) return false;
-    reqs.push_back(r->plain->request());
-    plain_seqs.push_back(r->plain.get());
+  Status batch;
+  if (drafter) {
+    seqs.clear();
+    for (Request* r : group) seqs.push_back(r->spec.get());
+    batch = catch_allocation_failure([&] { return detail::prefill_batch(*spec, seqs); });
+    if (is_kv_full(batch)) return false;  // each prefills (or waits again) on its own
+  } else {
+    reqs.clear();
+    plain_seqs.clear();
+    for (Request* r : group) {
+      const Result<bool> stepping = r->begin_step();  // reserves its prompt's KV blocks
+      if (!stepping.ok() || !*stepping) return false;
+      reqs.push_back(r->plain->request());
+      plain_seqs.push_back(r->plain.get());
+    }
+    batch = catch_allocation_failure([&] { return target.forward_batch(reqs, pool, &res); });
   }
-  const Status batch =
-      catch_allocation_failure([&] { return target.forward_batch(reqs, pool, &res); });
   if (batch.code() == StatusCode::kOutOfMemory) {
     // As a batched step's: the newest of them ends with it, the others try again, fewer at once.
     const auto newest = prefilling.begin() + static_cast<std::ptrdiff_t>(group.size() - 1);
@@ -266,8 +274,9 @@ bool Scheduler::Impl::prefill_together(int64_t& budget) {
     return true;
   }
   if (!batch.ok()) return false;  // each prefills alone and fails, if it does, on its own
-  detail::take_step(target.backend(), plain_seqs, res.logits, ids);
+  if (!drafter) detail::take_step(target.backend(), plain_seqs, res.logits, ids);
   budget -= tokens;
+  ++times.prefill_batches;
   const double seconds = seconds_since(t);
   for (size_t i = 0; i < group.size(); ++i) {  // the front ones, in order
     std::unique_ptr<Request> r = std::move(prefilling.front());
@@ -411,6 +420,14 @@ Status Scheduler::Impl::step_plain() {
 Status Scheduler::Impl::step_speculative() {
   seqs.clear();
   for (const auto& r : running) seqs.push_back(r->spec.get());
+  // Longest verify blocks first, else in arrival order: the few blocks that max_tokens or the
+  // context window shortened come last, so that the verify forward has one run of full blocks
+  // (one attention call for them) and a shape that repeats from step to step (a captured graph
+  // replays) instead of short blocks at changing places. Each sequence's tokens do not depend on
+  // where its block lies in the step.
+  std::stable_sort(seqs.begin(), seqs.end(), [](const auto* a, const auto* b) {
+    return a->verify_rows() > b->verify_rows();
+  });
   return detail::speculative_step(*spec, seqs);
 }
 

@@ -11,8 +11,9 @@
 // alone, first come first served: without max_prefill_tokens each whole prompt in one forward (as
 // generate_plain / generate_speculative prefill), with it at most that many prompt tokens in all
 // this step (chunked prefill: consecutive forwards at their start positions, the drafter observing
-// each chunk's taps; a prompt may take several steps; without a drafter the front requests whose
-// whole remaining prompt fits the step's budget prefill together in one forward_batch), and a
+// each chunk's taps; a prompt may take several steps; the front requests whose whole remaining
+// prompt fits the step's budget prefill together in one forward_batch, with a drafter its layers
+// tapped and one Drafter::observe_batch of all their taps), and a
 // request whose prompt is done samples its first token and joins the batch; then one batched step
 // of every running request (plain: one CausalLM::forward_batch row each; speculative: drafts for
 // all in one Drafter::propose_batch when the drafter has it, one forward_batch verifying every
@@ -71,10 +72,11 @@ struct SchedulerOptions {
 // Host-clock seconds spent in each phase of Scheduler::step() since construction (a batched
 // step's time includes the device's and the callbacks'); for profiling the serving loop.
 struct SchedulerTimes {
-  int64_t steps = 0;         // step() calls that ran a batched step
-  double admit_prefill = 0;  // retiring cancelled requests, admission, prefill chunks
-  double batch = 0;          // the batched decode / speculative step
-  double next = 0;           // ending finished requests, beginning the next steps
+  int64_t steps = 0;            // step() calls that ran a batched step
+  double admit_prefill = 0;     // retiring cancelled requests, admission, prefill chunks
+  double batch = 0;             // the batched decode / speculative step
+  double next = 0;              // ending finished requests, beginning the next steps
+  int64_t prefill_batches = 0;  // forwards that prefilled several prompts together
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).

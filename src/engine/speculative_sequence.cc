@@ -63,7 +63,7 @@ SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_b
   target_ids = backend.empty({rows}, DType::kI32);
   offsets = backend.empty({max_seqs + 1}, DType::kI32);
   accepted = backend.empty({max_seqs, rows_per_sequence(drafter) + 1}, DType::kI32);
-  first_token = backend.empty({1}, DType::kI32);
+  first_tokens = backend.empty({max_seqs}, DType::kI32);
 }
 
 SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOptions& options,
@@ -81,29 +81,50 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
       draft_sampling_(run.target.backend()),
       out_(options, on_token, on_logprobs, stats) {}
 
-Status SpeculativeSequence::observe(const Tensor& taps, int64_t start) {
-  const auto t = Clock::now();
-  BS_RETURN_IF_ERROR(run_.drafter.observe(run_.draft_kv, kv_.block_table(), taps, start));
-  st_.observe_seconds += seconds_since(t);
-  return Status::Ok();
-}
-
-Status SpeculativeSequence::prefill(int64_t max_tokens) {
+Result<ForwardRequest> SpeculativeSequence::prefill_request(int64_t max_tokens) {
   const int64_t start = kv_.length();
   const int64_t left = prompt_left();
   const int64_t n = max_tokens > 0 ? std::min(max_tokens, left) : left;
-  const bool last = n == left;
   BS_RETURN_IF_ERROR(kv_.reserve(start + n));
+  prefill_n_ = n;
+  return ForwardRequest{
+      .tokens = prompt_.subspan(static_cast<size_t>(start), static_cast<size_t>(n)),
+      .start_pos = start,
+      .block_table = kv_.block_table(),
+      .num_logits = n == left ? 1 : 0,
+      .tap_layers = run_.drafter.target_layers()};
+}
+
+ObserveRequest SpeculativeSequence::prefill_observe(const Tensor& taps) const {
+  return {.block_table = kv_.block_table(), .taps = taps, .start_pos = kv_.length()};
+}
+
+bool SpeculativeSequence::prefilled(double observe_seconds) {
+  kv_.set_length(kv_.length() + prefill_n_);
+  prefill_n_ = 0;
+  st_.observe_seconds += observe_seconds;
+  return prompt_left() == 0;
+}
+
+void SpeculativeSequence::choose_first_token(const Tensor& logits, const Tensor& out) {
+  run_.target_sampling.choose(sampler_, logits, out);
+}
+
+void SpeculativeSequence::take_first_token(int32_t token, const Tensor& logits) {
+  std::vector<float> row;
+  if (wants_logits()) row = run_.target.backend().to_host_f32(logits);
+  done_ = out_.commit(token, row);
+}
+
+Status SpeculativeSequence::prefill(int64_t max_tokens) {
+  BS_ASSIGN_OR_RETURN(const ForwardRequest req, prefill_request(max_tokens));
   ForwardResult res;
-  BS_RETURN_IF_ERROR(run_.target.forward(
-      {.tokens = prompt_.subspan(static_cast<size_t>(start), static_cast<size_t>(n)),
-       .start_pos = start,
-       .block_table = kv_.block_table(),
-       .num_logits = last ? 1 : 0,
-       .tap_layers = run_.drafter.target_layers()},
-      run_.target_kv, &res));
-  kv_.set_length(start + n);
-  BS_RETURN_IF_ERROR(observe(res.taps, start));
+  BS_RETURN_IF_ERROR(run_.target.forward(req, run_.target_kv, &res));
+  const auto t = Clock::now();
+  const ObserveRequest observe = prefill_observe(res.taps);
+  BS_RETURN_IF_ERROR(
+      run_.drafter.observe(run_.draft_kv, observe.block_table, observe.taps, observe.start_pos));
+  const bool last = prefilled(seconds_since(t));
   // The read-back of the first token waits for the forward and the observe; a chunk
   // without logits waits for them too, so that the prefill's time is its own.
   Backend& backend = run_.target.backend();
@@ -111,12 +132,11 @@ Status SpeculativeSequence::prefill(int64_t max_tokens) {
     backend.synchronize();
     return Status::Ok();
   }
-  run_.target_sampling.choose(sampler_, res.logits, run_.first_token);
+  const Tensor out = run_.first_tokens.rows(0, 1);
+  choose_first_token(res.logits, out);
   int32_t token = 0;
-  backend.copy_to_host(&token, run_.first_token);
-  std::vector<float> logits;
-  if (wants_logits()) logits = backend.to_host_f32(res.logits);
-  done_ = out_.commit(token, logits);
+  backend.copy_to_host(&token, out);
+  take_first_token(token, res.logits);
   return Status::Ok();
 }
 
@@ -516,6 +536,43 @@ Status SpeculativeStep::run() {
 
 Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
   return SpeculativeStep(run, seqs).run();
+}
+
+Status prefill_batch(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs) {
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  BS_CHECK(n >= 1 && n <= run.max_seqs);
+  run.reqs.clear();
+  for (SpeculativeSequence* seq : seqs) {
+    BS_ASSIGN_OR_RETURN(const ForwardRequest req, seq->prefill_request(0));
+    run.reqs.push_back(req);
+  }
+  BS_RETURN_IF_ERROR(run.target.forward_batch(run.reqs, run.target_kv, &run.res));
+  const auto t = Clock::now();
+  std::vector<ObserveRequest> observes;
+  observes.reserve(seqs.size());
+  for (int64_t i = 0; i < n; ++i) {
+    observes.push_back(seqs[i]->prefill_observe(run.res.seqs[static_cast<size_t>(i)].taps));
+  }
+  BS_RETURN_IF_ERROR(run.drafter.observe_batch(run.draft_kv, observes));
+  const double observe_seconds = seconds_since(t);
+  // Every prompt's first token from its logits row (logits [n, vocab]): one argmax for all (the
+  // sampled rows' draws then overwrite theirs), one read-back.
+  Backend& backend = run.target.backend();
+  const Tensor& logits = run.res.logits;
+  const Tensor ids = run.first_tokens.rows(0, n);
+  if (std::any_of(seqs.begin(), seqs.end(), [](const auto* s) { return s->greedy(); })) {
+    backend.argmax(ids, logits);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!seqs[i]->greedy()) seqs[i]->choose_first_token(logits.rows(i, 1), ids.rows(i, 1));
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  backend.copy_to_host(tokens.data(), ids);
+  for (int64_t i = 0; i < n; ++i) {
+    BS_CHECK(seqs[i]->prefilled(observe_seconds));
+    seqs[i]->take_first_token(tokens[static_cast<size_t>(i)], logits.rows(i, 1));
+  }
+  return Status::Ok();
 }
 
 }  // namespace bs::detail

@@ -55,7 +55,9 @@ struct SpeculativeRun {
   // I32 [max_seqs, R + 1]: row i = sequence i's [a, next, d_1 .. d_k] (greedy_accept, or the
   // sampled accept, Backend::rejection_sample), the step's one read-back.
   Tensor accepted;
-  Tensor first_token;  // I32 [1]: a prefill's first token, chosen on the device
+  // I32 [max_seqs]: the first tokens of a prefill (row 0) or of a batched prefill (row i for its
+  // i-th sequence), chosen on the device.
+  Tensor first_tokens;
   // The target's distributions of a sampled sequence's verify rows (and of a prefill's first
   // token), made by each sampled accept in turn.
   DeviceSampling target_sampling;
@@ -118,6 +120,22 @@ class SpeculativeSequence {
   // drafter observes their taps, so both caches end up as after a whole-prompt prefill; only the
   // call that feeds the prompt's last token computes logits and chooses the first token.
   Status prefill(int64_t max_tokens = 0);
+  // ---- prefill()'s parts, which prefill_batch runs for several sequences at once ----
+  // Reserves the cache for the next n prompt tokens (at most `max_tokens`; 0: all that are left)
+  // and returns their target forward (every row tapped; the last row's logits when they end the
+  // prompt). Nothing else changes until prefilled().
+  Result<ForwardRequest> prefill_request(int64_t max_tokens);
+  // The drafter's observe of that forward's taps [n, cols] (at the chunk's positions).
+  ObserveRequest prefill_observe(const Tensor& taps) const;
+  // The forward and the observe of prefill_request's tokens ran (`observe_seconds` long): they
+  // are cached. True when they were the prompt's last (choose_first_token comes next).
+  bool prefilled(double observe_seconds);
+  // The first token from the prompt's last logits row [1, vocab], into `out` (I32 [1] on the
+  // device): the argmax, or a draw with the sequence's sampler (one uniform).
+  void choose_first_token(const Tensor& logits, const Tensor& out);
+  // The first token, read back, is committed (with its logits row [1, vocab] when logprobs are
+  // on).
+  void take_first_token(int32_t token, const Tensor& logits);
   // Prompt tokens not cached yet.
   int64_t prompt_left() const {
     return std::max<int64_t>(static_cast<int64_t>(prompt_.size()) - kv_.length(), 0);
@@ -187,7 +205,6 @@ class SpeculativeSequence {
   Sampler& sampler() { return sampler_; }
 
  private:
-  Status observe(const Tensor& taps, int64_t start);
   // Counts, commits and rolls back an accepted step; leaves the drafter's observe pending.
   Status commit_step(const AcceptResult& acc, const Tensor& taps,
                      std::span<const float> target_logits);
@@ -199,6 +216,7 @@ class SpeculativeSequence {
   GenerateStats& st_;
   std::span<const int32_t> prompt_;
   SequenceKv kv_;
+  int64_t prefill_n_ = 0;  // prompt tokens of the prefill_request in flight
   Sampler sampler_;
   DeviceSampling draft_sampling_;  // sampled: the step's drafts and their distributions q
   CommittedTokens out_;
@@ -264,5 +282,15 @@ class SpeculativeStep {
 
 // SpeculativeStep(run, seqs).run().
 Status speculative_step(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs);
+
+// Several sequences' whole remaining prompts prefilled together (the Scheduler's batched prefill;
+// at most run.max_seqs): one CausalLM::forward_batch over every prompt (every row tapped, the
+// last row's logits), one Drafter::observe_batch of all their taps, the first tokens chosen on
+// the device (one argmax for the greedy ones, a draw with each sampled sequence's sampler) and
+// read back at once, each committed as its prefill() commits it; each sequence's output equals
+// its prefill()'s (on the CPU bit for bit). On an error nothing has changed but the caches'
+// reservations (which a later prefill reuses): the sequences may prefill again, together or
+// alone.
+Status prefill_batch(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs);
 
 }  // namespace bs::detail

@@ -58,9 +58,8 @@ struct DraftDraw {
   Tensor probs;
 };
 
-// One sequence's observe (Drafter::observe_batch)// One sequence's observe
-// (Drafter::observe_batch): its block table, its taps [n, cols] for positions [start_pos, start_pos
-// + n).
+// One sequence's observe (Drafter::observe_batch): its block table, its taps [n, cols] for
+// positions [start_pos, start_pos + n).
 struct ObserveRequest {
   std::span<const int32_t> block_table;
   Tensor taps;
@@ -117,7 +116,8 @@ class Drafter {
     return Unimplemented("{} drafter: no propose_draw", family());
   }
   // The observes of several sequences; the caches end up as after one observe per request. The
-  // default is exactly that loop; a drafter may run all rows in one pass.
+  // default is exactly that loop; DFlash (and its relatives) and FlashMap run all rows in one pass
+  // (a batched prefill's prompts, a step's accepted positions).
   virtual Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) {
     for (const ObserveRequest& req : reqs) {
       BS_RETURN_IF_ERROR(observe(kv, req.block_table, req.taps, req.start_pos));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "counting_backend.h"
 #include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "models/registry.h"
@@ -99,6 +100,68 @@ TEST_P(Batch, ForwardBatchEqualsForwardPerSequence) {
     ASSERT_TRUE(target_->forward(reqs[i], single, &alone).ok());
     EXPECT_EQ(backend_->to_host_f32(alone.logits), batch_logits[i]) << "sequence " << i;
     EXPECT_EQ(backend_->to_host_f32(alone.taps), batch_taps[i]) << "sequence " << i;
+  }
+}
+
+// A batch whose sequences have unequal rows (a served speculative step where some verify blocks
+// are shorter): every run of consecutive sequences with equal rows shares one attention call per
+// layer (rows 4, 4, 4, 2, 4, 4: three calls, not six), and each sequence's logits and taps are
+// still forward()'s alone, bit for bit.
+TEST_P(Batch, UnevenRowsShareAttentionCallsByRuns) {
+  test_util::CountingBackend counter(*backend_);
+  auto loaded = load_target(GetParam(), counter);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  CausalLM& target = **loaded;
+  const auto& c = target.config();
+  std::mt19937 rng(11);
+  const int64_t blocks = 64;
+  KvPool batched = target.make_kv_pool(blocks), single = target.make_kv_pool(blocks);
+  BlockAllocator alloc(blocks);
+  const std::vector<int64_t> cached = {5, 17, 0, 30, 9, 21}, fresh = {4, 4, 4, 2, 4, 4};
+  const std::vector<int> taps = {static_cast<int>(c.num_layers - 1)};
+  std::vector<std::unique_ptr<SequenceKv>> seqs;
+  std::vector<std::vector<int32_t>> step;
+  std::vector<ForwardRequest> reqs;
+  for (size_t i = 0; i < cached.size(); ++i) {
+    seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
+    ASSERT_TRUE(seqs[i]->reserve(cached[i] + fresh[i]).ok());
+    const std::vector<int32_t> history = random_tokens(rng, cached[i], c.vocab_size);
+    step.push_back(random_tokens(rng, fresh[i], c.vocab_size));
+    if (cached[i] > 0) {
+      for (KvPool* pool : {&batched, &single}) {
+        ForwardResult r;
+        ASSERT_TRUE(target
+                        .forward({.tokens = history,
+                                  .start_pos = 0,
+                                  .block_table = seqs[i]->block_table(),
+                                  .num_logits = 0},
+                                 *pool, &r)
+                        .ok());
+      }
+    }
+  }
+  for (size_t i = 0; i < cached.size(); ++i) {
+    reqs.push_back({.tokens = step[i],
+                    .start_pos = cached[i],
+                    .block_table = seqs[i]->block_table(),
+                    .num_logits = fresh[i],
+                    .tap_layers = taps});
+  }
+  counter.reset();
+  BatchForwardResult batch;
+  ASSERT_TRUE(target.forward_batch(reqs, batched, &batch).ok());
+  EXPECT_EQ(counter.batched_attention_calls(), 2 * c.num_layers);  // sequences 0-2 and 4-5
+  EXPECT_EQ(counter.attention_calls(), c.num_layers);              // sequence 3
+  std::vector<std::vector<float>> batch_logits, batch_taps;
+  for (const auto& r : batch.seqs) {
+    batch_logits.push_back(counter.to_host_f32(r.logits));
+    batch_taps.push_back(counter.to_host_f32(r.taps));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ForwardResult alone;
+    ASSERT_TRUE(target.forward(reqs[i], single, &alone).ok());
+    EXPECT_EQ(counter.to_host_f32(alone.logits), batch_logits[i]) << "sequence " << i;
+    EXPECT_EQ(counter.to_host_f32(alone.taps), batch_taps[i]) << "sequence " << i;
   }
 }
 

@@ -128,11 +128,13 @@ class OneReadBack : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(r.dtype, DType::kI32) << what;
     EXPECT_EQ(r.numel, seqs * result_width()) << what;
   }
-  // A prefill's read: the first token's id, chosen on the device.
-  static void expect_token_read(const CountingBackend::Read& r, const std::string& what) {
+  // A prefill's read: the first token's id, chosen on the device (of `n` prompts prefilled
+  // together: their ids at once).
+  static void expect_token_read(const CountingBackend::Read& r, const std::string& what,
+                                int64_t n = 1) {
     EXPECT_FALSE(r.f32) << what;
     EXPECT_EQ(r.dtype, DType::kI32) << what;
-    EXPECT_EQ(r.numel, 1) << what;
+    EXPECT_EQ(r.numel, n) << what;
   }
   // Runs generate_speculative on the counting backend and checks that the prefill reads one id and
   // every step one result, the tokens of a step committed together after its read. Returns the
@@ -206,14 +208,14 @@ TEST_P(OneReadBack, GreedyBatch) {
     accepted += s.accepted;
   }
   EXPECT_GT(accepted, 0);
-  ASSERT_EQ(static_cast<int64_t>(reads.size()), P + steps);
-  // The prefills first (one token id each), then one [running sequences, width] result a step,
-  // fewer rows as sequences finish.
-  for (int64_t i = 0; i < P; ++i) expect_token_read(reads[i], "prefill " + std::to_string(i));
+  ASSERT_EQ(static_cast<int64_t>(reads.size()), 1 + steps);
+  // The prompts' batched prefill first (every first token id at once), then one [running
+  // sequences, width] result a step, fewer rows as sequences finish.
+  expect_token_read(reads[0], "prefill", P);
   int64_t running_prev = P;
-  for (size_t i = static_cast<size_t>(P); i < reads.size(); ++i) {
+  for (size_t i = 1; i < reads.size(); ++i) {
     const int64_t running = reads[i].numel / result_width();
-    expect_step_read(reads[i], running, "batch step " + std::to_string(i - P));
+    expect_step_read(reads[i], running, "batch step " + std::to_string(i - 1));
     EXPECT_LE(running, running_prev);
     running_prev = running;
   }
@@ -302,10 +304,10 @@ TEST_P(OneReadBack, SampledBatch) {
     accepted += done[i].stats.accepted;
   }
   EXPECT_GT(accepted, 0);
-  ASSERT_EQ(static_cast<int64_t>(reads.size()), n + steps);
-  for (int64_t i = 0; i < n; ++i) expect_token_read(reads[i], "prefill " + std::to_string(i));
-  for (size_t i = static_cast<size_t>(n); i < reads.size(); ++i) {
-    expect_step_read(reads[i], reads[i].numel / result_width(), "step " + std::to_string(i - n));
+  ASSERT_EQ(static_cast<int64_t>(reads.size()), 1 + steps);
+  expect_token_read(reads[0], "prefill", n);  // the prompts prefill together
+  for (size_t i = 1; i < reads.size(); ++i) {
+    expect_step_read(reads[i], reads[i].numel / result_width(), "step " + std::to_string(i - 1));
   }
   EXPECT_EQ(syncs, 0);
 }
@@ -376,7 +378,7 @@ TEST_P(OneReadBack, LogprobsReadOnlyTheCommittedRows) {
       ++i32_reads;
     }
   }
-  EXPECT_EQ(i32_reads, n + steps);  // a token id per prefill, one result per step
+  EXPECT_EQ(i32_reads, 1 + steps);  // the batched prefill's token ids, one result per step
   EXPECT_EQ(f32_reads, lp_reads);
   EXPECT_EQ(f32_rows, lp_rows);
   EXPECT_EQ(syncs, 0);

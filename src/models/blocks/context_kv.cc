@@ -16,6 +16,20 @@ void ContextKvScratch::ensure(Backend& b, const ContextKv& w, int64_t n) {
   rows = r;
 }
 
+Tensor stack_taps(Backend& b, std::span<const ObserveRequest> reqs, int64_t width, Tensor* buffer) {
+  int64_t n = 0;
+  for (const ObserveRequest& req : reqs) n += req.taps.dim(0);
+  if (!buffer->defined() || buffer->dim(0) < n)
+    *buffer = b.empty({std::max<int64_t>(n, 64), width});
+  int64_t row = 0;
+  for (const ObserveRequest& req : reqs) {
+    const int64_t rows = req.taps.dim(0);
+    if (rows > 0) b.copy(buffer->rows(row, rows), req.taps);
+    row += rows;
+  }
+  return buffer->rows(0, n);
+}
+
 void context_kv(Backend& b, const ContextKv& w, const Tensor& taps, const Tensor& positions,
                 const Tensor& slots, ContextKvScratch& s, KvPool& kv) {
   const int64_t n = taps.dim(0);

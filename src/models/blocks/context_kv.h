@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
+#include "models/drafter.h"
 #include "models/kv_pool.h"
 #include "models/rope.h"
 
@@ -44,6 +46,11 @@ struct ContextKvScratch {
 // slots (I32 [n], a PagedBatch's) say where each row goes.
 void context_kv(Backend& b, const ContextKv& w, const Tensor& taps, const Tensor& positions,
                 const Tensor& slots, ContextKvScratch& s, KvPool& kv);
+
+// The taps of several observe requests back to back (request i's rows after request i - 1's; a
+// request without rows adds none) in `buffer`, grown to at least their rows [>= 64, width];
+// returns those rows. A batched observe's context_kv input.
+Tensor stack_taps(Backend& b, std::span<const ObserveRequest> reqs, int64_t width, Tensor* buffer);
 
 // K/V of every layer for context rows ctx [n, H] (already projected).
 void write_context_kv(Backend& b, const ContextKv& w, const Tensor& ctx, const Tensor& positions,

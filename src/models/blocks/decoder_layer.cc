@@ -106,13 +106,27 @@ void attention(Backend& b, const DecoderLayer& L, const LayerActivations& a,
                             p.scale);
     return;
   }
+  // Uneven rows (a served batch where some verify blocks are shorter, prompts of several
+  // lengths): each run of consecutive sequences with equal rows in one batched call (the same
+  // rows bit for bit), so that one short block among 32 costs three calls, not 32.
   const int64_t capacity = p.tables.dim(1);
-  for (size_t r = 0, row = 0; r < p.uneven_rows.size(); row += p.uneven_rows[r], ++r) {
-    const int64_t n = p.uneven_rows[r], r0 = static_cast<int64_t>(row), s = static_cast<int64_t>(r);
-    const Tensor kv_len = p.kv_lens.rows(s, 1);
-    b.paged_attention(a.attn.rows(r0, n), a.q.rows(r0, n), k_pool, v_pool,
-                      p.tables.rows(s, 1).view({capacity}), KvLength(p.max_kv_len, &kv_len), L.mask,
-                      p.scale);
+  const int64_t num_seqs = static_cast<int64_t>(p.uneven_rows.size());
+  for (int64_t s = 0, row = 0; s < num_seqs;) {
+    const int64_t n = p.uneven_rows[static_cast<size_t>(s)];
+    int64_t run = 1;
+    while (s + run < num_seqs && p.uneven_rows[static_cast<size_t>(s + run)] == n) ++run;
+    if (run == 1) {
+      const Tensor kv_len = p.kv_lens.rows(s, 1);
+      b.paged_attention(a.attn.rows(row, n), a.q.rows(row, n), k_pool, v_pool,
+                        p.tables.rows(s, 1).view({capacity}), KvLength(p.max_kv_len, &kv_len),
+                        L.mask, p.scale);
+    } else {
+      b.paged_attention_batch(a.attn.rows(row, run * n), a.q.rows(row, run * n), k_pool, v_pool,
+                              p.tables.rows(s, run), p.kv_lens.rows(s, run), p.max_kv_len, L.mask,
+                              p.scale);
+    }
+    s += run;
+    row += run * n;
   }
 }
 

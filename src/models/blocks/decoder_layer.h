@@ -63,8 +63,9 @@ struct PagedAttention {
   Tensor tables;            // I32 [S, capacity]
   Tensor kv_lens;           // I32 [S]: each sequence's cached length after this forward
   int64_t max_kv_len = 0;   // capacity * block_size (bounds the launch)
-  // Rows of each sequence when they differ (then one attention call per sequence); empty when
-  // every sequence has equally many rows (one batched call).
+  // Rows of each sequence when they differ (then one batched attention call per run of
+  // consecutive sequences with equal rows); empty when every sequence has equally many rows (one
+  // batched call).
   std::span<const int64_t> uneven_rows;
   // One fused prologue + attention call where the backend has one (causal target rows).
   bool fused = false;

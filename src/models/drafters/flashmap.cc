@@ -232,6 +232,8 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   KvPool make_kv_pool(int64_t num_blocks) override;
   Status observe(KvPool& kv, std::span<const int32_t> block_table, const Tensor& taps,
                  int64_t start_pos) override;
+  // Every request's rows through the context projection together (the work is row-wise).
+  Status observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) override;
   Status propose(KvPool& kv, const ProposeRequest& req, Tensor* logits) override;
   Status propose_batch(KvPool& kv, std::span<const ProposeRequest> reqs, Tensor* logits) override;
 
@@ -328,6 +330,7 @@ class FlashMapDrafterImpl final : public FlashMapDrafter {
   ContextKvScratch o_;       // observe (grows)
   ContextKvScratch anchor_;  // propose's anchor row
   PagedBatch obs_batch_;     // positions and slots of the current observe
+  Tensor obs_taps_;          // a batched observe's taps, back to back (grows)
   PagedBatch anchor_batch_;  // the anchor's position, slot, block table and p + 1
   std::optional<std::vector<float>> injected_;
 };
@@ -604,19 +607,34 @@ KvPool FlashMapDrafterImpl::make_kv_pool(int64_t num_blocks) {
   return bs::make_kv_pool(backend_, c_.layers, c_.heads, c_.head_dim, num_blocks);
 }
 
-Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_table,
-                                    const Tensor& taps, int64_t start_pos) {
-  const int64_t n = taps.dim(0);
-  const int64_t cols = static_cast<int64_t>(c_.aux_layer_ids.size()) * c_.target_hidden;
-  if (taps.ndim() != 2 || taps.dim(1) != cols) {
+namespace {
+
+// The checks of one observe request: taps [n, cols], start_pos >= 0, a block table covering it.
+Status check_observe(const KvPool& kv, const ObserveRequest& req, int64_t cols,
+                     int64_t tapped_layers, int64_t target_hidden) {
+  if (req.taps.ndim() != 2 || req.taps.dim(1) != cols) {
     return InvalidArgument(
         "flashmap observe: taps must be [n, {}] ({} tapped layers x {}), got "
         "{} columns",
-        cols, c_.aux_layer_ids.size(), c_.target_hidden, taps.row_numel());
+        cols, tapped_layers, target_hidden, req.taps.row_numel());
   }
+  if (req.taps.dim(0) == 0) return Status::Ok();
+  if (req.start_pos < 0) {
+    return InvalidArgument("flashmap observe: start_pos {} < 0", req.start_pos);
+  }
+  return check_block_table(kv, req.block_table, req.start_pos + req.taps.dim(0),
+                           "flashmap observe");
+}
+
+}  // namespace
+
+Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_table,
+                                    const Tensor& taps, int64_t start_pos) {
+  const int64_t n = taps.dim(0);
+  const int64_t layers = static_cast<int64_t>(c_.aux_layer_ids.size());
+  const ObserveRequest req{.block_table = block_table, .taps = taps, .start_pos = start_pos};
+  BS_RETURN_IF_ERROR(check_observe(kv, req, layers * c_.target_hidden, layers, c_.target_hidden));
   if (n == 0) return Status::Ok();
-  if (start_pos < 0) return InvalidArgument("flashmap observe: start_pos {} < 0", start_pos);
-  BS_RETURN_IF_ERROR(check_block_table(kv, block_table, start_pos + n, "flashmap observe"));
   o_.ensure(backend_, ctx_, n);
   const PagedBatch::Seq seq{.block_table = block_table, .start_pos = start_pos, .rows = n};
   obs_batch_.stage(backend_, kv, {&seq, 1}, /*with_tables=*/false);
@@ -626,6 +644,30 @@ Status FlashMapDrafterImpl::observe(KvPool& kv, std::span<const int32_t> block_t
   backend_.run_captured(key, [&] {
     context_kv(backend_, ctx_, taps, obs_batch_.positions(), obs_batch_.slots(), o_, kv);
   });
+  return Status::Ok();
+}
+
+Status FlashMapDrafterImpl::observe_batch(KvPool& kv, std::span<const ObserveRequest> reqs) {
+  if (reqs.size() == 1) {
+    return observe(kv, reqs[0].block_table, reqs[0].taps, reqs[0].start_pos);
+  }
+  const int64_t layers = static_cast<int64_t>(c_.aux_layer_ids.size());
+  const int64_t cols = layers * c_.target_hidden;
+  std::vector<PagedBatch::Seq> seqs;
+  int64_t n = 0;
+  for (const ObserveRequest& req : reqs) {
+    BS_RETURN_IF_ERROR(check_observe(kv, req, cols, layers, c_.target_hidden));
+    if (req.taps.dim(0) == 0) continue;
+    seqs.push_back(
+        {.block_table = req.block_table, .start_pos = req.start_pos, .rows = req.taps.dim(0)});
+    n += req.taps.dim(0);
+  }
+  if (n == 0) return Status::Ok();
+  o_.ensure(backend_, ctx_, n);
+  obs_batch_.stage(backend_, kv, seqs, /*with_tables=*/false);
+  // One uncaptured pass over the taps side by side (the row count changes from step to step).
+  const Tensor taps = stack_taps(backend_, reqs, cols, &obs_taps_);
+  context_kv(backend_, ctx_, taps, obs_batch_.positions(), obs_batch_.slots(), o_, kv);
   return Status::Ok();
 }
 
