@@ -9,7 +9,7 @@
 #            DFlash2-b16 (issues 14 and 17),
 #   serve  - tools/device/run_serve_s8.sh: bench --batch N and bench-serve against serve, plain
 #            and DFlash-b16 (issue 15).
-# TOTAL_S (default 550) bounds the run. Files into $OUT: session.txt, serve_summary.txt,
+# STEPS=0 leaves the step benches out. TOTAL_S (default 550) bounds the run. Files into $OUT: session.txt, serve_summary.txt,
 # fuzz_summary.txt, fuzz_corpus.tar.xz, logs.tgz.
 set -u
 T0=$SECONDS
@@ -45,6 +45,7 @@ step() {  # name, drafter dir, extra flags
   grep -E "step|generate|output ==|error" $L/steps/bench_$name.txt
 }
 echo "== steps ($((SECONDS - T0)) s)"
+if [ "${STEPS:-1}" = 1 ]; then
 step dflash-b16 $S/qwen3-8b-dflash-b16-acc100
 timeout 60 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 \
   --draft-vocab 32768 --drafter-out $S/dv32k > $L/steps/synth_dv.txt 2>&1 || tail -3 $L/steps/synth_dv.txt
@@ -58,6 +59,7 @@ for d in dspark-b7 dflash2-b16; do
   step $d $S/$d
   rm -rf $S/$d
 done
+fi
 
 left=$((TOTAL_S - 20 - (SECONDS - T0)))
 echo "== serve ($((SECONDS - T0)) s, budget $((left - 30)) s)"
