@@ -8,3 +8,12 @@ L=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head 
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 cp $D/blockspec build-cuda/blockspec
 B=build-cuda/blockspec
+# The build tree's source folder (make_dist.sh wrote it): tests that name their data by the
+# build's absolute source path find it through a link to this tree.
+SRC=$(cat $D/source_dir.txt 2>/dev/null)
+[ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
+# One line about the machine, for the top of a session's log.
+print_machine() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+  echo "$(nproc) cores; commit $(git log -1 --format='%h %s' 2>/dev/null)"
+}

@@ -10,7 +10,6 @@
 set -u
 . tools/device/device_env.sh
 # The tests' data path is the build machine's source tree (make_dist.sh recorded it): link it here.
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
 T0=$SECONDS; BUDGET=${BUDGET:-540}
 left() { [ $((SECONDS - T0)) -lt "$BUDGET" ] || { echo "(skipped: $1, ${SECONDS}s)"; return 1; }; }
 want() { [ $# -eq 0 ] || [[ " $ARGS " == *" $1 "* ]]; }

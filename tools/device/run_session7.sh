@@ -10,7 +10,6 @@
 # Logs under $OUT.
 set -u
 . tools/device/device_env.sh
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
 T0=$SECONDS
 ARGS="${*:-tests reliability}"
 want() { [[ " $ARGS " == *" $1 "* ]]; }

@@ -22,7 +22,6 @@ want() { [[ " $ARGS " == *" $1 "* ]]; }
 LOG=$OUT/session8.txt
 exec > >(tee -a "$LOG") 2>&1
 . tools/device/device_env.sh
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "$(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB; sections: $ARGS; TOTAL_S $TOTAL_S"
 FUZZ_PID=

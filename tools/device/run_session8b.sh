@@ -20,9 +20,7 @@ TOTAL_S=${TOTAL_S:-560}
 LOG=$OUT/session.txt
 exec > >(tee -a "$LOG") 2>&1
 . tools/device/device_env.sh
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-echo "$(nproc) cores; commit $(git log -1 --format='%h %s' 2>/dev/null); TOTAL_S $TOTAL_S"
+print_machine; echo "TOTAL_S $TOTAL_S"
 L=/tmp/s8b; rm -rf $L; mkdir -p $L/fuzz $L/train $L/tests $L/serve $L/budget
 
 OUT=$L/fuzz CORES=${FUZZ_CORES:-6} bash tools/device/run_fuzz_long.sh "$((TOTAL_S - 40))" \

@@ -18,9 +18,7 @@ TOTAL_S=${TOTAL_S:-540}
 LOG=$OUT/session.txt
 exec > >(tee -a "$LOG") 2>&1
 . tools/device/device_env.sh
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-echo "$(nproc) cores; commit $(git log -1 --format='%h %s' 2>/dev/null); TOTAL_S $TOTAL_S"
+print_machine; echo "TOTAL_S $TOTAL_S"
 L=/tmp/s9; rm -rf $L; mkdir -p $L/fuzz $L/tests $L/accept $L/race
 
 OUT=$L/fuzz CORES=${FUZZ_CORES:-12} WEIGHTS=${FUZZ_WEIGHTS:-"hf_config:1 tokenizer_json:3 tokenizer_encode:3 jinja_template:6 chat_render:2 openai_request:2"} \

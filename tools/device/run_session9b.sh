@@ -17,9 +17,7 @@ TOTAL_S=${TOTAL_S:-550}
 LOG=$OUT/session.txt
 exec > >(tee -a "$LOG") 2>&1
 . tools/device/device_env.sh
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-echo "$(nproc) cores; TOTAL_S $TOTAL_S"
+print_machine; echo "TOTAL_S $TOTAL_S"
 L=/tmp/s9b; rm -rf $L; mkdir -p $L/fuzz $L/tests $L/steps $L/serve
 S=/dev/shm/synth
 

@@ -7,7 +7,6 @@
 # come back from a device call: the tests' logs go into one file).
 set -u
 . tools/device/device_env.sh
-SRC=$(cat $D/source_dir.txt 2>/dev/null); [ -n "$SRC" ] && [ ! -e "$SRC" ] && mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"
 T0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 mkdir -p "$SRC/build" && cp $B "$SRC/build/blockspec"
