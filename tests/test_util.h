@@ -205,4 +205,21 @@ inline std::vector<float> chunked_prompt_logits(CausalLM& m, std::span<const int
   return out;
 }
 
+// A drafter's context before its first block: `prompt` through `target` (into `seq`'s blocks,
+// with the drafter's tap layers), then the drafter observes every prompt position but the last,
+// which is the anchor of the first proposal.
+inline Status prefill_and_observe(CausalLM& target, Drafter& drafter,
+                                  const std::vector<int32_t>& prompt, const SequenceKv& seq,
+                                  KvPool& target_kv, KvPool& draft_kv) {
+  const auto P = static_cast<int64_t>(prompt.size());
+  ForwardResult res;
+  BS_RETURN_IF_ERROR(target.forward({.tokens = prompt,
+                                     .start_pos = 0,
+                                     .block_table = seq.block_table(),
+                                     .num_logits = 1,
+                                     .tap_layers = drafter.target_layers()},
+                                    target_kv, &res));
+  return drafter.observe(draft_kv, seq.block_table(), res.taps.rows(0, P - 1), 0);
+}
+
 }  // namespace bs::test_util

@@ -545,19 +545,8 @@ DraftRun draft_once(CausalLM& target, Drafter& drafter, const std::vector<int32_
   BlockAllocator alloc(blocks);
   SequenceKv seq(alloc, kKvBlockSize);
   if (!seq.reserve(P + B).ok()) return r;
-  ForwardResult res;
-  const auto& taps = drafter.target_layers();
   // The anchor is the last prompt token: context = positions [0, P-1).
-  Status st = target.forward({.tokens = prompt,
-                              .start_pos = 0,
-                              .block_table = seq.block_table(),
-                              .num_logits = 1,
-                              .tap_layers = taps},
-                             tpool, &res);
-  EXPECT_TRUE(st.ok()) << st.message();
-  if (!st.ok()) return r;
-  Tensor ctx = res.taps.rows(0, P - 1);
-  st = drafter.observe(dpool, seq.block_table(), ctx, 0);
+  Status st = test_util::prefill_and_observe(target, drafter, prompt, seq, tpool, dpool);
   EXPECT_TRUE(st.ok()) << st.message();
   if (!st.ok()) return r;
   Tensor logits;

@@ -79,16 +79,7 @@ class DFlashDraftVocab : public ::testing::Test {
     BlockAllocator alloc(blocks);
     SequenceKv seq(alloc, kKvBlockSize);
     EXPECT_TRUE(seq.reserve(P + B).ok());
-    ForwardResult res;
-    EXPECT_TRUE(target_
-                    ->forward({.tokens = prompt,
-                               .start_pos = 0,
-                               .block_table = seq.block_table(),
-                               .num_logits = 1,
-                               .tap_layers = d.target_layers()},
-                              tkv, &res)
-                    .ok());
-    EXPECT_TRUE(d.observe(dkv, seq.block_table(), res.taps.rows(0, P - 1), 0).ok());
+    EXPECT_TRUE(test_util::prefill_and_observe(*target_, d, prompt, seq, tkv, dkv).ok());
     Tensor logits;
     const Status st = d.propose(dkv,
                                 {.anchor = prompt.back(),

@@ -15,6 +15,7 @@
 #include "engine/kv_cache.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "test_util.h"
 
 namespace bs {
 namespace {
@@ -42,16 +43,7 @@ TEST(DFlash2SelectorPrecision, LmHeadRowsStayF32UnderBf16Activations) {
   BlockAllocator alloc(blocks);
   SequenceKv seq(alloc, kKvBlockSize);
   ASSERT_TRUE(seq.reserve(P + d.block_size()).ok());
-  ForwardResult res;
-  ASSERT_TRUE((*target)
-                  ->forward({.tokens = prompt,
-                             .start_pos = 0,
-                             .block_table = seq.block_table(),
-                             .num_logits = 1,
-                             .tap_layers = d.target_layers()},
-                            tpool, &res)
-                  .ok());
-  ASSERT_TRUE(d.observe(dpool, seq.block_table(), res.taps.rows(0, P - 1), 0).ok());
+  ASSERT_TRUE(test_util::prefill_and_observe(**target, d, prompt, seq, tpool, dpool).ok());
 
   b.reset();  // the propose's own allocations from here
   Tensor rows;
