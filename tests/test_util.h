@@ -222,4 +222,18 @@ inline Status prefill_and_observe(CausalLM& target, Drafter& drafter,
   return drafter.observe(draft_kv, seq.block_table(), res.taps.rows(0, P - 1), 0);
 }
 
+// The counts a generation reports (finish, prompt and generated tokens, steps, drafts and their
+// acceptance per position) are the same in `got` as in `want`.
+inline void expect_same_counts(const GenerateStats& got, const GenerateStats& want,
+                               const std::string& where) {
+  EXPECT_EQ(got.finish, want.finish) << where;
+  EXPECT_EQ(got.prompt_tokens, want.prompt_tokens) << where;
+  EXPECT_EQ(got.generated_tokens, want.generated_tokens) << where;
+  EXPECT_EQ(got.steps, want.steps) << where;
+  EXPECT_EQ(got.drafted, want.drafted) << where;
+  EXPECT_EQ(got.accepted, want.accepted) << where;
+  EXPECT_EQ(got.position_offered, want.position_offered) << where;
+  EXPECT_EQ(got.position_accepted, want.position_accepted) << where;
+}
+
 }  // namespace bs::test_util

@@ -88,14 +88,7 @@ class SchedulerTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(c.id, id) << where;
     EXPECT_EQ(c.tokens, want.tokens) << where;
     EXPECT_EQ(seen.streamed, want.tokens) << where << " (streamed)";
-    EXPECT_EQ(c.stats.finish, want.stats.finish) << where;
-    EXPECT_EQ(c.stats.prompt_tokens, want.stats.prompt_tokens) << where;
-    EXPECT_EQ(c.stats.generated_tokens, want.stats.generated_tokens) << where;
-    EXPECT_EQ(c.stats.steps, want.stats.steps) << where;
-    EXPECT_EQ(c.stats.drafted, want.stats.drafted) << where;
-    EXPECT_EQ(c.stats.accepted, want.stats.accepted) << where;
-    EXPECT_EQ(c.stats.position_offered, want.stats.position_offered) << where;
-    EXPECT_EQ(c.stats.position_accepted, want.stats.position_accepted) << where;
+    test_util::expect_same_counts(c.stats, want.stats, where);
   }
 
   // Adds arrival i (as request i) before its step and steps `s` until it is idle, calling

@@ -97,14 +97,7 @@ class SpeculativePrefill : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(got.status.ok()) << where << ": " << got.status.message();
     EXPECT_EQ(got.tokens, want.tokens) << where;
     EXPECT_EQ(got.streamed, want.tokens) << where << " (streamed)";
-    EXPECT_EQ(got.stats.finish, want.stats.finish) << where;
-    EXPECT_EQ(got.stats.prompt_tokens, want.stats.prompt_tokens) << where;
-    EXPECT_EQ(got.stats.generated_tokens, want.stats.generated_tokens) << where;
-    EXPECT_EQ(got.stats.steps, want.stats.steps) << where;
-    EXPECT_EQ(got.stats.drafted, want.stats.drafted) << where;
-    EXPECT_EQ(got.stats.accepted, want.stats.accepted) << where;
-    EXPECT_EQ(got.stats.position_offered, want.stats.position_offered) << where;
-    EXPECT_EQ(got.stats.position_accepted, want.stats.position_accepted) << where;
+    test_util::expect_same_counts(got.stats, want.stats, where);
     ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << where;
     for (size_t i = 0; i < got.logprobs.size(); ++i) {
       const TokenLogprobs &a = got.logprobs[i], &b = want.logprobs[i];

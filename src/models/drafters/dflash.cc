@@ -86,7 +86,7 @@ class DFlashDrafter final : public Drafter {
     } else {
       embed_ = target.embed_tokens();
     }
-    const int64_t vd = static_cast<int64_t>(draft_vocab_.size());
+    const int64_t vd = draft_ids_.defined() ? draft_ids_.dim(0) : 0;
     bool compact = false;  // the head holds only the draft-vocabulary rows
     Tensor head;
     if (w.has("lm_head.weight")) {
@@ -185,16 +185,7 @@ class DFlashDrafter final : public Drafter {
     }
     // Several sequences: their taps side by side, then one uncaptured pass (the row count
     // changes from step to step, so graphs would rarely be replayed).
-    if (!obs_taps_.defined() || obs_taps_.dim(0) < n) {
-      obs_taps_ = backend_.empty({std::max<int64_t>(n, 64), width});
-    }
-    int64_t row = 0;
-    for (const ObserveRequest& req : reqs) {
-      const int64_t rows = req.taps.dim(0);
-      if (rows > 0) backend_.copy(obs_taps_.rows(row, rows), req.taps);
-      row += rows;
-    }
-    write(obs_taps_.rows(0, n));
+    write(stack_taps(backend_, reqs, width, &obs_taps_));
     return Status::Ok();
   }
 
@@ -260,7 +251,7 @@ class DFlashDrafter final : public Drafter {
  private:
   bool shifted() const { return modules_ && modules_->shifted_rows(); }
 
-  // The checkpoint's draft vocabulary (d2t, blocks/draft_vocab.h) into draft_vocab_ / draft_ids_.
+  // The checkpoint's draft vocabulary (d2t, blocks/draft_vocab.h) into draft_ids_.
   // DSpark and DFlash2 draw over the whole target vocabulary (the Markov bias and the candidate
   // codebooks are indexed by target ids, specs/dflash.md §5.4: DFlash2 needs the full vocabulary),
   // so a restricted one is refused for them.
@@ -271,12 +262,13 @@ class DFlashDrafter final : public Drafter {
           "is not supported for {} drafters (they draw over the full target vocabulary)",
           ckpt.dir(), c_.draft_vocab_size, vocab_, modules_->family());
     }
-    BS_ASSIGN_OR_RETURN(draft_vocab_, load_draft_vocab(ckpt.dir(), ckpt, w,
-                                                       {.vocab_size = vocab_,
-                                                        .draft_vocab_size = c_.draft_vocab_size}));
-    if (draft_vocab_.empty()) return Status::Ok();
-    draft_ids_ = backend_.empty({static_cast<int64_t>(draft_vocab_.size())}, DType::kI32);
-    backend_.copy_from_host(draft_ids_, draft_vocab_.data());
+    BS_ASSIGN_OR_RETURN(
+        const std::vector<int32_t> ids,
+        load_draft_vocab(ckpt.dir(), ckpt, w,
+                         {.vocab_size = vocab_, .draft_vocab_size = c_.draft_vocab_size}));
+    if (ids.empty()) return Status::Ok();
+    draft_ids_ = backend_.empty({static_cast<int64_t>(ids.size())}, DType::kI32);
+    backend_.copy_from_host(draft_ids_, ids.data());
     return Status::Ok();
   }
 
@@ -410,9 +402,8 @@ class DFlashDrafter final : public Drafter {
   Tensor final_norm_;    // [H]
   Tensor embed_;         // [vocab, H]
   DenseWeight lm_head_;  // [vocab, H]; [draft_vocab, H] with a restricted draft vocabulary
-  // Restricted draft vocabulary: target ids of the head's rows (draft ids 0 ..), and the same as
-  // I32 [draft_vocab] on the backend; both empty when the head covers the whole vocabulary.
-  std::vector<int32_t> draft_vocab_;
+  // Restricted draft vocabulary: I32 [draft_vocab], the target ids of the head's rows (draft ids
+  // 0 ..); undefined when the head covers the whole vocabulary.
   Tensor draft_ids_;
   ContextKvScratch obs_;
   PagedBatch obs_batch_;  // positions and slots of the current observe
