@@ -8,7 +8,9 @@
 #                 sanitizer runtimes are linked in statically, so they need only libfmt, libstdc++
 #                 and libgcc_s beside glibc), debug info stripped (symbol tables kept: reports name
 #                 functions; the unstripped FUZZ_BUILD binaries symbolize the module+offset frames
-#                 here), and FUZZ_BUILD/corpus, the corpus grown by earlier runs.
+#                 here), and FUZZ_BUILD/corpus, the corpus grown by earlier runs;
+#   kprof/      - tools/kprof/kprof.cc built against this machine's CUPTI, with libcupti.so.13
+#                 (docs/CUDA.md: per-kernel GPU times without Nsight Systems).
 #   bash tools/device/pack_session8.sh [BUILD=build] [FUZZ_BUILD=build-fuzz]
 set -eu
 BUILD=${1:-build}
@@ -34,7 +36,15 @@ ldd $F/*_fuzz | awk '/=> \//{print $3}' | sort -u |
 [ -d $FUZZ_BUILD/corpus ] && cp -r $FUZZ_BUILD/corpus $F/corpus
 tar -C $F -cf - . | xz -T0 -6 > $P/fuzz.tar.xz
 rm -rf $F
+# kprof (tools/kprof/kprof.cc) and the CUPTI it needs, when this machine has CUPTI.
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+CUPTI=$(ls $CUDA_HOME/lib/libcupti.so.13 $CUDA_HOME/lib64/libcupti.so.13 $CUDA_HOME/extras/CUPTI/lib64/libcupti.so.13 2>/dev/null | head -1)
+if [ -n "$CUPTI" ]; then
+  mkdir -p $P/kprof
+  g++ -O2 -std=c++17 -shared -fPIC tools/kprof/kprof.cc -I$CUDA_HOME/include -L"$(dirname "$CUPTI")" \
+    -lcupti -o $P/kprof/kprof.so && cp -L "$CUPTI" $P/kprof/ && strip $P/kprof/*.so*
+fi
 tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-packed=$(du -cb $P/* | tail -1 | cut -f1)
+packed=$(du -cb $P | tail -1 | cut -f1)
 ls -la $P | tail -n +2
 echo "carry: $((packed / 1048576)) MiB packed + $((tracked / 1048576)) MiB tracked = $(((packed + tracked) / 1048576)) MiB of 64"
