@@ -8,9 +8,12 @@
 //
 // Environment: KPROF_OUT (file, default stderr); KPROF_SKIP_S and KPROF_SPAN_S (only activity
 // that starts in [init + skip, init + skip + span) counts: a window of a long server run);
-// KPROF_TOP (rows printed, default 40). The server must exit normally (SIGTERM, not SIGKILL).
+// KPROF_WINDOW=signal: only activity that starts between a SIGUSR1 and the next SIGUSR2 to the
+// process counts (a window of a server under load, set by the load script); KPROF_TOP (rows
+// printed, default 40). The process must exit normally (SIGTERM to the server, not SIGKILL).
 #include <cupti.h>
 #include <cxxabi.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -32,7 +35,10 @@ struct Totals {
 std::mutex g_mu;
 std::map<std::string, Totals> g_by_name;
 std::vector<std::pair<uint64_t, uint64_t>> g_intervals;  // kernels only, for the busy time
-uint64_t g_t0 = 0, g_from = 0, g_to = UINT64_MAX;
+// Records arrive in buffers some time after their kernels ran, so the window is kept as bounds
+// on the start timestamps, not as a recording switch.
+volatile uint64_t g_from = 0, g_to = UINT64_MAX;
+uint64_t g_t0 = 0;
 bool g_started = false;
 
 double env_seconds(const char* name) {
@@ -147,6 +153,18 @@ void report() {
   if (out != stderr) std::fclose(out);
 }
 
+void open_window(int) {
+  uint64_t now = 0;
+  cuptiGetTimestamp(&now);
+  g_to = UINT64_MAX;
+  g_from = now;
+}
+void close_window(int) {
+  uint64_t now = 0;
+  cuptiGetTimestamp(&now);
+  g_to = now;
+}
+
 void start() {
   if (g_started) return;
   g_started = true;
@@ -158,6 +176,11 @@ void start() {
   const double skip = env_seconds("KPROF_SKIP_S"), span = env_seconds("KPROF_SPAN_S");
   g_from = g_t0 + static_cast<uint64_t>(skip * 1e9);
   if (span > 0) g_to = g_from + static_cast<uint64_t>(span * 1e9);
+  if (const char* w = std::getenv("KPROF_WINDOW"); w && std::strcmp(w, "signal") == 0) {
+    g_from = UINT64_MAX;  // nothing counts before the SIGUSR1
+    signal(SIGUSR1, open_window);
+    signal(SIGUSR2, close_window);
+  }
   std::atexit(report);
 }
 
