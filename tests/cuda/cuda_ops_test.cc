@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -320,6 +321,175 @@ TEST_F(CudaOps, Fp8WeightsMatchCpuAndRowsAreIndependentOfRowCount) {
         [&](const Tensor& y, const Tensor& x) { gpu_->matmul_fp8(y, x, gq); }, what);
   }
 }
+
+#ifdef BLOCKSPEC_HAS_CUDA
+// The FP8 product's kernels (Backend::matmul_fp8 for BF16 x: v2, the default, and v1,
+// BLOCKSPEC_FP8_KERNEL=v1) against an independent fp64 reference, row-count invariance bit for
+// bit, and graph replay. Shapes: the draft step's o_proj (v2 splits k 8 ways), odd m with k
+// split unevenly, a long k (12288), the smallest k (16) and k not a multiple of 64.
+struct Fp8Shape {
+  int64_t m, k;
+};
+const std::vector<Fp8Shape> kFp8Shapes = {{4096, 4096}, {1003, 4096}, {300, 12288},
+                                          {70, 16},     {37, 48},     {45, 4112}};
+const std::vector<std::pair<cuda::Fp8Kernel, std::string>> kFp8Kernels = {
+    {cuda::Fp8Kernel::kV2, "v2"}, {cuda::Fp8Kernel::kV1, "v1"}};
+
+// The reference of an FP8 product: y[r, j] = scale[j] * sum_c f16(x[r, c]) * e4m3(q[j, c]) in
+// fp64 (x rounded to FP16 and saturated at +-65504, as the kernels take it), and the same sum
+// of |terms| (which bounds the FP32 accumulation error).
+struct Fp8Reference {
+  std::vector<double> y, abs;
+};
+Fp8Reference fp8_reference(const std::vector<uint8_t>& codes, const std::vector<float>& scale,
+                           const std::vector<float>& x, int64_t n, int64_t m, int64_t k) {
+  std::vector<double> xh(x.size()), value(256);
+  for (size_t i = 0; i < x.size(); ++i) {
+    xh[i] = f16_to_f32(f32_to_f16(std::clamp(x[i], -65504.0f, 65504.0f)));
+  }
+  for (int b = 0; b < 256; ++b) value[b] = f8e4m3_to_f32(static_cast<uint8_t>(b));
+  Fp8Reference ref{std::vector<double>(n * m), std::vector<double>(n * m)};
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < m; ++j) {
+      double sum = 0, abs = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double p = xh[r * k + c] * value[codes[j * k + c]];
+        sum += p;
+        abs += std::fabs(p);
+      }
+      ref.y[r * m + j] = scale[j] * sum;
+      ref.abs[r * m + j] = scale[j] * abs;
+    }
+  }
+  return ref;
+}
+
+TEST_F(CudaOps, Fp8KernelsMatchFp64Reference) {
+  for (const Fp8Shape& c : kFp8Shapes) {
+    auto wv = rnd(c.m * c.k, 0.05f);
+    std::fill(wv.begin() + 3 * c.k, wv.begin() + 4 * c.k, 0.0f);  // an all-zero row
+    const Fp8Weight w = gpu_->quantize_fp8_rows(weight(*gpu_, {c.m, c.k}, wv));
+    std::vector<uint8_t> codes(static_cast<size_t>(c.m * c.k));
+    gpu_->copy_to_host(codes.data(), w.q);
+    const auto scale = gpu_->to_host_f32(w.scale);
+    for (const int64_t n : {1, 5, 16}) {
+      auto xv = rnd(n * c.k);
+      xv[std::min<int64_t>(5, c.k - 1)] = bf16_to_f32(f32_to_bf16(1e5f));  // FP16: 65504
+      const Fp8Reference ref = fp8_reference(codes, scale, xv, n, c.m, c.k);
+      const auto yv = rnd(n * c.m);
+      Tensor gx = gpu_act({n, c.k}, xv);
+      for (const auto& [kernel, name] : kFp8Kernels) {
+        cuda::set_fp8_kernel(*gpu_, kernel);
+        for (const DType out : {DType::kF32, DType::kBF16}) {
+          for (const bool accumulate : {false, true}) {
+            const std::string what = name + " m=" + std::to_string(c.m) +
+                                     " k=" + std::to_string(c.k) + " n=" + std::to_string(n) +
+                                     (out == DType::kF32 ? " f32" : " bf16") +
+                                     (accumulate ? " accumulate" : "");
+            Tensor gy = gpu_act({n, c.m}, yv, out);
+            gpu_->matmul_fp8(gy, gx, w, accumulate);
+            const auto got = gpu_->to_host_f32(gy);
+            // FP32 accumulation: products exact, each of the k / 16 MMA steps and each split
+            // addition within 17 units of 2^-23 of the sum of |terms| (truncating alignment),
+            // one rounding for the scale; BF16 output adds half a BF16 unit.
+            const double steps = static_cast<double>(c.k) / 16 + 64 + 2;
+            std::vector<double> num(n), den(n);
+            int bad = 0;
+            for (int64_t i = 0; i < n * c.m; ++i) {
+              const double prev = accumulate ? static_cast<double>(yv[i]) : 0.0;
+              const double want = prev + ref.y[i];
+              const double out_tol =
+                  out == DType::kF32 ? std::ldexp(4.0, -24) : std::ldexp(1.0, -8);
+              const double tol = 17 * steps * std::ldexp(ref.abs[i], -23) +
+                                 out_tol * (std::fabs(want) + std::fabs(prev)) + 1e-30;
+              if (!(std::fabs(got[i] - want) <= tol) && ++bad <= 3) {
+                ADD_FAILURE() << what << " i=" << i << " got " << got[i] << " want " << want
+                              << " tol " << tol;
+              }
+              num[i / c.m] += (got[i] - want) * (got[i] - want);
+              den[i / c.m] += want * want;
+            }
+            EXPECT_EQ(bad, 0) << what;
+            // Row-wise norms: rounding alone stays far below these (a missing 16-k piece of
+            // 12288 would be ~4 %).
+            for (int64_t r = 0; r < n; ++r) {
+              EXPECT_LE(std::sqrt(num[r] / den[r]), out == DType::kF32 ? 3e-4 : 4e-3)
+                  << what << " row " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV2);
+}
+
+// Row r of an n-row product is the same bits for every n (1..17 and 40: more than 16 rows are
+// several launches), F32 output so that no rounding to BF16 hides a different summation order,
+// with and without accumulation.
+TEST_F(CudaOps, Fp8KernelsRowsAreBitIdenticalForEveryRowCount) {
+  const int64_t rows = 40;
+  for (const Fp8Shape& c : kFp8Shapes) {
+    const Fp8Weight w = gpu_->quantize_fp8_rows(weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.05f)));
+    Tensor gx = gpu_act({rows, c.k}, rnd(rows * c.k));
+    const auto yv = rnd(rows * c.m);
+    for (const auto& [kernel, name] : kFp8Kernels) {
+      cuda::set_fp8_kernel(*gpu_, kernel);
+      for (const bool accumulate : {false, true}) {
+        Tensor all = gpu_act({rows, c.m}, yv, DType::kF32);
+        gpu_->matmul_fp8(all, gx, w, accumulate);
+        const auto ref = gpu_->to_host_f32(all);
+        std::vector<int64_t> counts(17);
+        std::iota(counts.begin(), counts.end(), 1);
+        counts.push_back(33);
+        for (const int64_t n : counts) {
+          Tensor part =
+              gpu_act({n, c.m}, std::vector<float>(yv.begin(), yv.begin() + n * c.m), DType::kF32);
+          gpu_->matmul_fp8(part, gx.rows(0, n), w, accumulate);
+          const auto got = gpu_->to_host_f32(part);
+          EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0)
+              << name << " m=" << c.m << " k=" << c.k << " rows=" << n
+              << (accumulate ? " accumulate" : "");
+        }
+      }
+    }
+  }
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV2);
+}
+
+// Inside run_captured (eager, captured, then replayed): the same bits every time, also after a
+// product of another shape ran in between (v2's split counters are left at zero by every launch).
+TEST_F(CudaOps, Fp8KernelsReplayCapturedGraphsWithTheSameBits) {
+  const int64_t n = 16, m = 1003, k = 4096;
+  const Fp8Weight w = gpu_->quantize_fp8_rows(weight(*gpu_, {m, k}, rnd(m * k, 0.05f)));
+  const Fp8Weight other = gpu_->quantize_fp8_rows(weight(*gpu_, {70, 4096}, rnd(70 * 4096, 0.05f)));
+  Tensor gx = gpu_act({n, k}, rnd(n * k));
+  for (const auto& [kernel, name] : kFp8Kernels) {
+    cuda::set_fp8_kernel(*gpu_, kernel);
+    Tensor y = make(*gpu_, {n, m}, DType::kBF16), y32 = make(*gpu_, {n, m}, DType::kF32);
+    Tensor yo = make(*gpu_, {n, 70}, DType::kF32);
+    std::vector<float> first, first32;
+    for (int round = 0; round < 4; ++round) {
+      gpu_->run_captured("test:fp8-" + name, [&] {
+        gpu_->matmul_fp8(y, gx, w);
+        gpu_->matmul_fp8(y32, gx, w);
+      });
+      gpu_->matmul_fp8(yo, gx, other);
+      const auto got = gpu_->to_host_f32(y), got32 = gpu_->to_host_f32(y32);
+      if (round == 0) {
+        first = got;
+        first32 = got32;
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(got.data(), first.data(), got.size() * sizeof(float)), 0)
+          << name << " round " << round;
+      EXPECT_EQ(std::memcmp(got32.data(), first32.data(), got32.size() * sizeof(float)), 0)
+          << name << " f32, round " << round;
+    }
+  }
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV2);
+}
+#endif
 
 TEST_F(CudaOps, AttentionRowsAreIndependentOfRowCount) {
   const int64_t heads = 8, kv_heads = 2, hd = 128, kv_len = 200, n = 16;

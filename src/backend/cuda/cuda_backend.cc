@@ -272,6 +272,9 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
       pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
     }
+    if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
+      if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -281,6 +284,8 @@ class CudaBackend final : public Backend {
     }
     if (attn_ws_) pool_->free(attn_ws_, attn_ws_bytes_);
     if (x16_ws_) pool_->free(x16_ws_, x16_ws_bytes_);
+    if (fp8_part_ws_) pool_->free(fp8_part_ws_, fp8_part_ws_bytes_);
+    if (fp8_count_ws_) pool_->free(fp8_count_ws_, fp8_count_ws_bytes_);
     if (draw_ws_) pool_->free(draw_ws_, draw_ws_bytes_);
     if (topk_ws_) pool_->free(topk_ws_, topk_ws_bytes_);
     cublasLtDestroy(lt_);
@@ -305,6 +310,10 @@ class CudaBackend final : public Backend {
   }
   void set_pinned_rows(int64_t rows) {
     pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, rows);
+    ++capture_generation_;
+  }
+  void set_fp8_kernel(Fp8Kernel kernel) {
+    fp8_kernel_ = kernel;
     ++capture_generation_;
   }
 
@@ -556,8 +565,28 @@ class CudaBackend final : public Backend {
     BS_CHECK(x.numel() == n * k && y.numel() == n * m && w.scale.numel() == m);
     if (n == 0 || m == 0) return;
     const auto* q = static_cast<const uint8_t*>(w.q.data());
+    if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q) &&
+        fp8_kernel_ == Fp8Kernel::kV2) {
+      const int sms = props_.multiProcessorCount;
+      const bs::cuda::Fp8V2Plan plan = bs::cuda::fp8_v2_plan(m, k, sms);
+      bs::cuda::Fp8V2Workspace ws{.num_sms = sms};
+      if (plan.splits > 1) {
+        ws.partials = static_cast<float*>(scratch(&fp8_part_ws_, &fp8_part_ws_bytes_,
+                                                  static_cast<size_t>(plan.partial_floats) * 4));
+        const size_t had = fp8_count_ws_bytes_;
+        ws.counters = static_cast<int*>(
+            scratch(&fp8_count_ws_, &fp8_count_ws_bytes_, static_cast<size_t>(plan.counters) * 4));
+        // A new counter buffer starts at zero (never inside a capture: growth throws there).
+        if (fp8_count_ws_bytes_ != had) {
+          CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, fp8_count_ws_bytes_, stream_));
+        }
+      }
+      CUDA_CHECK(bs::cuda::fp8_matmul_v2(out(y), x.data(), q, w.scale.as<float>(), n, m, k,
+                                         accumulate, ws, stream_));
+      return;
+    }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
-      // An FP16 copy of x, made once for more than 8 rows.
+      // v1 (BLOCKSPEC_FP8_KERNEL=v1): an FP16 copy of x, made once for more than 8 rows.
       void* x16 =
           n > 8 ? scratch(&x16_ws_, &x16_ws_bytes_, static_cast<size_t>(n * k) * 2) : nullptr;
       CUDA_CHECK(bs::cuda::fp8_matmul(out(y), x.data(), q, w.scale.as<float>(), n, m, k, accumulate,
@@ -1286,6 +1315,13 @@ class CudaBackend final : public Backend {
   size_t attn_ws_bytes_ = 0;
   void* x16_ws_ = nullptr;
   size_t x16_ws_bytes_ = 0;
+  // fp8_matmul_v2's split partials and arrival counters (the counters zeroed when allocated).
+  void* fp8_part_ws_ = nullptr;
+  size_t fp8_part_ws_bytes_ = 0;
+  void* fp8_count_ws_ = nullptr;
+  size_t fp8_count_ws_bytes_ = 0;
+  // matmul_fp8's kernel: v2 unless BLOCKSPEC_FP8_KERNEL=v1 (the A/B switch) or set_fp8_kernel.
+  Fp8Kernel fp8_kernel_ = Fp8Kernel::kV2;
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
@@ -1388,5 +1424,6 @@ std::string device_description(Backend& backend) {
 
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
+void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 
 }  // namespace bs::cuda

@@ -220,6 +220,31 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
 // up front instead of in every block (same values).
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
+// v2 of the same product (the default; fp8_matmul above is v1, BLOCKSPEC_FP8_KERNEL=v1): the
+// same operands, supported shapes and contract (row r's result does not depend on n; x rounded
+// to FP16 saturated; y (+)= scale[j] * sum), x staged once per block in shared memory and the
+// weights streamed through a cp.async ring; k split over blocks for small m, reduced in a fixed
+// split order (design at the top of fp8_matmul.cu's v2 section). The plan depends on m, k and
+// the SM count only.
+struct Fp8V2Plan {
+  int64_t splits = 1;          // k splits (blocks per feature group)
+  int64_t groups = 1;          // feature groups of 8 x 16 features (grid = splits x groups)
+  int64_t chunks = 0;          // 64-wide k chunks
+  int64_t slab_chunks = 1;     // chunks of the largest split (the x slab's width)
+  int64_t partial_floats = 0;  // workspace: F32 split partials (0 without splits)
+  int64_t counters = 0;        // workspace: int arrival counters, zero before the first use
+};
+Fp8V2Plan fp8_v2_plan(int64_t m, int64_t k, int num_sms);
+// The workspace fp8_v2_plan(m, k, num_sms) asks for (both null when it has one split). The
+// counters must be zero before the first launch; every launch leaves them zero.
+struct Fp8V2Workspace {
+  float* partials = nullptr;
+  int* counters = nullptr;
+  int num_sms = 0;
+};
+cudaError_t fp8_matmul_v2(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
+                          int64_t m, int64_t k, bool accumulate, const Fp8V2Workspace& ws,
+                          cudaStream_t s);
 
 // ---- Sampling (sampling.cu; the rules are backend/sampling.h) ----
 struct FilterArg {
