@@ -290,6 +290,12 @@ __device__ __forceinline__ void ring_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <int NT, typename TY>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     fp8_matmul_v2_kernel(TY* y, const uint16_t* x, const uint8_t* q, const float* scale, int n,
@@ -444,6 +450,10 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     }
   }
   ring_wait<0>();  // no copy outlives the block
+  // The stream is done: the next kernel may be scheduled now (once every block got here), so
+  // that its launch and its own pre-wait work overlap this kernel's tail; it still waits for
+  // this grid's completion in griddepcontrol.wait before it reads anything written here.
+  launch_dependents();
   if (splits == 1 || first_tile >= tiles) return;
 
   __threadfence();  // every partial of this warp before the arrivals that count it
