@@ -25,6 +25,14 @@ if want times; then
   BLOCKSPEC_STREAM_TIMES=1 timeout 120 $D/cuda_ops_test --gtest_filter='*StreamGemmTimes*' > $OUT/times.txt 2>&1
   echo "== times rc=$? ($((SECONDS - T0))s)"; grep "^\[ " $OUT/times.txt
 fi
+# The variant for the step benchmarks: BLOCKSPEC_STREAM_VARIANT if set, else (after "times") the
+# one with the least per-token matmul time, 1 row + 16 rows.
+if [ -z "${BLOCKSPEC_STREAM_VARIANT:-}" ] && [ -s $OUT/times.txt ]; then
+  export BLOCKSPEC_STREAM_VARIANT=$(grep -E "rows, stream v" $OUT/times.txt |
+    sed -E 's/.*stream v([0-9]+):.*per token ([0-9.]+) ms.*/\1 \2/' |
+    awk '{t[$1] += $2} END {best = -1; for (v in t) if (best < 0 || t[v] < t[best]) best = v; print best}')
+  echo "== picked BLOCKSPEC_STREAM_VARIANT=$BLOCKSPEC_STREAM_VARIANT"
+fi
 if want tests; then
   timeout 120 $D/cuda_ops_test --gtest_filter='*StreamGemm*:*Matmul*:*Captured*:*RowCount*:*Prologue*:*Swiglu*:*Norms*:*PagedAttention*' > $OUT/ops.txt 2>&1
   echo "== ops rc=$? ($((SECONDS - T0))s)"; grep -E "^\[  (PASSED|FAILED) |Failure|Expected|Which is|n=|rows=" $OUT/ops.txt | head -30
@@ -38,6 +46,11 @@ if want bench; then
   M="--model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --context 512"
   timeout 150 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv stream ${KERNELS---kernels} > $OUT/bench_stream.txt 2>&1
   echo "== bench stream rc=$? ($((SECONDS - T0))s)"; grep -vE "^\s*$" $OUT/bench_stream.txt | grep -E "matmul|step|floor|generate|output|tok/s|error" | head -40
+  # Only the small projections on the stream GEMM (<= 48 MiB: q/k/v and o), the rest cuBLASLt.
+  if [ -n "${HYBRID:-}" ] && [ $((SECONDS - T0)) -lt ${HYBRID_BEFORE:-200} ]; then
+    BLOCKSPEC_STREAM_MAX_MIB=48 timeout 100 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv stream > $OUT/bench_hybrid.txt 2>&1
+    echo "== bench stream <= 48 MiB rc=$? ($((SECONDS - T0))s)"; grep -E "step|generate|output|error" $OUT/bench_hybrid.txt | head -20
+  fi
   if [ $((SECONDS - T0)) -lt ${AUTO_BEFORE:-230} ]; then
     timeout 100 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv auto > $OUT/bench_auto.txt 2>&1
     echo "== bench auto rc=$? ($((SECONDS - T0))s)"; grep -E "step|floor|generate|output|tok/s|error" $OUT/bench_auto.txt | head -20
