@@ -267,6 +267,8 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
 }
 
 #ifdef BLOCKSPEC_HAS_CUDA
+constexpr int64_t kAnySize = int64_t{1} << 30;  // MiB: every matrix takes the stream GEMM
+
 // The stream GEMM (GemvMode::kStream, every tuning variant): for n = 1..16, row r of the n-row
 // product equals the product of row r alone bit for bit (F32 output, so no rounding hides a
 // difference), on shapes with m not a multiple of the 16-row tile, k not a multiple of the
@@ -280,7 +282,7 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
   const std::vector<Case> cases = {{300, 64},    {77, 4104}, {1536, 1024},    {1024, 1024},
                                    {1024, 3072}, {33, 200},  {6144 / 4, 4096}};
   for (int variant = 0; variant < cuda::stream_variant_count(); ++variant) {
-    cuda::set_stream_variant(*gpu_, variant);
+    cuda::set_stream_options(*gpu_, variant, kAnySize);
     for (const auto& c : cases) {
       const std::string what = fmt::format("variant {} m={} k={}", variant, c.m, c.k);
       Tensor gw = weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.1f));
@@ -305,12 +307,12 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
   Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.1f));
   Tensor gx = gpu_act({1, k}, rnd(k));
   Tensor y0 = make(*gpu_, {1, m}, DType::kF32), y2 = make(*gpu_, {1, m}, DType::kF32);
-  cuda::set_stream_variant(*gpu_, 0);
+  cuda::set_stream_options(*gpu_, 0, kAnySize);
   gpu_->matmul(y0, gx, gw);
-  cuda::set_stream_variant(*gpu_, 2);
+  cuda::set_stream_options(*gpu_, 2, kAnySize);
   gpu_->matmul(y2, gx, gw);
   EXPECT_NE(gpu_->to_host_f32(y0), gpu_->to_host_f32(y2)) << "the bit test would not see a change";
-  cuda::set_stream_variant(*gpu_, 0);
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
@@ -413,7 +415,7 @@ TEST_F(CudaOps, StreamGemmTimesAtQwen3Shapes) {
   for (const int64_t n : {1, 16}) {
     for (const auto& md : modes) {
       cuda::set_gemv_mode(*gpu_, md.mode);
-      cuda::set_stream_variant(*gpu_, md.variant);
+      cuda::set_stream_options(*gpu_, md.variant, kAnySize);
       std::string line;
       double layer = 0, head = 0;
       for (const auto& mt : mats) {
@@ -446,7 +448,7 @@ TEST_F(CudaOps, StreamGemmTimesAtQwen3Shapes) {
                   (36 * layer + head) / 1e3);
     }
   }
-  cuda::set_stream_variant(*gpu_, 0);
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 #endif

@@ -25,18 +25,19 @@ if want times; then
   BLOCKSPEC_STREAM_TIMES=1 timeout 120 $D/cuda_ops_test --gtest_filter='*StreamGemmTimes*' > $OUT/times.txt 2>&1
   echo "== times rc=$? ($((SECONDS - T0))s)"; grep "^\[ " $OUT/times.txt
 fi
-# The variant for the step benchmarks: BLOCKSPEC_STREAM_VARIANT if set, else (after "times") the
-# one with the least per-token matmul time, 1 row + 16 rows.
-if [ -z "${BLOCKSPEC_STREAM_VARIANT:-}" ] && [ -s $OUT/times.txt ]; then
+# PICK=1: the variant for the step benchmarks is the one with the least per-token matmul time in
+# "times", 1 row + 16 rows (else the backend's default or BLOCKSPEC_STREAM_VARIANT).
+if [ -n "${PICK:-}" ] && [ -z "${BLOCKSPEC_STREAM_VARIANT:-}" ] && [ -s $OUT/times.txt ]; then
   export BLOCKSPEC_STREAM_VARIANT=$(grep -E "rows, stream v" $OUT/times.txt |
     sed -E 's/.*stream v([0-9]+):.*per token ([0-9.]+) ms.*/\1 \2/' |
     awk '{t[$1] += $2} END {best = -1; for (v in t) if (best < 0 || t[v] < t[best]) best = v; print best}')
   echo "== picked BLOCKSPEC_STREAM_VARIANT=$BLOCKSPEC_STREAM_VARIANT"
 fi
 if want tests; then
-  timeout 120 $D/cuda_ops_test --gtest_filter='*StreamGemm*:*Matmul*:*Captured*:*RowCount*:*Prologue*:*Swiglu*:*Norms*:*PagedAttention*' > $OUT/ops.txt 2>&1
+  # FILTER='*' runs the whole files (the small kernels' early trigger touches every forward).
+  timeout 150 $D/cuda_ops_test --gtest_filter="${FILTER:-*StreamGemm*:*Matmul*:*Captured*:*RowCount*:*Prologue*:*Swiglu*:*Norms*:*PagedAttention*}" > $OUT/ops.txt 2>&1
   echo "== ops rc=$? ($((SECONDS - T0))s)"; grep -E "^\[  (PASSED|FAILED) |Failure|Expected|Which is|n=|rows=" $OUT/ops.txt | head -30
-  timeout 120 $D/cuda_models_test --gtest_filter='*Speculative*:*Greedy*' > $OUT/models.txt 2>&1
+  timeout 150 $D/cuda_models_test --gtest_filter="${FILTER:-*Speculative*:*Greedy*}" > $OUT/models.txt 2>&1
   echo "== models rc=$? ($((SECONDS - T0))s)"; grep -E "^\[  (PASSED|FAILED) |Failure|Expected" $OUT/models.txt | head -20
 fi
 if want bench; then
@@ -46,10 +47,10 @@ if want bench; then
   M="--model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --context 512"
   timeout 150 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv stream ${KERNELS---kernels} > $OUT/bench_stream.txt 2>&1
   echo "== bench stream rc=$? ($((SECONDS - T0))s)"; grep -vE "^\s*$" $OUT/bench_stream.txt | grep -E "matmul|step|floor|generate|output|tok/s|error" | head -40
-  # Only the small projections on the stream GEMM (<= 48 MiB: q/k/v and o), the rest cuBLASLt.
-  if [ -n "${HYBRID:-}" ] && [ $((SECONDS - T0)) -lt ${HYBRID_BEFORE:-200} ]; then
-    BLOCKSPEC_STREAM_MAX_MIB=48 timeout 100 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv stream > $OUT/bench_hybrid.txt 2>&1
-    echo "== bench stream <= 48 MiB rc=$? ($((SECONDS - T0))s)"; grep -E "step|generate|output|error" $OUT/bench_hybrid.txt | head -20
+  # EXTRA="VAR=value ...": one more stream A/B under that environment (another variant or size cap).
+  if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt ${EXTRA_BEFORE:-200} ]; then
+    env $EXTRA timeout 100 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv stream > $OUT/bench_extra.txt 2>&1
+    echo "== bench stream with $EXTRA rc=$? ($((SECONDS - T0))s)"; grep -E "step|generate|output|error" $OUT/bench_extra.txt | head -20
   fi
   if [ $((SECONDS - T0)) -lt ${AUTO_BEFORE:-230} ]; then
     timeout 100 $B bench $M --iters ${ITERS:-20} --gen-tokens 256 --gemv auto > $OUT/bench_auto.txt 2>&1

@@ -312,8 +312,9 @@ class CudaBackend final : public Backend {
     gemv_mode_ = mode;
     ++capture_generation_;  // captured graphs hold the old mode's kernels
   }
-  void set_stream_variant(int variant) {
+  void set_stream_options(int variant, int64_t max_mib) {
     stream_variant_ = std::clamp(variant, 0, kStreamVariants - 1);
+    stream_max_bytes_ = max_mib << 20;
     ++capture_generation_;
   }
   void set_pinned_rows(int64_t rows) {
@@ -1302,8 +1303,8 @@ class CudaBackend final : public Backend {
   // (GemvMode::kAuto); BLOCKSPEC_PINNED_ROWS / set_pinned_rows raise it (experiment).
   int64_t pinned_rows_ = kSkinnyMaxRows;
   // GemvMode::kStream: the tuning variant, and the largest matrix (bytes) it takes.
-  int stream_variant_ = 0;
-  int64_t stream_max_bytes_ = INT64_MAX;
+  int stream_variant_ = kStreamDefaultVariant;
+  int64_t stream_max_bytes_ = kStreamDefaultMaxMib << 20;
   std::map<PlanKey, LtPlan> plans_;
   // Scratch (see scratch()): split-KV attention partials; matmul_fp8's FP16 copy of x. Growing
   // one (or changing the GEMV mode) bumps capture_generation_, which makes run_captured capture
@@ -1415,8 +1416,8 @@ std::string device_description(Backend& backend) {
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 int stream_variant_count() { return kStreamVariants; }
-void set_stream_variant(Backend& backend, int variant) {
-  as_cuda(backend).set_stream_variant(variant);
+void set_stream_options(Backend& backend, int variant, int64_t max_mib) {
+  as_cuda(backend).set_stream_options(variant, max_mib);
 }
 
 }  // namespace bs::cuda

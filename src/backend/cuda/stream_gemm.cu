@@ -318,13 +318,13 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
   const int ni = static_cast<int>(n);
   switch (variant) {
     case 1:
-      return launch_async_rows<8, 6>(y, x, w, bias, ni, m, k, accumulate, s);
+      return launch_async_rows<4, 12>(y, x, w, bias, ni, m, k, accumulate, s);
     case 2:
       return launch_rows<8, 4>(y, x, w, bias, ni, m, k, accumulate, s);
     case 3:
       return launch_async_rows<4, 16>(y, x, w, bias, ni, m, k, accumulate, s);
-    default:
-      return launch_async_rows<4, 12>(y, x, w, bias, ni, m, k, accumulate, s);
+    default:  // the fastest on the Qwen3-8B o_proj, 1 and 16 rows (docs/BENCHMARKS.md)
+      return launch_async_rows<8, 6>(y, x, w, bias, ni, m, k, accumulate, s);
   }
 }
 
