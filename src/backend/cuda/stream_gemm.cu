@@ -1,12 +1,13 @@
-// Weight-streaming skinny GEMM (stream_gemm.h, GemvMode::kStream).
+// Weight-streaming skinny GEMM (stream_gemm.h, GemvMode::kStream): two kernels, the register
+// ring (variant 2) first, the cp.async persistent kernel (variants 0, 1, 3) below it.
 //
-// Block b owns output features [16 b, 16 b + 16) and W warps; warp w owns the contiguous chunk
-// range [w P, (w + 1) P) of k (a chunk = 32 k-elements, P = ceil(chunks / W)). Per chunk, lane
-// (g, t) loads 16 bytes (8 k-elements) of weight rows g and g + 8 and of x rows g (+ 8), i.e. the
-// mma.sync m16n8k16 fragments of two k16 steps with the k order inside the chunk permuted the
-// same way for the weights and x (dot products unchanged). The loads of the next S chunks are
-// always in flight: a ring of S register stages, refilled as each stage is consumed. The first
-// ring's weight loads are issued before griddep_wait(), x only after it.
+// Register ring: block b owns output features [16 b, 16 b + 16) and W warps; warp w owns the
+// contiguous chunk range [w P, (w + 1) P) of k (a chunk = 32 k-elements, P = ceil(chunks / W)). Per
+// chunk, lane (g, t) loads 16 bytes (8 k-elements) of weight rows g and g + 8 and of x rows g (+
+// 8), i.e. the mma.sync m16n8k16 fragments of two k16 steps with the k order inside the chunk
+// permuted the same way for the weights and x (dot products unchanged). The loads of the next S
+// chunks are always in flight: a ring of S register stages, refilled as each stage is consumed. The
+// first ring's weight loads are issued before griddep_wait(), x only after it.
 //
 // The warps' partial tiles are summed in warp order (reduce_warp_tiles). A row's arithmetic is
 // fixed by k, W and S alone; mma.sync columns never mix, so a row does not depend on n.
