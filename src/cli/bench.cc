@@ -316,13 +316,15 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
   }
 }
 
-// Selects how the CUDA backend runs few-row matmuls ("auto", "mma", "simt", "cublaslt").
+// Selects how the CUDA backend runs few-row matmuls ("auto", "mma", "simt", "cublaslt",
+// "stream").
 void set_mode(Backend& be, const std::string& mode) {
 #ifdef BLOCKSPEC_HAS_CUDA
   if (be.device() != Device::kCuda) return;
   cuda::set_gemv_mode(be, mode == "cublaslt" ? cuda::GemvMode::kCublasLt
                           : mode == "simt"   ? cuda::GemvMode::kSimt
                           : mode == "mma"    ? cuda::GemvMode::kMma
+                          : mode == "stream" ? cuda::GemvMode::kStream
                                              : cuda::GemvMode::kAuto);
 #endif
 }
@@ -625,6 +627,7 @@ int run_bench(const BenchArgs& a) {
   if (cuda && a.gemv == "all") {
     gemv_modes = {{"pinned cuBLASLt", "auto"},
                   {"skinny MMA", "mma"},
+                  {"stream GEMM", "stream"},
                   {"SIMT GEMV", "simt"},
                   {"cuBLASLt heuristic", "cublaslt"}};
   }
@@ -632,6 +635,8 @@ int run_bench(const BenchArgs& a) {
   if (cuda && a.gemv == "simt") gemv_modes = {{"SIMT GEMV", "simt"}};
   if (cuda && a.gemv == "mma") gemv_modes = {{"skinny MMA", "mma"}};
   if (cuda && a.gemv == "auto") gemv_modes = {{"pinned cuBLASLt", "auto"}};
+  // The stream GEMM drives verify, draft and end to end; decode and verify also for cuBLASLt.
+  if (cuda && a.gemv == "stream") gemv_modes = {{"stream", "stream"}, {"pinned cuBLASLt", "auto"}};
 #endif
   if (a.kernels) kernel_breakdown(be, target, *timer, B, ctx, gemv_modes, a.drafter_fp8);
   Stats decode{};
@@ -755,8 +760,10 @@ void register_bench(CLI::App& app) {
   g_cmd->add_option("--copy-mb", g_args.copy_mb,
                     "Buffer for the copy-bandwidth measurement (default 2048 GPU, 256 CPU)");
   g_cmd->add_option("--threads", g_args.threads, "CPU threads (default: all cores)");
-  g_cmd->add_option("--gemv", g_args.gemv,
-                    "CUDA few-row matmuls to time: all, auto (skinny MMA), simt or cublaslt");
+  g_cmd->add_option(
+      "--gemv", g_args.gemv,
+      "CUDA few-row matmuls to time: all, auto (pinned cuBLASLt), mma, stream (with auto "
+      "beside it), simt or cublaslt");
   g_cmd->add_flag("--kernels", g_args.kernels, "Also time each op alone at the model's shapes");
   g_cmd->add_flag("--drafter-fp8", g_args.drafter_fp8,
                   "DFlash weights and its LM-head copy in FP8 (one scale per row)");

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "counting_backend.h"
 #include "engine/generate.h"
 #include "engine/kv_cache.h"
@@ -453,6 +454,28 @@ TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
     // The two prompts prefill together (one read of both first tokens), then a read a step.
     EXPECT_EQ(static_cast<int64_t>(counting.reads().size()), 1 + steps) << name << " batch";
   });
+}
+
+// With the stream GEMM (GemvMode::kStream) for every few-row product, greedy speculative decoding
+// still reproduces plain decoding token for token (its rows do not depend on the row count), with
+// the decoder forwards and the drafters' proposals in CUDA graphs.
+TEST_F(CudaModels, GreedySpeculativeEqualsPlainWithStreamGemm) {
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
+  for_each_shipped_drafter(*gpu_, [&](CausalLM& g, Drafter& d, const std::string& name) {
+    GenerateOptions o;
+    o.max_tokens = 100;
+    for (const std::vector<int32_t>& prompt :
+         {std::vector<int32_t>{1}, std::vector<int32_t>{1, 403, 407, 261, 378}}) {
+      auto plain = generate_plain(g, prompt, o, nullptr, nullptr);
+      ASSERT_TRUE(plain.ok());
+      GenerateStats st;
+      auto spec = generate_speculative(g, d, prompt, o, nullptr, &st);
+      ASSERT_TRUE(spec.ok()) << spec.status().message();
+      EXPECT_EQ(*spec, *plain) << name;
+      EXPECT_GT(st.accepted, 0) << name << ": no draft accepted, nothing verified in many rows";
+    }
+  });
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
 TEST_F(CudaModels, SampledSpeculativeIsSeededAndReadsBackOncePerStepOnGpu) {

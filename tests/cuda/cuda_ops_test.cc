@@ -1,11 +1,13 @@
 // Every backend op on the CUDA backend against the CPU reference backend, on random data across
 // shapes. Inputs are rounded to bf16 first so both backends see the same values; tolerances are
 // those of bf16 storage (outputs rounded to bf16, fp32 accumulation). Skipped without a GPU.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -209,7 +211,7 @@ TEST_F(CudaOps, MatmulShapesBiasAccumulate) {
       {17, 256, 64}, {12, 4104, 24}};
 #ifdef BLOCKSPEC_HAS_CUDA
   for (const auto mode : {cuda::GemvMode::kAuto, cuda::GemvMode::kMma, cuda::GemvMode::kSimt,
-                          cuda::GemvMode::kCublasLt}) {
+                          cuda::GemvMode::kCublasLt, cuda::GemvMode::kStream}) {
     cuda::set_gemv_mode(*gpu_, mode);
 #else
   {
@@ -245,7 +247,7 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
   // what makes greedy speculative decoding reproduce plain decoding on the GPU. Holds for the
   // default mode (pinned cuBLASLt algorithm) and the skinny MMA kernel.
 #ifdef BLOCKSPEC_HAS_CUDA
-  for (const auto mode : {cuda::GemvMode::kAuto, cuda::GemvMode::kMma}) {
+  for (const auto mode : {cuda::GemvMode::kAuto, cuda::GemvMode::kMma, cuda::GemvMode::kStream}) {
     cuda::set_gemv_mode(*gpu_, mode);
 #else
   {
@@ -263,6 +265,193 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 #endif
 }
+
+#ifdef BLOCKSPEC_HAS_CUDA
+constexpr int64_t kAnySize = int64_t{1} << 30;  // MiB: every matrix takes the stream GEMM
+
+// The stream GEMM (GemvMode::kStream, every tuning variant): for n = 1..16, row r of the n-row
+// product equals the product of row r alone bit for bit (F32 output, so no rounding hides a
+// difference), on shapes with m not a multiple of the 16-row tile, k not a multiple of the
+// 32-wide chunk, k split over the warps unevenly, and the Qwen3-8B projections scaled down. The
+// test can fail: two variants split k differently, and their bits differ.
+TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
+  struct Case {
+    int64_t m, k;
+  };
+  const std::vector<Case> cases = {{300, 64},    {77, 4104}, {1536, 1024},    {1024, 1024},
+                                   {1024, 3072}, {33, 200},  {6144 / 4, 4096}};
+  for (int variant = 0; variant < cuda::stream_variant_count(); ++variant) {
+    cuda::set_stream_options(*gpu_, variant, kAnySize);
+    for (const auto& c : cases) {
+      const std::string what = fmt::format("variant {} m={} k={}", variant, c.m, c.k);
+      Tensor gw = weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.1f));
+      Tensor gx = gpu_act({16, c.k}, rnd(16 * c.k));
+      std::vector<float> single;  // [16, m]: each row alone
+      for (int64_t r = 0; r < 16; ++r) {
+        Tensor y = make(*gpu_, {1, c.m}, DType::kF32);
+        gpu_->matmul(y, gx.rows(r, 1), gw);
+        const auto h = gpu_->to_host_f32(y);
+        single.insert(single.end(), h.begin(), h.end());
+      }
+      for (int64_t n = 1; n <= 16; ++n) {
+        Tensor y = make(*gpu_, {n, c.m}, DType::kF32);
+        gpu_->matmul(y, gx.rows(0, n), gw);
+        const auto got = gpu_->to_host_f32(y);
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), single.begin())) << what << " n=" << n;
+      }
+    }
+  }
+  // Sensitivity: another k split (variant 2: 8 warps instead of 4) changes some bits.
+  const int64_t m = 256, k = 4096;
+  Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.1f));
+  Tensor gx = gpu_act({1, k}, rnd(k));
+  Tensor y0 = make(*gpu_, {1, m}, DType::kF32), y2 = make(*gpu_, {1, m}, DType::kF32);
+  cuda::set_stream_options(*gpu_, 0, kAnySize);
+  gpu_->matmul(y0, gx, gw);
+  cuda::set_stream_options(*gpu_, 2, kAnySize);
+  gpu_->matmul(y2, gx, gw);
+  EXPECT_NE(gpu_->to_host_f32(y0), gpu_->to_host_f32(y2)) << "the bit test would not see a change";
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
+}
+
+// The stream GEMM against an fp64 host reference: bias, accumulate, BF16 and F32 outputs, 1..16
+// rows, odd m and k; then inside a captured graph (two replays give the eager bits).
+TEST_F(CudaOps, StreamGemmMatchesFp64ReferenceAndReplaysInGraphs) {
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
+  struct Case {
+    int64_t n, m, k;
+  };
+  for (const Case c : {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032},
+                       Case{16, 129, 3072}, Case{16, 16, 8}}) {
+    const auto xv = rnd(c.n * c.k), wv = rnd(c.m * c.k, 0.1f), bv = rnd(c.m), yv = rnd(c.n * c.m);
+    Tensor gx = gpu_act({c.n, c.k}, xv), gw = weight(*gpu_, {c.m, c.k}, wv);
+    Tensor gb = weight(*gpu_, {c.m}, bv);
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool with_bias = variant & 1, accumulate = variant & 2;
+      for (const DType t : {DType::kF32, DType::kBF16}) {
+        Tensor gy = gpu_act({c.n, c.m}, yv, t);
+        gpu_->matmul(gy, gx, gw, with_bias ? &gb : nullptr, accumulate);
+        const auto got = gpu_->to_host_f32(gy);
+        double worst = 0;
+        for (int64_t r = 0; r < c.n; ++r) {
+          for (int64_t j = 0; j < c.m; ++j) {
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < c.k; ++i) {
+              ref += double(xv[r * c.k + i]) * wv[j * c.k + i];
+              mag += std::fabs(double(xv[r * c.k + i]) * wv[j * c.k + i]);
+            }
+            if (with_bias) ref += bv[j];
+            // The accumulated y was rounded to the output type on upload.
+            const float y0 =
+                t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(yv[r * c.m + j])) : yv[r * c.m + j];
+            if (accumulate) ref += y0;
+            const double scale = mag + std::fabs(ref) + 1.0;
+            worst = std::max(worst, std::fabs(got[r * c.m + j] - ref) / scale);
+          }
+        }
+        // fp32 accumulation: ~1e-6 of the magnitude; a BF16 output adds 2^-9 of the value.
+        EXPECT_LT(worst, t == DType::kBF16 ? 4e-3 : 1e-5)
+            << "n=" << c.n << " m=" << c.m << " k=" << c.k << " bias=" << with_bias
+            << " acc=" << accumulate << " bf16=" << (t == DType::kBF16);
+      }
+    }
+  }
+  // Captured: eager once, then capture, then replays; every run gives the same bits.
+  const int64_t n = 5, m = 333, k = 2048;
+  Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.1f));
+  Tensor gx = gpu_act({n, k}, rnd(n * k));
+  Tensor y = make(*gpu_, {n, m}, DType::kF32);
+  std::vector<std::vector<float>> runs;
+  for (int round = 0; round < 4; ++round) {
+    gpu_->run_captured("test:stream-gemm", [&] { gpu_->matmul(y, gx, gw); });
+    runs.push_back(gpu_->to_host_f32(y));
+  }
+  for (int round = 1; round < 4; ++round) EXPECT_EQ(runs[round], runs[0]) << "round " << round;
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
+}
+
+// Informational: the stream GEMM (each variant) vs the pinned cuBLASLt algorithm at the Qwen3-8B
+// projections, 1 and 16 rows, each product launched 40 times back to back over rotating weight
+// copies (no L2 reuse), and one layer's four products in sequence (what PDL can overlap).
+TEST_F(CudaOps, StreamGemmTimesAtQwen3Shapes) {
+  const char* env = std::getenv("BLOCKSPEC_STREAM_TIMES");
+  if (env == nullptr || std::strcmp(env, "1") != 0) GTEST_SKIP() << "BLOCKSPEC_STREAM_TIMES=1";
+  struct Mat {
+    const char* name;
+    int64_t m, k;
+  };
+  const std::vector<Mat> mats = {{"qkv_proj", 6144, 4096},
+                                 {"o_proj", 4096, 4096},
+                                 {"gate_up_proj", 24576, 4096},
+                                 {"down_proj", 4096, 12288},
+                                 {"lm_head", 151936, 4096}};
+  const int64_t pool_elems = 151936 * 4096 + 4096 * 16;
+  Tensor pool = make(*gpu_, {pool_elems}, DType::kBF16);  // zeros: the timing ignores values
+  Tensor x = make(*gpu_, {16, 12288}, DType::kBF16);
+  Tensor yb = make(*gpu_, {16 * 151936}, DType::kBF16);
+  cuda::EventTimer timer(*gpu_);
+  const auto median_us = [&](const std::function<void(int)>& op, int reps) {
+    std::vector<double> t;
+    for (int trial = 0; trial < 7; ++trial) {
+      for (int i = 0; i < 3; ++i) op(i);
+      timer.start();
+      for (int i = 0; i < reps; ++i) op(i);
+      t.push_back(timer.stop_ms() * 1e3 / reps);
+    }
+    std::nth_element(t.begin(), t.begin() + 3, t.end());
+    return t[3];
+  };
+  struct Mode {
+    std::string name;
+    cuda::GemvMode mode;
+    int variant;
+  };
+  std::vector<Mode> modes = {{"cuBLASLt", cuda::GemvMode::kAuto, 0}};
+  for (int v = 0; v < cuda::stream_variant_count(); ++v) {
+    modes.push_back({fmt::format("stream v{}", v), cuda::GemvMode::kStream, v});
+  }
+  for (const int64_t n : {1, 16}) {
+    for (const auto& md : modes) {
+      cuda::set_gemv_mode(*gpu_, md.mode);
+      cuda::set_stream_options(*gpu_, md.variant, kAnySize);
+      std::string line;
+      double layer = 0, head = 0;
+      for (const auto& mt : mats) {
+        const int64_t elems = mt.m * mt.k, slices = std::max<int64_t>(1, pool_elems / elems);
+        const Tensor xv = x.view({-1}).rows(0, n * mt.k).view({n, mt.k});
+        const Tensor yv = yb.rows(0, n * mt.m).view({n, mt.m});
+        const double us = median_us(
+            [&](int i) {
+              gpu_->matmul(yv, xv, pool.rows((i % slices) * elems, elems).view({mt.m, mt.k}));
+            },
+            mt.m > 24576 ? 10 : 40);
+        line += fmt::format(" {} {:.1f} us ({:.0f} GB/s);", mt.name, us,
+                            static_cast<double>(elems) * 2 / (us * 1e-6) / 1e9);
+        (mt.m > 24576 ? head : layer) += us;
+      }
+      // One layer's products in sequence (qkv, o, gate_up, down), weights rotating.
+      const double seq = median_us(
+          [&](int i) {
+            for (int e = 0; e < 4; ++e) {
+              const auto& mt = mats[e];
+              const int64_t elems = mt.m * mt.k, slices = pool_elems / elems;
+              const Tensor w = pool.rows(((i * 4 + e) % slices) * elems, elems).view({mt.m, mt.k});
+              gpu_->matmul(yb.rows(0, n * mt.m).view({n, mt.m}),
+                           x.view({-1}).rows(0, n * mt.k).view({n, mt.k}), w);
+            }
+          },
+          20);
+      std::printf("[ %lld rows, %s:%s layer %.1f us (in sequence %.1f us), per token %.3f ms ]\n",
+                  static_cast<long long>(n), md.name.c_str(), line.c_str(), layer, seq,
+                  (36 * layer + head) / 1e3);
+    }
+  }
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
+}
+#endif
 
 // With the 16-row algorithm pinned for up to 512 rows, row r of a 512-row product equals the
 // row computed alone (what batched speculative decoding needs to equal batched plain decoding

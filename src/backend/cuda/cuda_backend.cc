@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/stream_gemm.h"
 #include "core/check.h"
 
 #define CUDA_CHECK(expr)                                                    \
@@ -265,6 +267,13 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "cublaslt") == 0) gemv_mode_ = GemvMode::kCublasLt;
       if (std::strcmp(env, "simt") == 0) gemv_mode_ = GemvMode::kSimt;
       if (std::strcmp(env, "mma") == 0) gemv_mode_ = GemvMode::kMma;
+      if (std::strcmp(env, "stream") == 0) gemv_mode_ = GemvMode::kStream;
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_STREAM_VARIANT")) {
+      stream_variant_ = std::clamp(std::atoi(env), 0, kStreamVariants - 1);
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_STREAM_MAX_MIB")) {
+      stream_max_bytes_ = std::atoll(env) << 20;
     }
     if (const char* env = std::getenv("BLOCKSPEC_CUDA_GRAPHS")) {
       graphs_enabled_ = std::strcmp(env, "0") != 0;
@@ -307,6 +316,11 @@ class CudaBackend final : public Backend {
   void set_gemv_mode(GemvMode mode) {
     gemv_mode_ = mode;
     ++capture_generation_;  // captured graphs hold the old mode's kernels
+  }
+  void set_stream_options(int variant, int64_t max_mib) {
+    stream_variant_ = std::clamp(variant, 0, kStreamVariants - 1);
+    stream_max_bytes_ = max_mib << 20;
+    ++capture_generation_;
   }
   void set_pinned_rows(int64_t rows) {
     pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, rows);
@@ -538,13 +552,23 @@ class CudaBackend final : public Backend {
       CUDA_CHECK(skinny_gemm(out(y), x.data(), w.data(), bp, n, m, k, accumulate, stream_));
       return;
     }
+    // Which matrices take the stream GEMM depends on their shape only, never on n (a row's bits
+    // must not depend on how many rows share the product).
+    if (gemv_mode_ == GemvMode::kStream && bf16_in && m * k * 2 <= stream_max_bytes_ &&
+        stream_gemm_supported(n, k, x.data(), w.data())) {
+      CUDA_CHECK(stream_gemm(out(y), x.data(), w.data(), bp, n, m, k, accumulate, stream_,
+                             stream_variant_));
+      return;
+    }
     if (gemv_mode_ == GemvMode::kSimt && bf16_in && gemv_supported(n, k, x.data(), w.data())) {
       CUDA_CHECK(gemv(out(y), x.data(), w.data(), bp, n, m, k, accumulate,
                       props_.multiProcessorCount, stream_));
       return;
     }
     // y[n,m] = x[n,k] w[m,k]^T  <=>  y^T (m x n, col-major) = w^T-as-stored (op T) . x^T.
-    const int64_t algo_n = gemv_mode_ == GemvMode::kAuto && n <= pinned_rows_ ? kSkinnyMaxRows : n;
+    // kStream's fallback (other shapes) keeps the pinned algorithm too.
+    const bool pinned = gemv_mode_ == GemvMode::kAuto || gemv_mode_ == GemvMode::kStream;
+    const int64_t algo_n = pinned && n <= pinned_rows_ ? kSkinnyMaxRows : n;
     gemm_any(y, x, /*a_rows=*/n, k, /*trans_a=*/false, w, m, /*trans_b=*/true, accumulate, bias,
              algo_n);
   }
@@ -1307,6 +1331,9 @@ class CudaBackend final : public Backend {
   // Products of up to this many rows use the algorithm chosen for kSkinnyMaxRows rows
   // (GemvMode::kAuto); BLOCKSPEC_PINNED_ROWS / set_pinned_rows raise it (experiment).
   int64_t pinned_rows_ = kSkinnyMaxRows;
+  // GemvMode::kStream: the tuning variant, and the largest matrix (bytes) it takes.
+  int stream_variant_ = kStreamDefaultVariant;
+  int64_t stream_max_bytes_ = kStreamDefaultMaxMib << 20;
   std::map<PlanKey, LtPlan> plans_;
   // Scratch (see scratch()): split-KV attention partials; matmul_fp8's FP16 copy of x. Growing
   // one (or changing the GEMV mode) bumps capture_generation_, which makes run_captured capture
@@ -1425,5 +1452,9 @@ std::string device_description(Backend& backend) {
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
+int stream_variant_count() { return kStreamVariants; }
+void set_stream_options(Backend& backend, int variant, int64_t max_mib) {
+  as_cuda(backend).set_stream_options(variant, max_mib);
+}
 
 }  // namespace bs::cuda

@@ -49,9 +49,13 @@ std::string device_description(Backend& backend);
 //     a row's arithmetic does not depend on how many rows share the product (the speculative
 //     verify pass reproduces plain decoding bit for bit);
 //   kMma: the tensor-core skinny GEMM of kernels.h (row-count invariant too);
+//   kStream: the weight-streaming GEMM of stream_gemm.h for matrices of at most
+//     kStreamDefaultMaxMib MiB (Qwen3-8B: o_proj, where it beats cuBLASLt), the pinned cuBLASLt
+//     algorithm for larger ones (a choice by shape only, so rows stay invariant);
+//     BLOCKSPEC_STREAM_VARIANT / BLOCKSPEC_STREAM_MAX_MIB or set_stream_options change both;
 //   kSimt: a CUDA-core GEMV for 1-4 rows (not invariant across row counts);
 //   kCublasLt: cuBLASLt with the heuristic's algorithm for the actual row count (not invariant).
-enum class GemvMode { kAuto, kMma, kSimt, kCublasLt };
+enum class GemvMode { kAuto, kMma, kSimt, kCublasLt, kStream };
 void set_gemv_mode(Backend& backend, GemvMode mode);
 // Products of up to `rows` rows (at least 16) use the algorithm pinned for 16 rows in
 // GemvMode::kAuto (experiment; also BLOCKSPEC_PINNED_ROWS).
@@ -61,5 +65,11 @@ void set_pinned_rows(Backend& backend, int64_t rows);
 // invariance; their roundings differ.
 enum class Fp8Kernel { kV1, kV2 };
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
+// GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
+// (BLOCKSPEC_STREAM_VARIANT, BLOCKSPEC_STREAM_MAX_MIB); larger ones go to pinned cuBLASLt.
+constexpr int kStreamDefaultVariant = 0;
+constexpr int64_t kStreamDefaultMaxMib = 32;
+void set_stream_options(Backend& backend, int variant, int64_t max_mib);
+int stream_variant_count();
 
 }  // namespace bs::cuda

@@ -313,6 +313,7 @@ __global__ void argmax_reduce_kernel(int32_t* out, const uint64_t* keys, int chu
 // elements once (one 16-byte load), the row's sum of squares is one block reduction.
 __global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
                                      int64_t d, float eps) {
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
   const int64_t base = blockIdx.x * d + threadIdx.x * 8;
   const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
@@ -754,15 +755,6 @@ cudaError_t launch_gemv(Out y, const void* x, const void* w, const float* bias, 
 // about a row's arithmetic depends on n, so 1-row decode and 16-row verify agree bit for bit.
 constexpr int kSkinnyWarps = 8;
 constexpr int kSkinnyUnroll = 4;
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Elements [kk, kk + 8) of row `row` of a [rows, k] bf16 matrix, zero outside.
 template <bool VEC, bool STREAM>

@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   uint32_t* Vs = Ks + kSplitKeys * kstride;                                  // [64][hd/2]
   float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * half);              // [16][hd]
   float* S = Qs + kTileQueries * hd;                                         // [16][64]
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
 
   const int64_t tiles = gridDim.z / a.num_seqs;
@@ -367,6 +368,7 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
   const int64_t array_floats = combine_array_floats(a.kv_len);
   float* sum_of = weight_of + array_floats;  // [splits]: l_s
   __shared__ float inv_den;
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
   const int64_t rh = blockIdx.x;  // row * heads + head, row over all sequences
   const int64_t kv_len = kv_length(a, kv_len_dev, rh / (a.n * a.heads));
@@ -414,6 +416,7 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
 // arithmetic the fused attention repeats).
 template <int P>
 __global__ void __launch_bounds__(128) prologue_warp_kernel(PrologueArgs a) {
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
   const int lane = threadIdx.x & 31, half = 32 * P;
   const int64_t width_heads = a.heads + 2 * a.kv_heads;
@@ -451,6 +454,7 @@ __global__ void __launch_bounds__(128) prologue_warp_kernel(PrologueArgs a) {
 // grid (n, heads + 2 kv_heads), hd / 2 threads: block = one head of one row; thread i holds
 // the rotate-half pair (i, i + hd/2).
 __global__ void prologue_kernel(PrologueArgs a) {
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, half = static_cast<int>(a.hd / 2), i = threadIdx.x;
@@ -504,6 +508,7 @@ __global__ void prologue_kernel(PrologueArgs a) {
 // y[r, c] = silu(gu[r, c]) * gu[r, i + c].
 __global__ void swiglu_kernel(__nv_bfloat16* y, const __nv_bfloat16* gu, int64_t rows,
                               int64_t i_dim) {
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < rows * i_dim;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -1,0 +1,38 @@
+// Weight-streaming tensor-core GEMM for 1..kSkinnyMaxRows rows (GemvMode::kStream, issue 17):
+// y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]) with BF16 x [n, k] and w [m, k] (row-major, as
+// an HF Linear), y BF16 or F32, bias F32 or null.
+//
+// Built for the decode step's bandwidth floor: each block owns 16 output features (a tile), its
+// warps split k and stream their pieces of the 16 weight rows through a ring of stages several
+// chunks deep; the first stages' weight loads are issued before griddepcontrol.wait (launched with
+// programmatic dependent launch; the weights do not depend on the kernel before), so they overlap
+// the previous kernel's tail. Two kernels:
+//   variants 0, 1, 3: cp.async into each lane's own shared-memory slots (6-16 stages), a
+//     persistent one-wave grid whose blocks stream their tiles back to back, warps on
+//     interleaved 32-wide k chunks;
+//   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges.
+// Row r's arithmetic (the k split, the order of every sum) depends only on k and the variant,
+// never on n: a 1-row decode equals row 0 of a 16-row verify bit for bit. Deterministic (no
+// atomics). Measured on an H200 (docs/BENCHMARKS.md, session 10): variant 0 beats cuBLASLt on
+// the 4096 x 4096 projection (10.7 vs 13.1 us at 1 row), not on the larger matrices.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace bs::cuda {
+
+// Variants (warps per block x ring depth): 0 = cp.async 8 x 6 (the default), 1 = cp.async 4 x 12,
+// 2 = registers 8 x 4, 3 = cp.async 4 x 16; kept for measurement (BLOCKSPEC_STREAM_VARIANT).
+// Results differ between variants (another k split), never between row counts.
+constexpr int kStreamVariants = 4;
+
+// Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
+// aligned. Others go to cuBLASLt.
+bool stream_gemm_supported(int64_t n, int64_t k, const void* x, const void* w);
+
+cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
+                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant = 0);
+
+}  // namespace bs::cuda
