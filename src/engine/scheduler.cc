@@ -123,6 +123,8 @@ struct Scheduler::Impl {
                 // step ended with mixed_error
   };
   Mixed step_mixed();
+  // A plain mixed step's forward and token choice; an error it returns changed nothing.
+  Status forward_mixed();
   Status step_plain();
   Status step_speculative();
   void begin_next_steps();
@@ -171,8 +173,10 @@ struct Scheduler::Impl {
     int64_t n = 0;
     bool last = false;
   };
-  std::vector<PromptPart> parts;  // the front prefilling requests, in order
-  Status mixed_error;             // Mixed::kFailed's
+  std::vector<PromptPart> parts;                          // the front prefilling requests, in order
+  std::vector<detail::SpeculativeSequence*> prompt_seqs;  // a speculative mixed step's parts
+  std::vector<int64_t> prompt_tokens;
+  Status mixed_error;  // Mixed::kFailed's
   bool mixed_steps = true;
 };
 
@@ -432,7 +436,7 @@ void Scheduler::Impl::admit_and_prefill() {
 
 bool Scheduler::Impl::plan_mixed_step() {
   parts.clear();
-  if (drafter || !mixed_steps || running.empty()) return false;
+  if (!mixed_steps || running.empty()) return false;
   int64_t budget = max_prefill_tokens > 0 ? max_prefill_tokens : -1;  // -1: unlimited
   for (const auto& r : prefilling) {
     if (budget == 0) break;
@@ -442,7 +446,9 @@ bool Scheduler::Impl::plan_mixed_step() {
     parts.push_back({.r = r.get(), .n = n, .last = n == left});
   }
   for (const PromptPart& p : parts) {  // reservations stay for the unmixed path to reuse
-    if (p.last) {
+    if (drafter) {
+      if (!p.r->spec->prefill_request(p.n).ok()) return false;
+    } else if (p.last) {
       const Result<bool> stepping = p.r->begin_step();
       if (!stepping.ok() || !*stepping) return false;
     } else if (!p.r->plain->begin_chunk(p.n).ok()) {
@@ -452,7 +458,7 @@ bool Scheduler::Impl::plan_mixed_step() {
   return !parts.empty();
 }
 
-Scheduler::Impl::Mixed Scheduler::Impl::step_mixed() {
+Status Scheduler::Impl::forward_mixed() {
   // Decode rows first, in running order, then the prompt rows: the running sequences' rows form
   // one run of equal rows (one attention call for them), and a step's shape repeats while the
   // same prompt lengths arrive (a captured graph replays).
@@ -470,18 +476,42 @@ Scheduler::Impl::Mixed Scheduler::Impl::step_mixed() {
       reqs.push_back(*p.r->plain->begin_chunk(p.n));  // reserved by plan_mixed_step
     }
   }
-  const auto t = Clock::now();
+  BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
+  detail::take_step(target.backend(), plain_seqs, res.logits, ids);
+  return Status::Ok();
+}
+
+Scheduler::Impl::Mixed Scheduler::Impl::step_mixed() {
   int64_t commits = 0;  // before the step, of every request in it
   for (const auto& r : running) commits += r->committed;
   for (const PromptPart& p : parts) commits += p.r->committed;
+  const auto t = Clock::now();
   bool returned = false;  // the forward returned its error (thrown ones come as kOutOfMemory /
                           // kInternal from catch_allocation_failure)
-  const Status s = catch_allocation_failure([&] {
-    const Status forward = target.forward_batch(reqs, pool, &res);
-    returned = !forward.ok();
-    if (forward.ok()) detail::take_step(target.backend(), plain_seqs, res.logits, ids);
-    return forward;
-  });
+  Status s;
+  if (drafter) {
+    // Speculative: the verify blocks (ordered as step_speculative orders them), then the prompt
+    // rows, tapped; their observe goes with the accepted positions' (detail::SpeculativeStep).
+    seqs.clear();
+    for (const auto& r : running) seqs.push_back(r->spec.get());
+    std::stable_sort(seqs.begin(), seqs.end(), [](const auto* a, const auto* b) {
+      return a->verify_rows() > b->verify_rows();
+    });
+    prompt_seqs.clear();
+    prompt_tokens.clear();
+    for (const PromptPart& p : parts) {
+      prompt_seqs.push_back(p.r->spec.get());
+      prompt_tokens.push_back(p.n);
+    }
+    s = catch_allocation_failure(
+        [&] { return detail::SpeculativeStep(*spec, seqs, prompt_seqs, prompt_tokens).run(); });
+  } else {
+    s = catch_allocation_failure([&] {
+      const Status forward = forward_mixed();
+      returned = !forward.ok();
+      return forward;
+    });
+  }
   if (!s.ok()) {
     for (const auto& r : running) commits -= r->committed;
     for (const PromptPart& p : parts) commits -= p.r->committed;
@@ -497,8 +527,8 @@ Scheduler::Impl::Mixed Scheduler::Impl::step_mixed() {
                                  running.size(), parts.size())));
       return Mixed::kRetry;
     }
-    // A backend fault (its rows' KV may not be written) or a failure after commits: every request
-    // of the step ends with it, as in a failed batched step.
+    // A backend fault (its rows' KV may not be written), a failure of a speculative step or one
+    // after commits: every request of the step ends with it, as in a failed batched step.
     Requests failed = std::move(running);
     running.clear();
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -514,8 +544,8 @@ Scheduler::Impl::Mixed Scheduler::Impl::step_mixed() {
   for (const PromptPart& p : parts) {  // the front prefilling requests, in order
     Request& r = *prefilling.front();
     r.prefill_seconds += seconds;
-    if (!p.last) {  // a chunk: the step's budget is spent
-      r.plain->end_chunk(p.n);
+    if (!p.last) {                            // a chunk: the step's budget is spent
+      if (!drafter) r.plain->end_chunk(p.n);  // (a speculative one is prefilled())
       break;
     }
     r.stats.prefill_seconds = r.prefill_seconds;
@@ -653,7 +683,7 @@ Status Scheduler::step() {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
   m.retire_cancelled();
-  if (!m.drafter && !m.running.empty()) m.admit_waiting();
+  if (!m.running.empty()) m.admit_waiting();
   const bool mixed = m.plan_mixed_step();
   if (!mixed) m.admit_and_prefill();
   const auto t1 = Clock::now();

@@ -17,7 +17,7 @@
 // request whose prompt is done samples its first token and joins the batch; then one batched step
 // of every running request (plain: one CausalLM::forward_batch row each, and while requests run
 // the step's prompt rows go into that same forward instead of forwards of their own: mixed steps,
-// SchedulerOptions::mixed_steps; speculative: drafts for
+// SchedulerOptions::mixed_steps, the verify forward's with a drafter; speculative: drafts for
 // all in one Drafter::propose_batch when the drafter has it, one forward_batch verifying every
 // block, each sequence accepting on its own, one Drafter::observe_batch); committed tokens go to
 // each request's on_token as they become final; finished requests get on_done and free their KV.
@@ -66,11 +66,12 @@ struct SchedulerOptions {
   // greedy requests (on the CPU bit for bit; speculative statistics differ) and for sampled plain
   // ones (the sampler goes on); a sampled speculative request draws from its continued stream.
   bool preemption = false;
-  // Mixed steps (plain, without a drafter): while requests run, the step's prefill rows (what
-  // max_prefill_tokens allows of the admitted prompts) go into the running requests' batched
-  // forward, one weight stream for both, the completed prompts' first tokens sampled from it
-  // (vLLM's chunked prefill in decode steps). false: prompts prefill in forwards of their own
-  // before the batched step (the behaviour before mixed steps; serve: BLOCKSPEC_MIXED_STEPS=0).
+  // Mixed steps: while requests run, the step's prefill rows (what max_prefill_tokens allows of
+  // the admitted prompts) go into the running requests' batched forward (plain: the decode
+  // forward; speculative: the verify forward, the prompt rows tapped and observed with the
+  // accepted positions), one weight stream for both, the completed prompts' first tokens chosen
+  // from it (vLLM's chunked prefill in decode steps). false: prompts prefill in forwards of their
+  // own before the batched step (the behaviour before mixed steps; BLOCKSPEC_MIXED_STEPS=0 serve).
   bool mixed_steps = true;
   // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Empty
   // (the default): measured at the first step that needs it (engine/verify_budget.h).
@@ -85,7 +86,7 @@ struct SchedulerTimes {
   double batch = 0;             // the batched decode / speculative step
   double next = 0;              // ending finished requests, beginning the next steps
   int64_t prefill_batches = 0;  // forwards that prefilled several prompts together
-  int64_t mixed_steps = 0;      // batched steps whose forward also fed prompt rows (plain)
+  int64_t mixed_steps = 0;      // batched steps whose forward also fed prompt rows
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).
