@@ -108,9 +108,10 @@ struct Scheduler::Impl {
   // which their own prefill reuses) when fewer than two qualify, the KV pool is full (preemption)
   // or their batch fails otherwise: then each prefills alone.
   bool prefill_together(int64_t& budget);
-  // Mixed steps (plain, requests running): the prompt rows the step's prefill budget allows (the
-  // front prefilling requests' prompts, whole while they fit, then a chunk of the next, as
-  // admit_and_prefill feeds them) go into the running requests' forward_batch, so that the
+  // Mixed steps (requests running): the prompt rows the step's prefill budget allows (the front
+  // prefilling requests' prompts, whole while they fit, then a chunk of the next, as
+  // admit_and_prefill feeds them) go into the running requests' forward_batch (plain: the decode
+  // forward; speculative: the verify forward, detail::SpeculativeStep with prompts), so that the
   // weights stream once per step. plan_mixed_step lists them in `parts` and reserves their KV;
   // false (nothing to mix, or a request's step cannot begin: the unmixed path then handles it as
   // it always has) leaves the step unmixed.
