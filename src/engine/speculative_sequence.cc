@@ -491,29 +491,35 @@ Status SpeculativeStep::accept() {
     seq.accept_on_device(logits.rows(offsets[i], seq.verify_rows()),
                          result.rows(i, 1).view({width}).rows(0, seq.verify_rows() + 1));
   }
-  // A mixed step's completed prompts: their first tokens from their logits rows (after the
-  // blocks'), one argmax for all (the sampled rows' draws then overwrite theirs).
+  // The step's one read-back (a mixed step's first tokens have their own).
+  run_.accepted_host.resize(static_cast<size_t>(result.numel()));
+  backend.copy_to_host(run_.accepted_host.data(), result);
+  if (!prompts_.empty()) read_first_tokens();
+  times_.accept = seconds_since(t);
+  return Status::Ok();
+}
+
+void SpeculativeStep::read_first_tokens() {
+  // The completed prompts' logits rows come after the blocks': one argmax for all (the sampled
+  // rows' draws then overwrite theirs), one read-back.
+  Backend& backend = run_.target.backend();
   const int64_t firsts = run_.res.logits.dim(0) - rows_;
+  first_tokens_.assign(static_cast<size_t>(firsts), 0);
+  if (firsts == 0) return;
   const Tensor first_logits = run_.res.logits.rows(rows_, firsts);
   const Tensor first_ids = run_.first_tokens.rows(0, firsts);
-  bool any_greedy_first = false;
+  bool any_greedy = false;
   for (size_t j = 0; j < prompts_.size(); ++j) {
-    any_greedy_first |= first_rows_[j] >= 0 && prompts_[j]->greedy();
+    any_greedy |= first_rows_[j] >= 0 && prompts_[j]->greedy();
   }
-  if (any_greedy_first) backend.argmax(first_ids, first_logits);
+  if (any_greedy) backend.argmax(first_ids, first_logits);
   for (size_t j = 0; j < prompts_.size(); ++j) {
     const int64_t row = first_rows_[j];
     if (row >= 0 && !prompts_[j]->greedy()) {
       prompts_[j]->choose_first_token(first_logits.rows(row, 1), first_ids.rows(row, 1));
     }
   }
-  // The step's read-back (and the first tokens').
-  run_.accepted_host.resize(static_cast<size_t>(result.numel()));
-  backend.copy_to_host(run_.accepted_host.data(), result);
-  first_tokens_.assign(static_cast<size_t>(firsts), 0);
-  if (firsts > 0) backend.copy_to_host(first_tokens_.data(), first_ids);
-  times_.accept = seconds_since(t);
-  return Status::Ok();
+  backend.copy_to_host(first_tokens_.data(), first_ids);
 }
 
 Status SpeculativeStep::commit() {

@@ -280,6 +280,9 @@ class SpeculativeStep {
   Status draft(std::vector<std::vector<float>>* survival);
   // The confidence cut and the verify budget, from the drafts' survival.
   void choose_lengths(const std::vector<std::vector<float>>& survival);
+  // A mixed step's completed prompts: their first tokens chosen on the device and read back into
+  // first_tokens_ (in prompt order).
+  void read_first_tokens();
 
   SpeculativeRun& run_;
   std::span<SpeculativeSequence* const> seqs_;
