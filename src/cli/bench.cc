@@ -9,7 +9,7 @@
 // plus the copy bandwidth of the device, the bytes a decode step must stream, end-to-end
 // plain / speculative generation rates, and with --kernels each op alone at the model's shapes.
 // --batch N times N sequences in lockstep instead: the batched decode and verify steps and
-// batched plain / speculative generation.
+// batched plain / speculative generation (with --kernels also each op of the batched decode step).
 // On CUDA, --gemv all (default) times every few-row matmul mode. Also registers
 // `blockspec synth` (synth.cc). Results and method: docs/BENCHMARKS.md.
 #include <fmt/format.h>
@@ -56,6 +56,7 @@ struct BenchArgs {
   int warmup = 5;
   int64_t context = 512;
   int64_t gen_tokens = 256;
+  int64_t prompt_tokens = 0;  // the end-to-end runs' prompts; 0: min(32, context)
   int64_t copy_mb = 0;
   int threads = 0;
   std::string gemv = "all";
@@ -170,73 +171,211 @@ double decode_weight_bytes(const CausalLM& m) {
 
 void set_mode(Backend& be, const std::string& mode);
 
-// Per-op GPU/CPU times at the target's shapes, each op launched back to back `reps` times
-// between two timer marks (so launch gaps are included, host round trips are not). Matrices
-// rotate over disjoint slices of the LM head so that no repetition is served from L2.
-void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t rows, int64_t ctx,
-                      const std::vector<std::pair<std::string, std::string>>& modes, bool fp8) {
-  const auto& c = target.config();
-  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
-  const int64_t I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
-  const Tensor lm = target.lm_head();
-  const Tensor flat = lm.view({V * H});
-  const int reps = 50;
-  auto time_op = [&](const std::function<void(int)>& f) {
+using GemvModes = std::vector<std::pair<std::string, std::string>>;
+
+// Times an op launched back to back `reps` times between two timer marks (so launch gaps are
+// included, host round trips are not), after 3 untimed launches; f(i) gets the repetition.
+struct OpTimer {
+  Timer& timer;
+  int reps = 50;
+  double us(const std::function<void(int)>& f) const {
     for (int i = 0; i < 3; ++i) f(i);
     timer.start();
     for (int i = 0; i < reps; ++i) f(i);
     return timer.stop_ms() * 1e3 / reps;
+  }
+};
+
+struct Mat {
+  const char* name;
+  int64_t m, k, per_layer;
+};
+
+// The decoder's fused projections (models/decoder.cc) and the LM head.
+std::vector<Mat> decoder_mats(const io::TransformerConfig& c) {
+  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t I = c.intermediate_size;
+  return {{"qkv_proj", (nh + 2 * nkv) * hd, H, 1},
+          {"o_proj", H, nh * hd, 1},
+          {"gate_up_proj", 2 * I, H, 1},
+          {"down_proj", H, I, 1},
+          {"lm_head", c.vocab_size, H, 0}};
+}
+
+// Every matmul of decoder_mats at n rows in each of `modes` (into y [>= n, >= every m]); the
+// layers' weights rotate over disjoint slices of the LM head so that no repetition is served from
+// L2. Prints per-op times and a forward's total (`per` names what the total is per); returns the
+// first mode's total in ms.
+double time_matmuls(Backend& be, const CausalLM& target, const OpTimer& op, int64_t n,
+                    const GemvModes& modes, const Tensor& y, const std::string& per) {
+  const auto& c = target.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  const Tensor lm = target.lm_head();
+  const Tensor flat = lm.view({V * H});
+  double first_ms = -1;
+  for (const auto& [label, mode] : modes) {
+    set_mode(be, mode);
+    double layer_us = 0, head_us = 0;
+    std::string line;
+    for (const auto& mt : decoder_mats(c)) {
+      const int64_t elems = mt.m * mt.k;
+      const int64_t slices = std::max<int64_t>(1, (V * H - n * mt.k) / elems);
+      const Tensor x = flat.rows(V * H - n * mt.k, n * mt.k).view({n, mt.k});
+      const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
+      const double us = op.us([&](int i) {
+        const Tensor w =
+            mt.per_layer == 0 ? lm : flat.rows((i % slices) * elems, elems).view({mt.m, mt.k});
+        be.matmul(yv, x, w);
+      });
+      const double gbs = static_cast<double>(elems) * 2 / (us * 1e-6) / 1e9;
+      line += fmt::format(" {} {:.1f} us ({:.0f} GB/s);", mt.name, us, gbs);
+      if (mt.per_layer)
+        layer_us += us * static_cast<double>(mt.per_layer);
+      else
+        head_us += us;
+    }
+    fmt::print("  matmul [{}]:{}\n", label.empty() ? "default" : label, line);
+    fmt::print("  matmul [{}] per {}: {:.3f} ms ({} layers x {:.1f} us + head {:.1f} us)\n",
+               label.empty() ? "default" : label, per,
+               (layer_us * static_cast<double>(L) + head_us) / 1e3, L, layer_us, head_us);
+    if (first_ms < 0) first_ms = (layer_us * static_cast<double>(L) + head_us) / 1e3;
+  }
+  set_mode(be, "auto");
+  return first_ms;
+}
+
+// The small ops of a forward of `seqs` sequences of n / seqs rows each over `ctx` cached tokens
+// apiece, at the target's shapes: seqs == 1 one sequence (decode, verify), its attention one
+// paged_attention; seqs == n a batched decode step, its attention as decoder_layer runs an even
+// batch (prologue_attention: the qk-norm / rope / KV-write prologue fused with
+// paged_attention_batch), the unfused pair timed beside it (not counted). Inputs are slices of
+// the LM head; every sequence owns its blocks. Prints per-op times; returns the forward's total in
+// ms.
+double time_small_ops(Backend& be, const CausalLM& target, const OpTimer& op, int64_t n,
+                      int64_t seqs, int64_t ctx, const Tensor& y, const std::string& per) {
+  const auto& c = target.config();
+  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const Tensor flat = target.lm_head().view({V * H});
+  std::vector<float> ones(static_cast<size_t>(std::max(H, hd)), 1.0f);
+  const Tensor wn = be.upload_weight(DType::kF32, ones.data(), {H});
+  const Tensor wh = be.upload_weight(DType::kF32, ones.data(), {hd});
+  const Tensor x = be.empty({n, H}), xn = be.empty({n, H});
+  be.copy(x, flat.rows(0, n * H).view({n, H}));
+  const Tensor q = be.empty({n, nh, hd}), o = be.empty({n, nh, hd});
+  be.copy(q, flat.rows(0, n * nh * hd).view({n, nh, hd}));
+  const Tensor gate_up = be.empty({n, 2 * I}), act = be.empty({n, I});
+  be.copy(gate_up, flat.rows(0, 2 * n * I).view({n, 2 * I}));
+  const Tensor qkv = be.empty({n, (nh + 2 * nkv) * hd});
+  be.copy(qkv, flat.rows(0, qkv.numel()).view({n, (nh + 2 * nkv) * hd}));
+  const int64_t rows = n / seqs, per_seq = (ctx + rows) / kKvBlockSize + 2, blocks = seqs * per_seq;
+  const Tensor kp = be.empty({blocks, kKvBlockSize, nkv, hd}),
+               vp = be.empty({blocks, kKvBlockSize, nkv, hd});
+  for (int64_t kv = 0; kv < 2; ++kv) {  // in pieces: the pools may outgrow the LM head
+    const Tensor dst = (kv == 0 ? kp : vp).view({-1});
+    for (int64_t at = 0; at < dst.numel(); at += V * H / 2) {
+      const int64_t len = std::min(V * H / 2, dst.numel() - at);
+      be.copy(dst.rows(at, len), flat.rows(kv * (V * H / 2), len));
+    }
+  }
+  // Sequence s: table row s = blocks [s * per_seq, (s + 1) * per_seq), rows at ctx, ctx + 1, ...
+  std::vector<int32_t> pos(n), slot(n), table(blocks), kv_len(seqs);
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  for (int64_t s = 0; s < seqs; ++s) {
+    kv_len[s] = static_cast<int32_t>(ctx + rows);
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t p = ctx + j;
+      pos[s * rows + j] = static_cast<int32_t>(p);
+      slot[s * rows + j] =
+          static_cast<int32_t>((s * per_seq + p / kKvBlockSize) * kKvBlockSize + p % kKvBlockSize);
+    }
+  }
+  const Tensor pos_t = be.empty({n}, DType::kI32), slot_t = be.empty({n}, DType::kI32),
+               table_t = be.empty({seqs, per_seq}, DType::kI32),
+               len_t = be.empty({seqs}, DType::kI32), ids = be.empty({n}, DType::kI32);
+  be.copy_from_host(pos_t, pos.data());
+  be.copy_from_host(slot_t, slot.data());
+  be.copy_from_host(table_t, table.data());
+  be.copy_from_host(len_t, kv_len.data());
+  std::vector<float> freq(static_cast<size_t>(hd / 2));
+  for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / hd);
+  const Tensor inv = be.upload_weight(DType::kF32, freq.data(), {hd / 2});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto prologue = [&](int) {
+    be.attention_prologue(q, qkv, wh, wh, 1e-6f, pos_t, inv, 1.0f, kp, vp, slot_t);
   };
-  struct Mat {
+  struct Small {
     const char* name;
-    int64_t m, k, per_layer;
+    int per_layer;  // -1: timed for comparison, not counted
+    std::function<void(int)> f;
   };
-  // The decoder's fused projections (models/decoder.cc).
-  const std::vector<Mat> mats = {{"qkv_proj", (nh + 2 * nkv) * hd, H, 1},
-                                 {"o_proj", H, nh * hd, 1},
-                                 {"gate_up_proj", 2 * I, H, 1},
-                                 {"down_proj", H, I, 1},
-                                 {"lm_head", V, H, 0}};
+  std::vector<Small> smalls = {{"rms_norm", 2, [&](int) { be.rms_norm(xn, x, wn, 1e-6f); }}};
+  if (seqs == 1) {
+    smalls.push_back({"qk_norm+rope+kv_write", 1, prologue});
+    smalls.push_back({"attention", 1, [&](int) {
+                        be.paged_attention(o, q, kp, vp, table_t.view({per_seq}), ctx + rows,
+                                           AttentionMask{}, scale);
+                      }});
+  } else {
+    smalls.push_back({"prologue+attention (fused, as the decoder)", 1, [&](int) {
+                        be.prologue_attention(o, q, qkv, wh, wh, 1e-6f, pos_t, inv, 1.0f, kp, vp,
+                                              slot_t, table_t, len_t, ctx + rows, AttentionMask{},
+                                              scale);
+                      }});
+    smalls.push_back({"unfused: qk_norm+rope+kv_write", -1, prologue});
+    smalls.push_back({"unfused: attention (batched)", -1, [&](int) {
+                        be.paged_attention_batch(o, q, kp, vp, table_t, len_t, ctx + rows,
+                                                 AttentionMask{}, scale);
+                      }});
+  }
+  smalls.push_back({"swiglu", 1, [&](int) { be.swiglu(act, gate_up); }});
+  smalls.push_back({"embedding", 0, [&](int) { be.embedding(xn, ids, target.embed_tokens()); }});
+  smalls.push_back({"argmax", 0, [&](int) {
+                      be.argmax(ids, y.view({-1}).rows(0, n * V).view({n, V}));
+                    }});
+  double layer_us = 0, once_us = 0;
+  std::string line;
+  for (const auto& sm : smalls) {
+    const double us = op.us(sm.f);
+    line += fmt::format(" {} {:.1f};", sm.name, us);
+    if (sm.per_layer > 0)
+      layer_us += us * sm.per_layer;
+    else if (sm.per_layer == 0)
+      once_us += us;
+  }
+  const double ms = (layer_us * static_cast<double>(L) + once_us) / 1e3;
+  fmt::print("  small ops (us):{}\n", line);
+  fmt::print(
+      "  small ops per {}: {:.3f} ms ({} layers x {:.1f} us + {:.1f} us; attention over {} "
+      "keys{})\n",
+      per, ms, L, layer_us, once_us, ctx + rows,
+      seqs > 1 ? fmt::format(" in each of {} sequences", seqs) : "");
+  return ms;
+}
+
+// Per-op GPU/CPU times at the target's shapes (OpTimer), at 1 row and at `rows` rows of one
+// sequence over `ctx` cached tokens, each matmul in each of `modes`.
+void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t rows, int64_t ctx,
+                      const GemvModes& modes, bool fp8) {
+  const auto& c = target.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const Tensor lm = target.lm_head();
+  const Tensor flat = lm.view({V * H});
+  const OpTimer op{timer};
   Tensor y = be.empty({rows, std::max<int64_t>(V, 2 * I)});
   // An FP8 copy of the LM head, sliced for every FP8 product timed below (--drafter-fp8).
   const Fp8Weight lm8 = fp8 ? be.quantize_fp8_rows(lm) : Fp8Weight{};
   for (const int64_t n : {int64_t{1}, rows}) {
     fmt::print("kernels, {} row{}:\n", n, n > 1 ? "s" : "");
-    for (const auto& [label, mode] : modes) {
-      set_mode(be, mode);
-      double layer_us = 0, head_us = 0;
-      std::string line;
-      for (const auto& mt : mats) {
-        const int64_t elems = mt.m * mt.k;
-        const int64_t slices = std::max<int64_t>(1, (V * H - n * mt.k) / elems);
-        const Tensor x = flat.rows(V * H - n * mt.k, n * mt.k).view({n, mt.k});
-        const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
-        const double us = time_op([&](int i) {
-          const Tensor w =
-              mt.per_layer == 0 ? lm : flat.rows((i % slices) * elems, elems).view({mt.m, mt.k});
-          be.matmul(yv, x, w);
-        });
-        const double gbs = static_cast<double>(elems) * 2 / (us * 1e-6) / 1e9;
-        line += fmt::format(" {} {:.1f} us ({:.0f} GB/s);", mt.name, us, gbs);
-        if (mt.per_layer)
-          layer_us += us * static_cast<double>(mt.per_layer);
-        else
-          head_us += us;
-      }
-      fmt::print("  matmul [{}]:{}\n", label.empty() ? "default" : label, line);
-      fmt::print("  matmul [{}] per token: {:.3f} ms ({} layers x {:.1f} us + head {:.1f} us)\n",
-                 label.empty() ? "default" : label,
-                 (layer_us * static_cast<double>(L) + head_us) / 1e3, L, layer_us, head_us);
-    }
-    set_mode(be, "auto");
+    time_matmuls(be, target, op, n, modes, y, "token");
     if (fp8) {  // Backend::matmul_fp8 on slices of lm8
       const Tensor flat8 = lm8.q.view({V * H});
       std::string line;
-      for (const auto& mt : mats) {
+      for (const auto& mt : decoder_mats(c)) {
         const int64_t elems = mt.m * mt.k, slices = std::max<int64_t>(1, V * H / elems - 1);
         const Tensor x = flat.rows(V * H - n * mt.k, n * mt.k).view({n, mt.k});
         const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
-        const double us = time_op([&](int i) {
+        const double us = op.us([&](int i) {
           const Fp8Weight w =
               mt.per_layer == 0
                   ? lm8
@@ -249,71 +388,26 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
       }
       fmt::print("  matmul [FP8 weights]:{}\n", line);
     }
-    // Small ops.
-    std::vector<float> ones(static_cast<size_t>(std::max(H, hd)), 1.0f);
-    const Tensor wn = be.upload_weight(DType::kF32, ones.data(), {H});
-    const Tensor wh = be.upload_weight(DType::kF32, ones.data(), {hd});
-    const Tensor x = be.empty({n, H}), xn = be.empty({n, H});
-    be.copy(x, flat.rows(0, n * H).view({n, H}));
-    const Tensor q = be.empty({n, nh, hd}), o = be.empty({n, nh, hd});
-    be.copy(q, flat.rows(0, n * nh * hd).view({n, nh, hd}));
-    const Tensor gate_up = be.empty({n, 2 * I}), act = be.empty({n, I});
-    be.copy(gate_up, flat.rows(0, 2 * n * I).view({n, 2 * I}));
-    const Tensor qkv = be.empty({n, (nh + 2 * nkv) * hd});
-    be.copy(qkv, flat.rows(0, qkv.numel()).view({n, (nh + 2 * nkv) * hd}));
-    const int64_t blocks = (ctx + n) / kKvBlockSize + 2;
-    const Tensor kp = be.empty({blocks, kKvBlockSize, nkv, hd}),
-                 vp = be.empty({blocks, kKvBlockSize, nkv, hd});
-    be.copy(kp, flat.rows(0, kp.numel()).view({blocks, kKvBlockSize, nkv, hd}));
-    be.copy(vp, flat.rows(kp.numel(), kp.numel()).view({blocks, kKvBlockSize, nkv, hd}));
-    std::vector<int32_t> pos(n), slot(n), table(blocks);
-    for (int64_t i = 0; i < n; ++i) pos[i] = slot[i] = static_cast<int32_t>(ctx + i);
-    for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
-    const Tensor pos_t = be.empty({n}, DType::kI32), slot_t = be.empty({n}, DType::kI32),
-                 table_t = be.empty({blocks}, DType::kI32), ids = be.empty({n}, DType::kI32);
-    be.copy_from_host(pos_t, pos.data());
-    be.copy_from_host(slot_t, slot.data());
-    be.copy_from_host(table_t, table.data());
-    std::vector<float> freq(static_cast<size_t>(hd / 2));
-    for (int64_t i = 0; i < hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / hd);
-    const Tensor inv = be.upload_weight(DType::kF32, freq.data(), {hd / 2});
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    struct Small {
-      const char* name;
-      int per_layer;
-      std::function<void(int)> f;
-    };
-    const std::vector<Small> smalls = {
-        {"rms_norm", 2, [&](int) { be.rms_norm(xn, x, wn, 1e-6f); }},
-        {"qk_norm+rope+kv_write", 1,
-         [&](int) {
-           be.attention_prologue(q, qkv, wh, wh, 1e-6f, pos_t, inv, 1.0f, kp, vp, slot_t);
-         }},
-        {"attention", 1,
-         [&](int) { be.paged_attention(o, q, kp, vp, table_t, ctx + n, AttentionMask{}, scale); }},
-        {"swiglu", 1, [&](int) { be.swiglu(act, gate_up); }},
-        {"embedding", 0, [&](int) { be.embedding(xn, ids, target.embed_tokens()); }},
-        {"argmax", 0,
-         [&](int) {
-           be.argmax(ids, y.view({-1}).rows(0, n * V).view({n, V}));
-         }},
-    };
-    double layer_us = 0, once_us = 0;
-    std::string line;
-    for (const auto& sm : smalls) {
-      const double us = time_op(sm.f);
-      line += fmt::format(" {} {:.1f};", sm.name, us);
-      if (sm.per_layer)
-        layer_us += us * sm.per_layer;
-      else
-        once_us += us;
-    }
-    fmt::print("  small ops (us):{}\n", line);
-    fmt::print(
-        "  small ops per token: {:.3f} ms ({} layers x {:.1f} us + {:.1f} us; attention "
-        "over {} keys)\n",
-        (layer_us * static_cast<double>(L) + once_us) / 1e3, L, layer_us, once_us, ctx + n);
+    time_small_ops(be, target, op, n, 1, ctx, y, "token");
   }
+}
+
+// --kernels --batch N: what one batched decode step of N sequences x 1 row over `ctx` cached
+// tokens each runs, op by op (the matmuls at N rows in the backend's default mode, the attention
+// as decoder_layer runs it), with the step's total and its cost per token.
+void batch_kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t seqs,
+                            int64_t ctx) {
+  const auto& c = target.config();
+  const OpTimer op{timer};
+  const Tensor y = be.empty({seqs, std::max<int64_t>(c.vocab_size, 2 * c.intermediate_size)});
+  fmt::print("kernels, batched decode step ({} sequences x 1 row, {} cached tokens each):\n", seqs,
+             ctx);
+  const double mm = time_matmuls(be, target, op, seqs, {{"", "auto"}}, y, "step");
+  const double small = time_small_ops(be, target, op, seqs, seqs, ctx, y, "step");
+  fmt::print(
+      "  batched step from its ops: {:.3f} ms (matmuls {:.3f} + small ops {:.3f}) = {:.3f} ms per "
+      "token of the step ({} tokens)\n",
+      mm + small, mm, small, (mm + small) / static_cast<double>(seqs), seqs);
 }
 
 // Selects how the CUDA backend runs few-row matmuls ("auto", "mma", "simt", "cublaslt",
@@ -346,6 +440,28 @@ void print_decode(const std::string& what, const Stats& s, int64_t tokens, doubl
 int fail(const Status& st) {
   fmt::print(stderr, "blockspec: error: {}\n", st.message());
   return 1;
+}
+
+// The end-to-end runs' prompt length: --prompt-tokens, by default min(32, context) (the length of
+// every figure before the flag existed).
+int64_t e2e_prompt_tokens(const BenchArgs& a, int64_t ctx) {
+  return a.prompt_tokens > 0 ? a.prompt_tokens : std::min<int64_t>(32, ctx);
+}
+
+// `p_len` tokens of a prompt: the first of `cached` (the timed steps' context), then more drawn
+// from `tok` when it is longer.
+std::vector<int32_t> e2e_prompt(std::span<const int32_t> cached, int64_t p_len, std::mt19937& rng,
+                                std::uniform_int_distribution<int32_t>& tok) {
+  std::vector<int32_t> p(cached.begin(),
+                         cached.begin() + std::min<int64_t>(p_len, std::ssize(cached)));
+  while (std::ssize(p) < p_len) p.push_back(tok(rng));
+  return p;
+}
+
+void print_e2e_shape(int64_t p_len, int64_t gen, int64_t seqs) {
+  fmt::print(
+      "generate runs: prompts of {} tokens (--prompt-tokens), {} new tokens, {} sequence{}\n",
+      p_len, gen, seqs, seqs > 1 ? "s" : "");
 }
 
 // One request per sequence: `tokens[i]` at position `start` of sequence i, logits of every row.
@@ -454,6 +570,7 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
   if (!s.ok()) return fail(s.status());
   print_decode(fmt::format("batch decode step ({} sequences x 1 token)", N), *s, N, wbytes,
                copy_gbs);
+  if (a.kernels) batch_kernel_breakdown(be, target, *timer, N, ctx);
   if (drafter) {
     std::vector<int32_t> block(static_cast<size_t>(B));
     for (auto& t : block) t = tok(rng);
@@ -467,13 +584,14 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
   }
 
   // End to end: N prompts generated together.
-  const int64_t p_len = std::min<int64_t>(32, ctx);
+  const int64_t p_len = e2e_prompt_tokens(a, ctx);
   GenerateOptions opt;
   opt.max_tokens = std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2));
   if (drafter) opt.draft_confidence_min = a.draft_confidence_min;
   opt.verify_budget = a.verify_budget;
   opt.max_context = std::min<int64_t>(max_pos, p_len + opt.max_tokens + 16);
-  for (auto& p : prompts) p.resize(static_cast<size_t>(p_len));
+  for (auto& p : prompts) p = e2e_prompt(p, p_len, rng, tok);
+  print_e2e_shape(p_len, opt.max_tokens, N);
   std::vector<GenerateStats> stats;
   GenerateOptions warm = opt;
   warm.max_tokens = std::min<int64_t>(opt.max_tokens, 8);
@@ -484,8 +602,10 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
   if (!out.ok()) return fail(out.status());
   int64_t total = 0;
   for (const auto& st : stats) total += st.generated_tokens;
-  fmt::print("generate (plain, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s\n", N, total,
-             stats[0].decode_seconds, static_cast<double>(total) / stats[0].decode_seconds);
+  fmt::print(
+      "generate (plain, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s; prompts of {} tokens\n",
+      N, total, stats[0].decode_seconds, static_cast<double>(total) / stats[0].decode_seconds,
+      stats[0].prompt_tokens);
   return drafter ? bench_speculative_batch(target, *drafter, prompts, opt, *out) : 0;
 }
 
@@ -535,6 +655,11 @@ int run_bench(const BenchArgs& a) {
       a.model, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size,
       wbytes / 1e9);
 
+  if (a.prompt_tokens >= cfg.max_position_embeddings) {
+    return fail(InvalidArgument(
+        "--prompt-tokens {}: the model's context window ({} positions) leaves no room to generate",
+        a.prompt_tokens, cfg.max_position_embeddings));
+  }
   if (a.batch > 1) return run_batch_bench(a, be, target, drafter.get(), copy_gbs, wbytes);
 
   // Rows of a verify step: the anchor and every draft (the most a step commits).
@@ -700,28 +825,30 @@ int run_bench(const BenchArgs& a) {
   }
 
   // End to end (engine loops, host round trips included).
-  const int64_t p_len = std::min<int64_t>(32, ctx);
+  const int64_t p_len = e2e_prompt_tokens(a, ctx);
   const int64_t gen =
       std::max<int64_t>(1, std::min<int64_t>(a.gen_tokens, max_pos - p_len - 2 * B - 2));
-  std::vector<int32_t> e2e_prompt(prompt.begin(), prompt.begin() + p_len);
+  const std::vector<int32_t> e2e = e2e_prompt(prompt, p_len, rng, tok);
+  print_e2e_shape(p_len, gen, 1);
   GenerateOptions opt;
   opt.max_tokens = gen;
   opt.max_context = std::min<int64_t>(max_pos, p_len + gen + 2 * B + 16);
   if (drafter) opt.draft_confidence_min = a.draft_confidence_min;
   opt.verify_budget = a.verify_budget;
   GenerateStats st;
-  auto plain = generate_plain(target, e2e_prompt, opt, nullptr, &st);
+  auto plain = generate_plain(target, e2e, opt, nullptr, &st);
   if (!plain.ok()) return fail(plain.status());
-  fmt::print("generate (plain): {} tokens in {:.3f} s -> {:.1f} tok/s\n", st.generated_tokens,
-             st.decode_seconds, static_cast<double>(st.generated_tokens) / st.decode_seconds);
+  fmt::print("generate (plain): {} tokens in {:.3f} s -> {:.1f} tok/s; prompt of {} tokens\n",
+             st.generated_tokens, st.decode_seconds,
+             static_cast<double>(st.generated_tokens) / st.decode_seconds, st.prompt_tokens);
   if (drafter) {
     // One untimed run first: plan creation and first-call allocations stay out of the numbers.
     GenerateOptions warm = opt;
     warm.max_tokens = std::min<int64_t>(opt.max_tokens, 4 * B);
-    if (auto w = generate_speculative(target, *drafter, e2e_prompt, warm, nullptr, &st); !w.ok()) {
+    if (auto w = generate_speculative(target, *drafter, e2e, warm, nullptr, &st); !w.ok()) {
       return fail(w.status());
     }
-    auto spec = generate_speculative(target, *drafter, e2e_prompt, opt, nullptr, &st);
+    auto spec = generate_speculative(target, *drafter, e2e, opt, nullptr, &st);
     if (!spec.ok()) return fail(spec.status());
     const bool same = *spec == *plain;
     fmt::print(
@@ -756,6 +883,10 @@ void register_bench(CLI::App& app) {
   g_cmd->add_option("--context", g_args.context, "Tokens in the KV cache while timing steps")
       ->check(at_least(1));
   g_cmd->add_option("--gen-tokens", g_args.gen_tokens, "Tokens for the end-to-end generation runs")
+      ->check(at_least(1));
+  g_cmd
+      ->add_option("--prompt-tokens", g_args.prompt_tokens,
+                   "Prompt length of the end-to-end generation runs (default: min(32, --context))")
       ->check(at_least(1));
   g_cmd->add_option("--copy-mb", g_args.copy_mb,
                     "Buffer for the copy-bandwidth measurement (default 2048 GPU, 256 CPU)");

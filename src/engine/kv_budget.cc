@@ -101,6 +101,45 @@ Result<int64_t> measure_step_scratch(CausalLM& target, Drafter* drafter, int64_t
                                 max_num_seqs, rows, at, s.message()));
     }
   }
+  // The scheduler's mixed step (SchedulerOptions::mixed_steps): the other sequences' step rows and
+  // the prefill chunk in one forward (more rows than either alone), with a drafter one observe of
+  // both.
+  if (max_num_seqs > 1 && window > rows + 1) {
+    const std::vector<int32_t> step_tokens(static_cast<size_t>(rows), 0);
+    const int64_t at = window - 1 - rows;
+    std::vector<ForwardRequest> reqs(static_cast<size_t>(max_num_seqs - 1), {.tokens = step_tokens,
+                                                                             .start_pos = at,
+                                                                             .block_table = table,
+                                                                             .num_logits = rows,
+                                                                             .tap_layers = taps});
+    reqs.push_back({.tokens = tokens,
+                    .start_pos = start,
+                    .block_table = table,
+                    .num_logits = 1,
+                    .tap_layers = taps});
+    BatchForwardResult batch;
+    s = catch_allocation_failure([&] {
+      BS_RETURN_IF_ERROR(target.forward_batch(reqs, target_kv, &batch));
+      if (drafter) {
+        std::vector<ObserveRequest> observes;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          observes.push_back(
+              {.block_table = table, .taps = batch.seqs[i].taps, .start_pos = reqs[i].start_pos});
+        }
+        BS_RETURN_IF_ERROR(drafter->observe_batch(draft_kv, observes));
+      }
+      backend.synchronize();
+      return Status::Ok();
+    });
+    if (!s.ok()) {
+      return Status(s.code(),
+                    fmt::format("the worst-case mixed step ({} sequences of {} rows and {} prompt "
+                                "tokens) does not fit in the memory left after loading the model "
+                                "(lower --max-num-batched-tokens, --max-num-seqs or "
+                                "--max-model-len): {}",
+                                max_num_seqs - 1, rows, n, s.message()));
+    }
+  }
   const int64_t measured = std::max<int64_t>(0, backend.allocation_stats().peak - base);
   // Sampled requests' device sampling: F32 distributions of their step's rows over the vocab,
   // their filtered copy and a draw workspace of about as much.

@@ -58,19 +58,28 @@ void PlainSequence::take(int32_t token, std::span<const float> logits) {
 }
 
 Status PlainSequence::prefill_chunk(CausalLM& target, KvPool& pool, int64_t n) {
+  BS_ASSIGN_OR_RETURN(const ForwardRequest req, begin_chunk(n));
+  ForwardResult res;
+  BS_RETURN_IF_ERROR(target.forward(req, pool, &res));
+  end_chunk(n);
+  return Status::Ok();
+}
+
+Result<ForwardRequest> PlainSequence::begin_chunk(int64_t n) {
   BS_CHECK(n >= 1 && n < prompt_left());
   const int64_t start = kv_.length();
   BS_RETURN_IF_ERROR(kv_.reserve(start + n));
-  ForwardResult res;
-  BS_RETURN_IF_ERROR(target.forward({.tokens = std::span<const int32_t>(step_tokens_).first(n),
-                                     .start_pos = start,
-                                     .block_table = kv_.block_table(),
-                                     .num_logits = 0,
-                                     .tap_layers = {}},
-                                    pool, &res));
-  kv_.set_length(start + n);
+  return ForwardRequest{.tokens = std::span<const int32_t>(step_tokens_).first(n),
+                        .start_pos = start,
+                        .block_table = kv_.block_table(),
+                        .num_logits = 0,
+                        .tap_layers = {}};
+}
+
+void PlainSequence::end_chunk(int64_t n) {
+  BS_CHECK(n >= 1 && n < prompt_left());
+  kv_.set_length(kv_.length() + n);
   step_tokens_.erase(step_tokens_.begin(), step_tokens_.begin() + n);
-  return Status::Ok();
 }
 
 void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,

@@ -61,6 +61,12 @@ class PlainSequence {
   // the first step, which samples the first token), through one target forward without logits.
   // The cache ends up as after a whole-prompt prefill (on the CPU, bit for bit).
   Status prefill_chunk(CausalLM& target, KvPool& pool, int64_t n);
+  // prefill_chunk with the forward run by the caller (the Scheduler's mixed step, where a chunk
+  // shares the running sequences' forward): begin_chunk reserves the cache for the next `n`
+  // prompt tokens, 1 <= n < prompt_left(), and gives their forward (no logits, no taps); after
+  // that forward ran, end_chunk(n) counts them cached. A failed forward needs no undo.
+  Result<ForwardRequest> begin_chunk(int64_t n);
+  void end_chunk(int64_t n);
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
   // The tokens committed so far and the sampler (a preempted request's resumption, Scheduler).

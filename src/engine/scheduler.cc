@@ -108,6 +108,24 @@ struct Scheduler::Impl {
   // which their own prefill reuses) when fewer than two qualify, the KV pool is full (preemption)
   // or their batch fails otherwise: then each prefills alone.
   bool prefill_together(int64_t& budget);
+  // Mixed steps (requests running): the prompt rows the step's prefill budget allows (the front
+  // prefilling requests' prompts, whole while they fit, then a chunk of the next, as
+  // admit_and_prefill feeds them) go into the running requests' forward_batch (plain: the decode
+  // forward; speculative: the verify forward, detail::SpeculativeStep with prompts), so that the
+  // weights stream once per step. plan_mixed_step lists them in `parts` and reserves their KV;
+  // false (nothing to mix, or a request's step cannot begin: the unmixed path then handles it as
+  // it always has) leaves the step unmixed.
+  bool plan_mixed_step();
+  enum class Mixed {
+    kRan,       // every request stepped; completed prompts joined `running`
+    kRetry,     // out of memory: the newest prompt's request ended, the others repeat the step
+    kFallback,  // the forward returned another error, nothing changed: run the step unmixed
+    kFailed,    // a backend fault, or a failure after tokens were committed: every request of the
+                // step ended with mixed_error
+  };
+  Mixed step_mixed();
+  // A plain mixed step's forward and token choice; an error it returns changed nothing.
+  Status forward_mixed();
   Status step_plain();
   Status step_speculative();
   void begin_next_steps();
@@ -150,6 +168,17 @@ struct Scheduler::Impl {
   std::vector<detail::PlainSequence*> plain_seqs;  // plain step: the running sequences
   std::vector<Request*> group;                     // prefill_together's requests
   std::vector<detail::SpeculativeSequence*> seqs;  // speculative step / prefill_together
+  // A mixed step's prompt rows: `n` tokens of the request's prompt, the rest of it when `last`.
+  struct PromptPart {
+    Request* r = nullptr;
+    int64_t n = 0;
+    bool last = false;
+  };
+  std::vector<PromptPart> parts;                          // the front prefilling requests, in order
+  std::vector<detail::SpeculativeSequence*> prompt_seqs;  // a speculative mixed step's parts
+  std::vector<int64_t> prompt_tokens;
+  Status mixed_error;  // Mixed::kFailed's
+  bool mixed_steps = true;
 };
 
 Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options)
@@ -157,7 +186,8 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
       drafter(drafter),
       max_num_seqs(options.max_num_seqs),
       max_prefill_tokens(options.max_prefill_tokens),
-      preemption(options.preemption) {
+      preemption(options.preemption),
+      mixed_steps(options.mixed_steps) {
   BS_CHECK(max_num_seqs >= 1);
   BS_CHECK(max_prefill_tokens >= 0);
   num_blocks = options.kv_blocks > 0
@@ -405,6 +435,128 @@ void Scheduler::Impl::admit_and_prefill() {
   }
 }
 
+bool Scheduler::Impl::plan_mixed_step() {
+  parts.clear();
+  if (!mixed_steps || running.empty()) return false;
+  int64_t budget = max_prefill_tokens > 0 ? max_prefill_tokens : -1;  // -1: unlimited
+  for (const auto& r : prefilling) {
+    if (budget == 0) break;
+    const int64_t left = r->prompt_left();
+    const int64_t n = budget < 0 ? left : std::min(budget, left);
+    if (budget > 0) budget -= n;
+    parts.push_back({.r = r.get(), .n = n, .last = n == left});
+  }
+  for (const PromptPart& p : parts) {  // reservations stay for the unmixed path to reuse
+    if (drafter) {
+      if (!p.r->spec->prefill_request(p.n).ok()) return false;
+    } else if (p.last) {
+      const Result<bool> stepping = p.r->begin_step();
+      if (!stepping.ok() || !*stepping) return false;
+    } else if (!p.r->plain->begin_chunk(p.n).ok()) {
+      return false;
+    }
+  }
+  return !parts.empty();
+}
+
+Status Scheduler::Impl::forward_mixed() {
+  // Decode rows first, in running order, then the prompt rows: the running sequences' rows form
+  // one run of equal rows (one attention call for them), and a step's shape repeats while the
+  // same prompt lengths arrive (a captured graph replays).
+  reqs.clear();
+  plain_seqs.clear();
+  for (const auto& r : running) {
+    reqs.push_back(r->plain->request());
+    plain_seqs.push_back(r->plain.get());
+  }
+  for (const PromptPart& p : parts) {
+    if (p.last) {
+      reqs.push_back(p.r->plain->request());  // its logits row: the first token
+      plain_seqs.push_back(p.r->plain.get());
+    } else {
+      reqs.push_back(*p.r->plain->begin_chunk(p.n));  // reserved by plan_mixed_step
+    }
+  }
+  BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
+  detail::take_step(target.backend(), plain_seqs, res.logits, ids);
+  return Status::Ok();
+}
+
+Scheduler::Impl::Mixed Scheduler::Impl::step_mixed() {
+  int64_t commits = 0;  // before the step, of every request in it
+  for (const auto& r : running) commits += r->committed;
+  for (const PromptPart& p : parts) commits += p.r->committed;
+  const auto t = Clock::now();
+  bool returned = false;  // the forward returned its error (thrown ones come as kOutOfMemory /
+                          // kInternal from catch_allocation_failure)
+  Status s;
+  if (drafter) {
+    // Speculative: the verify blocks (ordered as step_speculative orders them), then the prompt
+    // rows, tapped; their observe goes with the accepted positions' (detail::SpeculativeStep).
+    seqs.clear();
+    for (const auto& r : running) seqs.push_back(r->spec.get());
+    std::stable_sort(seqs.begin(), seqs.end(), [](const auto* a, const auto* b) {
+      return a->verify_rows() > b->verify_rows();
+    });
+    prompt_seqs.clear();
+    prompt_tokens.clear();
+    for (const PromptPart& p : parts) {
+      prompt_seqs.push_back(p.r->spec.get());
+      prompt_tokens.push_back(p.n);
+    }
+    s = catch_allocation_failure(
+        [&] { return detail::SpeculativeStep(*spec, seqs, prompt_seqs, prompt_tokens).run(); });
+  } else {
+    s = catch_allocation_failure([&] {
+      const Status forward = forward_mixed();
+      returned = !forward.ok();
+      return forward;
+    });
+  }
+  if (!s.ok()) {
+    for (const auto& r : running) commits -= r->committed;
+    for (const PromptPart& p : parts) commits -= p.r->committed;
+    if (returned && s.code() != StatusCode::kOutOfMemory) return Mixed::kFallback;
+    if (s.code() == StatusCode::kOutOfMemory && commits == 0) {
+      // As a batched step's: the newest request ends (the last prompt's), the others repeat.
+      const auto newest = prefilling.begin() + static_cast<std::ptrdiff_t>(parts.size() - 1);
+      std::unique_ptr<Request> r = std::move(*newest);
+      prefilling.erase(newest);
+      complete(std::move(r), s.with_context(fmt::format(
+                                 "the mixed step of {} requests and {} prompts ran out of memory "
+                                 "and ended the newest of them",
+                                 running.size(), parts.size())));
+      return Mixed::kRetry;
+    }
+    // A backend fault (its rows' KV may not be written), a failure of a speculative step or one
+    // after commits: every request of the step ends with it, as in a failed batched step.
+    Requests failed = std::move(running);
+    running.clear();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      failed.push_back(std::move(prefilling.front()));
+      prefilling.pop_front();
+    }
+    for (auto& r : failed) complete(std::move(r), s);
+    mixed_error = s;
+    return Mixed::kFailed;
+  }
+  ++times.mixed_steps;
+  const double seconds = seconds_since(t);
+  for (const PromptPart& p : parts) {  // the front prefilling requests, in order
+    Request& r = *prefilling.front();
+    r.prefill_seconds += seconds;
+    if (!p.last) {                            // a chunk: the step's budget is spent
+      if (!drafter) r.plain->end_chunk(p.n);  // (a speculative one is prefilled())
+      break;
+    }
+    r.stats.prefill_seconds = r.prefill_seconds;
+    r.decode_start = Clock::now();
+    running.push_back(std::move(prefilling.front()));  // begin_next_steps begins its next step
+    prefilling.pop_front();
+  }
+  return Mixed::kRan;
+}
+
 Status Scheduler::Impl::step_plain() {
   reqs.clear();
   plain_seqs.clear();
@@ -532,9 +684,26 @@ Status Scheduler::step() {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
   m.retire_cancelled();
-  m.admit_and_prefill();
+  if (!m.running.empty()) m.admit_waiting();
+  const bool mixed = m.plan_mixed_step();
+  if (!mixed) m.admit_and_prefill();
   const auto t1 = Clock::now();
   m.times.admit_prefill += std::chrono::duration<double>(t1 - t0).count();
+  if (mixed) {
+    const Impl::Mixed ran = m.step_mixed();
+    const auto t2 = Clock::now();
+    m.times.batch += std::chrono::duration<double>(t2 - t1).count();
+    if (ran == Impl::Mixed::kFailed) return m.mixed_error;
+    if (ran != Impl::Mixed::kFallback) {
+      ++m.times.steps;
+      if (ran == Impl::Mixed::kRan) m.begin_next_steps();
+      m.times.next += seconds_since(t2);
+      return Status::Ok();
+    }
+    // Each prompt's prefill alone and the running requests' step: an error ends only the
+    // request it belongs to, as in an unmixed step.
+    m.admit_and_prefill();
+  }
   if (m.running.empty()) return Status::Ok();
   m.committed_before.clear();
   for (const auto& r : m.running) m.committed_before.push_back(r->committed);

@@ -15,7 +15,9 @@
 // prompt fits the step's budget prefill together in one forward_batch, with a drafter its layers
 // tapped and one Drafter::observe_batch of all their taps), and a
 // request whose prompt is done samples its first token and joins the batch; then one batched step
-// of every running request (plain: one CausalLM::forward_batch row each; speculative: drafts for
+// of every running request (plain: one CausalLM::forward_batch row each, and while requests run
+// the step's prompt rows go into that same forward instead of forwards of their own: mixed steps,
+// SchedulerOptions::mixed_steps, the verify forward's with a drafter; speculative: drafts for
 // all in one Drafter::propose_batch when the drafter has it, one forward_batch verifying every
 // block, each sequence accepting on its own, one Drafter::observe_batch); committed tokens go to
 // each request's on_token as they become final; finished requests get on_done and free their KV.
@@ -64,6 +66,13 @@ struct SchedulerOptions {
   // greedy requests (on the CPU bit for bit; speculative statistics differ) and for sampled plain
   // ones (the sampler goes on); a sampled speculative request draws from its continued stream.
   bool preemption = false;
+  // Mixed steps: while requests run, the step's prefill rows (what max_prefill_tokens allows of
+  // the admitted prompts) go into the running requests' batched forward (plain: the decode
+  // forward; speculative: the verify forward, the prompt rows tapped and observed with the
+  // accepted positions), one weight stream for both, the completed prompts' first tokens chosen
+  // from it (vLLM's chunked prefill in decode steps). false: prompts prefill in forwards of their
+  // own before the batched step (the behaviour before mixed steps; BLOCKSPEC_MIXED_STEPS=0 serve).
+  bool mixed_steps = true;
   // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Empty
   // (the default): measured at the first step that needs it (engine/verify_budget.h).
   StepTimeModel step_time;
@@ -77,6 +86,7 @@ struct SchedulerTimes {
   double batch = 0;             // the batched decode / speculative step
   double next = 0;              // ending finished requests, beginning the next steps
   int64_t prefill_batches = 0;  // forwards that prefilled several prompts together
+  int64_t mixed_steps = 0;      // batched steps whose forward also fed prompt rows
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).
@@ -115,7 +125,10 @@ class Scheduler {
 
   // Admits what fits, prefills (within max_prefill_tokens) and runs one batched step (see the top
   // of this file); does nothing when idle. A request's own failure (its prefill, an allocation
-  // failure included) goes to its on_done only. When the batched step fails, every request in the
+  // failure included) goes to its on_done only (a mixed step whose forward returns an error runs
+  // again unmixed, so that the error finds its request; one that runs out of memory ends the
+  // newest prompt's request of the step; a backend fault in it ends every request of the step and
+  // is returned). When the batched step fails, every request in the
   // batch ends with that error, which step() also returns (waiting and still prefilling requests
   // stay) -- except for an out-of-memory (kOutOfMemory, Backend's AllocationError) thrown before
   // any request of the step committed a token: then only the newest running request ends with it,

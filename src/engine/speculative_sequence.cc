@@ -315,9 +315,13 @@ constexpr double kFixedWeight = 0.1;
 
 }  // namespace
 
-SpeculativeStep::SpeculativeStep(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs)
-    : run_(run), seqs_(seqs) {
+SpeculativeStep::SpeculativeStep(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs,
+                                 std::span<SpeculativeSequence* const> prompts,
+                                 std::span<const int64_t> prompt_tokens)
+    : run_(run), seqs_(seqs), prompts_(prompts), prompt_tokens_(prompt_tokens) {
   BS_CHECK(!seqs.empty() && static_cast<int64_t>(seqs.size()) <= run.max_seqs);
+  BS_CHECK(prompts.size() == prompt_tokens.size() &&
+           static_cast<int64_t>(prompts.size()) <= run.max_seqs);
   for (SpeculativeSequence* seq : seqs) any_greedy_ |= seq->greedy();
 }
 
@@ -453,6 +457,13 @@ Status SpeculativeStep::verify() {
   const auto t = Clock::now();
   run_.reqs.clear();
   for (SpeculativeSequence* seq : seqs_) run_.reqs.push_back(seq->verify_request());
+  first_rows_.clear();
+  int64_t firsts = 0;
+  for (size_t j = 0; j < prompts_.size(); ++j) {
+    BS_ASSIGN_OR_RETURN(const ForwardRequest req, prompts_[j]->prefill_request(prompt_tokens_[j]));
+    run_.reqs.push_back(req);
+    first_rows_.push_back(req.num_logits > 0 ? firsts++ : -1);
+  }
   BS_RETURN_IF_ERROR(run_.target.forward_batch(run_.reqs, run_.target_kv, &run_.res));
   times_.verify = seconds_since(t);
   return Status::Ok();
@@ -463,7 +474,7 @@ Status SpeculativeStep::accept() {
   Backend& backend = run_.target.backend();
   const int64_t num_seqs = static_cast<int64_t>(seqs_.size());
   const std::vector<int32_t>& offsets = run_.offsets_host;
-  const Tensor& logits = run_.res.logits;  // [rows, vocab]
+  const Tensor logits = run_.res.logits.rows(0, rows_);  // [rows, vocab]: the blocks'
   const Tensor result = run_.accepted.rows(0, num_seqs);
   const int64_t width = result.dim(1);
   // Every block's [a, next, drafts] into its row of `result`: one greedy_accept for all (rows of
@@ -480,11 +491,35 @@ Status SpeculativeStep::accept() {
     seq.accept_on_device(logits.rows(offsets[i], seq.verify_rows()),
                          result.rows(i, 1).view({width}).rows(0, seq.verify_rows() + 1));
   }
-  // The step's one read-back.
+  // The step's one read-back (a mixed step's first tokens have their own).
   run_.accepted_host.resize(static_cast<size_t>(result.numel()));
   backend.copy_to_host(run_.accepted_host.data(), result);
+  if (!prompts_.empty()) read_first_tokens();
   times_.accept = seconds_since(t);
   return Status::Ok();
+}
+
+void SpeculativeStep::read_first_tokens() {
+  // The completed prompts' logits rows come after the blocks': one argmax for all (the sampled
+  // rows' draws then overwrite theirs), one read-back.
+  Backend& backend = run_.target.backend();
+  const int64_t firsts = run_.res.logits.dim(0) - rows_;
+  first_tokens_.assign(static_cast<size_t>(firsts), 0);
+  if (firsts == 0) return;
+  const Tensor first_logits = run_.res.logits.rows(rows_, firsts);
+  const Tensor first_ids = run_.first_tokens.rows(0, firsts);
+  bool any_greedy = false;
+  for (size_t j = 0; j < prompts_.size(); ++j) {
+    any_greedy |= first_rows_[j] >= 0 && prompts_[j]->greedy();
+  }
+  if (any_greedy) backend.argmax(first_ids, first_logits);
+  for (size_t j = 0; j < prompts_.size(); ++j) {
+    const int64_t row = first_rows_[j];
+    if (row >= 0 && !prompts_[j]->greedy()) {
+      prompts_[j]->choose_first_token(first_logits.rows(row, 1), first_ids.rows(row, 1));
+    }
+  }
+  backend.copy_to_host(first_tokens_.data(), first_ids);
 }
 
 Status SpeculativeStep::commit() {
@@ -510,10 +545,23 @@ Status SpeculativeStep::observe() {
     pending.push_back(seq);
     reqs.push_back(*seq->pending_observe());
   }
+  const size_t num_seqs = seqs_.size();
+  for (size_t j = 0; j < prompts_.size(); ++j) {  // a mixed step's prompt rows
+    reqs.push_back(prompts_[j]->prefill_observe(run_.res.seqs[num_seqs + j].taps));
+  }
   // Launched without waiting for it: the next step's read-back does.
-  if (!pending.empty()) BS_RETURN_IF_ERROR(run_.drafter.observe_batch(run_.draft_kv, reqs));
+  if (!reqs.empty()) BS_RETURN_IF_ERROR(run_.drafter.observe_batch(run_.draft_kv, reqs));
   for (SpeculativeSequence* seq : pending) seq->observed();
   times_.observe = seconds_since(t);
+  for (size_t j = 0; j < prompts_.size(); ++j) {
+    const bool last = prompts_[j]->prefilled(times_.observe);
+    const int64_t row = first_rows_[j];
+    BS_CHECK(last == (row >= 0));
+    if (last) {
+      prompts_[j]->take_first_token(first_tokens_[static_cast<size_t>(row)],
+                                    run_.res.logits.rows(rows_ + row, 1));
+    }
+  }
   return Status::Ok();
 }
 
@@ -524,8 +572,9 @@ Status SpeculativeStep::run() {
   BS_RETURN_IF_ERROR(commit());
   BS_RETURN_IF_ERROR(observe());
   for (SpeculativeSequence* seq : seqs_) seq->record_times(times_);
-  // The model's fixed part: the step's time outside the modelled verify.
-  if (!run_.step_time_given && !run_.step_time.empty()) {
+  // The model's fixed part: the step's time outside the modelled verify (not from a mixed step,
+  // whose verify forward also fed prompt rows).
+  if (!run_.step_time_given && !run_.step_time.empty() && prompts_.empty()) {
     const double fixed = times_.total() - run_.step_time.verify_seconds(rows_);
     const double w = run_.fixed_samples == 0 ? 1.0 : kFixedWeight;
     run_.step_time.set_fixed_seconds((1 - w) * run_.step_time.fixed_seconds() + w * fixed);

@@ -249,9 +249,17 @@ class SpeculativeSequence {
 //   observe  one Drafter::observe_batch of the accepted positions, launched after the read-back
 //            (the next step's read-back waits for it).
 // The phases run in that order (run(), or one call each); each needs the one before.
+// A mixed step (the Scheduler's) also feeds prompt rows: prompts[j]'s next prompt_tokens[j] prompt
+// tokens (its prefill_request) go into the verify forward after the blocks (tapped, the last
+// row's logits when they end the prompt), the completed prompts' first tokens are chosen on the
+// device beside the accept and read back after it, and the observe phase's observe_batch takes
+// the prompt rows' taps too, after which each prompt sequence is prefilled() and a completed one
+// takes its first token: each as its prefill() would.
 class SpeculativeStep {
  public:
-  SpeculativeStep(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs);
+  SpeculativeStep(SpeculativeRun& run, std::span<SpeculativeSequence* const> seqs,
+                  std::span<SpeculativeSequence* const> prompts = {},
+                  std::span<const int64_t> prompt_tokens = {});
   SpeculativeStep(const SpeculativeStep&) = delete;
   SpeculativeStep& operator=(const SpeculativeStep&) = delete;
 
@@ -272,9 +280,16 @@ class SpeculativeStep {
   Status draft(std::vector<std::vector<float>>* survival);
   // The confidence cut and the verify budget, from the drafts' survival.
   void choose_lengths(const std::vector<std::vector<float>>& survival);
+  // A mixed step's completed prompts: their first tokens chosen on the device and read back into
+  // first_tokens_ (in prompt order).
+  void read_first_tokens();
 
   SpeculativeRun& run_;
   std::span<SpeculativeSequence* const> seqs_;
+  std::span<SpeculativeSequence* const> prompts_;
+  std::span<const int64_t> prompt_tokens_;
+  std::vector<int64_t> first_rows_;  // per prompt: its first token's row of run.first_tokens, or -1
+  std::vector<int32_t> first_tokens_;  // the completed prompts' first tokens, read back
   StepTimes times_;
   bool any_greedy_ = false;
   int64_t rows_ = 0;  // verify rows in all (B_v)

@@ -28,6 +28,13 @@ LogprobsEntry entry_of(const TokenLogprobs& lp, bool scored, TokenTexts& texts) 
   return e;
 }
 
+// BLOCKSPEC_MIXED_STEPS=0 turns the scheduler's mixed steps off (for comparisons, docs/SERVER.md).
+SchedulerOptions with_env(SchedulerOptions o) {
+  const char* env = std::getenv("BLOCKSPEC_MIXED_STEPS");
+  if (env && std::string(env) == "0") o.mixed_steps = false;
+  return o;
+}
+
 }  // namespace
 
 bool Job::wait_text(std::string* text, std::chrono::milliseconds timeout) {
@@ -92,7 +99,7 @@ EngineWorker::EngineWorker(ServedModel& model, Metrics& metrics, const Scheduler
     : model_(model),
       metrics_(metrics),
       log_(log),
-      scheduler_(*model.target, model.drafter.get(), scheduling),
+      scheduler_(*model.target, model.drafter.get(), with_env(scheduling)),
       thread_() {
   const char* env = std::getenv("BLOCKSPEC_PROFILE_HOST");
   profile_.enabled = env && *env && std::string(env) != "0";
@@ -258,10 +265,12 @@ void EngineWorker::print_profile() {
   fmt::print(stderr,
              "host profile: {} steps, {} tokens, {:.3f} s busy; per step ms: loop {:.3f} = "
              "intake {:.3f} + scheduler admit/prefill {:.3f} + batched step {:.3f} (of which "
-             "token callbacks {:.3f}) + next {:.3f} + deliver {:.3f} + publish {:.3f}\n",
+             "token callbacks {:.3f}) + next {:.3f} + deliver {:.3f} + publish {:.3f}; mixed "
+             "steps {}\n",
              p.steps, p.tokens, p.loop, ms(p.loop), ms(p.intake),
              ms(now.admit_prefill - was.admit_prefill), ms(batch), ms(p.callbacks),
-             ms(now.next - was.next), ms(p.deliver), ms(p.publish));
+             ms(now.next - was.next), ms(p.deliver), ms(p.publish),
+             now.mixed_steps - was.mixed_steps);
   p = HostProfile{.enabled = true, .at_start = now};
 }
 

@@ -135,6 +135,41 @@ TEST_F(BenchCli, BatchedDecodeBenchOnCpu) {
   EXPECT_NE(out.find("--batch 0"), std::string::npos) << out;
 }
 
+// --prompt-tokens sets the end-to-end runs' prompt length (default min(32, --context)), longer
+// than the timed context too; --kernels with --batch times the batched decode step's ops.
+TEST_F(BenchCli, BatchedBenchPromptTokensAndKernels) {
+  std::string out;
+  ASSERT_EQ(bench_on_cpu("--batch 3 --context 40 --iters 2 --warmup 1 --gen-tokens 4", &out), 0)
+      << out;
+  EXPECT_NE(out.find("generate (plain, batch 3): 12 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("tok/s; prompts of 32 tokens"), std::string::npos) << out;
+  ASSERT_EQ(bench_on_cpu("--batch 3 --context 40 --iters 2 --warmup 1 --gen-tokens 4 "
+                         "--prompt-tokens 50 --kernels",
+                         &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("generate (plain, batch 3): 12 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("tok/s; prompts of 50 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("kernels, batched decode step (3 sequences x 1 row, 40 cached tokens each)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("prologue+attention (fused, as the decoder)"), std::string::npos) << out;
+  EXPECT_NE(out.find("attention over 41 keys in each of 3 sequences"), std::string::npos) << out;
+  EXPECT_NE(out.find("batched step from its ops"), std::string::npos) << out;
+  // One sequence: the plain run's prompt too.
+  ASSERT_EQ(
+      bench_on_cpu("--context 40 --iters 2 --warmup 1 --gen-tokens 4 --prompt-tokens 7", &out), 0)
+      << out;
+  EXPECT_NE(out.find("tok/s; prompt of 7 tokens"), std::string::npos) << out;
+  // Bad values are refused with a message naming the flag.
+  ASSERT_NE(bench_on_cpu("--batch 2 --prompt-tokens 0", &out), 0);
+  EXPECT_NE(out.find("--prompt-tokens: must be at least 1"), std::string::npos) << out;
+  ASSERT_NE(bench_on_cpu("--batch 2 --prompt-tokens 4096", &out), 0);
+  EXPECT_NE(out.find("--prompt-tokens 4096: the model's context window (4096 positions)"),
+            std::string::npos)
+      << out;
+}
+
 TEST_F(BenchCli, SpeculativeBenchWithForcedAcceptance) {
   std::string out;
   const int rc = run(bin() + " bench --model " + dir_ + " --drafter " + dir_ +

@@ -1,7 +1,8 @@
 // A backend fault (an engine bug the ops can only record: a KV slot outside the pool, see
 // Backend's BackendFault) ends the requests of the step it surfaced in with a kInternal error and
 // nothing else: generate_* returns the error, the Scheduler fails that step's requests (or the one
-// request whose prefill it was) and then serves the next ones as if nothing had happened. The
+// request whose prefill it was; a prompt arriving while others decode rides in their mixed step,
+// whose requests all end) and then serves the next ones as if nothing had happened. The
 // stories260K target (and a shipped drafter) run on a decorator of the CPU backend that sends the
 // next KV write of its choosing to a slot past the pool.
 #include <gtest/gtest.h>
@@ -148,14 +149,26 @@ TEST_P(BackendFaults, SchedulerFailsThatStepAndServesTheNext) {
   ASSERT_EQ(done_.size(), 2u);
   for (RequestId id : {0, 1}) expect_fault(done_[id].status, "request " + std::to_string(id));
   EXPECT_EQ(s.num_running(), 0);
-  // A fault in a prefill ends that request only; request 3, decoding meanwhile, is unaffected.
-  add(s, 3, prompts[3]);
-  ASSERT_TRUE(s.step().ok());
+  // A fault in a prefill ends that request only.
   backend_->misplace_next_write();
   add(s, 2, prompts[1]);
   ASSERT_TRUE(s.step().ok());
   ASSERT_TRUE(done_.count(2));
   expect_fault(done_[2].status, "request 2 (its prefill)");
+  EXPECT_TRUE(s.idle());
+  // A prompt arriving while request 3 decodes rides in its forward (a mixed step): a fault there
+  // ends both, as in a batched step.
+  add(s, 3, prompts[3]);
+  ASSERT_TRUE(s.step().ok());
+  backend_->misplace_next_write();
+  add(s, 6, prompts[1]);
+  expect_fault(s.step(), "the mixed step");
+  for (RequestId id : {3, 6}) {
+    ASSERT_TRUE(done_.count(id));
+    expect_fault(done_[id].status, "request " + std::to_string(id) + " (the mixed step)");
+  }
+  EXPECT_TRUE(s.idle());
+  add(s, 3, prompts[3]);  // served again below
   // Then everything is served as if nothing had happened.
   add(s, 4, prompts[0]);
   add(s, 5, prompts[2]);

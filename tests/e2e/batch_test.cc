@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,42 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t n, int64_t vocab) 
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = d(rng);
   return t;
+}
+
+// Sequences with cached[i] positions (filled alike in every pool of `pools`, one forward of random
+// tokens each) and their requests: fresh[i] random tokens with logits[i] logit rows and `taps`.
+// `seqs` and `steps` keep what the requests point at.
+std::vector<ForwardRequest> cached_requests(
+    CausalLM& target, std::span<KvPool* const> pools, BlockAllocator& alloc, std::mt19937& rng,
+    const std::vector<int64_t>& cached, const std::vector<int64_t>& fresh,
+    const std::vector<int64_t>& logits, std::span<const int> taps,
+    std::vector<std::unique_ptr<SequenceKv>>& seqs, std::vector<std::vector<int32_t>>& steps) {
+  const int64_t vocab = target.config().vocab_size;
+  for (size_t i = 0; i < cached.size(); ++i) {
+    seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
+    EXPECT_TRUE(seqs[i]->reserve(cached[i] + fresh[i]).ok());
+    const std::vector<int32_t> history = random_tokens(rng, cached[i], vocab);
+    steps.push_back(random_tokens(rng, fresh[i], vocab));
+    for (KvPool* pool : cached[i] > 0 ? pools : std::span<KvPool* const>()) {
+      ForwardResult r;
+      EXPECT_TRUE(target
+                      .forward({.tokens = history,
+                                .start_pos = 0,
+                                .block_table = seqs[i]->block_table(),
+                                .num_logits = 0},
+                               *pool, &r)
+                      .ok());
+    }
+  }
+  std::vector<ForwardRequest> reqs;
+  for (size_t i = 0; i < cached.size(); ++i) {
+    reqs.push_back({.tokens = steps[i],
+                    .start_pos = cached[i],
+                    .block_table = seqs[i]->block_table(),
+                    .num_logits = logits[i],
+                    .tap_layers = taps});
+  }
+  return reqs;
 }
 
 class Batch : public ::testing::TestWithParam<std::string> {
@@ -56,35 +93,11 @@ TEST_P(Batch, ForwardBatchEqualsForwardPerSequence) {
   // both pools by single forwards.
   const std::vector<int64_t> cached = {0, 20, 33}, fresh = {9, 4, 1}, logits = {1, 4, 1};
   std::vector<std::unique_ptr<SequenceKv>> seqs;
-  std::vector<std::vector<int32_t>> history, step;
+  std::vector<std::vector<int32_t>> step;
   const std::vector<int> taps = {0, static_cast<int>(c.num_layers - 1)};
-  for (size_t i = 0; i < cached.size(); ++i) {
-    seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
-    ASSERT_TRUE(seqs[i]->reserve(cached[i] + fresh[i]).ok());
-    history.push_back(random_tokens(rng, cached[i], c.vocab_size));
-    step.push_back(random_tokens(rng, fresh[i], c.vocab_size));
-    if (cached[i] > 0) {
-      for (KvPool* pool : {&batched, &single}) {
-        ForwardResult r;
-        ASSERT_TRUE(target_
-                        ->forward({.tokens = history[i],
-                                   .start_pos = 0,
-                                   .block_table = seqs[i]->block_table(),
-                                   .num_logits = 0,
-                                   .tap_layers = {}},
-                                  *pool, &r)
-                        .ok());
-      }
-    }
-  }
-  std::vector<ForwardRequest> reqs;
-  for (size_t i = 0; i < cached.size(); ++i) {
-    reqs.push_back({.tokens = step[i],
-                    .start_pos = cached[i],
-                    .block_table = seqs[i]->block_table(),
-                    .num_logits = logits[i],
-                    .tap_layers = taps});
-  }
+  KvPool* const pools[] = {&batched, &single};
+  const std::vector<ForwardRequest> reqs =
+      cached_requests(*target_, pools, alloc, rng, cached, fresh, logits, taps, seqs, step);
   BatchForwardResult batch;
   ASSERT_TRUE(target_->forward_batch(reqs, batched, &batch).ok());
   ASSERT_EQ(batch.seqs.size(), reqs.size());
@@ -121,32 +134,9 @@ TEST_P(Batch, UnevenRowsShareAttentionCallsByRuns) {
   const std::vector<int> taps = {static_cast<int>(c.num_layers - 1)};
   std::vector<std::unique_ptr<SequenceKv>> seqs;
   std::vector<std::vector<int32_t>> step;
-  std::vector<ForwardRequest> reqs;
-  for (size_t i = 0; i < cached.size(); ++i) {
-    seqs.push_back(std::make_unique<SequenceKv>(alloc, kKvBlockSize));
-    ASSERT_TRUE(seqs[i]->reserve(cached[i] + fresh[i]).ok());
-    const std::vector<int32_t> history = random_tokens(rng, cached[i], c.vocab_size);
-    step.push_back(random_tokens(rng, fresh[i], c.vocab_size));
-    if (cached[i] > 0) {
-      for (KvPool* pool : {&batched, &single}) {
-        ForwardResult r;
-        ASSERT_TRUE(target
-                        .forward({.tokens = history,
-                                  .start_pos = 0,
-                                  .block_table = seqs[i]->block_table(),
-                                  .num_logits = 0},
-                                 *pool, &r)
-                        .ok());
-      }
-    }
-  }
-  for (size_t i = 0; i < cached.size(); ++i) {
-    reqs.push_back({.tokens = step[i],
-                    .start_pos = cached[i],
-                    .block_table = seqs[i]->block_table(),
-                    .num_logits = fresh[i],
-                    .tap_layers = taps});
-  }
+  KvPool* const pools[] = {&batched, &single};
+  const std::vector<ForwardRequest> reqs =
+      cached_requests(target, pools, alloc, rng, cached, fresh, fresh, taps, seqs, step);
   counter.reset();
   BatchForwardResult batch;
   ASSERT_TRUE(target.forward_batch(reqs, batched, &batch).ok());
@@ -162,6 +152,58 @@ TEST_P(Batch, UnevenRowsShareAttentionCallsByRuns) {
     ASSERT_TRUE(target.forward(reqs[i], single, &alone).ok());
     EXPECT_EQ(counter.to_host_f32(alone.logits), batch_logits[i]) << "sequence " << i;
     EXPECT_EQ(counter.to_host_f32(alone.taps), batch_taps[i]) << "sequence " << i;
+  }
+}
+
+// The scheduler's mixed step (engine/scheduler.h): one-row decode sequences first, then a prompt
+// chunk without logits and a whole prompt with its last row's. The decode rows share one batched
+// attention call per layer, each prompt has its own (the prefill path); the logits and the KV
+// written (the chunk's only output) equal separate forwards bit for bit.
+TEST_P(Batch, MixedStepEqualsSeparateForwards) {
+  test_util::CountingBackend counter(*backend_);
+  auto loaded = load_target(GetParam(), counter);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  CausalLM& target = **loaded;
+  const auto& c = target.config();
+  std::mt19937 rng(13);
+  const int64_t blocks = 64;
+  KvPool mixed = target.make_kv_pool(blocks), single = target.make_kv_pool(blocks);
+  for (KvPool* pool : {&mixed, &single}) {
+    for (auto* ts : {&pool->k, &pool->v}) {
+      for (const Tensor& x : *ts) counter.fill_zero(x);
+    }
+  }
+  BlockAllocator alloc(blocks);
+  // Five decoding sequences, a prompt 16 tokens in getting a 40-token chunk, a fresh 23-token one.
+  const std::vector<int64_t> cached = {7, 12, 30, 3, 18, 16, 0}, fresh = {1, 1, 1, 1, 1, 40, 23},
+                             logits = {1, 1, 1, 1, 1, 0, 1};
+  std::vector<std::unique_ptr<SequenceKv>> seqs;
+  std::vector<std::vector<int32_t>> step;
+  KvPool* const pools[] = {&mixed, &single};
+  const std::vector<ForwardRequest> reqs =
+      cached_requests(target, pools, alloc, rng, cached, fresh, logits, {}, seqs, step);
+  counter.reset();
+  BatchForwardResult batch;
+  ASSERT_TRUE(target.forward_batch(reqs, mixed, &batch).ok());
+  EXPECT_EQ(counter.batched_attention_calls(), c.num_layers);  // the five decode rows
+  EXPECT_EQ(counter.attention_calls(), 2 * c.num_layers);      // each prompt
+  ASSERT_EQ(batch.logits.dim(0), 6);
+  std::vector<std::vector<float>> batch_logits;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(batch.seqs[i].logits.defined(), logits[i] > 0) << "sequence " << i;
+    batch_logits.push_back(logits[i] ? counter.to_host_f32(batch.seqs[i].logits)
+                                     : std::vector<float>());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ForwardResult alone;
+    ASSERT_TRUE(target.forward(reqs[i], single, &alone).ok());
+    if (logits[i]) {
+      EXPECT_EQ(counter.to_host_f32(alone.logits), batch_logits[i]) << "sequence " << i;
+    }
+  }
+  for (size_t l = 0; l < mixed.k.size(); ++l) {
+    EXPECT_EQ(counter.to_host_f32(mixed.k[l]), counter.to_host_f32(single.k[l])) << "K " << l;
+    EXPECT_EQ(counter.to_host_f32(mixed.v[l]), counter.to_host_f32(single.v[l])) << "V " << l;
   }
 }
 

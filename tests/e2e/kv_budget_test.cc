@@ -145,7 +145,8 @@ TEST_P(KvBudget, RefusesWhenTheWeightsLeaveNoRoom) {
 
 // The warm-up measures the worst-case step and reserves it before the KV cache: the scratch of
 // a prefill chunk grows with the chunk (whole prompts: a prompt filling the window), never with
-// the prompt once chunked, and an allocation failure during the warm-up is a clear error.
+// the prompt once chunked, the mixed step (chunk and step rows in one forward) is measured too,
+// and an allocation failure during the warm-up is a clear error.
 TEST_P(KvBudget, WarmUpReservesTheWorstCaseStep) {
   set_memory(512 * kGiB, 1024 * kGiB);
   auto chunked =
@@ -166,7 +167,7 @@ TEST_P(KvBudget, WarmUpReservesTheWorstCaseStep) {
   // of its allocations in turn: a clear error naming the option to lower, never an abort.
   auto t = load_target(std::string(BS_SOURCE_DIR) + "/models/stories260K", *backend_);
   ASSERT_TRUE(t.ok());
-  bool saw_prefill = false;
+  bool saw_prefill = false, saw_mixed = false;
   for (int64_t nth = 1; nth < 1000; ++nth) {
     inject_allocation_failure(nth);
     auto failed = plan_kv_cache(
@@ -186,8 +187,11 @@ TEST_P(KvBudget, WarmUpReservesTheWorstCaseStep) {
                 m.find("--max-num-seqs") != std::string::npos)
         << m;
     saw_prefill |= m.find("300 prompt tokens") != std::string::npos;
+    // The scheduler's mixed step (3 sequences' rows beside the chunk) is measured too.
+    saw_mixed |= m.find("worst-case mixed step (3 sequences") != std::string::npos;
   }
   EXPECT_TRUE(saw_prefill);
+  EXPECT_TRUE(saw_mixed);
 }
 
 TEST_P(KvBudget, RealHostMemoryIsReported) {

@@ -45,6 +45,37 @@ struct Arrival {
   GenerateOptions options;
 };
 
+// A target that records the shape of every forward run through it: per call, each request's
+// (rows, logit rows).
+class ForwardLog final : public CausalLM {
+ public:
+  using Shape = std::vector<std::pair<int64_t, int64_t>>;
+  explicit ForwardLog(CausalLM& inner) : m_(inner) {}
+  std::vector<Shape> calls;
+
+  const io::TransformerConfig& config() const override { return m_.config(); }
+  const TargetSpec& spec() const override { return m_.spec(); }
+  Backend& backend() const override { return m_.backend(); }
+  KvPool make_kv_pool(int64_t num_blocks) override { return m_.make_kv_pool(num_blocks); }
+  Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) override {
+    calls.push_back({{req.size(), req.num_logits}});
+    return m_.forward(req, kv, out);
+  }
+  Status forward_batch(std::span<const ForwardRequest> reqs, KvPool& kv,
+                       BatchForwardResult* out) override {
+    Shape shape;
+    for (const ForwardRequest& r : reqs) shape.emplace_back(r.size(), r.num_logits);
+    calls.push_back(std::move(shape));
+    return m_.forward_batch(reqs, kv, out);
+  }
+  const Tensor& embed_tokens() const override { return m_.embed_tokens(); }
+  const Tensor& lm_head() const override { return m_.lm_head(); }
+  int64_t weight_bytes() const override { return m_.weight_bytes(); }
+
+ private:
+  CausalLM& m_;
+};
+
 class SchedulerTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -392,45 +423,63 @@ TEST_P(SchedulerTest, AllocationFailureEndsOneRequestAndTheOthersGoOn) {
       {kPrompts[1], longer}, {p120, greedy}, {kPrompts[2], greedy}, {kPrompts[3], greedy}};
   std::vector<Expected> want;
   for (const auto& [prompt, o] : requests) want.push_back(alone(prompt, o));
-  int fired = 0;
-  for (int64_t nth = 1; nth <= 400; ++nth) {
-    seen_.clear();
-    Scheduler s(*target_, drafter_.get(), {.max_num_seqs = 3, .max_prefill_tokens = 32});
-    ASSERT_TRUE(add(s, 0, requests[0].first, requests[0].second).ok());
-    ASSERT_TRUE(s.step().ok());
-    ASSERT_TRUE(s.step().ok());
-    // Armed while request 0 decodes, request 1 prefills in chunks and request 2 joins.
-    inject_allocation_failure(nth);
-    ASSERT_TRUE(add(s, 1, requests[1].first, requests[1].second).ok());
-    ASSERT_TRUE(add(s, 2, requests[2].first, requests[2].second).ok());
-    for (int step = 0; !s.idle(); ++step) {
-      ASSERT_TRUE(s.step().ok()) << "failure at allocation " << nth;
-      ASSERT_LT(step, 1000);
+  // Mixed steps on (the prompts ride in request 0's steps) and off (prefills of their own).
+  for (const bool mixed : {false, true}) {
+    if (mixed) {  // a fresh model: its scratch grows again (allocation points)
+      drafter_.reset();
+      target_.reset();
+      test_util::load_stories(GetParam() == "plain" ? "" : GetParam(), &backend_, &target_,
+                              &drafter_);
     }
-    const bool did_fire = !allocation_failure_pending();
-    inject_allocation_failure(0);
-    int failed = 0;
-    for (RequestId id = 0; id < 3; ++id) {
-      const std::string where = fmt::format("failure at allocation {}, request {}", nth, id);
-      ASSERT_TRUE(seen_[id].completed) << where;
-      const Status& st = seen_[id].completion.status;
-      if (!st.ok()) {
-        ++failed;
-        EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << where << ": " << st.message();
-        EXPECT_NE(st.message().find("injected"), std::string::npos) << st.message();
-        continue;
+    int fired = 0, in_mixed_step = 0;
+    for (int64_t nth = 1; nth <= 400; ++nth) {
+      seen_.clear();
+      Scheduler s(*target_, drafter_.get(),
+                  {.max_num_seqs = 3, .max_prefill_tokens = 32, .mixed_steps = mixed});
+      ASSERT_TRUE(add(s, 0, requests[0].first, requests[0].second).ok());
+      ASSERT_TRUE(s.step().ok());
+      ASSERT_TRUE(s.step().ok());
+      // Armed while request 0 decodes, request 1 prefills in chunks and request 2 joins.
+      inject_allocation_failure(nth);
+      ASSERT_TRUE(add(s, 1, requests[1].first, requests[1].second).ok());
+      ASSERT_TRUE(add(s, 2, requests[2].first, requests[2].second).ok());
+      for (int step = 0; !s.idle(); ++step) {
+        ASSERT_TRUE(s.step().ok()) << "failure at allocation " << nth;
+        ASSERT_LT(step, 1000);
       }
-      expect_equal(id, want[id], where);
+      const bool did_fire = !allocation_failure_pending();
+      inject_allocation_failure(0);
+      int failed = 0;
+      for (RequestId id = 0; id < 3; ++id) {
+        const std::string where =
+            fmt::format("mixed {}, failure at allocation {}, request {}", mixed, nth, id);
+        ASSERT_TRUE(seen_[id].completed) << where;
+        const Status& st = seen_[id].completion.status;
+        if (!st.ok()) {
+          ++failed;
+          EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << where << ": " << st.message();
+          EXPECT_NE(st.message().find("injected"), std::string::npos) << st.message();
+          if (st.message().find("the mixed step") != std::string::npos) {
+            EXPECT_NE(id, 0) << where << ": a prompt of the step, not the decoding request";
+            ++in_mixed_step;
+          }
+          continue;
+        }
+        expect_equal(id, want[id], where);
+      }
+      EXPECT_EQ(failed, did_fire ? 1 : 0) << "failure at allocation " << nth;
+      // Still serving, with every block back.
+      ASSERT_TRUE(add(s, 3, requests[3].first, requests[3].second).ok());
+      while (!s.idle()) ASSERT_TRUE(s.step().ok());
+      expect_equal(3, want[3], fmt::format("after the failure at allocation {}", nth));
+      if (!did_fire) break;
+      ++fired;
     }
-    EXPECT_EQ(failed, did_fire ? 1 : 0) << "failure at allocation " << nth;
-    // Still serving, with every block back.
-    ASSERT_TRUE(add(s, 3, requests[3].first, requests[3].second).ok());
-    while (!s.idle()) ASSERT_TRUE(s.step().ok());
-    expect_equal(3, want[3], fmt::format("after the failure at allocation {}", nth));
-    if (!did_fire) break;
-    ++fired;
+    // Prefills and batched steps allocate, so several points were hit (a mixed step's scratch may
+    // grow once for all).
+    EXPECT_GE(fired, mixed ? 1 : 2) << "mixed " << mixed;
+    EXPECT_EQ(in_mixed_step > 0, mixed) << "mixed " << mixed;
   }
-  EXPECT_GE(fired, 2);  // prefills and batched steps allocate, so several points were hit
 }
 
 // Preemption (recompute): a KV pool that holds one request's worst case but admits several
@@ -504,6 +553,83 @@ TEST_P(SchedulerTest, GeneratePrefillsInChunksWithTheSameOutput) {
   ASSERT_TRUE(add(s, 1, prompt, o).ok());
   while (!s.idle()) ASSERT_TRUE(s.step().ok());
   expect_equal(1, whole, "default options");
+}
+
+// Mixed steps: while a request decodes, arriving prompts (several at once, a long one in chunks
+// of the step's budget, one arriving mid-decode) go into its forward (plain: the decode forward;
+// speculative: the verify forward): every step runs one target forward, prompt chunks without
+// logits, completed prompts with their last row's; every output is still the single run's. With
+// mixed_steps off the same arrivals take forwards of their own.
+TEST_P(SchedulerTest, MixedStepsRunOneForwardPerStep) {
+  // No stop ids: decodes through the test (speculative steps commit several tokens each).
+  const GenerateOptions decoding{.max_tokens = drafter_ ? 400 : 90};
+  const GenerateOptions greedy{.max_tokens = 20, .stop_ids = {2}};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 41};
+  GenerateOptions with_logprobs = greedy;
+  with_logprobs.logprobs = 2;
+  GenerateOptions one = greedy;
+  one.max_tokens = 1;
+  const std::vector<int32_t> p130 = long_prompt(*target_, 130, 11);
+  const std::vector<int32_t> p100 = long_prompt(*target_, 100, 12);
+  const std::vector<Arrival> arrivals = {
+      {0, kPrompts[1], decoding},      {2, p130, greedy},  {2, kPrompts[2], sampled},
+      {2, kPrompts[3], with_logprobs}, {9, p100, sampled}, {9, kPrompts[0], one},
+      {14, kPrompts[2], greedy}};
+  std::vector<Expected> want;
+  for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
+  for (const int64_t chunk : {0, 48}) {
+    for (const bool mixed : {true, false}) {
+      const std::string where = fmt::format("chunk {}, mixed {}", chunk, mixed);
+      seen_.clear();
+      ForwardLog log(*target_);
+      Scheduler s(log, drafter_.get(),
+                  {.max_num_seqs = 4, .max_prefill_tokens = chunk, .mixed_steps = mixed});
+      size_t before = 0;
+      int most = 0;
+      ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [&] {
+        if (!seen_[0].completed && before > 0) {
+          most = std::max(most, static_cast<int>(log.calls.size() - before));
+        }
+        before = log.calls.size();
+      }));
+      for (size_t i = 0; i < arrivals.size(); ++i) {
+        expect_equal(i, want[i], fmt::format("{}, request {}", where, i));
+      }
+      if (!mixed) {
+        EXPECT_GT(most, 1) << where;  // the arrivals' prefill, then the batched step
+        EXPECT_EQ(s.times().mixed_steps, 0) << where;
+        continue;
+      }
+      EXPECT_EQ(most, 1) << where;  // while request 0 decodes: one forward per step
+      EXPECT_GE(s.times().mixed_steps, chunk ? 5 : 2) << where;
+      // The shapes: decode rows / verify blocks (logits of every row) first, then the prompts'
+      // rows (a chunk's without logits, a completed prompt's last row's).
+      bool chunk_beside_decode = false, prompts_together = false;
+      for (const ForwardLog::Shape& call : log.calls) {
+        int64_t completed = 0, prompt_rows = 0;
+        bool chunked = false;
+        for (size_t i = 0; i < call.size(); ++i) {
+          const auto [rows, logits] = call[i];
+          if (logits == rows) continue;  // a decode row or verify block
+          if (logits == 0) {
+            chunked = true;
+            EXPECT_EQ(i, call.size() - 1) << where << ": a chunk comes last";
+          }
+          completed += logits == 1;
+          prompt_rows += rows;
+        }
+        const bool beside_decode = call[0].first == call[0].second;
+        if (chunked) {
+          EXPECT_EQ(prompt_rows, 48) << where << ": a chunk takes the rest of the budget";
+        }
+        chunk_beside_decode |= chunked && beside_decode;
+        prompts_together |= completed >= 2 && beside_decode;
+      }
+      EXPECT_EQ(chunk_beside_decode, chunk > 0) << where;
+      EXPECT_TRUE(prompts_together) << where;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,

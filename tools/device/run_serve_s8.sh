@@ -5,7 +5,8 @@
 #   DFlash-b16 forced to 100 % acceptance, driven by bench-serve at 1 / 8 / 32 / 128 clients with
 #   128-token prompts (256 new tokens), 1 / 32 clients with 2,048-token prompts (128 new) and
 #   1 / 8 clients with 8,192-token prompts (64 new); and first `bench --batch N` (N = 1 / 8 / 32 / 128,
-#   256 new tokens) for the engine's own figure; a table of served / bench to stdout and
+#   256 new tokens, prompts as long as the first run's: 128 tokens, --prompt-tokens; --kernels: the
+#   batched decode step op by op) for the engine's own figure; a table of served / bench to stdout and
 #   $OUT/summary.txt. Servers run with BLOCKSPEC_PROFILE_HOST=1: their per-step host profile lines
 #   (docs/SERVER.md) are in the summary too.
 # A dry run on the CPU: PRESET=tiny DEV=cpu MAXLEN=4096 RUNS='128:64:1:2 128:64:8:1' SYNTH_DIR=/tmp/x.
@@ -28,17 +29,21 @@ if [ ! -e $S/$PRESET-dflash-b16-acc100 ]; then
   timeout 180 $B synth --preset $PRESET --out $S/$PRESET --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
   echo "synth rc=$? ($((SECONDS - T0))s)"
 fi
-# The engine's own figure first (the denominators): plain and speculative batched generation.
-for n in ${BENCH_BATCHES:-1 8 32 128}; do
-  left "bench batch $n" || break
-  timeout 60 $B bench $M $DR --device $DEV --iters 3 --warmup 1 --context 384 --gen-tokens 256 \
-    --batch $n > $L/bench_b$n.txt 2>&1
-  echo "-- bench --batch $n rc=$? ($((SECONDS - T0))s)"; grep -E "^generate|error" $L/bench_b$n.txt
-done
-PORT=18188
 # prompt:output:clients:requests-per-client (RUNS and MAXLEN may be set for a dry run on the CPU)
 RUNS=${RUNS:-128:256:1:2 128:256:8:2 128:256:32:2 128:256:128:2 2048:128:1:2 2048:128:32:1 8192:64:1:2 8192:64:8:1}
 MAXLEN=${MAXLEN:-8448}
+# The denominators' prompt length: the first run's (served 128-token prompts are compared with
+# the engine generating after 128-token prompts, the same contexts, not bench's default 32).
+BENCH_PROMPT=${BENCH_PROMPT:-${RUNS%%:*}}
+# The engine's own figure first (the denominators): plain and speculative batched generation.
+for n in ${BENCH_BATCHES:-1 8 32 128}; do
+  left "bench batch $n" || break
+  K=; [ $n -gt 1 ] && K=--kernels
+  timeout 60 $B bench $M $DR --device $DEV --iters 3 --warmup 1 --context 384 --gen-tokens 256 \
+    --prompt-tokens $BENCH_PROMPT $K --batch $n > $L/bench_b$n.txt 2>&1
+  echo "-- bench --batch $n rc=$? ($((SECONDS - T0))s)"; grep -E "^generate|error|step from its ops" $L/bench_b$n.txt
+done
+PORT=18188
 # SIGTERM, up to 15 s to stop, then SIGKILL.
 stop_server() {
   kill $1 2>/dev/null
@@ -78,9 +83,9 @@ serve_runs() {
 }
 serve_runs plain $(( (SECONDS - T0 + BUDGET) / 2 + 10 )) --no-drafter  # leaves the drafter its share
 serve_runs spec $BUDGET $DR
-python3 - $L $RUNS > $OUT/summary.txt 2>&1 <<'EOF'
+python3 - $L $BENCH_PROMPT $RUNS > $OUT/summary.txt 2>&1 <<'EOF'
 import json, os, re, sys
-L = sys.argv[1]
+L, bench_prompt, runs = sys.argv[1], sys.argv[2], sys.argv[3:]
 bench = {}
 for n in (1, 8, 32, 128):
     try:
@@ -91,13 +96,14 @@ for n in (1, 8, 32, 128):
         m = re.search(r"^generate \(" + key + r"(, batch \d+)?\): .*?-> ([\d.]+) tok/s", t, re.M)
         if m: bench[(mode, n)] = float(m.group(2))
 print("served (bench-serve, streaming, greedy, ignore_eos) vs the engine (bench --batch N generate,")
-print("32-token prompts, 256 new tokens, prefill excluded); decode tok/s = clients / mean TPOT")
+print(f"--prompt-tokens {bench_prompt}: {bench_prompt}-token prompts, 256 new tokens, prefill excluded);")
+print("decode tok/s = clients / mean TPOT")
 hdr = ("mode", "prompt", "out", "cl", "req", "fail", "out tok/s", "req/s", "decode tok/s",
        "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "bench tok/s",
        "served/bench", "decode/bench")
 print("| " + " | ".join(hdr) + " |"); print("|" + "---|" * len(hdr))
 for mode in ("plain", "spec"):
-    for p, o, c in (tuple(int(x) for x in r.split(":")[:3]) for r in sys.argv[2:]):
+    for p, o, c in (tuple(int(x) for x in r.split(":")[:3]) for r in runs):
         f = f"{L}/bs_{mode}_p{p}_c{c}.json"
         try:
             j = json.load(open(f))
@@ -112,6 +118,14 @@ for mode in ("plain", "spec"):
               f"{q('ttft_ms')} | {q('tpot_ms')} | {q('itl_ms')} | {b if b else '-'} | "
               f"{ratio(j['output_tokens_per_s'])} | {ratio(dec)} |")
         if j.get("first_error"): print(f"|  first error: {j['first_error'][:150]} |")
+print()
+for n in (32, 128):  # bench --kernels --batch N: the batched decode step op by op
+    try:
+        for line in open(f"{L}/bench_b{n}.txt"):
+            if line.startswith(("batch decode step", "kernels, batched", "  matmul [default]",
+                                "  small ops", "  batched step")): print(f"b{n}", line.rstrip())
+    except OSError:
+        pass
 print()
 for mode in ("plain", "spec"):
     try:
