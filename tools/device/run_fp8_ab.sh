@@ -4,7 +4,7 @@
 #   tests - cuda_ops_test's FP8 tests (v2, the default kernel, and v1, both in every test),
 #   steps - synthetic Qwen3-8B + DFlash-b16 with a 32,768-token draft vocabulary and FP8 drafter
 #           weights: `bench --kernels` (per-shape FP8 product times at 1 and 16 rows, draft step)
-#           with the v2 kernel, then with BLOCKSPEC_FP8_KERNEL=v1.
+#           with BLOCKSPEC_FP8_KERNEL=v2, then v1 (the default).
 # Then compute-sanitizer memcheck / racecheck over the FP8 tests (SANITIZE=0: not). At most ~8.5 minutes (timeouts).
 # Files into $OUT: fp8_ab.txt, bench_fp8_v1.txt, bench_fp8_v2.txt, fp8_memcheck.txt, fp8_racecheck.txt.
 set -u

@@ -52,7 +52,9 @@ std::string short_name(const char* mangled) {
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = status == 0 && d ? d : mangled;
   std::free(d);
-  // Drop the argument list, keep template arguments (they tell instances apart), cap the length.
+  // Drop "(anonymous namespace)::" and the argument list, keep template arguments (they tell
+  // instances apart), cap the length.
+  for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(at, 23);
   int depth = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '<') ++depth;

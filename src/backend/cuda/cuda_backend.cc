@@ -283,6 +283,7 @@ class CudaBackend final : public Backend {
     }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
+      if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
     }
   }
   ~CudaBackend() override {
@@ -610,7 +611,7 @@ class CudaBackend final : public Backend {
       return;
     }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
-      // v1 (BLOCKSPEC_FP8_KERNEL=v1): an FP16 copy of x, made once for more than 8 rows.
+      // v1 (the default): an FP16 copy of x, made once for more than 8 rows.
       void* x16 =
           n > 8 ? scratch(&x16_ws_, &x16_ws_bytes_, static_cast<size_t>(n * k) * 2) : nullptr;
       CUDA_CHECK(bs::cuda::fp8_matmul(out(y), x.data(), q, w.scale.as<float>(), n, m, k, accumulate,
@@ -1347,8 +1348,9 @@ class CudaBackend final : public Backend {
   size_t fp8_part_ws_bytes_ = 0;
   void* fp8_count_ws_ = nullptr;
   size_t fp8_count_ws_bytes_ = 0;
-  // matmul_fp8's kernel: v2 unless BLOCKSPEC_FP8_KERNEL=v1 (the A/B switch) or set_fp8_kernel.
-  Fp8Kernel fp8_kernel_ = Fp8Kernel::kV2;
+  // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
+  // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
+  Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;

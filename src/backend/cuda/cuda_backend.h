@@ -60,9 +60,9 @@ void set_gemv_mode(Backend& backend, GemvMode mode);
 // Products of up to `rows` rows (at least 16) use the algorithm pinned for 16 rows in
 // GemvMode::kAuto (experiment; also BLOCKSPEC_PINNED_ROWS).
 void set_pinned_rows(Backend& backend, int64_t rows);
-// Backend::matmul_fp8's kernel for BF16 x (fp8_matmul.cu): kV2 (default) or kV1, the previous
-// kernel (also BLOCKSPEC_FP8_KERNEL=v1, read when the backend is made). Both keep the row-count
-// invariance; their roundings differ.
+// Backend::matmul_fp8's kernel for BF16 x (fp8_matmul.cu): kV1 (default) or kV2, the split-K
+// ring variant (also BLOCKSPEC_FP8_KERNEL=v2, read when the backend is made; slower on the H200
+// at the draft step's shapes). Both keep the row-count invariance; their roundings differ.
 enum class Fp8Kernel { kV1, kV2 };
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
