@@ -427,7 +427,9 @@ __global__ void topk_kernel(float* values, int32_t* ids, In x, int64_t v, int64_
   }
 }
 
+// Launched with programmatic dependent launch (launch_pdl): x comes from the kernel before.
 __global__ void scale_softcap_kernel(Out y, In x, int64_t n, float multiplier, float cap) {
+  griddep_wait();
   GRID_STRIDE(i, n) {
     const float v = multiplier * ld(x, i);
     st(y, i, cap > 0.0f ? cap * tanhf(v / cap) : v);
@@ -437,6 +439,9 @@ __global__ void scale_softcap_kernel(Out y, In x, int64_t n, float multiplier, f
 __global__ void dynamic_conv_kernel(Out y, In x, In dyn, int64_t which, In base, int64_t n,
                                     int64_t h, int64_t taps, int64_t group, int64_t block_rows,
                                     bool accumulate) {
+  // Launched with programmatic dependent launch (launch_pdl): DFlash2 runs 4 of these per drafter
+  // layer, each right after the kernel that wrote x, dyn or y.
+  griddep_wait();
   const int64_t groups = h / group;
   GRID_STRIDE(e, n * h) {
     const int64_t i = e / h, c = e % h;
@@ -962,16 +967,16 @@ cudaError_t topk(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int
 }
 cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  scale_softcap_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n, multiplier, cap);
-  return cudaGetLastError();
+  return launch_pdl(scale_softcap_kernel, dim3(static_cast<unsigned>(grid_for(n))),
+                    dim3(kThreads), 0, s, y, x, n, multiplier, cap);
 }
 cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
                          int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
                          cudaStream_t s) {
   if (n * h <= 0) return cudaSuccess;
-  dynamic_conv_kernel<<<grid_for(n * h), kThreads, 0, s>>>(y, x, dyn, which, base, n, h, taps,
-                                                           group, block_rows, accumulate);
-  return cudaGetLastError();
+  return launch_pdl(dynamic_conv_kernel, dim3(static_cast<unsigned>(grid_for(n * h))),
+                    dim3(kThreads), 0, s, y, x, dyn, which, base, n, h, taps, group, block_rows,
+                    accumulate);
 }
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                             int64_t vs, float fill, cudaStream_t s) {
