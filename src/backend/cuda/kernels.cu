@@ -967,8 +967,8 @@ cudaError_t topk(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int
 }
 cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  return launch_pdl(scale_softcap_kernel, dim3(static_cast<unsigned>(grid_for(n))),
-                    dim3(kThreads), 0, s, y, x, n, multiplier, cap);
+  return launch_pdl(scale_softcap_kernel, dim3(static_cast<unsigned>(grid_for(n))), dim3(kThreads),
+                    0, s, y, x, n, multiplier, cap);
 }
 cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
                          int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
