@@ -277,18 +277,6 @@ __device__ __forceinline__ uint32_t shared_addr(const void* p) {
 // 16 bytes global -> shared, zero-filled when src_bytes is 0 (then nothing is read). The
 // "memory" clobbers keep the compiler from moving shared-memory reads across the ring's
 // copies and waits.
-__device__ __forceinline__ void ring_copy16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void ring_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void ring_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ void launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -328,10 +316,10 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       const int64_t kk = (cb + c) * 64 + 16 * t, ra = tile * 16 + g, rb = ra + 8;
       const bool ok_a = kk < k && ra < m, ok_b = kk < k && rb < m;
       const uint32_t dst = ring_s + d * kV2ChunkBytes;
-      ring_copy16(dst, ok_a ? q + ra * k + kk : q, ok_a ? 16 : 0);
-      ring_copy16(dst + 512, ok_b ? q + rb * k + kk : q, ok_b ? 16 : 0);
+      cp_async16<true>(dst, ok_a ? q + ra * k + kk : q, ok_a ? 16 : 0);
+      cp_async16<true>(dst + 512, ok_b ? q + rb * k + kk : q, ok_b ? 16 : 0);
     }
-    ring_commit();
+    cp_async_commit();
   };
 
   // The weights do not depend on the kernels before this one: request the first D chunks
@@ -402,7 +390,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       const int ahead_round = last ? 0 : r + 1;
 #pragma unroll
       for (int d = 0; d < D; ++d) {
-        ring_wait<D - 1>();  // this step's chunk (committed D steps ago) has landed
+        cp_async_wait<D - 1>();  // this step's chunk (committed D steps ago) has landed
         const int c = r * D + d;
         if (c < ns) {
           const uint4 wa = *reinterpret_cast<const uint4*>(ring + d * kV2ChunkBytes);
@@ -449,7 +437,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       store_tile(tile, acc);
     }
   }
-  ring_wait<0>();  // no copy outlives the block
+  cp_async_wait<0>();  // no copy outlives the block
   // The stream is done: the next kernel may be scheduled now (once every block got here), so
   // that its launch and its own pre-wait work overlap this kernel's tail; it still waits for
   // this grid's completion in griddepcontrol.wait before it reads anything written here.

@@ -116,18 +116,9 @@ __global__ void __launch_bounds__(W * 32)
 // block never drains until its last tile). Warp w takes the interleaved chunks w, w + W, ... of
 // a tile (the block's pieces in flight are one contiguous window of each row). Per tile, the
 // warps' partial tiles are summed in warp order.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+// cp_async16 with a generic shared-memory pointer; ok false zero-fills.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool ok) {
+  cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, ok ? 16 : 0);
 }
 
 // Where a warp's next stage comes from: its j-th chunk of tile `tile` (tiles advance by G).
@@ -167,14 +158,14 @@ __global__ void __launch_bounds__(W * 32)
     if (weights) {
       const int64_t ra = c.tile * 16 + g, rb = ra + 8;
       const bool oa = live && ra < m, ob = live && rb < m;
-      cp_async16(dst, oa ? w + ra * k + kk : w, oa);
-      cp_async16(dst + 32, ob ? w + rb * k + kk : w, ob);
+      copy16_async(dst, oa ? w + ra * k + kk : w, oa);
+      copy16_async(dst + 32, ob ? w + rb * k + kk : w, ob);
     }
     if (xs) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const bool ox = live && g + 8 * nt < n;
-        cp_async16(dst + (2 + nt) * 32, ox ? x + (g + 8 * nt) * k + kk : x, ox);
+        copy16_async(dst + (2 + nt) * 32, ox ? x + (g + 8 * nt) * k + kk : x, ox);
       }
     }
   };
