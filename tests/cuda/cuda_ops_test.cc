@@ -1482,6 +1482,7 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
       const Tensor inv_freq = weight(*gpu_, {sh.hd / 2}, freq);
       const Tensor qn = weight(*gpu_, {sh.hd}, rnd(sh.hd)), kn = weight(*gpu_, {sh.hd}, rnd(sh.hd));
       for (const int64_t n : {1, 16}) {
+        if (num_seqs == 77 && n == 16) continue;  // (pool read-backs of 176 MB per setting)
         const auto lens = split_test_lengths(num_seqs, n, rng_);
         std::vector<int32_t> pos, slots;
         for (int64_t s = 0; s < num_seqs; ++s) {

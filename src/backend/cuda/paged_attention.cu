@@ -432,7 +432,8 @@ __global__ void __launch_bounds__(kSplitThreads)
 // head dim <= 128) before computing the current one.
 // grid (ceil(splits / chunks), kv_heads, num_seqs * tiles); dynamic shared memory
 // split_smem_bytes_v2(hd, QPT).
-constexpr int kMaxGroupChunks = 8;
+constexpr int kMaxGroupChunks = 8;   // shared memory holds the key slots of this many chunks
+constexpr int kAutoGroupChunks = 4;  // most chunks per block chosen by the launch size
 
 __host__ __device__ inline size_t split_smem_bytes_v2(int64_t hd, int qpt) {
   return static_cast<size_t>(kSplitKeys) * (hd + 2) * 2 + static_cast<size_t>(kSplitKeys) * hd * 2 +
@@ -692,9 +693,12 @@ std::atomic<int> g_split_version{2};
 std::atomic<int> g_split_chunks{0};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
-// each running the fewest chunks that takes; 1 .. min(kMaxGroupChunks, splits).
+// each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
+// far above the actual lengths, which only the device knows: a cap keeps the blocks of short
+// sequences spread over the SMs); forced (set_split_kernel): up to kMaxGroupChunks.
 template <typename Kernel>
-int64_t group_chunks(Kernel kernel, size_t smem, int64_t splits, int64_t blocks_per_split) {
+int64_t group_chunks(Kernel kernel, size_t smem, int smem_key, int64_t splits,
+                     int64_t blocks_per_split) {
   int64_t chunks = g_split_chunks.load(std::memory_order_relaxed);
   if (chunks <= 0) {
     static const int sms = [] {
@@ -705,14 +709,21 @@ int64_t group_chunks(Kernel kernel, size_t smem, int64_t splits, int64_t blocks_
       }
       return count > 0 ? count : 1;
     }();
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSplitThreads, smem) !=
-            cudaSuccess ||
-        per_sm < 1) {
-      per_sm = 1;
+    // Resident blocks per SM, asked once per head dim (the shared memory depends on it only).
+    static std::atomic<int> per_sm_of[256 / 8 + 1] = {};
+    std::atomic<int>& cached = per_sm_of[smem_key];
+    int per_sm = cached.load(std::memory_order_relaxed);
+    if (per_sm <= 0) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSplitThreads, smem) !=
+              cudaSuccess ||
+          per_sm < 1) {
+        per_sm = 1;
+      }
+      cached.store(per_sm, std::memory_order_relaxed);
     }
     const int64_t resident = static_cast<int64_t>(sms) * per_sm;
     chunks = (splits * blocks_per_split + resident - 1) / resident;
+    if (chunks > kAutoGroupChunks) chunks = kAutoGroupChunks;
   }
   const int64_t most = splits < kMaxGroupChunks ? splits : kMaxGroupChunks;
   return chunks < 1 ? 1 : (chunks > most ? most : chunks);
@@ -738,8 +749,8 @@ cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const Attention
   if (configured != cudaSuccess) return configured;
   const size_t smem_v2 = split_smem_bytes_v2(a.hd, QPT);
   const int64_t splits = grid.x;
-  const int64_t chunks =
-      group_chunks(split_kernel_v2<QPT, P>, smem_v2, splits, static_cast<int64_t>(grid.y) * grid.z);
+  const int64_t chunks = group_chunks(split_kernel_v2<QPT, P>, smem_v2, static_cast<int>(a.hd / 8),
+                                      splits, static_cast<int64_t>(grid.y) * grid.z);
   const dim3 groups(static_cast<unsigned>((splits + chunks - 1) / chunks), grid.y, grid.z);
   return launch_pdl(split_kernel_v2<QPT, P>, groups, dim3(kSplitThreads), smem_v2, s, a, p,
                     kv_len_dev, static_cast<int>(chunks), part_o, part_ml);
