@@ -199,8 +199,9 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const Pr
 constexpr int kBatch = 8;
 
 // Issues the loads of the batch starting at vector `base` (a thread's first: tid) of the chunk
-// whose key slots are slots[64]; rows without a slot (-1) are zero.
-__device__ __forceinline__ void load_kv_batch(const AttentionArgs& a, int kvh, const int64_t* slots,
+// whose key j has the slot slot_of(j); rows without a slot (-1) are zero.
+template <typename SlotOf>
+__device__ __forceinline__ void load_kv_batch(const AttentionArgs& a, int kvh, SlotOf slot_of,
                                               int base, uint4 (&kw)[kBatch], uint4 (&vw)[kBatch]) {
   const int vec_per_row = static_cast<int>(a.hd / 8), total_vec = kSplitKeys * vec_per_row;
   const __nv_bfloat16* Kg = static_cast<const __nv_bfloat16*>(a.k);
@@ -211,7 +212,7 @@ __device__ __forceinline__ void load_kv_batch(const AttentionArgs& a, int kvh, c
     kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
     if (i < total_vec) {
       const int j = i / vec_per_row, c8 = i - j * vec_per_row;
-      const int64_t slot = slots[j];
+      const int64_t slot = slot_of(j);
       if (slot >= 0) {
         const int64_t off = (slot * a.kv_heads + kvh) * a.hd + c8 * 8;
         kw[u] = __ldg(reinterpret_cast<const uint4*>(Kg + off));
@@ -412,7 +413,8 @@ __global__ void __launch_bounds__(kSplitThreads)
   // K / V chunk -> shared memory; rows past kv_len are zero.
   for (int base = tid; base < kSplitKeys * (hd / 8); base += kBatch * kSplitThreads) {
     uint4 kw[kBatch], vw[kBatch];
-    load_kv_batch(a, st.kvh, slot_of, base, kw, vw);
+    load_kv_batch(
+        a, st.kvh, [&](int j) { return slot_of[j]; }, base, kw, vw);
     store_kv_batch(hd, base, kw, vw, Ks, Vs);
   }
   __syncthreads();
@@ -467,7 +469,12 @@ __global__ void __launch_bounds__(kSplitThreads)
   if (c_end > launch_splits) c_end = launch_splits;
   if (c_begin >= c_end) return;  // beyond the sequence: the combine never reads these splits
   const int tid = threadIdx.x;
-  // Table reads of all the block's keys and the query loads in flight together.
+  // The first chunk's first batch (its table reads by the loading threads themselves), the table
+  // reads of all the block's keys and the query tile's loads are in flight together.
+  const int total_vec = kSplitKeys * (hd / 8);
+  uint4 kw[kBatch], vw[kBatch];
+  load_kv_batch(
+      a, st.kvh, [&](int j) { return key_slot<P>(a, st, c_begin * kSplitKeys + j); }, tid, kw, vw);
   const int keys = static_cast<int>(c_end - c_begin) * kSplitKeys;
   for (int i = tid; i < keys; i += kSplitThreads) {
     slot_of[i] = key_slot<P>(a, st, c_begin * kSplitKeys + i);
@@ -475,20 +482,19 @@ __global__ void __launch_bounds__(kSplitThreads)
   load_query_tile<P>(a, p, st, Qs);
   __syncthreads();
 
-  const int total_vec = kSplitKeys * (hd / 8);
-  uint4 kw[kBatch], vw[kBatch];
-  load_kv_batch(a, st.kvh, slot_of, tid, kw, vw);  // the first chunk's first batch
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int64_t* chunk_slots = slot_of + (c - c_begin) * kSplitKeys;
+    const auto chunk_slot = [&](int j) { return chunk_slots[j]; };
+    const auto next_slot = [&](int j) { return chunk_slots[kSplitKeys + j]; };
     store_kv_batch(hd, tid, kw, vw, Ks, Vs);
     for (int base = tid + kBatch * kSplitThreads; base < total_vec;
          base += kBatch * kSplitThreads) {  // head dim > 128: the chunk's further batches
-      load_kv_batch(a, st.kvh, chunk_slots, base, kw, vw);
+      load_kv_batch(a, st.kvh, chunk_slot, base, kw, vw);
       store_kv_batch(hd, base, kw, vw, Ks, Vs);
     }
     __syncthreads();
     // The next chunk's first batch: in flight while this one is computed.
-    if (c + 1 < c_end) load_kv_batch(a, st.kvh, chunk_slots + kSplitKeys, tid, kw, vw);
+    if (c + 1 < c_end) load_kv_batch(a, st.kvh, next_slot, tid, kw, vw);
     if constexpr (P > 0) {
       own_keys<P>(a, p, st, c * kSplitKeys, Ks, Vs);
       __syncthreads();
