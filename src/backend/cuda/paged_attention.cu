@@ -703,7 +703,7 @@ std::atomic<int> g_split_chunks{0};
 // far above the actual lengths, which only the device knows: a cap keeps the blocks of short
 // sequences spread over the SMs); forced (set_split_kernel): up to kMaxGroupChunks.
 template <typename Kernel>
-int64_t group_chunks(Kernel kernel, size_t smem, int smem_key, int64_t splits,
+int64_t group_chunks(Kernel kernel, size_t smem, std::atomic<int>& cached, int64_t splits,
                      int64_t blocks_per_split) {
   int64_t chunks = g_split_chunks.load(std::memory_order_relaxed);
   if (chunks <= 0) {
@@ -715,9 +715,7 @@ int64_t group_chunks(Kernel kernel, size_t smem, int smem_key, int64_t splits,
       }
       return count > 0 ? count : 1;
     }();
-    // Resident blocks per SM, asked once per head dim (the shared memory depends on it only).
-    static std::atomic<int> per_sm_of[256 / 8 + 1] = {};
-    std::atomic<int>& cached = per_sm_of[smem_key];
+    // Resident blocks per SM, asked once (`cached`: per kernel and head dim).
     int per_sm = cached.load(std::memory_order_relaxed);
     if (per_sm <= 0) {
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSplitThreads, smem) !=
@@ -755,8 +753,9 @@ cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const Attention
   if (configured != cudaSuccess) return configured;
   const size_t smem_v2 = split_smem_bytes_v2(a.hd, QPT);
   const int64_t splits = grid.x;
-  const int64_t chunks = group_chunks(split_kernel_v2<QPT, P>, smem_v2, static_cast<int>(a.hd / 8),
-                                      splits, static_cast<int64_t>(grid.y) * grid.z);
+  static std::atomic<int> per_sm_of[256 / 8 + 1] = {};  // by head dim / 8 (<= 256)
+  const int64_t chunks = group_chunks(split_kernel_v2<QPT, P>, smem_v2, per_sm_of[a.hd / 8], splits,
+                                      static_cast<int64_t>(grid.y) * grid.z);
   const dim3 groups(static_cast<unsigned>((splits + chunks - 1) / chunks), grid.y, grid.z);
   return launch_pdl(split_kernel_v2<QPT, P>, groups, dim3(kSplitThreads), smem_v2, s, a, p,
                     kv_len_dev, static_cast<int>(chunks), part_o, part_ml);
