@@ -1350,6 +1350,182 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
   }
 }
 
+#ifdef BLOCKSPEC_HAS_CUDA
+// ---- Split-KV kernel v2 (a block over consecutive chunks) against v1, bit for bit ----
+
+// Restores the default split kernel when a test ends, a failed assertion included.
+struct SplitKernelGuard {
+  SplitKernelGuard() = default;
+  SplitKernelGuard(const SplitKernelGuard&) = delete;
+  SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
+  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV2); }
+};
+
+// The split-kernel settings each test runs: v1 first (the reference), then v2 with the chunks per
+// block chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8.
+struct SplitSetting {
+  cuda::AttentionKernel kernel;
+  int chunks;
+};
+const std::vector<SplitSetting> kSplitSettings = {
+    {cuda::AttentionKernel::kV1, 0}, {cuda::AttentionKernel::kV2, 0},
+    {cuda::AttentionKernel::kV2, 1}, {cuda::AttentionKernel::kV2, 2},
+    {cuda::AttentionKernel::kV2, 3}, {cuda::AttentionKernel::kV2, 8}};
+
+// n bf16 values in [-2, 2) from a seeded LCG (fast enough for pools of many MB).
+std::vector<uint16_t> lcg_bf16(size_t n, uint32_t seed) {
+  std::vector<uint16_t> v(n);
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (auto& e : v) {
+    x = x * 1664525u + 1013904223u;
+    e = f32_to_bf16(static_cast<float>((x >> 8) & 0xffff) / 16384.0f - 2.0f);
+  }
+  return v;
+}
+
+template <typename T>
+std::vector<T> host_bits(Backend& be, const Tensor& t) {
+  std::vector<T> h(static_cast<size_t>(t.numel()));
+  be.copy_to_host(h.data(), t);
+  return h;
+}
+
+// Batch lengths: uneven, 1 to 1100 keys, some not multiples of 16 or 64, the first sequences far
+// longer / shorter than the others; from the 16th sequence on, random.
+std::vector<int32_t> split_test_lengths(int64_t num_seqs, int64_t n, std::mt19937& rng) {
+  const int32_t pattern[16] = {1100, 1,  385, 64,  65, 17,  1023, 129,
+                               700,  16, 257, 900, 63, 448, 1099, 2};
+  std::uniform_int_distribution<int32_t> d(1, 1100);
+  std::vector<int32_t> lens(num_seqs);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    lens[s] = std::max(s < 16 ? pattern[s] : d(rng), static_cast<int32_t>(n));
+  }
+  return lens;
+}
+
+struct SplitShape {
+  int64_t hd, heads, kv_heads;
+};
+// Qwen3-8B (group 4, hd 128), groups 1 / 4 / 8 at hd 64 and 128.
+const std::vector<SplitShape> kSplitShapes = {{128, 32, 8}, {128, 8, 2},  {64, 8, 8},
+                                              {128, 8, 8},  {128, 16, 2}, {64, 16, 2}};
+
+TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
+  const SplitKernelGuard guard;
+  const int64_t bs = 16, capacity = 70;  // launch bound 1120 keys
+  uint32_t seed = 1;
+  for (const SplitShape& sh : kSplitShapes) {
+    for (const int64_t num_seqs : {1, 3, 32, 77}) {
+      const int64_t blocks = num_seqs * capacity;
+      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
+      Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
+      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
+      gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
+      gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
+      std::vector<int32_t> table(blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng_);
+      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+      for (const int64_t n : {1, 16}) {
+        for (const AttentionMask mask :
+             {AttentionMask{}, AttentionMask{.causal = true, .window = 200}}) {
+          if (mask.window > 0 && (sh.hd != 128 || num_seqs != 3)) continue;
+          const auto lens = split_test_lengths(num_seqs, n, rng_);
+          const Tensor kv_lens = gpu_ints(lens);
+          const int64_t rows = num_seqs * n;
+          Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+          gpu_->copy_from_host(
+              q, lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
+          std::vector<uint16_t> want;
+          for (const SplitSetting& setting : kSplitSettings) {
+            cuda::set_attention_kernel(setting.kernel, setting.chunks);
+            Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+            gpu_->paged_attention_batch(out, q, kp, vp, tables, kv_lens, capacity * bs, mask,
+                                        0.088f);
+            const auto got = host_bits<uint16_t>(*gpu_, out);
+            if (setting.kernel == cuda::AttentionKernel::kV1) {
+              want = got;
+              continue;
+            }
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(uint16_t)), 0)
+                << "hd " << sh.hd << " heads " << sh.heads << " kv heads " << sh.kv_heads << " S "
+                << num_seqs << " n " << n << " window " << mask.window << " chunks per block "
+                << setting.chunks;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
+  // The fused prologue (queries and the call's own keys / values computed in the split blocks,
+  // the new keys / values written to the pools) under v1 and v2: output and both pools.
+  const SplitKernelGuard guard;
+  const int64_t bs = 16, capacity = 70;
+  uint32_t seed = 100;
+  for (const SplitShape& sh : kSplitShapes) {
+    for (const int64_t num_seqs : {1, 3, 32, 77}) {
+      if (num_seqs == 77 && sh.heads != 32) continue;  // (77 only at the Qwen3-8B shape)
+      const int64_t blocks = num_seqs * capacity;
+      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
+      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
+      Tensor k0 = make(*gpu_, pool, DType::kBF16), v0 = make(*gpu_, pool, DType::kBF16);
+      gpu_->copy_from_host(k0, lcg_bf16(pool_elems, seed++).data());
+      gpu_->copy_from_host(v0, lcg_bf16(pool_elems, seed++).data());
+      std::vector<int32_t> table(blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng_);
+      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+      std::vector<float> freq(sh.hd / 2);
+      for (int64_t i = 0; i < sh.hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / sh.hd);
+      const Tensor inv_freq = weight(*gpu_, {sh.hd / 2}, freq);
+      const Tensor qn = weight(*gpu_, {sh.hd}, rnd(sh.hd)), kn = weight(*gpu_, {sh.hd}, rnd(sh.hd));
+      for (const int64_t n : {1, 16}) {
+        if (num_seqs == 77 && n == 16) continue;  // (pool read-backs of 176 MB per setting)
+        const auto lens = split_test_lengths(num_seqs, n, rng_);
+        std::vector<int32_t> pos, slots;
+        for (int64_t s = 0; s < num_seqs; ++s) {
+          for (int64_t r = 0; r < n; ++r) {
+            const int32_t p = static_cast<int32_t>(lens[s] - n + r);
+            pos.push_back(p);
+            slots.push_back(table[s * capacity + p / bs] * bs + p % bs);
+          }
+        }
+        const int64_t rows = num_seqs * n, width = (sh.heads + 2 * sh.kv_heads) * sh.hd;
+        Tensor qkv = make(*gpu_, {rows, width}, DType::kBF16);
+        gpu_->copy_from_host(qkv, lcg_bf16(static_cast<size_t>(rows * width), seed++).data());
+        const Tensor kv_lens = gpu_ints(lens), pos_t = gpu_ints(pos), slot_t = gpu_ints(slots);
+        std::vector<uint16_t> want_out, want_k, want_v;
+        for (const SplitSetting& setting : kSplitSettings) {
+          cuda::set_attention_kernel(setting.kernel, setting.chunks);
+          Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
+          gpu_->copy(kp, k0);
+          gpu_->copy(vp, v0);
+          Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+          Tensor q_scratch = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+          gpu_->prologue_attention(out, q_scratch, qkv, qn, kn, 1e-6f, pos_t, inv_freq, 1.1f, kp,
+                                   vp, slot_t, tables, kv_lens, capacity * bs, {}, 0.088f);
+          auto got_out = host_bits<uint16_t>(*gpu_, out);
+          auto got_k = host_bits<uint16_t>(*gpu_, kp), got_v = host_bits<uint16_t>(*gpu_, vp);
+          if (setting.kernel == cuda::AttentionKernel::kV1) {
+            want_out = std::move(got_out), want_k = std::move(got_k), want_v = std::move(got_v);
+            continue;
+          }
+          const std::string what =
+              "hd " + std::to_string(sh.hd) + " heads " + std::to_string(sh.heads) + " kv heads " +
+              std::to_string(sh.kv_heads) + " S " + std::to_string(num_seqs) + " n " +
+              std::to_string(n) + " chunks per block " + std::to_string(setting.chunks);
+          EXPECT_TRUE(got_out == want_out) << "output, " << what;
+          EXPECT_TRUE(got_k == want_k) << "k pool, " << what;
+          EXPECT_TRUE(got_v == want_v) << "v pool, " << what;
+        }
+      }
+    }
+  }
+}
+#endif  // BLOCKSPEC_HAS_CUDA
+
 // A KV slot outside the pool (an engine bug) in kv_write, attention_prologue (both kernels) and
 // the fused prologue_attention: the kernels skip that row, record the first such slot, and the
 // next read-back throws a BackendFault (kInternal) naming the op, the slot and the capacity, then

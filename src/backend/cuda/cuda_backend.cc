@@ -281,6 +281,9 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
       pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
     }
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_KERNEL")) {
+      set_split_kernel(std::strcmp(env, "v1") == 0 ? 1 : 2);
+    }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -1454,6 +1457,9 @@ std::string device_description(Backend& backend) {
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
+void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
+  set_split_kernel(kernel == AttentionKernel::kV1 ? 1 : 2, chunks_per_block);
+}
 int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {
   as_cuda(backend).set_stream_options(variant, max_mib);

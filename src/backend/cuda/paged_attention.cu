@@ -23,6 +23,7 @@
 // arithmetic of the prologue kernel, so the results are the same bits.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "backend/cuda/device_util.cuh"
@@ -98,58 +99,61 @@ __device__ __forceinline__ float round_bf16(float x) {
   return __bfloat162float(__float2bfloat16_rn(x));
 }
 
-// grid (splits, kv_heads, num_seqs * query tiles per sequence), kSplitThreads threads; a tile
-// holds 2 * QPT query vectors of one sequence, each thread QPT of them (QPT only sets how the
-// work is spread: every query's arithmetic is the same sequence for any QPT).
-// part_o [splits, num_seqs * n, heads, hd] fp32, part_ml [splits, num_seqs * n, heads, 2] fp32
-// (max, sum).
-//
-// P > 0: the layer prologue is fused in (head dim 64 P): q comes from the projection p.qkv, each
-// block normalising and rotating its tile's query vectors itself; the keys and values of the
-// call's own rows (the last n positions) come from p.qkv too, and the tile-0 block of their chunk
-// writes them to the pools (p.slots). Every value is the prologue kernel's to the bit.
-template <int QPT, int P>
-__global__ void __launch_bounds__(kSplitThreads)
-    split_kernel(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, float* part_o,
-                 float* part_ml) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int hd = static_cast<int>(a.hd), half = hd / 2, kstride = half + 1;  // 32-bit words
-  uint32_t* Ks = reinterpret_cast<uint32_t*>(smem);                          // [64][hd/2 + 1]
-  uint32_t* Vs = Ks + kSplitKeys * kstride;                                  // [64][hd/2]
-  float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * half);              // [16][hd]
-  float* S = Qs + kTileQueries * hd;                                         // [16][64]
-  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
-  griddep_wait();
+// ---- Split pass ----
+// The pieces below are shared by both split kernels (v1: a block per chunk; v2: a block runs
+// consecutive chunks with the next chunk's K / V loads in flight), so every query vector, score,
+// reduction and partial result is the same instruction sequence in both.
 
+// One block's tile of query vectors: what the block works on, and where its rows are.
+struct SplitTile {
+  int64_t seq = 0, tile = 0, kv_len = 0, q_begin = 0, seq_row0 = 0, first_new = 0, width = 0;
+  int kvh = 0, group = 0, nq = 0, hd = 0, half = 0;
+};
+
+template <int QPT>
+__device__ __forceinline__ SplitTile split_tile(const AttentionArgs& a, const int32_t* kv_len_dev) {
+  SplitTile t;
   const int64_t tiles = gridDim.z / a.num_seqs;
-  const int64_t seq = blockIdx.z / tiles, tile = blockIdx.z - seq * tiles;
-  const int64_t kv_len = kv_length(a, kv_len_dev, seq);
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
-  if (j0 >= kv_len) return;  // beyond the sequence: the combine never reads this split
-  const int kvh = blockIdx.y, group = static_cast<int>(a.heads / a.kv_heads);
+  t.seq = blockIdx.z / tiles;
+  t.tile = blockIdx.z - t.seq * tiles;
+  t.kv_len = kv_length(a, kv_len_dev, t.seq);
+  t.kvh = blockIdx.y;
+  t.group = static_cast<int>(a.heads / a.kv_heads);
   constexpr int kTile = 2 * QPT;
-  const int64_t total_q = a.n * group, q_begin = tile * kTile;
-  const int64_t seq_row0 = seq * a.n;  // the sequence's first row of q / out / the partials
-  const int nq = static_cast<int>(total_q - q_begin < kTile ? total_q - q_begin : kTile);
-  const int tid = threadIdx.x;
+  const int64_t total_q = a.n * t.group;
+  t.q_begin = t.tile * kTile;
+  t.seq_row0 = t.seq * a.n;  // the sequence's first row of q / out / the partials
+  t.nq = static_cast<int>(total_q - t.q_begin < kTile ? total_q - t.q_begin : kTile);
+  t.first_new = t.kv_len - a.n;                 // the call's own rows' positions start here
+  t.width = (a.heads + 2 * a.kv_heads) * a.hd;  // a p.qkv row
+  t.hd = static_cast<int>(a.hd);
+  t.half = t.hd / 2;
+  return t;
+}
 
-  // The block-table reads of the chunk's keys (so that the K / V loads below do not each wait
-  // on a dependent table read) and the query loads are in flight together.
-  __shared__ int64_t slot_of[kSplitKeys];
-  int64_t my_slot = -1;
-  const int64_t first_new = kv_len - a.n;  // the call's own rows' positions start here
-  const int64_t width = (a.heads + 2 * a.kv_heads) * a.hd;  // a p.qkv row
-  if (tid < kSplitKeys && j0 + tid < kv_len && (P == 0 || j0 + tid < first_new)) {
-    const int bs = static_cast<int>(a.block_size), key = static_cast<int>(j0 + tid);
-    const int blk = key / bs, in_blk = key - blk * bs;
-    my_slot = static_cast<int64_t>(a.block_table[seq * a.table_stride + blk]) * bs + in_blk;
-  }
-  if constexpr (P > 0) {  // query tile = rope(norm(q)) rounded to BF16, a warp per vector
+// The pool slot of key position `key` of the tile's sequence; -1 past its length and, with the
+// prologue fused (P > 0), for the call's own positions (computed in the block instead).
+template <int P>
+__device__ __forceinline__ int64_t key_slot(const AttentionArgs& a, const SplitTile& t,
+                                            int64_t key) {
+  if (key >= t.kv_len || (P > 0 && key >= t.first_new)) return -1;
+  const int bs = static_cast<int>(a.block_size), k = static_cast<int>(key);
+  const int blk = k / bs, in_blk = k - blk * bs;
+  return static_cast<int64_t>(a.block_table[t.seq * a.table_stride + blk]) * bs + in_blk;
+}
+
+// Query tile -> Qs [16][hd] fp32 (tile slot t is query vector q_begin + t = (row, g)).
+template <int P>
+__device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const PrologueArgs& p,
+                                                const SplitTile& st, float* Qs) {
+  const int tid = threadIdx.x, hd = st.hd, half = st.half;
+  if constexpr (P > 0) {  // rope(norm(q)) rounded to BF16, a warp per vector
     const int warp = tid >> 5, lane = tid & 31;
-    for (int t = warp; t < nq; t += kSplitThreads / 32) {
-      const int64_t qi = q_begin + t, r = seq_row0 + qi / group, h = kvh * group + qi % group;
+    for (int t = warp; t < st.nq; t += kSplitThreads / 32) {
+      const int64_t qi = st.q_begin + t, r = st.seq_row0 + qi / st.group;
+      const int64_t h = st.kvh * st.group + qi % st.group;
       float y0[P], y1[P];
-      rope_norm_warp<P>(p.qkv + r * width + h * hd, p.q_norm, p.eps, p.positions[r], p.inv_freq,
+      rope_norm_warp<P>(p.qkv + r * st.width + h * hd, p.q_norm, p.eps, p.positions[r], p.inv_freq,
                         p.attention_scaling, y0, y1);
 #pragma unroll
       for (int u = 0; u < P; ++u) {
@@ -158,19 +162,19 @@ __global__ void __launch_bounds__(kSplitThreads)
       }
     }
   } else {
-    // Query tile -> fp32 shared memory, 16-byte loads all issued before the first store. Tile
-    // slot t is query vector q_begin + t = (row, g). At most 16 * 256 / 8 / 128 = 4 per thread.
+    // 16-byte loads all issued before the first store. At most 16 * 256 / 8 / 128 = 4 per thread.
     const __nv_bfloat16* Q = static_cast<const __nv_bfloat16*>(a.q);
-    const int vec_per_q = hd / 8, total = nq * vec_per_q;
+    const int vec_per_q = hd / 8, total = st.nq * vec_per_q;
     uint4 qw[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int i = tid + u * kSplitThreads;
       if (i < total) {
         const int t = i / vec_per_q, c8 = i - t * vec_per_q;
-        const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
-        qw[u] =
-            __ldg(reinterpret_cast<const uint4*>(Q + ((seq_row0 + row) * a.heads + h) * a.hd) + c8);
+        const int64_t qi = st.q_begin + t, row = qi / st.group,
+                      h = st.kvh * st.group + qi % st.group;
+        qw[u] = __ldg(
+            reinterpret_cast<const uint4*>(Q + ((st.seq_row0 + row) * a.heads + h) * a.hd) + c8);
       }
     }
 #pragma unroll
@@ -188,79 +192,106 @@ __global__ void __launch_bounds__(kSplitThreads)
       }
     }
   }
-  if (tid < kSplitKeys) slot_of[tid] = my_slot;
-  __syncthreads();
-  // K / V chunk -> shared memory: 16-byte global loads, kBatch of them in flight per thread
-  // before any is stored; rows past kv_len are zero.
-  constexpr int kBatch = 8;
-  const int vec_per_row = hd / 8, total_vec = kSplitKeys * vec_per_row;
+}
+
+// K / V of one chunk move in batches of kBatch 16-byte vectors per thread (vector i = key i /
+// (hd / 8), column block i % (hd / 8)); a batch's loads are all issued before any is stored.
+constexpr int kBatch = 8;
+
+// Issues the loads of the batch starting at vector `base` (a thread's first: tid) of the chunk
+// whose key j has the slot slot_of(j); rows without a slot (-1) are zero.
+template <typename SlotOf>
+__device__ __forceinline__ void load_kv_batch(const AttentionArgs& a, int kvh, SlotOf slot_of,
+                                              int base, uint4 (&kw)[kBatch], uint4 (&vw)[kBatch]) {
+  const int vec_per_row = static_cast<int>(a.hd / 8), total_vec = kSplitKeys * vec_per_row;
   const __nv_bfloat16* Kg = static_cast<const __nv_bfloat16*>(a.k);
   const __nv_bfloat16* Vg = static_cast<const __nv_bfloat16*>(a.v);
-  for (int base = tid; base < total_vec; base += kBatch * kSplitThreads) {
-    uint4 kw[kBatch], vw[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = base + u * kSplitThreads;
-      kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
-      if (i < total_vec) {
-        const int j = i / vec_per_row, c8 = i - j * vec_per_row;
-        const int64_t slot = slot_of[j];
-        if (slot >= 0) {
-          const int64_t off = (slot * a.kv_heads + kvh) * a.hd + c8 * 8;
-          kw[u] = __ldg(reinterpret_cast<const uint4*>(Kg + off));
-          vw[u] = __ldg(reinterpret_cast<const uint4*>(Vg + off));
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = base + u * kSplitThreads;
-      if (i < total_vec) {
-        const int j = i / vec_per_row, c8 = i - j * vec_per_row;
-        uint32_t* kr = Ks + j * kstride + c8 * 4;
-        kr[0] = kw[u].x, kr[1] = kw[u].y, kr[2] = kw[u].z, kr[3] = kw[u].w;
-        *reinterpret_cast<uint4*>(Vs + j * half + c8 * 4) = vw[u];
+  for (int u = 0; u < kBatch; ++u) {
+    const int i = base + u * kSplitThreads;
+    kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
+    if (i < total_vec) {
+      const int j = i / vec_per_row, c8 = i - j * vec_per_row;
+      const int64_t slot = slot_of(j);
+      if (slot >= 0) {
+        const int64_t off = (slot * a.kv_heads + kvh) * a.hd + c8 * 8;
+        kw[u] = __ldg(reinterpret_cast<const uint4*>(Kg + off));
+        vw[u] = __ldg(reinterpret_cast<const uint4*>(Vg + off));
       }
     }
   }
-  __syncthreads();
-  if constexpr (P > 0) {  // the call's own keys (rope(norm(k))) and values, a warp per key
-    const int warp = tid >> 5, lane = tid & 31;
-    const int64_t key_end = j0 + kSplitKeys < kv_len ? j0 + kSplitKeys : kv_len;
-    const bool write_pools = tile == 0;
-    for (int64_t key = (j0 > first_new ? j0 : first_new) + warp; key < key_end;
-         key += kSplitThreads / 32) {
-      const int j = static_cast<int>(key - j0);
-      const int64_t r = seq_row0 + (key - first_new);
-      const __nv_bfloat16* kx = p.qkv + r * width + (a.heads + kvh) * hd;
-      const __nv_bfloat16* vx = kx + a.kv_heads * hd;
-      float y0[P], y1[P];
-      rope_norm_warp<P>(kx, p.k_norm, p.eps, p.positions[r], p.inv_freq, p.attention_scaling, y0,
-                        y1);
-      __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(Ks + j * kstride);
-      __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(Vs + j * half);
-      const int64_t slot = p.slots[r];
-      const bool in_pool = slot >= 0 && slot < p.capacity;
-      const bool to_pool = write_pools && in_pool;
-      if (write_pools && !in_pool && lane == 0) {
-        report_slot_fault(p.fault, FaultOp::kPrologueAttention, slot, p.capacity);
-      }
-      const int64_t pool_off = (slot * a.kv_heads + kvh) * hd;
-#pragma unroll
-      for (int u = 0; u < P; ++u) {
-        const int i = lane + 32 * u;
-        const __nv_bfloat16 k0 = __float2bfloat16_rn(y0[u]), k1 = __float2bfloat16_rn(y1[u]);
-        const __nv_bfloat16 v0 = vx[i], v1 = vx[i + half];
-        ks[i] = k0, ks[i + half] = k1, vs[i] = v0, vs[i + half] = v1;
-        if (to_pool) {
-          p.k_pool[pool_off + i] = k0, p.k_pool[pool_off + i + half] = k1;
-          p.v_pool[pool_off + i] = v0, p.v_pool[pool_off + i + half] = v1;
-        }
-      }
-    }
-    __syncthreads();
-  }
+}
 
+// Stores a batch of load_kv_batch into Ks [64][hd/2 + 1] and Vs [64][hd/2] (32-bit words).
+__device__ __forceinline__ void store_kv_batch(int hd, int base, const uint4 (&kw)[kBatch],
+                                               const uint4 (&vw)[kBatch], uint32_t* Ks,
+                                               uint32_t* Vs) {
+  const int half = hd / 2, kstride = half + 1, vec_per_row = hd / 8;
+  const int total_vec = kSplitKeys * vec_per_row;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int i = base + u * kSplitThreads;
+    if (i < total_vec) {
+      const int j = i / vec_per_row, c8 = i - j * vec_per_row;
+      uint32_t* kr = Ks + j * kstride + c8 * 4;
+      kr[0] = kw[u].x, kr[1] = kw[u].y, kr[2] = kw[u].z, kr[3] = kw[u].w;
+      *reinterpret_cast<uint4*>(Vs + j * half + c8 * 4) = vw[u];
+    }
+  }
+}
+
+// P > 0: the call's own keys (rope(norm(k))) and values of chunk [j0, j0 + 64), a warp per key,
+// into Ks / Vs and (tile-0 block) the pools.
+template <int P>
+__device__ __forceinline__ void own_keys(const AttentionArgs& a, const PrologueArgs& p,
+                                         const SplitTile& st, int64_t j0, uint32_t* Ks,
+                                         uint32_t* Vs) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int hd = st.hd, half = st.half, kstride = half + 1;
+  const int64_t key_end = j0 + kSplitKeys < st.kv_len ? j0 + kSplitKeys : st.kv_len;
+  const bool write_pools = st.tile == 0;
+  for (int64_t key = (j0 > st.first_new ? j0 : st.first_new) + warp; key < key_end;
+       key += kSplitThreads / 32) {
+    const int j = static_cast<int>(key - j0);
+    const int64_t r = st.seq_row0 + (key - st.first_new);
+    const __nv_bfloat16* kx = p.qkv + r * st.width + (a.heads + st.kvh) * hd;
+    const __nv_bfloat16* vx = kx + a.kv_heads * hd;
+    float y0[P], y1[P];
+    rope_norm_warp<P>(kx, p.k_norm, p.eps, p.positions[r], p.inv_freq, p.attention_scaling, y0, y1);
+    __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(Ks + j * kstride);
+    __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(Vs + j * half);
+    const int64_t slot = p.slots[r];
+    const bool in_pool = slot >= 0 && slot < p.capacity;
+    const bool to_pool = write_pools && in_pool;
+    if (write_pools && !in_pool && lane == 0) {
+      report_slot_fault(p.fault, FaultOp::kPrologueAttention, slot, p.capacity);
+    }
+    const int64_t pool_off = (slot * a.kv_heads + st.kvh) * hd;
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      const int i = lane + 32 * u;
+      const __nv_bfloat16 k0 = __float2bfloat16_rn(y0[u]), k1 = __float2bfloat16_rn(y1[u]);
+      const __nv_bfloat16 v0 = vx[i], v1 = vx[i + half];
+      ks[i] = k0, ks[i + half] = k1, vs[i] = v0, vs[i + half] = v1;
+      if (to_pool) {
+        p.k_pool[pool_off + i] = k0, p.k_pool[pool_off + i + half] = k1;
+        p.v_pool[pool_off + i] = v0, p.v_pool[pool_off + i + half] = v1;
+      }
+    }
+  }
+}
+
+// The attention of the tile over chunk `split` (keys [64 split, 64 split + 64), in Ks / Vs):
+// scores -> per-query max and sum -> P . V, written as the split's partial result. Starts and
+// ends without a barrier of its own (the caller syncs before Ks / Vs / S are written again).
+template <int QPT>
+__device__ __forceinline__ void chunk_attention(const AttentionArgs& a, const SplitTile& st,
+                                                int64_t split, const uint32_t* Ks,
+                                                const uint32_t* Vs, const float* Qs, float* S,
+                                                float* sm_max, float* sm_sum, float* part_o,
+                                                float* part_ml) {
+  const int tid = threadIdx.x, hd = st.hd, half = st.half, kstride = half + 1, nq = st.nq;
+  const int64_t j0 = split * kSplitKeys, kv_len = st.kv_len;
   // Scores: thread = (key j, half of the tile's queries).
   {
     const int j = tid % kSplitKeys, t0 = (tid / kSplitKeys) * QPT;
@@ -285,7 +316,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int u = 0; u < QPT; ++u) {
       const int t = t0 + u;
       if (t >= nq) break;
-      const int64_t row = (q_begin + t) / group, qpos = kv_len - a.n + row;
+      const int64_t row = (st.q_begin + t) / st.group, qpos = kv_len - a.n + row;
       const bool vis = key < kv_len && key_visible(a.causal, a.window, qpos, key);
       S[t * kSplitKeys + j] = vis ? acc[u] * a.scale : -INFINITY;
     }
@@ -293,7 +324,6 @@ __global__ void __launch_bounds__(kSplitThreads)
   __syncthreads();
 
   // Per-query max and sum over the chunk (warp w takes queries w, w + 4, ...); S becomes p.
-  __shared__ float sm_max[kTileQueries], sm_sum[kTileQueries];
   {
     const int warp = tid >> 5, lane = tid & 31;
     for (int t = warp; t < nq; t += kSplitThreads / 32) {
@@ -334,15 +364,143 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int u = 0; u < QPT; ++u) {
       const int t = t0 + u;
       if (t >= nq) break;
-      const int64_t qi = q_begin + t, row = qi / group, h = kvh * group + qi % group;
-      const int64_t idx =
-          (static_cast<int64_t>(blockIdx.x) * a.num_seqs * a.n + seq_row0 + row) * a.heads + h;
+      const int64_t qi = st.q_begin + t, row = qi / st.group, h = st.kvh * st.group + qi % st.group;
+      const int64_t idx = (split * a.num_seqs * a.n + st.seq_row0 + row) * a.heads + h;
       *reinterpret_cast<float2*>(part_o + idx * a.hd + 2 * w) = make_float2(acc0[u], acc1[u]);
       if (w == 0) {
         part_ml[idx * 2] = sm_max[t];
         part_ml[idx * 2 + 1] = sm_sum[t];
       }
     }
+  }
+}
+
+// v1. grid (splits, kv_heads, num_seqs * query tiles per sequence), kSplitThreads threads; a tile
+// holds 2 * QPT query vectors of one sequence, each thread QPT of them (QPT only sets how the
+// work is spread: every query's arithmetic is the same sequence for any QPT).
+// part_o [splits, num_seqs * n, heads, hd] fp32, part_ml [splits, num_seqs * n, heads, 2] fp32
+// (max, sum).
+//
+// P > 0: the layer prologue is fused in (head dim 64 P): q comes from the projection p.qkv, each
+// block normalising and rotating its tile's query vectors itself; the keys and values of the
+// call's own rows (the last n positions) come from p.qkv too, and the tile-0 block of their chunk
+// writes them to the pools (p.slots). Every value is the prologue kernel's to the bit.
+template <int QPT, int P>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_kernel(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, float* part_o,
+                 float* part_ml) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int hd = static_cast<int>(a.hd), half = hd / 2, kstride = half + 1;  // 32-bit words
+  uint32_t* Ks = reinterpret_cast<uint32_t*>(smem);                          // [64][hd/2 + 1]
+  uint32_t* Vs = Ks + kSplitKeys * kstride;                                  // [64][hd/2]
+  float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * half);              // [16][hd]
+  float* S = Qs + kTileQueries * hd;                                         // [16][64]
+  __shared__ int64_t slot_of[kSplitKeys];
+  __shared__ float sm_max[kTileQueries], sm_sum[kTileQueries];
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+
+  const SplitTile st = split_tile<QPT>(a, kv_len_dev);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
+  if (j0 >= st.kv_len) return;  // beyond the sequence: the combine never reads this split
+  const int tid = threadIdx.x;
+  // The block-table reads of the chunk's keys (so that the K / V loads below do not each wait
+  // on a dependent table read) and the query loads are in flight together.
+  const int64_t my_slot = tid < kSplitKeys ? key_slot<P>(a, st, j0 + tid) : -1;
+  load_query_tile<P>(a, p, st, Qs);
+  if (tid < kSplitKeys) slot_of[tid] = my_slot;
+  __syncthreads();
+  // K / V chunk -> shared memory; rows past kv_len are zero.
+  for (int base = tid; base < kSplitKeys * (hd / 8); base += kBatch * kSplitThreads) {
+    uint4 kw[kBatch], vw[kBatch];
+    load_kv_batch(
+        a, st.kvh, [&](int j) { return slot_of[j]; }, base, kw, vw);
+    store_kv_batch(hd, base, kw, vw, Ks, Vs);
+  }
+  __syncthreads();
+  if constexpr (P > 0) {
+    own_keys<P>(a, p, st, j0, Ks, Vs);
+    __syncthreads();
+  }
+  chunk_attention<QPT>(a, st, blockIdx.x, Ks, Vs, Qs, S, sm_max, sm_sum, part_o, part_ml);
+}
+
+// v2: the same per-chunk work, a block running up to kMaxGroupChunks consecutive chunks of its
+// (sequence, kv head, tile) and writing each chunk's partial result as the v1 block of that chunk
+// would. Why: a v1 block's chain (table read -> query tile -> K / V loads -> scores -> softmax ->
+// P . V) leaves the memory idle for most of its life, so a decode batch streamed the KV at about
+// a quarter of the H200's bandwidth. A v2 block reads its chunks' table entries and its query
+// tile once, and issues the next chunk's K / V loads (a thread's first batch: the whole chunk for
+// head dim <= 128) before computing the current one.
+// grid (ceil(splits / chunks), kv_heads, num_seqs * tiles); dynamic shared memory
+// split_smem_bytes_v2(hd, QPT).
+constexpr int kMaxGroupChunks = 8;   // shared memory holds the key slots of this many chunks
+constexpr int kAutoGroupChunks = 4;  // most chunks per block chosen by the launch size
+
+__host__ __device__ inline size_t split_smem_bytes_v2(int64_t hd, int qpt) {
+  return static_cast<size_t>(kSplitKeys) * (hd + 2) * 2 + static_cast<size_t>(kSplitKeys) * hd * 2 +
+         static_cast<size_t>(2 * qpt) * hd * 4 + static_cast<size_t>(2 * qpt) * kSplitKeys * 4 +
+         static_cast<size_t>(kMaxGroupChunks) * kSplitKeys * sizeof(int64_t);
+}
+
+template <int QPT, int P>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_kernel_v2(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, int chunks,
+                    float* part_o, float* part_ml) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kTile = 2 * QPT;
+  const int hd = static_cast<int>(a.hd), half = hd / 2, kstride = half + 1;  // 32-bit words
+  uint32_t* Ks = reinterpret_cast<uint32_t*>(smem);                          // [64][hd/2 + 1]
+  uint32_t* Vs = Ks + kSplitKeys * kstride;                                  // [64][hd/2]
+  float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * half);              // [kTile][hd]
+  float* S = Qs + kTile * hd;                                                // [kTile][64]
+  int64_t* slot_of = reinterpret_cast<int64_t*>(S + kTile * kSplitKeys);     // [chunks][64]
+  __shared__ float sm_max[kTile], sm_sum[kTile];
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+
+  const SplitTile st = split_tile<QPT>(a, kv_len_dev);
+  // The block's chunks [c_begin, c_end): within the sequence and the launch's splits.
+  const int64_t launch_splits = (a.kv_len + kSplitKeys - 1) / kSplitKeys;
+  const int64_t seq_splits = (st.kv_len + kSplitKeys - 1) / kSplitKeys;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.x) * chunks;
+  int64_t c_end = c_begin + chunks;
+  if (c_end > seq_splits) c_end = seq_splits;
+  if (c_end > launch_splits) c_end = launch_splits;
+  if (c_begin >= c_end) return;  // beyond the sequence: the combine never reads these splits
+  const int tid = threadIdx.x;
+  // The first chunk's first batch (its table reads by the loading threads themselves), the table
+  // reads of all the block's keys and the query tile's loads are in flight together.
+  const int total_vec = kSplitKeys * (hd / 8);
+  uint4 kw[kBatch], vw[kBatch];
+  load_kv_batch(
+      a, st.kvh, [&](int j) { return key_slot<P>(a, st, c_begin * kSplitKeys + j); }, tid, kw, vw);
+  const int keys = static_cast<int>(c_end - c_begin) * kSplitKeys;
+  for (int i = tid; i < keys; i += kSplitThreads) {
+    slot_of[i] = key_slot<P>(a, st, c_begin * kSplitKeys + i);
+  }
+  load_query_tile<P>(a, p, st, Qs);
+  __syncthreads();
+
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int64_t* chunk_slots = slot_of + (c - c_begin) * kSplitKeys;
+    const auto chunk_slot = [&](int j) { return chunk_slots[j]; };
+    const auto next_slot = [&](int j) { return chunk_slots[kSplitKeys + j]; };
+    store_kv_batch(hd, tid, kw, vw, Ks, Vs);
+    for (int base = tid + kBatch * kSplitThreads; base < total_vec;
+         base += kBatch * kSplitThreads) {  // head dim > 128: the chunk's further batches
+      load_kv_batch(a, st.kvh, chunk_slot, base, kw, vw);
+      store_kv_batch(hd, base, kw, vw, Ks, Vs);
+    }
+    __syncthreads();
+    // The next chunk's first batch: in flight while this one is computed.
+    if (c + 1 < c_end) load_kv_batch(a, st.kvh, next_slot, tid, kw, vw);
+    if constexpr (P > 0) {
+      own_keys<P>(a, p, st, c * kSplitKeys, Ks, Vs);
+      __syncthreads();
+    }
+    chunk_attention<QPT>(a, st, c, Ks, Vs, Qs, S, sm_max, sm_sum, part_o, part_ml);
+    __syncthreads();  // Ks / Vs / S / sm_max are rewritten by the next chunk
   }
 }
 
@@ -535,17 +693,72 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 
 namespace {
 
-// Launches split_kernel<QPT, P> (setting its shared-memory limit on first use).
+// The split kernel of the launches (set_split_kernel): 1 or 2, and v2's forced chunks per block
+// (0: chosen by occupancy).
+std::atomic<int> g_split_version{2};
+std::atomic<int> g_split_chunks{0};
+
+// Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
+// each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
+// far above the actual lengths, which only the device knows: a cap keeps the blocks of short
+// sequences spread over the SMs); forced (set_split_kernel): up to kMaxGroupChunks.
+template <typename Kernel>
+int64_t group_chunks(Kernel kernel, size_t smem, std::atomic<int>& cached, int64_t splits,
+                     int64_t blocks_per_split) {
+  int64_t chunks = g_split_chunks.load(std::memory_order_relaxed);
+  if (chunks <= 0) {
+    static const int sms = [] {
+      int device = 0, count = 0;
+      if (cudaGetDevice(&device) != cudaSuccess ||
+          cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        return 1;
+      }
+      return count > 0 ? count : 1;
+    }();
+    // Resident blocks per SM, asked once (`cached`: per kernel and head dim).
+    int per_sm = cached.load(std::memory_order_relaxed);
+    if (per_sm <= 0) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSplitThreads, smem) !=
+              cudaSuccess ||
+          per_sm < 1) {
+        per_sm = 1;
+      }
+      cached.store(per_sm, std::memory_order_relaxed);
+    }
+    const int64_t resident = static_cast<int64_t>(sms) * per_sm;
+    chunks = (splits * blocks_per_split + resident - 1) / resident;
+    if (chunks > kAutoGroupChunks) chunks = kAutoGroupChunks;
+  }
+  const int64_t most = splits < kMaxGroupChunks ? splits : kMaxGroupChunks;
+  return chunks < 1 ? 1 : (chunks > most ? most : chunks);
+}
+
+// Launches split_kernel<QPT, P> over grid (splits, y, z), or split_kernel_v2<QPT, P> over the
+// same chunks grouped (setting the shared-memory limit on first use).
 template <int QPT, int P>
 cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const AttentionArgs& a,
                          const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
                          float* part_ml) {
+  if (g_split_version.load(std::memory_order_relaxed) == 1) {
+    static const cudaError_t configured =
+        cudaFuncSetAttribute(split_kernel<QPT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(split_smem_bytes(256)));
+    if (configured != cudaSuccess) return configured;
+    return launch_pdl(split_kernel<QPT, P>, grid, dim3(kSplitThreads), smem, s, a, p, kv_len_dev,
+                      part_o, part_ml);
+  }
   static const cudaError_t configured =
-      cudaFuncSetAttribute(split_kernel<QPT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(split_smem_bytes(256)));
+      cudaFuncSetAttribute(split_kernel_v2<QPT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(split_smem_bytes_v2(256, QPT)));
   if (configured != cudaSuccess) return configured;
-  return launch_pdl(split_kernel<QPT, P>, grid, dim3(kSplitThreads), smem, s, a, p, kv_len_dev,
-                    part_o, part_ml);
+  const size_t smem_v2 = split_smem_bytes_v2(a.hd, QPT);
+  const int64_t splits = grid.x;
+  static std::atomic<int> per_sm_of[256 / 8 + 1] = {};  // by head dim / 8 (<= 256)
+  const int64_t chunks = group_chunks(split_kernel_v2<QPT, P>, smem_v2, per_sm_of[a.hd / 8], splits,
+                                      static_cast<int64_t>(grid.y) * grid.z);
+  const dim3 groups(static_cast<unsigned>((splits + chunks - 1) / chunks), grid.y, grid.z);
+  return launch_pdl(split_kernel_v2<QPT, P>, groups, dim3(kSplitThreads), smem_v2, s, a, p,
+                    kv_len_dev, static_cast<int>(chunks), part_o, part_ml);
 }
 
 template <int QPT>
@@ -606,6 +819,11 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
 }
 
 }  // namespace
+
+void set_split_kernel(int version, int chunks_per_block) {
+  g_split_version.store(version == 1 ? 1 : 2, std::memory_order_relaxed);
+  g_split_chunks.store(chunks_per_block > 0 ? chunks_per_block : 0, std::memory_order_relaxed);
+}
 
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
                             cudaStream_t s) {
