@@ -5,7 +5,8 @@
 #   steps - synthetic Qwen3-8B (bf16): `bench --kernels --batch N` with the attention kernel of
 #           branch attn10 and with BLOCKSPEC_ATTN_KERNEL=v1 (N = 32, 128), and the batch-1
 #           DFlash-b16 and DFlash2-b16 steps (decode / verify / draft, output == plain),
-#   serve - run_serve_s8.sh at 32 clients, plain and DFlash-b16 forced 100 %.
+#   serve - run_serve_s8.sh at 32 clients, plain and DFlash-b16 forced 100 % (SERVE=0: not;
+#           STEPS=0 leaves the steps out).
 # Files into $OUT: session.txt, serve_summary.txt, logs.tgz.
 set -u
 T0=$SECONDS
@@ -22,6 +23,7 @@ echo "== tests ($((SECONDS - T0)) s)"
 OUT=$L/tests timeout -k 5 ${TESTS_S:-150} bash tools/device/run_session7.sh tests 2>&1 | grep -v "^NVIDIA" | grep -v "^\[ "
 wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
 M="--model $S/qwen3-8b"
+if [ "${STEPS:-1}" = 1 ]; then
 for n in 32 128; do
   for v in new v1; do
     E=; [ $v = v1 ] && E=v1
@@ -43,10 +45,13 @@ timeout 90 $B bench $M --drafter $S/dflash2-b16 --device cuda --iters 20 --conte
 echo "-- dflash2-b16 rc=$? ($((SECONDS - T0)) s)"
 grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate \(spec|output ==|error" $L/steps/bench_dflash2.txt
 rm -rf $S/dflash2-b16
+fi
+if [ "${SERVE:-1}" = 1 ]; then
 left=$((${TOTAL_S:-330} - 10 - (SECONDS - T0)))
 echo "== serve ($((SECONDS - T0)) s, budget $((left - 20)) s)"
 OUT=$L/serve BUDGET=$((left - 20)) BENCH_BATCHES=32 RUNS="128:256:32:2" \
   timeout -k 5 $left bash tools/device/run_serve_s8.sh 2>&1 | tail -n 14
 cp $L/serve/summary.txt $OUT/serve_summary.txt 2>/dev/null
+fi
 tar -C $L -czf $OUT/logs.tgz . 2>/dev/null
 echo "session10c total $((SECONDS - T0)) s"
