@@ -176,8 +176,8 @@ class Backend {
   // copy_to_host does (one queued after begin_read may show up there too). Tickets end in the
   // order they began, each exactly once; at most kMaxPendingReads are pending at a time. A pair
   // is one read-back (the step's one read). CUDA: a pinned host buffer per pending read and an
-  // event; the default (CPU) reads at begin_read through copy_to_host and hands the bytes over
-  // at end_read.
+  // event; the default (CPU) reads at begin_read through copy_to_host and hands the bytes (or the
+  // fault that read met) over at end_read.
   static constexpr int kMaxPendingReads = 2;
   virtual int64_t begin_read(const Tensor& src);
   virtual void end_read(int64_t ticket, void* dst);
@@ -420,9 +420,13 @@ class Backend {
                               const sampling::FilterParams& filter, const Tensor& uniforms) = 0;
 
  private:
-  // The default begin_read / end_read: the pending reads' bytes, oldest first (ticket
-  // first_read_ + index).
-  std::vector<std::vector<unsigned char>> pending_reads_;
+  // The default begin_read / end_read: the pending reads, oldest first (ticket first_read_ +
+  // index): their bytes, or the message of the BackendFault their read met.
+  struct PendingRead {
+    std::vector<unsigned char> bytes;
+    std::string fault;
+  };
+  std::vector<PendingRead> pending_reads_;
   int64_t first_read_ = 0;
 };
 
