@@ -21,6 +21,8 @@
 // all in one Drafter::propose_batch when the drafter has it, one forward_batch verifying every
 // block, each sequence accepting on its own, one Drafter::observe_batch); committed tokens go to
 // each request's on_token as they become final; finished requests get on_done and free their KV.
+// Plain steady-state steps overlap: step n + 1 is queued on the device before step n is read
+// back (SchedulerOptions::overlap).
 //
 // Lossless: every request's tokens, finish reason and counts equal what generate_plain /
 // generate_speculative give for its prompt and options alone, chunked or not (greedy bit for bit
