@@ -56,6 +56,9 @@ class ForwardLog final : public CausalLM {
   // inner model's ops do not); null: the inner model's.
   explicit ForwardLog(CausalLM& inner, Backend* backend = nullptr) : m_(inner), b_(backend) {}
   std::vector<Shape> calls;
+  // > 0: the n-th forward whose first sequence's tokens are on the device (a step queued ahead)
+  // fails.
+  int fail_queued_ahead = 0;
 
   const io::TransformerConfig& config() const override { return m_.config(); }
   const TargetSpec& spec() const override { return m_.spec(); }
@@ -67,6 +70,9 @@ class ForwardLog final : public CausalLM {
   }
   Status forward_batch(std::span<const ForwardRequest> reqs, KvPool& kv,
                        BatchForwardResult* out) override {
+    if (fail_queued_ahead > 0 && reqs[0].device_tokens.defined() && --fail_queued_ahead == 0) {
+      return Status(StatusCode::kInternal, "injected failure of a step queued ahead");
+    }
     Shape shape;
     for (const ForwardRequest& r : reqs) shape.emplace_back(r.size(), r.num_logits);
     calls.push_back(std::move(shape));
@@ -762,6 +768,27 @@ TEST_P(SchedulerTest, OverlappedStepsEqualSynchronousOnes) {
     EXPECT_EQ(on.stats.finish, off.stats.finish) << "request " << i;
     EXPECT_EQ(on.stats.generated_tokens, off.stats.generated_tokens) << "request " << i;
   }
+}
+
+// A step that cannot be queued ahead (its forward fails) leaves the in-flight step to be read
+// back as usual; the next step runs synchronously (and succeeds here), then overlap resumes:
+// no output changes.
+TEST_P(SchedulerTest, AFailedQueuedStepFallsBackToASynchronousOne) {
+  if (drafter_) GTEST_SKIP() << "overlap is for plain decoding";
+  GenerateOptions greedy{.max_tokens = 30, .stop_ids = {2}};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .seed = 3};
+  const std::vector<Arrival> arrivals = {{0, kPrompts[1], greedy}, {0, kPrompts[2], sampled}};
+  ForwardLog log(*target_);
+  log.fail_queued_ahead = 5;
+  Scheduler s(log, nullptr, {.max_num_seqs = 2});
+  ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [] {}));
+  EXPECT_EQ(log.fail_queued_ahead, 0) << "the failure was injected";
+  EXPECT_GT(s.times().overlapped_steps, 10) << "overlap resumed";
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    expect_equal(i, alone(arrivals[i].prompt, arrivals[i].options), fmt::format("request {}", i));
+  }
+  EXPECT_EQ(s.num_kv_blocks_used(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,
