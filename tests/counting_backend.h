@@ -1,7 +1,7 @@
 // A Backend decorator for tests: forwards every call to another backend and records the
-// device-to-host reads (copy_to_host, to_host_f32) and synchronize() calls that go through it,
-// so that a test can count a step's host round trips. Models loaded on it run all their ops
-// through it.
+// device-to-host reads (copy_to_host, to_host_f32, begin_read) and synchronize() calls that go
+// through it, so that a test can count a step's host round trips. Models loaded on it run all their
+// ops through it.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,8 @@ namespace bs::test_util {
 class CountingBackend : public Backend {
  public:
   struct Read {
-    bool f32 = false;  // to_host_f32 (else copy_to_host)
+    bool f32 = false;    // to_host_f32 (else copy_to_host or begin_read)
+    bool async = false;  // begin_read (its end_read is not recorded again)
     DType dtype = DType::kF32;
     int64_t numel = 0;
   };
@@ -72,6 +73,11 @@ class CountingBackend : public Backend {
     reads_.push_back({.f32 = false, .dtype = src.dtype(), .numel = src.numel()});
     b_.copy_to_host(dst, src);
   }
+  int64_t begin_read(const Tensor& src) override {
+    reads_.push_back({.async = true, .dtype = src.dtype(), .numel = src.numel()});
+    return b_.begin_read(src);
+  }
+  void end_read(int64_t ticket, void* dst) override { b_.end_read(ticket, dst); }
   void copy(const Tensor& dst, const Tensor& src) override { b_.copy(dst, src); }
   void fill_zero(const Tensor& t) override { b_.fill_zero(t); }
   void copy_columns(const Tensor& dst, int64_t col_offset, const Tensor& src) override {

@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
 
 #ifdef BLOCKSPEC_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -22,6 +25,27 @@ std::string kv_slot_fault_message(const std::string& op, int64_t slot, int64_t c
       "{}: KV slot {} is outside the KV pool of {} slots (an engine bug: the row's keys and values "
       "were not written)",
       op, slot, capacity);
+}
+
+int64_t Backend::begin_read(const Tensor& src) {
+  BS_CHECK(static_cast<int>(pending_reads_.size()) < kMaxPendingReads);
+  PendingRead read{.bytes = std::vector<unsigned char>(src.nbytes())};
+  try {
+    copy_to_host(read.bytes.data(), src);
+  } catch (const BackendFault& e) {
+    read.fault = e.what();  // thrown by end_read, as an asynchronous backend's read throws it
+  }
+  pending_reads_.push_back(std::move(read));
+  return first_read_ + static_cast<int64_t>(pending_reads_.size()) - 1;
+}
+
+void Backend::end_read(int64_t ticket, void* dst) {
+  BS_CHECK(!pending_reads_.empty() && ticket == first_read_);
+  PendingRead read = std::move(pending_reads_.front());
+  pending_reads_.erase(pending_reads_.begin());
+  ++first_read_;
+  if (!read.fault.empty()) throw BackendFault(read.fault);
+  std::memcpy(dst, read.bytes.data(), read.bytes.size());
 }
 
 namespace {

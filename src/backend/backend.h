@@ -166,6 +166,22 @@ class Backend {
   // Waits for queued work (no-op on the CPU).
   virtual void synchronize() {}
 
+  // ---- Asynchronous read-back ----
+  // A read-back that does not wait, so that the host can queue more work (the Scheduler's next
+  // step, SchedulerOptions::overlap) before it needs the bytes:
+  //   int64_t t = begin_read(ids);   // queued behind the work so far; returns at once
+  //   ... queue more ops ...
+  //   end_read(t, host_ids);         // waits for that copy only, writes src.nbytes() bytes
+  // `src` is small (a step's token ids). end_read throws the BackendFault an op recorded, as
+  // copy_to_host does (one queued after begin_read may show up there too). Tickets end in the
+  // order they began, each exactly once; at most kMaxPendingReads are pending at a time. A pair
+  // is one read-back (the step's one read). CUDA: a pinned host buffer per pending read and an
+  // event; the default (CPU) reads at begin_read through copy_to_host and hands the bytes (or the
+  // fault that read met) over at end_read.
+  static constexpr int kMaxPendingReads = 2;
+  virtual int64_t begin_read(const Tensor& src);
+  virtual void end_read(int64_t ticket, void* dst);
+
   // ---- Captured op sequences ----
   // Runs `ops`: op calls whose tensors, shapes and scalar arguments are the same every time
   // `key` is used, so that only tensor contents change between calls (index uploads happen
@@ -402,6 +418,16 @@ class Backend {
                               const Tensor& anchor, const Tensor& vals, const Tensor& ids,
                               const Tensor& pred, const Tensor& succ, const Tensor& scale,
                               const sampling::FilterParams& filter, const Tensor& uniforms) = 0;
+
+ private:
+  // The default begin_read / end_read: the pending reads, oldest first (ticket first_read_ +
+  // index): their bytes, or the message of the BackendFault their read met.
+  struct PendingRead {
+    std::vector<unsigned char> bytes;
+    std::string fault;
+  };
+  std::vector<PendingRead> pending_reads_;
+  int64_t first_read_ = 0;
 };
 
 // The CPU reference backend: fp32 compute on any weight dtype; `threads` <= 0 picks the number

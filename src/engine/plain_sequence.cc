@@ -82,8 +82,26 @@ void PlainSequence::end_chunk(int64_t n) {
   step_tokens_.erase(step_tokens_.begin(), step_tokens_.begin() + n);
 }
 
-void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
-               const Tensor& ids_scratch) {
+bool PlainSequence::can_run_ahead() const {
+  return !done_ && prefilled() && !wants_logits() && out_.size() + 1 < options_.max_tokens &&
+         kv_.length() + static_cast<int64_t>(step_tokens_.size()) + 1 <= max_context_;
+}
+
+Status PlainSequence::reserve_ahead() {
+  return kv_.reserve(kv_.length() + static_cast<int64_t>(step_tokens_.size()) + 1);
+}
+
+ForwardRequest PlainSequence::ahead_request(const Tensor& token) const {
+  return {.tokens = {},
+          .start_pos = kv_.length() + static_cast<int64_t>(step_tokens_.size()),
+          .block_table = kv_.block_table(),
+          .num_logits = 1,
+          .tap_layers = {},
+          .device_tokens = token};
+}
+
+void choose_tokens(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
+                   const Tensor& ids_scratch) {
   const int64_t n = static_cast<int64_t>(seqs.size());
   BS_CHECK(logits.dim(0) == n);
   const Tensor ids = ids_scratch.rows(0, n);
@@ -93,6 +111,13 @@ void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Ten
   for (int64_t i = 0; i < n; ++i) {
     if (!seqs[i]->greedy()) seqs[i]->draw(backend, logits.rows(i, 1), ids.rows(i, 1));
   }
+}
+
+void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
+               const Tensor& ids_scratch) {
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  choose_tokens(backend, seqs, logits, ids_scratch);
+  const Tensor ids = ids_scratch.rows(0, n);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   backend.copy_to_host(tokens.data(), ids);
   std::vector<float> row;

@@ -67,6 +67,17 @@ class PlainSequence {
   // that forward ran, end_chunk(n) counts them cached. A failed forward needs no undo.
   Result<ForwardRequest> begin_chunk(int64_t n);
   void end_chunk(int64_t n);
+  // Overlap (SchedulerOptions::overlap): the next step's forward queued before this step's
+  // token is read back, its input the token still on the device. can_run_ahead: the sequence
+  // is decoding (its prompt cached), wants no logprobs, and a next step will follow this one
+  // unless its token ends the sequence (EOS, stop string, on_token's false): max_tokens and the
+  // context window leave room for it. reserve_ahead reserves the cache for that step's token;
+  // ahead_request(token) (I32 [1] on the device: this step's token) is its forward, what
+  // request() gives after take(). After take(), the step is begun (no begin_step); when take()
+  // ended the sequence, the queued row is dropped and its reserved blocks go with the sequence.
+  bool can_run_ahead() const;
+  Status reserve_ahead();
+  ForwardRequest ahead_request(const Tensor& token) const;
   // Sets the generated-token count and hands the tokens over.
   std::vector<int32_t> finish() { return out_.finish(); }
   // The tokens committed so far and the sampler (a preempted request's resumption, Scheduler).
@@ -91,6 +102,12 @@ class PlainSequence {
 // a sequence that wants logprobs reads its logits row too) and committed.
 void take_step(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
                const Tensor& ids_scratch);
+
+// take_step's device part: every sequence's token chosen into ids_scratch rows [0, n), nothing
+// read back (the Scheduler's overlapped steps read them with Backend::begin_read / end_read and
+// hand each to PlainSequence::take).
+void choose_tokens(Backend& backend, std::span<PlainSequence* const> seqs, const Tensor& logits,
+                   const Tensor& ids_scratch);
 
 // One whole step of `seq` alone through CausalLM::forward (generate_plain's step; the
 // Scheduler's prefill). `ids_scratch`: I32 [>= 1]. *stepped: false when the sequence was over.

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <iterator>
 #include <optional>
+#include <utility>
 
 #include "core/check.h"
 #include "engine/generation_common.h"
@@ -51,6 +53,10 @@ struct Request {
   bool admitted = false;  // its blocks count against the pool
   bool cancelled = false;
   int64_t committed = 0;  // tokens handed to on_token so far
+  // Overlap: the request has a row in the step queued ahead (Impl::inflight); `taken`: the step
+  // just read back had one (read_inflight), its end not processed yet.
+  bool in_flight = false;
+  bool taken = false;
   // Preemption (SchedulerOptions::preemption): the tokens committed before the request was last
   // preempted, and what its current sequence runs on: prompt + resumed, max_tokens less them.
   std::vector<int32_t> resumed;
@@ -145,6 +151,45 @@ struct Scheduler::Impl {
   bool preempt_newest(const Request* keep, size_t after);
   BlockAllocator& kv_allocator() { return spec ? spec->allocator : *allocator; }
 
+  // ---- Overlap (SchedulerOptions::overlap) ----
+  // A plain step queued on the device whose token ids are being read back (Backend::begin_read):
+  // rows[i] is the request whose token is row i of `ids`; nullptr: the request ended after the
+  // step was queued, its token is dropped (its KV row lay in blocks it had reserved).
+  struct InFlight {
+    std::vector<Request*> rows;
+    Tensor ids;
+    int64_t ticket = 0;
+  };
+  // The steady state that overlaps: plain decoding, no preemption, nothing prefilling, cancelled
+  // or admissible, no request wanting logprobs, and every running request in the queued step.
+  bool steady() const;
+  // Queues a step of `rows` (their forwards, token choice into `ids`, the ids' read-back begun)
+  // as `inflight`: from the requests' host tokens (from == nullptr), or ahead, each row's input
+  // the token `from` chose for the request on the device.
+  Status launch(std::span<Request* const> rows, const InFlight* from);
+  // Waits for f's ids and commits them (a cancelled request's token is dropped), marking the rows
+  // `taken`, then end_read_step(). A failed read-back (backend fault) ends every running request.
+  Status read_inflight(InFlight& f);
+  // Ends the requests that ended, drops their rows from `inflight`, and begins the next step of
+  // the taken ones not queued ahead.
+  void end_read_step();
+  // One overlapped step: queues the step after the in-flight one (launching the in-flight one
+  // first when there is none), then reads back and commits the in-flight one. nullopt: the
+  // first launch failed, nothing changed (the caller runs the step synchronously).
+  std::optional<Status> step_overlapped();
+  // Reads back and ends the in-flight step, as a synchronous step would have ended it.
+  Status drain();
+  // Waits for the in-flight step's read-back and forgets it (its requests are ending anyway).
+  void abandon();
+  // Every running request ends with `s` (after a failed read-back).
+  void fail_all(const Status& s);
+  std::optional<InFlight> inflight;
+  Tensor ids_next;  // the other ids buffer: the in-flight step's ids stay while the next is chosen
+  std::vector<int32_t> host_ids;
+  std::vector<Request*> ahead;  // scratch
+  bool overlap = true;
+  bool overlap_paused = false;  // a queued-ahead launch failed: the next step runs synchronously
+
   CausalLM& target;
   Drafter* drafter;
   int64_t max_num_seqs = 0;
@@ -179,6 +224,10 @@ struct Scheduler::Impl {
   std::vector<int64_t> prompt_tokens;
   Status mixed_error;  // Mixed::kFailed's
   bool mixed_steps = true;
+
+  ~Impl() {
+    if (inflight) abandon();
+  }
 };
 
 Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions options)
@@ -188,6 +237,7 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
       max_prefill_tokens(options.max_prefill_tokens),
       preemption(options.preemption),
       mixed_steps(options.mixed_steps) {
+  overlap = options.overlap;
   BS_CHECK(max_num_seqs >= 1);
   BS_CHECK(max_prefill_tokens >= 0);
   num_blocks = options.kv_blocks > 0
@@ -199,6 +249,7 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
     spec->step_time_given = !options.step_time.empty();
   } else {
     ids = target.backend().empty({max_num_seqs}, DType::kI32);
+    if (overlap) ids_next = target.backend().empty({max_num_seqs}, DType::kI32);
     pool = target.make_kv_pool(num_blocks);
     allocator.emplace(num_blocks);
   }
@@ -633,6 +684,148 @@ void Scheduler::Impl::begin_next_steps() {
   }
 }
 
+bool Scheduler::Impl::steady() const {
+  if (!overlap || overlap_paused || drafter || preemption || running.empty() ||
+      !prefilling.empty()) {
+    return false;
+  }
+  if (!waiting.empty() && static_cast<int64_t>(running.size()) < max_num_seqs &&
+      reserved + waiting.front()->blocks <= num_blocks) {
+    return false;  // an arrival joins (admit_waiting's test without preemption)
+  }
+  return std::all_of(running.begin(), running.end(), [&](const auto& r) {
+    return !r->cancelled && !r->plain->wants_logits() && (!inflight || r->in_flight);
+  });
+}
+
+Status Scheduler::Impl::launch(std::span<Request* const> rows, const InFlight* from) {
+  reqs.clear();
+  plain_seqs.clear();
+  for (Request* r : rows) {
+    if (from) {
+      const auto at = std::find(from->rows.begin(), from->rows.end(), r) - from->rows.begin();
+      BS_CHECK(at < static_cast<std::ptrdiff_t>(from->rows.size()));
+      BS_RETURN_IF_ERROR(r->plain->reserve_ahead());
+      reqs.push_back(r->plain->ahead_request(from->ids.rows(at, 1)));
+    } else {
+      reqs.push_back(r->plain->request());
+    }
+    plain_seqs.push_back(r->plain.get());
+  }
+  BS_RETURN_IF_ERROR(target.forward_batch(reqs, pool, &res));
+  detail::choose_tokens(target.backend(), plain_seqs, res.logits, ids);
+  InFlight f{.rows = {rows.begin(), rows.end()}, .ids = ids.rows(0, std::ssize(rows))};
+  f.ticket = target.backend().begin_read(f.ids);
+  for (Request* r : rows) r->in_flight = true;
+  inflight = std::move(f);
+  std::swap(ids, ids_next);  // the next step chooses into the other buffer
+  return Status::Ok();
+}
+
+Status Scheduler::Impl::read_inflight(InFlight& f) {
+  host_ids.resize(f.rows.size());
+  const Status read = catch_allocation_failure([&] {
+    target.backend().end_read(f.ticket, host_ids.data());
+    return Status::Ok();
+  });
+  if (!read.ok()) {  // a backend fault: every request of the step ends with it
+    fail_all(read);
+    return read;
+  }
+  for (size_t i = 0; i < f.rows.size(); ++i) {
+    Request* const r = f.rows[i];
+    if (!r) continue;
+    r->taken = true;
+    if (!r->cancelled) r->plain->take(host_ids[i], {});  // a cancelled one ends before it
+  }
+  end_read_step();
+  return Status::Ok();
+}
+
+void Scheduler::Impl::end_read_step() {
+  if (inflight) {
+    for (Request*& r : inflight->rows) {
+      if (r && r->done()) {  // its queued row's token is dropped
+        r->in_flight = false;
+        r = nullptr;
+      }
+    }
+  }
+  complete_if(running, [](Request& r) -> std::optional<Status> {
+    if (!std::exchange(r.taken, false) || r.in_flight) return std::nullopt;
+    const Result<bool> stepping = r.begin_step();
+    if (stepping.ok() && *stepping) return std::nullopt;
+    return stepping.status();
+  });
+  if (inflight && std::all_of(inflight->rows.begin(), inflight->rows.end(),
+                              [](const Request* r) { return r == nullptr; })) {
+    abandon();  // every request of the queued step ended
+  }
+}
+
+std::optional<Status> Scheduler::Impl::step_overlapped() {
+  if (!inflight) {
+    ahead.clear();
+    for (const auto& r : running) ahead.push_back(r.get());
+    if (!catch_allocation_failure([&] { return launch(ahead, nullptr); }).ok()) {
+      for (Request* r : ahead) r->in_flight = false;
+      return std::nullopt;  // the synchronous step runs it and meets the error
+    }
+  }
+  InFlight current = std::move(*inflight);
+  inflight.reset();
+  ahead.clear();
+  for (Request* r : current.rows) {
+    if (!r) continue;
+    r->in_flight = false;
+    if (r->plain->can_run_ahead()) ahead.push_back(r);
+  }
+  if (!ahead.empty()) {
+    const Status queued = catch_allocation_failure([&] { return launch(ahead, &current); });
+    if (queued.ok()) {
+      ++times.overlapped_steps;
+    } else {
+      // The step after this one runs synchronously and meets the error, if it is still there.
+      for (Request* r : ahead) r->in_flight = false;
+      inflight.reset();
+      overlap_paused = true;
+    }
+  }
+  return read_inflight(current);
+}
+
+Status Scheduler::Impl::drain() {
+  InFlight f = std::move(*inflight);
+  inflight.reset();
+  for (Request* r : f.rows) {
+    if (r) r->in_flight = false;
+  }
+  return read_inflight(f);
+}
+
+void Scheduler::Impl::abandon() {
+  host_ids.resize(inflight->rows.size());
+  try {
+    target.backend().end_read(inflight->ticket, host_ids.data());
+  } catch (const BackendFault&) {
+    // its requests have ended; the fault was theirs
+  }
+  for (Request* r : inflight->rows) {
+    if (r) r->in_flight = false;
+  }
+  inflight.reset();
+}
+
+void Scheduler::Impl::fail_all(const Status& s) {
+  if (inflight) abandon();
+  Requests failed = std::move(running);
+  running.clear();
+  for (auto& r : failed) {
+    r->taken = false;
+    complete(std::move(r), s);
+  }
+}
+
 Scheduler::Scheduler(CausalLM& target, Drafter* drafter, SchedulerOptions options)
     : impl_(std::make_unique<Impl>(target, drafter, options)) {}
 
@@ -683,6 +876,16 @@ Status Scheduler::add(RequestId id, std::vector<int32_t> prompt, GenerateOptions
 Status Scheduler::step() {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
+  if (m.steady()) {
+    const std::optional<Status> s = m.step_overlapped();
+    if (s) {
+      m.times.batch += seconds_since(t0);
+      ++m.times.steps;
+      return *s;
+    }
+  }
+  m.overlap_paused = false;
+  if (m.inflight) BS_RETURN_IF_ERROR(m.drain());  // arrivals, cancellations, logprobs: synchronous
   m.retire_cancelled();
   if (!m.running.empty()) m.admit_waiting();
   const bool mixed = m.plan_mixed_step();

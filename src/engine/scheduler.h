@@ -21,6 +21,8 @@
 // all in one Drafter::propose_batch when the drafter has it, one forward_batch verifying every
 // block, each sequence accepting on its own, one Drafter::observe_batch); committed tokens go to
 // each request's on_token as they become final; finished requests get on_done and free their KV.
+// Plain steady-state steps overlap: step n + 1 is queued on the device before step n is read
+// back (SchedulerOptions::overlap).
 //
 // Lossless: every request's tokens, finish reason and counts equal what generate_plain /
 // generate_speculative give for its prompt and options alone, chunked or not (greedy bit for bit
@@ -73,6 +75,17 @@ struct SchedulerOptions {
   // from it (vLLM's chunked prefill in decode steps). false: prompts prefill in forwards of their
   // own before the batched step (the behaviour before mixed steps; BLOCKSPEC_MIXED_STEPS=0 serve).
   bool mixed_steps = true;
+  // Overlapped steps (SGLang's overlap scheduler): while every running request decodes plainly
+  // (no drafter, no preemption, no logprobs) and no prompt waits to join, step n + 1 is queued
+  // on the device before step n's tokens are read back, its input ids taken from step n's
+  // device-side token choice (ForwardRequest::device_tokens), so that the device has the next
+  // step while the host reads back, runs the token callbacks and stages the step after. A
+  // request that ends at step n (stop token, on_token's false) had a row in step n + 1: that
+  // row's token is dropped, its KV position lay in blocks the request had reserved and frees.
+  // Arrivals, cancellations, logprobs, speculative or mixed steps and failures run today's
+  // synchronous step (the queued step is read back first). Outputs are the same either way.
+  // false: every step synchronous (BLOCKSPEC_OVERLAP=0 serve).
+  bool overlap = true;
   // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Empty
   // (the default): measured at the first step that needs it (engine/verify_budget.h).
   StepTimeModel step_time;
@@ -81,12 +94,13 @@ struct SchedulerOptions {
 // Host-clock seconds spent in each phase of Scheduler::step() since construction (a batched
 // step's time includes the device's and the callbacks'); for profiling the serving loop.
 struct SchedulerTimes {
-  int64_t steps = 0;            // step() calls that ran a batched step
-  double admit_prefill = 0;     // retiring cancelled requests, admission, prefill chunks
-  double batch = 0;             // the batched decode / speculative step
-  double next = 0;              // ending finished requests, beginning the next steps
-  int64_t prefill_batches = 0;  // forwards that prefilled several prompts together
-  int64_t mixed_steps = 0;      // batched steps whose forward also fed prompt rows
+  int64_t steps = 0;             // step() calls that ran a batched step
+  double admit_prefill = 0;      // retiring cancelled requests, admission, prefill chunks
+  double batch = 0;              // the batched decode / speculative step
+  double next = 0;               // ending finished requests, beginning the next steps
+  int64_t prefill_batches = 0;   // forwards that prefilled several prompts together
+  int64_t mixed_steps = 0;       // batched steps whose forward also fed prompt rows
+  int64_t overlapped_steps = 0;  // steps queued before the previous one's tokens were read back
 };
 
 // How a request ended. status not ok: it failed (tokens: what was committed before).

@@ -133,10 +133,26 @@ class DecoderLM final : public CausalLM {
     }
     batch_.stage(backend_, kv, batch_seqs_);
     if (host_ids) backend_.copy_from_host(s_.ids.rows(0, rows), ids_host_.data());
-    for (int64_t r = 0, row = 0; r < num_seqs; row += reqs[r].size(), ++r) {
-      if (reqs[r].device_tokens.defined()) {
-        backend_.copy(s_.ids.rows(row, reqs[r].size()), reqs[r].device_tokens);
+    for (int64_t r = 0, row = 0; r < num_seqs;) {
+      const Tensor& first = reqs[r].device_tokens;
+      int64_t n = reqs[r].size(), next = r + 1;
+      if (first.defined()) {
+        // Sequences whose tokens lie back to back on the device (rows of one buffer: the
+        // Scheduler's overlapped step takes each row's token from the last step's ids) go in
+        // one copy (a non-owning view of them, used only here).
+        const auto* end = static_cast<const char*>(first.data()) + first.nbytes();
+        while (next < num_seqs && reqs[next].device_tokens.defined() &&
+               reqs[next].device_tokens.data() == end) {
+          end += reqs[next].device_tokens.nbytes();
+          n += reqs[next++].size();
+        }
+        backend_.copy(s_.ids.rows(row, n),
+                      next == r + 1
+                          ? first
+                          : Tensor(nullptr, first.data(), DType::kI32, first.device(), {n}));
       }
+      row += n;
+      r = next;
     }
     if (num_seqs > 1 && logit_rows > 0) {
       backend_.copy_from_host(s_.logit_rows.rows(0, logit_rows), logit_rows_host_.data());

@@ -28,10 +28,15 @@ LogprobsEntry entry_of(const TokenLogprobs& lp, bool scored, TokenTexts& texts) 
   return e;
 }
 
-// BLOCKSPEC_MIXED_STEPS=0 turns the scheduler's mixed steps off (for comparisons, docs/SERVER.md).
+// BLOCKSPEC_MIXED_STEPS=0 / BLOCKSPEC_OVERLAP=0 turn the scheduler's mixed / overlapped steps off
+// (for comparisons, docs/SERVER.md).
 SchedulerOptions with_env(SchedulerOptions o) {
-  const char* env = std::getenv("BLOCKSPEC_MIXED_STEPS");
-  if (env && std::string(env) == "0") o.mixed_steps = false;
+  const auto off = [](const char* name) {
+    const char* env = std::getenv(name);
+    return env && std::string(env) == "0";
+  };
+  if (off("BLOCKSPEC_MIXED_STEPS")) o.mixed_steps = false;
+  if (off("BLOCKSPEC_OVERLAP")) o.overlap = false;
   return o;
 }
 
@@ -266,11 +271,11 @@ void EngineWorker::print_profile() {
              "host profile: {} steps, {} tokens, {:.3f} s busy; per step ms: loop {:.3f} = "
              "intake {:.3f} + scheduler admit/prefill {:.3f} + batched step {:.3f} (of which "
              "token callbacks {:.3f}) + next {:.3f} + deliver {:.3f} + publish {:.3f}; mixed "
-             "steps {}\n",
+             "steps {}, overlapped steps {}\n",
              p.steps, p.tokens, p.loop, ms(p.loop), ms(p.intake),
              ms(now.admit_prefill - was.admit_prefill), ms(batch), ms(p.callbacks),
              ms(now.next - was.next), ms(p.deliver), ms(p.publish),
-             now.mixed_steps - was.mixed_steps);
+             now.mixed_steps - was.mixed_steps, now.overlapped_steps - was.overlapped_steps);
   p = HostProfile{.enabled = true, .at_start = now};
 }
 

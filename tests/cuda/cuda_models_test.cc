@@ -315,6 +315,69 @@ TEST_F(CudaModels, BatchedSpeculativeMatchesPerPromptOnGpu) {
   }
 }
 
+// Overlapped steps (SchedulerOptions::overlap) on the GPU: step n + 1 queued from step n's ids on
+// the device (device_tokens, CUDA graphs replaying) before step n is read back through a pinned
+// buffer and an event. Greedy and seeded sampled requests, stop ids met mid-way and short
+// max_tokens, more requests than max_num_seqs: each gives generate_plain's tokens on the GPU
+// with overlap on and off (at most 16 rows a forward, where GPU rows do not depend on the row
+// count), one read-back per forward, and the KV pool is empty at the end.
+TEST_F(CudaModels, OverlappedSchedulerStepsOnGpu) {
+  test_util::CountingBackend counting(*gpu_);
+  auto g = load_target(kStories, counting);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  GenerateOptions greedy;
+  greedy.max_tokens = 48;
+  greedy.stop_ids = {2};
+  auto probe = generate_plain(**g, test_util::kStoryPrompts[1], greedy, nullptr, nullptr);
+  ASSERT_TRUE(probe.ok() && probe->size() > 10);
+  GenerateOptions stop_mid = greedy;
+  stop_mid.stop_ids = {2, (*probe)[7]};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.9f, .top_k = 100, .top_p = 0.95f, .seed = 17};
+  GenerateOptions short_one = greedy;
+  short_one.max_tokens = 5;
+  const std::vector<std::pair<std::vector<int32_t>, GenerateOptions>> requests = {
+      {test_util::kStoryPrompts[1], greedy},   {test_util::kStoryPrompts[2], sampled},
+      {test_util::kStoryPrompts[1], stop_mid}, {test_util::kStoryPrompts[3], short_one},
+      {test_util::kStoryPrompts[0], sampled},  {test_util::kStoryPrompts[3], greedy}};
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& [prompt, o] : requests) {
+    auto alone = generate_plain(**g, prompt, o, nullptr, nullptr);
+    ASSERT_TRUE(alone.ok());
+    want.push_back(*alone);
+  }
+  for (const bool overlap : {true, false}) {
+    Scheduler s(**g, nullptr, {.max_num_seqs = 4, .overlap = overlap});
+    std::vector<std::vector<int32_t>> got(requests.size());
+    std::vector<Status> status(requests.size(), InvalidArgument("not done"));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(s.add(
+                       i, requests[i].first, requests[i].second,
+                       [&got, i](int32_t t) {
+                         got[i].push_back(t);
+                         return true;
+                       },
+                       [&status, i](Completion c) { status[i] = c.status; })
+                      .ok());
+    }
+    counting.reset();
+    while (!s.idle()) ASSERT_TRUE(s.step().ok());
+    int64_t async_reads = 0;
+    for (const auto& r : counting.reads()) async_reads += r.async;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(status[i].ok()) << status[i].message();
+      EXPECT_EQ(got[i], want[i]) << "overlap " << overlap << ", request " << i;
+    }
+    EXPECT_EQ(s.num_kv_blocks_used(), 0) << "overlap " << overlap;
+    if (overlap) {
+      EXPECT_GT(s.times().overlapped_steps, 20);
+      EXPECT_GT(async_reads, s.times().overlapped_steps);
+    } else {
+      EXPECT_EQ(async_reads, 0);
+    }
+  }
+}
+
 // Chunked prefill (Scheduler max_prefill_tokens) and logprobs on the GPU, with the shipped DFlash
 // drafter: a 15-token prompt prefilled whole or in chunks of 7 or 1 tokens gives the tokens of
 // generate_plain on the GPU and the same logprobs bit for bit (every forward has at most 16

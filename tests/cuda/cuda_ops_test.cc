@@ -2109,4 +2109,26 @@ void CudaOps::check_candidate_walk(int64_t t) {
 }
 
 }  // namespace
+// Backend::begin_read / end_read on CUDA: each read gives the bytes its tensor held when it
+// began, though later queued work overwrote them (pinned buffer per pending read, stream order);
+// end_read waits for its own copy (its event), and reports a fault as copy_to_host does.
+TEST_F(CudaOps, AsyncReadBackGivesTheBytesAtItsBegin) {
+  Tensor ids = gpu_->empty({4}, DType::kI32);
+  const std::vector<int32_t> before = {1, 2, 3, 4}, after = {9, 8, 7, 6};
+  for (int round = 0; round < 3; ++round) {  // the slots are reused
+    gpu_->copy_from_host(ids, before.data());
+    const int64_t first = gpu_->begin_read(ids.rows(1, 3));
+    // Work queued behind the read: a large product, then the source overwritten.
+    Tensor x = gpu_->empty({64, 4096}), w = gpu_->empty({4096, 4096}), y = gpu_->empty({64, 4096});
+    gpu_->matmul(y, x, w, nullptr, false);
+    gpu_->copy_from_host(ids, after.data());
+    const int64_t second = gpu_->begin_read(ids);
+    std::vector<int32_t> a(3), b(4);
+    gpu_->end_read(first, a.data());
+    gpu_->end_read(second, b.data());
+    EXPECT_EQ(a, (std::vector<int32_t>{2, 3, 4})) << "round " << round;
+    EXPECT_EQ(b, after) << "round " << round;
+  }
+}
+
 }  // namespace bs

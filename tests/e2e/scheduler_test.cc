@@ -13,10 +13,12 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "counting_backend.h"
 #include "engine/generate.h"
 #include "models/drafter.h"
 #include "models/registry.h"
@@ -50,12 +52,17 @@ struct Arrival {
 class ForwardLog final : public CausalLM {
  public:
   using Shape = std::vector<std::pair<int64_t, int64_t>>;
-  explicit ForwardLog(CausalLM& inner) : m_(inner) {}
+  // `backend`: what backend() reports (the scheduler's own ops and reads go through it; the
+  // inner model's ops do not); null: the inner model's.
+  explicit ForwardLog(CausalLM& inner, Backend* backend = nullptr) : m_(inner), b_(backend) {}
   std::vector<Shape> calls;
+  // > 0: the n-th forward whose first sequence's tokens are on the device (a step queued ahead)
+  // fails.
+  int fail_queued_ahead = 0;
 
   const io::TransformerConfig& config() const override { return m_.config(); }
   const TargetSpec& spec() const override { return m_.spec(); }
-  Backend& backend() const override { return m_.backend(); }
+  Backend& backend() const override { return b_ ? *b_ : m_.backend(); }
   KvPool make_kv_pool(int64_t num_blocks) override { return m_.make_kv_pool(num_blocks); }
   Status forward(const ForwardRequest& req, KvPool& kv, ForwardResult* out) override {
     calls.push_back({{req.size(), req.num_logits}});
@@ -63,6 +70,9 @@ class ForwardLog final : public CausalLM {
   }
   Status forward_batch(std::span<const ForwardRequest> reqs, KvPool& kv,
                        BatchForwardResult* out) override {
+    if (fail_queued_ahead > 0 && reqs[0].device_tokens.defined() && --fail_queued_ahead == 0) {
+      return Status(StatusCode::kInternal, "injected failure of a step queued ahead");
+    }
     Shape shape;
     for (const ForwardRequest& r : reqs) shape.emplace_back(r.size(), r.num_logits);
     calls.push_back(std::move(shape));
@@ -74,6 +84,25 @@ class ForwardLog final : public CausalLM {
 
  private:
   CausalLM& m_;
+  Backend* b_ = nullptr;
+};
+
+// Counts the scheduler's read-backs and how many asynchronous ones were pending at once, and
+// logs forwards and read-back ends in order (with ForwardLog: "F" a forward, "R" a begun read,
+// "E" an ended one).
+class ReadLog final : public test_util::CountingBackend {
+ public:
+  using CountingBackend::CountingBackend;
+  int64_t pending = 0, most_pending = 0, ends = 0;
+  int64_t begin_read(const Tensor& src) override {
+    most_pending = std::max(most_pending, ++pending);
+    return CountingBackend::begin_read(src);
+  }
+  void end_read(int64_t ticket, void* dst) override {
+    --pending;
+    ++ends;
+    CountingBackend::end_read(ticket, dst);
+  }
 };
 
 class SchedulerTest : public ::testing::TestWithParam<std::string> {
@@ -583,8 +612,11 @@ TEST_P(SchedulerTest, MixedStepsRunOneForwardPerStep) {
       const std::string where = fmt::format("chunk {}, mixed {}", chunk, mixed);
       seen_.clear();
       ForwardLog log(*target_);
-      Scheduler s(log, drafter_.get(),
-                  {.max_num_seqs = 4, .max_prefill_tokens = chunk, .mixed_steps = mixed});
+      // Synchronous steps: an overlapped step() queues the next step's forward as well
+      // (OverlappedStepsEqualSynchronousOnes counts those).
+      Scheduler s(
+          log, drafter_.get(),
+          {.max_num_seqs = 4, .max_prefill_tokens = chunk, .mixed_steps = mixed, .overlap = false});
       size_t before = 0;
       int most = 0;
       ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [&] {
@@ -630,6 +662,133 @@ TEST_P(SchedulerTest, MixedStepsRunOneForwardPerStep) {
       EXPECT_TRUE(prompts_together) << where;
     }
   }
+}
+
+// Overlapped steps (SchedulerOptions::overlap): many requests with staggered arrivals (more than
+// max_num_seqs, so that some wait while the batch decodes in the steady state), different
+// max_tokens, stop ids met mid-way, a context window, seeded sampling, logprobs, a callback
+// that ends its request and a cancellation between steps give the same tokens, streams and
+// finish reasons with overlap on and off, and the single-request engine's where it applies;
+// steps were queued ahead (two read-backs pending at once, one read-back per forward) only when
+// on; every KV block is free again at the end.
+TEST_P(SchedulerTest, OverlappedStepsEqualSynchronousOnes) {
+  if (drafter_) GTEST_SKIP() << "overlap is for plain decoding";
+  GenerateOptions greedy{.max_tokens = 40, .stop_ids = {2}};
+  const Expected probe = alone(kPrompts[1], greedy);
+  ASSERT_GT(probe.tokens.size(), 12u);
+  GenerateOptions stop_mid = greedy;
+  stop_mid.stop_ids = {2, probe.tokens[9]};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.9f, .top_p = 0.95f, .seed = 23};
+  GenerateOptions sampled_long = sampled;
+  sampled_long.max_tokens = 70;
+  sampled_long.sampling.seed = 7;
+  GenerateOptions short_one = greedy;
+  short_one.max_tokens = 3;
+  GenerateOptions window = greedy;
+  window.max_context = 28;
+  GenerateOptions with_logprobs = greedy;
+  with_logprobs.logprobs = 2;
+  with_logprobs.max_tokens = 12;
+  GenerateOptions two = greedy;
+  two.max_tokens = 2;
+  const std::vector<Arrival> arrivals = {
+      {0, kPrompts[1], greedy},         {0, kPrompts[2], sampled},   {0, kPrompts[0], stop_mid},
+      {3, kPrompts[3], short_one},      {8, kPrompts[1], stop_mid},  {12, kPrompts[2], window},
+      {12, kPrompts[3], sampled_long},  {13, kPrompts[0], two},      {30, kPrompts[2], greedy},
+      {31, kPrompts[3], sampled},       {45, kPrompts[0], greedy},   {46, kPrompts[1], sampled},
+      {60, kPrompts[1], with_logprobs}, {61, kPrompts[2], greedy},   {90, kPrompts[3], greedy},
+      {91, kPrompts[0], sampled_long},  {92, kPrompts[2], short_one}};
+  const RequestId ended_by_callback = 8, cancelled = 9;
+  std::map<bool, std::map<RequestId, Seen>> runs;
+  for (const bool overlap : {true, false}) {
+    const std::string where = fmt::format("overlap {}", overlap);
+    seen_.clear();
+    ReadLog reads(*backend_);
+    ForwardLog log(*target_, &reads);
+    Scheduler s(log, nullptr, {.max_num_seqs = 4, .overlap = overlap});
+    ASSERT_EQ(s.num_kv_blocks_used(), 0);
+    size_t next = 0;
+    for (int step = 0; next < arrivals.size() || !s.idle(); ++step) {
+      for (; next < arrivals.size() && arrivals[next].step == step; ++next) {
+        // Request 8's callback ends it at its 5th token.
+        ASSERT_TRUE(add(s, next, arrivals[next].prompt, arrivals[next].options,
+                        next == ended_by_callback ? std::function<bool(int32_t, size_t)>(
+                                                        [](int32_t, size_t n) { return n < 5; })
+                                                  : nullptr)
+                        .ok());
+      }
+      ASSERT_TRUE(s.step().ok()) << where;
+      if (seen_.count(cancelled) && seen_[cancelled].streamed.size() >= 6) s.cancel(cancelled);
+      ASSERT_LT(step, 5000);
+    }
+    EXPECT_EQ(s.num_kv_blocks_used(), 0) << where;
+    EXPECT_EQ(reads.pending, 0) << where;
+    // One read-back per forward that chose tokens (no chunked prefill here: every forward does);
+    // the logprobs request's rows add one logits read per step it ran.
+    int64_t logits_reads = 0;
+    for (const auto& r : reads.reads()) logits_reads += r.f32;
+    EXPECT_EQ(static_cast<int64_t>(reads.reads().size()) - logits_reads,
+              static_cast<int64_t>(log.calls.size()))
+        << where;
+    if (overlap) {
+      EXPECT_EQ(reads.most_pending, 2) << where << ": a step was queued before the last read";
+      EXPECT_GT(s.times().overlapped_steps, 60) << where;
+    } else {
+      EXPECT_EQ(reads.most_pending, 0) << where;
+      EXPECT_EQ(s.times().overlapped_steps, 0) << where;
+    }
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      const std::string id = fmt::format("{}, request {}", where, i);
+      ASSERT_TRUE(seen_[i].completed) << id;
+      const Completion& c = seen_[i].completion;
+      EXPECT_TRUE(c.status.ok()) << id << ": " << c.status.message();
+      EXPECT_EQ(seen_[i].streamed, c.tokens) << id;
+      if (i == cancelled) {
+        EXPECT_EQ(c.stats.finish, FinishReason::kCancelled) << id;
+        EXPECT_EQ(c.tokens.size(), 6u) << id;
+        continue;
+      }
+      if (i == ended_by_callback) {
+        EXPECT_EQ(c.stats.finish, FinishReason::kCancelled) << id;
+        EXPECT_EQ(c.tokens.size(), 5u) << id;
+        continue;
+      }
+      expect_equal(i, alone(arrivals[i].prompt, arrivals[i].options), id);
+    }
+    runs[overlap] = seen_;
+  }
+  std::set<FinishReason> reasons;
+  for (const auto& [id, seen] : runs[false]) reasons.insert(seen.completion.stats.finish);
+  EXPECT_EQ(reasons.size(), 4u) << "length, stop, context and cancelled";
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const Completion& on = runs[true][i].completion;
+    const Completion& off = runs[false][i].completion;
+    EXPECT_EQ(on.tokens, off.tokens) << "request " << i;
+    EXPECT_EQ(on.stats.finish, off.stats.finish) << "request " << i;
+    EXPECT_EQ(on.stats.generated_tokens, off.stats.generated_tokens) << "request " << i;
+  }
+}
+
+// A step that cannot be queued ahead (its forward fails) leaves the in-flight step to be read
+// back as usual; the next step runs synchronously (and succeeds here), then overlap resumes:
+// no output changes.
+TEST_P(SchedulerTest, AFailedQueuedStepFallsBackToASynchronousOne) {
+  if (drafter_) GTEST_SKIP() << "overlap is for plain decoding";
+  GenerateOptions greedy{.max_tokens = 30, .stop_ids = {2}};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .seed = 3};
+  const std::vector<Arrival> arrivals = {{0, kPrompts[1], greedy}, {0, kPrompts[2], sampled}};
+  ForwardLog log(*target_);
+  log.fail_queued_ahead = 5;
+  Scheduler s(log, nullptr, {.max_num_seqs = 2});
+  ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [] {}));
+  EXPECT_EQ(log.fail_queued_ahead, 0) << "the failure was injected";
+  EXPECT_GT(s.times().overlapped_steps, 10) << "overlap resumed";
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    expect_equal(i, alone(arrivals[i].prompt, arrivals[i].options), fmt::format("request {}", i));
+  }
+  EXPECT_EQ(s.num_kv_blocks_used(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, SchedulerTest,

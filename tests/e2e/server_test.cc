@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -366,6 +367,57 @@ TEST(Server, StopStringsCutTheText) {
     if (e != "[DONE]") text += json::parse(e)["choices"][0]["text"].get<std::string>();
   }
   EXPECT_EQ(text, cut);
+}
+
+// Overlapped steps (BLOCKSPEC_OVERLAP, SchedulerOptions::overlap): the plain server gives the
+// same texts, finish reasons and token counts with them on and off for concurrent requests
+// (greedy, seeded sampling, stop strings, logprobs, different max_tokens).
+TEST(Server, OverlappedStepsKeepOutputs) {
+  std::vector<json> bodies;
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily saw",
+                                            "One day"};
+  for (size_t i = 0; i < 12; ++i) {
+    json b{{"prompt", prompts[i % prompts.size()]}, {"max_tokens", 10 + 9 * (i % 5)}};
+    if (i % 3 == 0) {
+      b["temperature"] = 0;
+    } else {
+      b["temperature"] = 0.9;
+      b["top_p"] = 0.95;
+      b["seed"] = static_cast<int>(i);
+    }
+    if (i % 4 == 1) b["stop"] = json({"park", "Lily"});
+    if (i == 7) b["logprobs"] = 2;
+    bodies.push_back(b);
+  }
+  std::map<std::string, std::vector<json>> got;
+  for (const char* overlap : {"1", "0"}) {
+    ASSERT_EQ(setenv("BLOCKSPEC_OVERLAP", overlap, 1), 0);
+    RunningServer server({.max_num_seqs = 6}, /*drafter=*/false);
+    std::vector<Reply> replies(bodies.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      clients.emplace_back([&, i] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3 * (i % 4)));
+        replies[i] = post(server.port(), "/v1/completions", bodies[i].dump());
+      });
+    }
+    for (auto& c : clients) c.join();
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      ASSERT_EQ(replies[i].status, 200) << replies[i].raw;
+      const json& choice = replies[i].body["choices"][0];
+      got[overlap].push_back({{"text", choice["text"]},
+                              {"finish_reason", choice["finish_reason"]},
+                              {"logprobs", choice["logprobs"]},
+                              {"tokens", replies[i].body["usage"]["completion_tokens"]}});
+    }
+  }
+  unsetenv("BLOCKSPEC_OVERLAP");
+  std::set<std::string> reasons;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    EXPECT_EQ(got["1"][i], got["0"][i]) << "request " << i << ": " << bodies[i].dump();
+    reasons.insert(got["0"][i]["finish_reason"].get<std::string>());
+  }
+  EXPECT_TRUE(reasons.count("stop") && reasons.count("length"));
 }
 
 TEST(Server, MaxTokensEndsWithLength) {

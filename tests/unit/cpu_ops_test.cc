@@ -301,6 +301,31 @@ TEST_F(CpuOps, AttentionPrologueEqualsSeparateOps) {
   }
 }
 
+// Backend::begin_read / end_read: two reads pending at once, each giving the bytes its tensor
+// held when it began (later writes do not change them), ended in order.
+TEST_F(CpuOps, AsyncReadBackGivesTheBytesAtItsBegin) {
+  Tensor ids = ints({1, 2, 3, 4});
+  const int64_t first = be_->begin_read(ids.rows(1, 3));
+  const std::vector<int32_t> later = {9, 8, 7, 6};
+  be_->copy_from_host(ids, later.data());
+  const int64_t second = be_->begin_read(ids);
+  std::vector<int32_t> a(3), b(4);
+  be_->end_read(first, a.data());
+  be_->end_read(second, b.data());
+  EXPECT_EQ(a, (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(b, later);
+  EXPECT_EQ(second, first + 1);
+
+  // A fault recorded before the read is thrown by end_read (as on an asynchronous device).
+  Tensor kp = be_->empty({1, 4, 1, 2}), vp = be_->empty({1, 4, 1, 2});
+  be_->kv_write(kp, vp, random({1, 1, 2}), random({1, 1, 2}), ints({4}));
+  int64_t faulted = 0;
+  ASSERT_NO_THROW(faulted = be_->begin_read(ids));
+  EXPECT_THROW(be_->end_read(faulted, b.data()), BackendFault);
+  const int64_t clean = be_->begin_read(ids);
+  EXPECT_NO_THROW(be_->end_read(clean, b.data()));
+}
+
 // A KV slot outside the pool is an engine bug: the op writes the other rows, skips that one, and
 // the next read-back throws a BackendFault (kInternal through catch_allocation_failure) naming
 // the op, the slot and the capacity, then clears it; the process goes on.

@@ -427,6 +427,36 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     throw_fault();
   }
+  // The read lands in a pinned buffer of its own (slot ticket % kMaxPendingReads) and an event
+  // marks it done; end_read waits for that event only, so work queued after begin_read runs on.
+  int64_t begin_read(const Tensor& src) override {
+    check_cuda_tensor(src);
+    BS_CHECK(reads_pending_ < kMaxPendingReads);
+    const int64_t ticket = next_read_++;
+    ++reads_pending_;
+    PendingRead& r = reads_[ticket % kMaxPendingReads];
+    r.bytes = src.nbytes();
+    if (r.capacity < r.bytes) {
+      if (r.host) CUDA_CHECK(cudaFreeHost(r.host));
+      r.host = nullptr;
+      r.capacity = std::max<size_t>(r.bytes, 4096);
+      CUDA_CHECK(cudaHostAlloc(&r.host, r.capacity, cudaHostAllocDefault));
+    }
+    if (!r.done) CUDA_CHECK(cudaEventCreateWithFlags(&r.done, cudaEventDisableTiming));
+    if (r.bytes > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(r.host, src.data(), r.bytes, cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_CHECK(cudaEventRecord(r.done, stream_));
+    return ticket;
+  }
+  void end_read(int64_t ticket, void* dst) override {
+    BS_CHECK(reads_pending_ > 0 && ticket == next_read_ - reads_pending_);
+    --reads_pending_;
+    PendingRead& r = reads_[ticket % kMaxPendingReads];
+    CUDA_CHECK(cudaEventSynchronize(r.done));
+    if (r.bytes > 0) std::memcpy(dst, r.host, r.bytes);
+    throw_fault();
+  }
   void copy(const Tensor& dst, const Tensor& src) override {
     BS_CHECK(dst.nbytes() == src.nbytes());
     if (dst.nbytes() == 0 || dst.data() == src.data()) return;
@@ -1330,6 +1360,22 @@ class CudaBackend final : public Backend {
   FaultRecord* fault_host_ = nullptr;  // host-mapped (FaultSink); fault_.record is its device view
   FaultSink fault_;
   size_t ring_off_ = 0;
+  // begin_read / end_read: a pinned buffer and an event per pending read (freed with the backend).
+  struct PendingRead {
+    void* host = nullptr;
+    size_t capacity = 0, bytes = 0;
+    cudaEvent_t done = nullptr;
+    PendingRead() = default;
+    PendingRead(const PendingRead&) = delete;
+    PendingRead& operator=(const PendingRead&) = delete;
+    ~PendingRead() {
+      if (host) cudaFreeHost(host);
+      if (done) cudaEventDestroy(done);
+    }
+  };
+  PendingRead reads_[kMaxPendingReads];
+  int64_t next_read_ = 0;
+  int reads_pending_ = 0;
   cudaDeviceProp props_{};
   GemvMode gemv_mode_ = GemvMode::kAuto;
   // Products of up to this many rows use the algorithm chosen for kSkinnyMaxRows rows
