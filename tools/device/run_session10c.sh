@@ -5,7 +5,8 @@
 #   steps - synthetic Qwen3-8B (bf16): `bench --kernels --batch N` with the attention kernel of
 #           branch attn10 and with BLOCKSPEC_ATTN_KERNEL=v1 (N = 32, 128), and the batch-1
 #           DFlash-b16 and DFlash2-b16 steps (decode / verify / draft, output == plain),
-#   serve - run_serve_s8.sh at 32 clients, plain and DFlash-b16 forced 100 % (SERVE=0: not;
+#   serve - run_serve_s8.sh at 32 clients, plain and DFlash-b16 forced 100 %, then plain with
+#           BLOCKSPEC_OVERLAP=0 (overlapped plain steps off; SERVE=0: not;
 #           STEPS=0 leaves the steps out).
 # Files into $OUT: session.txt, serve_summary.txt, logs.tgz.
 set -u
@@ -47,11 +48,16 @@ grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate \(spec|o
 rm -rf $S/dflash2-b16
 fi
 if [ "${SERVE:-1}" = 1 ]; then
-left=$((${TOTAL_S:-330} - 10 - (SECONDS - T0)))
-echo "== serve ($((SECONDS - T0)) s, budget $((left - 20)) s)"
-OUT=$L/serve BUDGET=$((left - 20)) BENCH_BATCHES=32 RUNS="128:256:32:2" \
-  timeout -k 5 $left bash tools/device/run_serve_s8.sh 2>&1 | tail -n 14
-cp $L/serve/summary.txt $OUT/serve_summary.txt 2>/dev/null
+  # Overlapped plain steps (the default) and BLOCKSPEC_OVERLAP=0, the denominator measured once.
+  echo "== serve, overlap on ($((SECONDS - T0)) s)"
+  OUT=$L/serve BUDGET=${SERVE_ON_S:-170} BENCH_BATCHES=32 RUNS="128:256:32:2" \
+    timeout -k 5 200 bash tools/device/run_serve_s8.sh 2>&1 | tail -n 12
+  cp $L/serve/summary.txt $OUT/serve_summary.txt 2>/dev/null
+  echo "== serve, overlap off ($((SECONDS - T0)) s)"
+  mkdir -p $L/serve_off
+  OUT=$L/serve_off BUDGET=${SERVE_OFF_S:-80} BENCH_BATCHES=" " BLOCKSPEC_OVERLAP=0 RUNS="128:256:32:2" \
+    timeout -k 5 110 bash tools/device/run_serve_s8.sh 2>&1 | tail -n 8
+  cp $L/serve_off/summary.txt $OUT/serve_off_summary.txt 2>/dev/null
 fi
 tar -C $L -czf $OUT/logs.tgz . 2>/dev/null
 echo "session10c total $((SECONDS - T0)) s"
