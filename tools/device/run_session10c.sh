@@ -25,7 +25,7 @@ OUT=$L/tests timeout -k 5 ${TESTS_S:-150} bash tools/device/run_session7.sh test
 wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
 M="--model $S/qwen3-8b"
 if [ "${STEPS:-1}" = 1 ]; then
-for n in 32 128; do
+for n in ${ATTN_BATCHES:-32 128}; do
   for v in new v1; do
     E=; [ $v = v1 ] && E=v1
     BLOCKSPEC_ATTN_KERNEL=$E timeout 90 $B bench $M --device cuda --iters 5 --warmup 2 --context 384 \
