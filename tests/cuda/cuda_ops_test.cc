@@ -1358,7 +1358,7 @@ struct SplitKernelGuard {
   SplitKernelGuard() = default;
   SplitKernelGuard(const SplitKernelGuard&) = delete;
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
-  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV2); }
+  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV1); }
 };
 
 // The split-kernel settings each test runs: v1 first (the reference), then v2 with the chunks per

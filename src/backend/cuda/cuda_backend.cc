@@ -282,7 +282,8 @@ class CudaBackend final : public Backend {
       pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
     }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_KERNEL")) {
-      set_split_kernel(std::strcmp(env, "v1") == 0 ? 1 : 2);
+      if (std::strcmp(env, "v1") == 0) set_split_kernel(1);
+      if (std::strcmp(env, "v2") == 0) set_split_kernel(2);
     }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;

@@ -65,10 +65,10 @@ void set_pinned_rows(Backend& backend, int64_t rows);
 // at the draft step's shapes). Both keep the row-count invariance; their roundings differ.
 enum class Fp8Kernel { kV1, kV2 };
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
-// Split-KV attention's split pass (paged_attention.cu), for the whole process: kV2 (default) runs
-// a block over several consecutive 64-key chunks with the next chunk's K / V loads in flight;
-// kV1, the earlier kernel, a block per chunk (also BLOCKSPEC_ATTN_KERNEL=v1, read when a backend
-// is made). chunks_per_block > 0 forces v2's chunks per block (tests); 0 lets the launch size
+// Split-KV attention's split pass (paged_attention.cu), for the whole process: kV1 (default), a
+// block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's
+// K / V loads in flight (also BLOCKSPEC_ATTN_KERNEL=v2, read when a backend is made; slower on
+// the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block (tests); 0 lets the launch size
 // choose. Both give the same bits.
 enum class AttentionKernel { kV1, kV2 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);

@@ -694,8 +694,9 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 namespace {
 
 // The split kernel of the launches (set_split_kernel): 1 or 2, and v2's forced chunks per block
-// (0: chosen by occupancy).
-std::atomic<int> g_split_version{2};
+// (0: chosen by occupancy). v1 by default: v2 measured slower on the H200 (docs/BENCHMARKS.md,
+// session 10).
+std::atomic<int> g_split_version{1};
 std::atomic<int> g_split_chunks{0};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
