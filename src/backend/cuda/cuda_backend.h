@@ -68,8 +68,8 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // Split-KV attention's split pass (paged_attention.cu), for the whole process: kV1 (default), a
 // block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's
 // K / V loads in flight (also BLOCKSPEC_ATTN_KERNEL=v2, read when a backend is made; slower on
-// the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block (tests); 0 lets the launch size
-// choose. Both give the same bits.
+// the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block
+// (tests); 0 lets the launch size choose. Both give the same bits.
 enum class AttentionKernel { kV1, kV2 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
