@@ -165,7 +165,7 @@ struct Scheduler::Impl {
   bool steady() const;
   // Queues a step of `rows` (their forwards, token choice into `ids`, the ids' read-back begun)
   // as `inflight`: from the requests' host tokens (from == nullptr), or ahead, each row's input
-  // the token `from` chose for the request on the device.
+  // the token `from` chose for the request on the device (rows: a subsequence of from->rows).
   Status launch(std::span<Request* const> rows, const InFlight* from);
   // Waits for f's ids and commits them (a cancelled request's token is dropped), marking the rows
   // `taken`, then end_read_step(). A failed read-back (backend fault) ends every running request.
@@ -701,12 +701,13 @@ bool Scheduler::Impl::steady() const {
 Status Scheduler::Impl::launch(std::span<Request* const> rows, const InFlight* from) {
   reqs.clear();
   plain_seqs.clear();
+  size_t at = 0;  // rows are a subsequence of from->rows (step_overlapped keeps their order)
   for (Request* r : rows) {
     if (from) {
-      const auto at = std::find(from->rows.begin(), from->rows.end(), r) - from->rows.begin();
-      BS_CHECK(at < static_cast<std::ptrdiff_t>(from->rows.size()));
+      while (at < from->rows.size() && from->rows[at] != r) ++at;
+      BS_CHECK(at < from->rows.size());
       BS_RETURN_IF_ERROR(r->plain->reserve_ahead());
-      reqs.push_back(r->plain->ahead_request(from->ids.rows(at, 1)));
+      reqs.push_back(r->plain->ahead_request(from->ids.rows(static_cast<int64_t>(at), 1)));
     } else {
       reqs.push_back(r->plain->request());
     }
