@@ -28,6 +28,20 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
+// Sums the warps' partial tiles of output features j0..j0+15 in warp order and writes them:
+// y[col, j] (+)= sum (+ bias[j]) for j < m.
+template <int W, int NT, typename TY>
+__device__ __forceinline__ void store_tile(float (&acc)[NT][4], int n, int64_t j0, int64_t m,
+                                           const float* bias, TY* y, bool accumulate) {
+  reduce_warp_tiles<W, NT>(acc, n, [&](int col, int row, float sum) {
+    const int64_t j = j0 + row;
+    if (j >= m) return;
+    if (bias) sum += bias[j];
+    TY* o = y + static_cast<int64_t>(col) * m + j;
+    store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
+  });
+}
+
 // x is written by the previous kernel: an ordinary cached load (L1 keeps it for the other warps).
 __device__ __forceinline__ uint4 ld_x(const __nv_bfloat16* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
@@ -98,13 +112,7 @@ __global__ void __launch_bounds__(W * 32)
       }
     }
   }
-  reduce_warp_tiles<W, NT>(acc, n, [&](int col, int row, float sum) {
-    const int64_t j = j0 + row;
-    if (j >= m) return;
-    if (bias) sum += bias[j];
-    TY* o = y + static_cast<int64_t>(col) * m + j;
-    store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
-  });
+  store_tile<W, NT>(acc, n, j0, m, bias, y, accumulate);
 }
 
 // ---- cp.async variant: a persistent grid, each warp's stages in shared memory ----
@@ -216,13 +224,7 @@ __global__ void __launch_bounds__(W * 32)
     }
     if (cur.j + 1 == per_warp) {  // the tile's last chunk: sum the warps, store, next tile
       const int64_t j0 = cur.tile * 16;
-      reduce_warp_tiles<W, NT>(acc, n, [&](int col, int row, float sum) {
-        const int64_t j = j0 + row;
-        if (j >= m) return;
-        if (bias) sum += bias[j];
-        TY* o = y + static_cast<int64_t>(col) * m + j;
-        store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
-      });
+      store_tile<W, NT>(acc, n, j0, m, bias, y, accumulate);
       __syncthreads();  // the reduction's shared tiles are free again
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
