@@ -458,6 +458,15 @@ std::vector<int32_t> e2e_prompt(std::span<const int32_t> cached, int64_t p_len, 
   return p;
 }
 
+// A generate run's rate with its prompts' prefill counted: what a server delivers for the same
+// requests (a served request's duration includes its prefill), "; X tok/s end to end (prefill Y
+// ms)".
+std::string end_to_end(int64_t tokens, const GenerateStats& st) {
+  const double seconds = st.prefill_seconds + st.decode_seconds;
+  return fmt::format("; {:.1f} tok/s end to end (prefill {:.1f} ms)",
+                     static_cast<double>(tokens) / seconds, 1e3 * st.prefill_seconds);
+}
+
 void print_e2e_shape(int64_t p_len, int64_t gen, int64_t seqs) {
   fmt::print(
       "generate runs: prompts of {} tokens (--prompt-tokens), {} new tokens, {} sequence{}\n",
@@ -503,11 +512,11 @@ int bench_speculative_batch(CausalLM& target, Drafter& drafter,
   const double seconds = stats[0].decode_seconds;
   fmt::print(
       "generate (speculative, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s; mean acceptance "
-      "length {:.2f} over {} sequence steps, drafts accepted {}/{}; host time {}; {}\n",
+      "length {:.2f} over {} sequence steps, drafts accepted {}/{}; host time {}; {}{}\n",
       prompts.size(), total, seconds, static_cast<double>(total) / seconds,
       steps ? static_cast<double>(accepted + steps) / static_cast<double>(steps) : 0.0, steps,
       accepted, drafted, phase_times(stats[0]),
-      *out == plain ? "output == plain" : "OUTPUT DIFFERS from plain");
+      *out == plain ? "output == plain" : "OUTPUT DIFFERS from plain", end_to_end(total, stats[0]));
   return 0;
 }
 
@@ -603,9 +612,10 @@ int run_batch_bench(const BenchArgs& a, Backend& be, CausalLM& target, Drafter* 
   int64_t total = 0;
   for (const auto& st : stats) total += st.generated_tokens;
   fmt::print(
-      "generate (plain, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s; prompts of {} tokens\n",
+      "generate (plain, batch {}): {} tokens in {:.3f} s -> {:.1f} tok/s; prompts of {} "
+      "tokens{}\n",
       N, total, stats[0].decode_seconds, static_cast<double>(total) / stats[0].decode_seconds,
-      stats[0].prompt_tokens);
+      stats[0].prompt_tokens, end_to_end(total, stats[0]));
   return drafter ? bench_speculative_batch(target, *drafter, prompts, opt, *out) : 0;
 }
 
@@ -838,9 +848,10 @@ int run_bench(const BenchArgs& a) {
   GenerateStats st;
   auto plain = generate_plain(target, e2e, opt, nullptr, &st);
   if (!plain.ok()) return fail(plain.status());
-  fmt::print("generate (plain): {} tokens in {:.3f} s -> {:.1f} tok/s; prompt of {} tokens\n",
+  fmt::print("generate (plain): {} tokens in {:.3f} s -> {:.1f} tok/s; prompt of {} tokens{}\n",
              st.generated_tokens, st.decode_seconds,
-             static_cast<double>(st.generated_tokens) / st.decode_seconds, st.prompt_tokens);
+             static_cast<double>(st.generated_tokens) / st.decode_seconds, st.prompt_tokens,
+             end_to_end(st.generated_tokens, st));
   if (drafter) {
     // One untimed run first: plan creation and first-call allocations stay out of the numbers.
     GenerateOptions warm = opt;
@@ -853,10 +864,11 @@ int run_bench(const BenchArgs& a) {
     const bool same = *spec == *plain;
     fmt::print(
         "generate (speculative): {} tokens in {:.3f} s -> {:.1f} tok/s; acceptance length "
-        "{:.2f} over {} steps, drafts accepted {}/{}; host time {}; output {} plain\n",
+        "{:.2f} over {} steps, drafts accepted {}/{}; host time {}; output {} plain{}\n",
         st.generated_tokens, st.decode_seconds,
         static_cast<double>(st.generated_tokens) / st.decode_seconds, st.acceptance_length(),
-        st.steps, st.accepted, st.drafted, phase_times(st), same ? "==" : "!=");
+        st.steps, st.accepted, st.drafted, phase_times(st),
+        same ? "==" : "!=", end_to_end(st.generated_tokens, st));
   }
   return 0;
 }

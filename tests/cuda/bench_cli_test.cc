@@ -149,7 +149,8 @@ TEST_F(BenchCli, BatchedBenchPromptTokensAndKernels) {
             0)
       << out;
   EXPECT_NE(out.find("generate (plain, batch 3): 12 tokens"), std::string::npos) << out;
-  EXPECT_NE(out.find("tok/s; prompts of 50 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("tok/s; prompts of 50 tokens; "), std::string::npos) << out;
+  EXPECT_NE(out.find(" tok/s end to end (prefill "), std::string::npos) << out;
   EXPECT_NE(out.find("kernels, batched decode step (3 sequences x 1 row, 40 cached tokens each)"),
             std::string::npos)
       << out;
@@ -161,6 +162,16 @@ TEST_F(BenchCli, BatchedBenchPromptTokensAndKernels) {
       bench_on_cpu("--context 40 --iters 2 --warmup 1 --gen-tokens 4 --prompt-tokens 7", &out), 0)
       << out;
   EXPECT_NE(out.find("tok/s; prompt of 7 tokens"), std::string::npos) << out;
+  // With the prefill counted the rate is lower (the same tokens over a longer time).
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(out, m,
+                        std::regex(R"(generate \(plain\): 4 tokens in [\d.]+ s -> ([\d.]+) )"
+                                   R"(tok/s; prompt of 7 tokens; ([\d.]+) tok/s end to end )"
+                                   R"(\(prefill ([\d.]+) ms\))")))
+      << out;
+  EXPECT_LT(std::stod(m[2].str()), std::stod(m[1].str())) << out;
+  EXPECT_GT(std::stod(m[3].str()), 0.0) << out;
   // Bad values are refused with a message naming the flag.
   ASSERT_NE(bench_on_cpu("--batch 2 --prompt-tokens 0", &out), 0);
   EXPECT_NE(out.find("--prompt-tokens: must be at least 1"), std::string::npos) << out;
