@@ -1362,7 +1362,7 @@ struct SplitKernelGuard {
 };
 
 // The split-kernel settings each test runs: v1 first (the reference), then v2 with the chunks per
-// block chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8.
+// block chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3.
 struct SplitSetting {
   cuda::AttentionKernel kernel;
   int chunks;
@@ -1370,7 +1370,8 @@ struct SplitSetting {
 const std::vector<SplitSetting> kSplitSettings = {
     {cuda::AttentionKernel::kV1, 0}, {cuda::AttentionKernel::kV2, 0},
     {cuda::AttentionKernel::kV2, 1}, {cuda::AttentionKernel::kV2, 2},
-    {cuda::AttentionKernel::kV2, 3}, {cuda::AttentionKernel::kV2, 8}};
+    {cuda::AttentionKernel::kV2, 3}, {cuda::AttentionKernel::kV2, 8},
+    {cuda::AttentionKernel::kV3, 0}};
 
 // n bf16 values in [-2, 2) from a seeded LCG (fast enough for pools of many MB).
 std::vector<uint16_t> lcg_bf16(size_t n, uint32_t seed) {
@@ -1449,8 +1450,8 @@ TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
             }
             EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(uint16_t)), 0)
                 << "hd " << sh.hd << " heads " << sh.heads << " kv heads " << sh.kv_heads << " S "
-                << num_seqs << " n " << n << " window " << mask.window << " chunks per block "
-                << setting.chunks;
+                << num_seqs << " n " << n << " window " << mask.window << " kernel v"
+                << static_cast<int>(setting.kernel) + 1 << " chunks per block " << setting.chunks;
           }
         }
       }
@@ -1512,10 +1513,12 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
             want_out = std::move(got_out), want_k = std::move(got_k), want_v = std::move(got_v);
             continue;
           }
-          const std::string what =
-              "hd " + std::to_string(sh.hd) + " heads " + std::to_string(sh.heads) + " kv heads " +
-              std::to_string(sh.kv_heads) + " S " + std::to_string(num_seqs) + " n " +
-              std::to_string(n) + " chunks per block " + std::to_string(setting.chunks);
+          const std::string what = "hd " + std::to_string(sh.hd) + " heads " +
+                                   std::to_string(sh.heads) + " kv heads " +
+                                   std::to_string(sh.kv_heads) + " S " + std::to_string(num_seqs) +
+                                   " n " + std::to_string(n) + " kernel v" +
+                                   std::to_string(static_cast<int>(setting.kernel) + 1) +
+                                   " chunks per block " + std::to_string(setting.chunks);
           EXPECT_TRUE(got_out == want_out) << "output, " << what;
           EXPECT_TRUE(got_k == want_k) << "k pool, " << what;
           EXPECT_TRUE(got_v == want_v) << "v pool, " << what;
