@@ -286,6 +286,9 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "v2") == 0) set_split_kernel(2);
       if (std::strcmp(env, "v3") == 0) set_split_kernel(3);
     }
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_COMBINE")) {
+      set_combine_kernel(std::strcmp(env, "v1") == 0 ? 1 : 2);
+    }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG")) set_split_diag(std::atoi(env));
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
@@ -1511,6 +1514,9 @@ void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
                    : kernel == AttentionKernel::kV2 ? 2
                                                     : 3,
                    chunks_per_block);
+}
+void set_attention_combine(AttentionCombine combine) {
+  set_combine_kernel(combine == AttentionCombine::kBlock ? 1 : 2);
 }
 int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {

@@ -748,6 +748,84 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
   }
 }
 
+// The combine pass with a warp per (row, head), kCombineWarps of them per block (or 1 when the
+// launch's splits need more shared memory), the same arithmetic as combine_kernel in the same
+// order: M = the largest split maximum, f_s = exp(m_s - M), den = sum of f_s l_s in split order
+// (every lane runs the sum), each column's sum of f_s o_s in split order, lane = 4 columns.
+// Why: combine_kernel's block per (row, head) spent about 5 us of a 32-sequence decode layer's
+// ~36 (1,024 blocks, each with a one-thread serial phase between two barriers); warps do the
+// same in a quarter of the blocks, with 16-byte partial reads and no barriers.
+// grid (ceil(rows * heads / warps)), 32 * warps threads, dynamic shared memory warps x 2 x
+// combine_array_floats(a.kv_len) floats.
+constexpr int kCombineWarps = 4;
+
+__global__ void combine_warp_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
+                                    const float* part_ml) {
+  extern __shared__ __align__(16) float combine_smem[];
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t rh = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (rh >= a.num_seqs * a.n * a.heads) return;
+  const int64_t array_floats = combine_array_floats(a.kv_len);
+  float* weight_of = combine_smem + warp * 2 * array_floats;  // [splits]: f_s (0: not seen)
+  float* sum_of = weight_of + array_floats;                   // [splits]: l_s
+  const int64_t kv_len = kv_length(a, kv_len_dev, rh / (a.n * a.heads));
+  const int launch_splits = static_cast<int>((a.kv_len + kSplitKeys - 1) / kSplitKeys);
+  const int splits = min(static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys), launch_splits);
+  const int64_t stride = a.num_seqs * a.n * a.heads;
+  float M = -INFINITY;
+  for (int s = lane; s < splits; s += 32) {
+    const float m = part_ml[(s * stride + rh) * 2];
+    weight_of[s] = m;
+    sum_of[s] = part_ml[(s * stride + rh) * 2 + 1];
+    M = fmaxf(M, m);
+  }
+  M = warp_max(M);
+  for (int s = lane; s < splits; s += 32) {
+    weight_of[s] = weight_of[s] == -INFINITY ? 0.0f : __expf(weight_of[s] - M);
+  }
+  __syncwarp();
+  float den = 0.0f;
+  for (int s = 0; s < splits; ++s) den += weight_of[s] * sum_of[s];
+  const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) + rh * a.hd;
+  for (int64_t c = 4 * lane; c < a.hd; c += 128) {
+    float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {  // four independent loads in flight
+      float4 o[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        o[u] = *reinterpret_cast<const float4*>(part_o + ((s + u) * stride + rh) * a.hd + c);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float w = weight_of[s + u];
+        num[0] += w * o[u].x;
+        num[1] += w * o[u].y;
+        num[2] += w * o[u].z;
+        num[3] += w * o[u].w;
+      }
+    }
+    for (; s < splits; ++s) {
+      const float w = weight_of[s];
+      const float4 o = *reinterpret_cast<const float4*>(part_o + (s * stride + rh) * a.hd + c);
+      num[0] += w * o.x;
+      num[1] += w * o.y;
+      num[2] += w * o.z;
+      num[3] += w * o.w;
+    }
+    __nv_bfloat162 lo, hi;
+    lo.x = __float2bfloat16_rn(num[0] * inv_den);
+    lo.y = __float2bfloat16_rn(num[1] * inv_den);
+    hi.x = __float2bfloat16_rn(num[2] * inv_den);
+    hi.y = __float2bfloat16_rn(num[3] * inv_den);
+    *reinterpret_cast<__nv_bfloat162*>(out + c) = lo;
+    *reinterpret_cast<__nv_bfloat162*>(out + c + 2) = hi;
+  }
+}
+
 // ---- Attention prologue ----
 // Head dims 64 / 128 / 256: 4 warps per block, a warp per (row, head) vector (rope_norm_warp, the
 // arithmetic the fused attention repeats).
@@ -873,11 +951,13 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 namespace {
 
 // The split kernel of the launches (set_split_kernel): 1 or 2, and v2's forced chunks per block
-// (0: chosen by occupancy). v1 by default: v2 measured slower on the H200 (docs/BENCHMARKS.md,
-// session 10).
-std::atomic<int> g_split_version{1};
+// (0: chosen by occupancy). v3 by default: faster than v1 on the H200 at every measured shape, v2
+// slower (docs/BENCHMARKS.md, sessions 10 and 11).
+std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
+// The combine kernel: 1 = combine_kernel (a block per (row, head)), 2 = combine_warp_kernel.
+std::atomic<int> g_combine_version{2};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
@@ -1017,13 +1097,19 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
   } else {
     err = launch_split<8>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   }
-  const int threads = a.hd >= 128 ? 128 : 64;
-  const size_t combine_smem =
-      static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
   if (err != cudaSuccess) return err;
   if (g_split_diag.load(std::memory_order_relaxed) & kDiagNoCombine) return cudaSuccess;
-  return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
-                    combine_smem, s, a, kv_len_dev, part_o, part_ml);
+  const size_t row_smem = static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
+  if (g_combine_version.load(std::memory_order_relaxed) == 1) {
+    const int threads = a.hd >= 128 ? 128 : 64;
+    return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
+                      row_smem, s, a, kv_len_dev, part_o, part_ml);
+  }
+  // Four warps per block while their arrays fit the default 48 KB (launch bounds up to ~98K keys).
+  const int warps = kCombineWarps * row_smem <= 48 * 1024 ? kCombineWarps : 1;
+  const int64_t blocks = (rows * a.heads + warps - 1) / warps;
+  return launch_pdl(combine_warp_kernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * warps),
+                    warps * row_smem, s, a, kv_len_dev, part_o, part_ml);
 }
 
 }  // namespace
@@ -1031,6 +1117,10 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
 void set_split_kernel(int version, int chunks_per_block) {
   g_split_version.store(version == 2 || version == 3 ? version : 1, std::memory_order_relaxed);
   g_split_chunks.store(chunks_per_block > 0 ? chunks_per_block : 0, std::memory_order_relaxed);
+}
+
+void set_combine_kernel(int version) {
+  g_combine_version.store(version == 1 ? 1 : 2, std::memory_order_relaxed);
 }
 
 void set_split_diag(int bits) { g_split_diag.store(bits, std::memory_order_relaxed); }
