@@ -1361,14 +1361,14 @@ struct SplitKernelGuard {
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
   ~SplitKernelGuard() {
     cuda::set_attention_kernel(cuda::AttentionKernel::kV3);
-    cuda::set_attention_combine(cuda::AttentionCombine::kWarp);
+    cuda::set_attention_combine(cuda::AttentionCombine::kBlock);
   }
 };
 
 // The split-kernel settings each test runs: v1 with the block-per-(row, head) combine first (the
 // reference: session 10's kernels), then v1 with the warp combine, v2 with the chunks per block
-// chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 (the
-// default) with either combine.
+// chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 with
+// either combine (v3 + block combine: the default).
 struct SplitSetting {
   cuda::AttentionKernel kernel;
   int chunks;

@@ -32,14 +32,15 @@ if [ "${MODE:-profile}" = profile ]; then
 else
   # The attention tests of cuda_ops_test (the whole suites need more device time than this call).
   echo "== attention tests ($((SECONDS - T0)) s)"
-  timeout 60 $D/cuda_ops_test --gtest_filter='*Attention*:*Prologue*' > $L/attention_tests.txt 2>&1
+  timeout 40 $D/cuda_ops_test --gtest_filter='CudaOps.Split*:CudaOps.FusedPrologue*:CudaOps.PagedAttentionBatch*:CudaOps.AttentionRows*' > $L/attention_tests.txt 2>&1
   echo "attention tests rc=$? ($((SECONDS - T0)) s)"
   grep -E "^\[  (FAILED|PASSED|     OK) |Failure|combine|kernel v" $L/attention_tests.txt | head -40
 fi
 wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
 M="--model $S/qwen3-8b"
-# Kernel settings: v3 = split v3 + warp combine (the default), v1 = split v1 + block combine
-# (session 10's main), v3b = split v3 + block combine; the diag bits as above.
+# Kernel settings (as run in session 11's final call): v3 = split v3 + warp combine, v1 = split
+# v1 + block combine (session 10's main), v3b = split v3 + block combine (the default chosen
+# afterwards); the diag bits as above.
 env_of() {
   case $1 in
     v1) echo "BLOCKSPEC_ATTN_KERNEL=v1 BLOCKSPEC_ATTN_COMBINE=v1" ;;

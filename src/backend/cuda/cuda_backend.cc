@@ -287,7 +287,8 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "v3") == 0) set_split_kernel(3);
     }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_COMBINE")) {
-      set_combine_kernel(std::strcmp(env, "v1") == 0 ? 1 : 2);
+      if (std::strcmp(env, "v1") == 0) set_combine_kernel(1);
+      if (std::strcmp(env, "v2") == 0) set_combine_kernel(2);
     }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG")) set_split_diag(std::atoi(env));
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {

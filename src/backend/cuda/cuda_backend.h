@@ -74,8 +74,8 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // give the same bits.
 enum class AttentionKernel { kV1, kV2, kV3 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
-// Its combine pass: kBlock, a block per (row, head) (BLOCKSPEC_ATTN_COMBINE=v1), or kWarp
-// (default), a warp per (row, head). The same arithmetic in the same order.
+// Its combine pass: kBlock (default), a block per (row, head), or kWarp, a warp per (row, head)
+// (BLOCKSPEC_ATTN_COMBINE=v1 / v2; no gain measured). The same arithmetic in the same order.
 enum class AttentionCombine { kBlock, kWarp };
 void set_attention_combine(AttentionCombine combine);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB

@@ -167,7 +167,7 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // Version 3 (default): v1's blocks and arithmetic with cp.async K / V loads, 16-byte
 // shared-memory reads and tile-sized shared memory (head dims 64 / 128 / 256; others run v1).
 void set_split_kernel(int version, int chunks_per_block = 0);
-// The combine pass: version 1, a block per (row, head); version 2 (default), a warp per (row,
+// The combine pass: version 1 (default), a block per (row, head); version 2, a warp per (row,
 // head). The same arithmetic in the same order.
 void set_combine_kernel(int version);
 // Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its

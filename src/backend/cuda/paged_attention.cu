@@ -754,7 +754,8 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
 // (every lane runs the sum), each column's sum of f_s o_s in split order, lane = 4 columns.
 // Why: combine_kernel's block per (row, head) spent about 5 us of a 32-sequence decode layer's
 // ~36 (1,024 blocks, each with a one-thread serial phase between two barriers); warps do the
-// same in a quarter of the blocks, with 16-byte partial reads and no barriers.
+// same in a quarter of the blocks, with 16-byte partial reads and no barriers. Measured: no gain
+// (36.3 vs 35.7 us in two calls), so opt-in (set_combine_kernel(2), BLOCKSPEC_ATTN_COMBINE=v2).
 // grid (ceil(rows * heads / warps)), 32 * warps threads, dynamic shared memory warps x 2 x
 // combine_array_floats(a.kv_len) floats.
 constexpr int kCombineWarps = 4;
@@ -956,8 +957,9 @@ namespace {
 std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
-// The combine kernel: 1 = combine_kernel (a block per (row, head)), 2 = combine_warp_kernel.
-std::atomic<int> g_combine_version{2};
+// The combine kernel: 1 = combine_kernel (a block per (row, head)), 2 = combine_warp_kernel
+// (opt-in: no gain measured on the H200, docs/BENCHMARKS.md session 11).
+std::atomic<int> g_combine_version{1};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
