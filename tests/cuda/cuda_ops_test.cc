@@ -1351,26 +1351,47 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
 }
 
 #ifdef BLOCKSPEC_HAS_CUDA
-// ---- Split-KV kernel v2 (a block over consecutive chunks) against v1, bit for bit ----
+// ---- Split-KV kernels v2 (a block over consecutive chunks) and v3 (v1's blocks, cp.async loads,
+// 16-byte shared reads), and the warp combine, against v1 and the block combine, bit for bit ----
 
 // Restores the default split kernel when a test ends, a failed assertion included.
 struct SplitKernelGuard {
   SplitKernelGuard() = default;
   SplitKernelGuard(const SplitKernelGuard&) = delete;
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
-  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV1); }
+  ~SplitKernelGuard() {
+    cuda::set_attention_kernel(cuda::AttentionKernel::kV3);
+    cuda::set_attention_combine(cuda::AttentionCombine::kBlock);
+  }
 };
 
-// The split-kernel settings each test runs: v1 first (the reference), then v2 with the chunks per
-// block chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8.
+// The split-kernel settings each test runs: v1 with the block-per-(row, head) combine first (the
+// reference: session 10's kernels), then v1 with the warp combine, v2 with the chunks per block
+// chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 with
+// either combine (v3 + block combine: the default).
 struct SplitSetting {
   cuda::AttentionKernel kernel;
   int chunks;
+  cuda::AttentionCombine combine = cuda::AttentionCombine::kWarp;
 };
 const std::vector<SplitSetting> kSplitSettings = {
-    {cuda::AttentionKernel::kV1, 0}, {cuda::AttentionKernel::kV2, 0},
-    {cuda::AttentionKernel::kV2, 1}, {cuda::AttentionKernel::kV2, 2},
-    {cuda::AttentionKernel::kV2, 3}, {cuda::AttentionKernel::kV2, 8}};
+    {cuda::AttentionKernel::kV1, 0, cuda::AttentionCombine::kBlock},
+    {cuda::AttentionKernel::kV1, 0},
+    {cuda::AttentionKernel::kV2, 0},
+    {cuda::AttentionKernel::kV2, 1},
+    {cuda::AttentionKernel::kV2, 2},
+    {cuda::AttentionKernel::kV2, 3},
+    {cuda::AttentionKernel::kV2, 8},
+    {cuda::AttentionKernel::kV3, 0},
+    {cuda::AttentionKernel::kV3, 0, cuda::AttentionCombine::kBlock}};
+bool is_reference(const SplitSetting& s) {
+  return s.kernel == cuda::AttentionKernel::kV1 && s.combine == cuda::AttentionCombine::kBlock;
+}
+std::string setting_name(const SplitSetting& s) {
+  return "kernel v" + std::to_string(static_cast<int>(s.kernel) + 1) + " chunks per block " +
+         std::to_string(s.chunks) +
+         (s.combine == cuda::AttentionCombine::kWarp ? " warp combine" : " block combine");
+}
 
 // n bf16 values in [-2, 2) from a seeded LCG (fast enough for pools of many MB).
 std::vector<uint16_t> lcg_bf16(size_t n, uint32_t seed) {
@@ -1439,18 +1460,19 @@ TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
           std::vector<uint16_t> want;
           for (const SplitSetting& setting : kSplitSettings) {
             cuda::set_attention_kernel(setting.kernel, setting.chunks);
+            cuda::set_attention_combine(setting.combine);
             Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
             gpu_->paged_attention_batch(out, q, kp, vp, tables, kv_lens, capacity * bs, mask,
                                         0.088f);
             const auto got = host_bits<uint16_t>(*gpu_, out);
-            if (setting.kernel == cuda::AttentionKernel::kV1) {
+            if (is_reference(setting)) {
               want = got;
               continue;
             }
             EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(uint16_t)), 0)
                 << "hd " << sh.hd << " heads " << sh.heads << " kv heads " << sh.kv_heads << " S "
-                << num_seqs << " n " << n << " window " << mask.window << " chunks per block "
-                << setting.chunks;
+                << num_seqs << " n " << n << " window " << mask.window << " "
+                << setting_name(setting);
           }
         }
       }
@@ -1499,6 +1521,7 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
         std::vector<uint16_t> want_out, want_k, want_v;
         for (const SplitSetting& setting : kSplitSettings) {
           cuda::set_attention_kernel(setting.kernel, setting.chunks);
+          cuda::set_attention_combine(setting.combine);
           Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
           gpu_->copy(kp, k0);
           gpu_->copy(vp, v0);
@@ -1508,14 +1531,14 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
                                    vp, slot_t, tables, kv_lens, capacity * bs, {}, 0.088f);
           auto got_out = host_bits<uint16_t>(*gpu_, out);
           auto got_k = host_bits<uint16_t>(*gpu_, kp), got_v = host_bits<uint16_t>(*gpu_, vp);
-          if (setting.kernel == cuda::AttentionKernel::kV1) {
+          if (is_reference(setting)) {
             want_out = std::move(got_out), want_k = std::move(got_k), want_v = std::move(got_v);
             continue;
           }
-          const std::string what =
-              "hd " + std::to_string(sh.hd) + " heads " + std::to_string(sh.heads) + " kv heads " +
-              std::to_string(sh.kv_heads) + " S " + std::to_string(num_seqs) + " n " +
-              std::to_string(n) + " chunks per block " + std::to_string(setting.chunks);
+          const std::string what = "hd " + std::to_string(sh.hd) + " heads " +
+                                   std::to_string(sh.heads) + " kv heads " +
+                                   std::to_string(sh.kv_heads) + " S " + std::to_string(num_seqs) +
+                                   " n " + std::to_string(n) + " " + setting_name(setting);
           EXPECT_TRUE(got_out == want_out) << "output, " << what;
           EXPECT_TRUE(got_k == want_k) << "k pool, " << what;
           EXPECT_TRUE(got_v == want_v) << "v pool, " << what;

@@ -284,7 +284,13 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) set_split_kernel(1);
       if (std::strcmp(env, "v2") == 0) set_split_kernel(2);
+      if (std::strcmp(env, "v3") == 0) set_split_kernel(3);
     }
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_COMBINE")) {
+      if (std::strcmp(env, "v1") == 0) set_combine_kernel(1);
+      if (std::strcmp(env, "v2") == 0) set_combine_kernel(2);
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG")) set_split_diag(std::atoi(env));
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -1505,7 +1511,13 @@ void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
-  set_split_kernel(kernel == AttentionKernel::kV1 ? 1 : 2, chunks_per_block);
+  set_split_kernel(kernel == AttentionKernel::kV1   ? 1
+                   : kernel == AttentionKernel::kV2 ? 2
+                                                    : 3,
+                   chunks_per_block);
+}
+void set_attention_combine(AttentionCombine combine) {
+  set_combine_kernel(combine == AttentionCombine::kBlock ? 1 : 2);
 }
 int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {

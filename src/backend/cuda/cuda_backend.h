@@ -65,13 +65,19 @@ void set_pinned_rows(Backend& backend, int64_t rows);
 // at the draft step's shapes). Both keep the row-count invariance; their roundings differ.
 enum class Fp8Kernel { kV1, kV2 };
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
-// Split-KV attention's split pass (paged_attention.cu), for the whole process: kV1 (default), a
+// Split-KV attention's split pass (paged_attention.cu), for the whole process: kV1, a
 // block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's
 // K / V loads in flight (also BLOCKSPEC_ATTN_KERNEL=v2, read when a backend is made; slower on
 // the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block
-// (tests); 0 lets the launch size choose. Both give the same bits.
-enum class AttentionKernel { kV1, kV2 };
+// (tests); 0 lets the launch size choose. kV3 (default; BLOCKSPEC_ATTN_KERNEL=v1 / v2 / v3):
+// v1's blocks with cp.async loads, 16-byte shared-memory reads and tile-sized shared memory. All
+// give the same bits.
+enum class AttentionKernel { kV1, kV2, kV3 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
+// Its combine pass: kBlock (default), a block per (row, head), or kWarp, a warp per (row, head)
+// (BLOCKSPEC_ATTN_COMBINE=v1 / v2; no gain measured). The same arithmetic in the same order.
+enum class AttentionCombine { kBlock, kWarp };
+void set_attention_combine(AttentionCombine combine);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
 // (BLOCKSPEC_STREAM_VARIANT, BLOCKSPEC_STREAM_MAX_MIB); larger ones go to pinned cuBLASLt.
 constexpr int kStreamDefaultVariant = 0;

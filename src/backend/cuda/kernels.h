@@ -160,11 +160,19 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
                             cudaStream_t s);
 // The split pass's kernel, for every later split_attention / prologue_attention launch of the
-// process: version 1, a block per 64-key chunk; version 2 (default), a block per run of
+// process: version 1, a block per 64-key chunk; version 2, a block per run of
 // consecutive chunks of its (sequence, kv head, tile), the next chunk's K / V loads in flight
 // while the current one is computed: `chunks_per_block` (1 to 8) chunks per block, or with 0 up
 // to 4 chosen from the launch size and the occupancy. Both give every row the same bits.
+// Version 3 (default): v1's blocks and arithmetic with cp.async K / V loads, 16-byte
+// shared-memory reads and tile-sized shared memory (head dims 64 / 128 / 256; others run v1).
 void set_split_kernel(int version, int chunks_per_block = 0);
+// The combine pass: version 1 (default), a block per (row, head); version 2, a warp per (row,
+// head). The same arithmetic in the same order.
+void set_combine_kernel(int version);
+// Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its
+// attention arithmetic, bit 4 the combine pass. The results are then meaningless.
+void set_split_diag(int bits);
 
 // Causal flash-attention prefill (flash_prefill.cu) for BF16 q / out / paged pools, head dim 64
 // or 128: one block per (64 query rows, head, sequence), tensor-core scores and P V (mma.sync

@@ -240,14 +240,23 @@ __device__ __forceinline__ void store_kv_batch(int hd, int base, const uint4 (&k
   }
 }
 
+// Element addresses of v1 / v2's shared K [64][hd/2 + 1] and V [64][hd/2] (32-bit words).
+__device__ __forceinline__ auto v1_k_at(uint32_t* Ks, int kstride) {
+  return [=](int j, int i) { return reinterpret_cast<__nv_bfloat16*>(Ks + j * kstride) + i; };
+}
+__device__ __forceinline__ auto v1_v_at(uint32_t* Vs, int half) {
+  return [=](int j, int i) { return reinterpret_cast<__nv_bfloat16*>(Vs + j * half) + i; };
+}
+
 // P > 0: the call's own keys (rope(norm(k))) and values of chunk [j0, j0 + 64), a warp per key,
 // into Ks / Vs and (tile-0 block) the pools.
-template <int P>
+// k_at(j, i) / v_at(j, i): where element i of key j goes in shared memory (the split kernels lay
+// K out differently).
+template <int P, typename KAt, typename VAt>
 __device__ __forceinline__ void own_keys(const AttentionArgs& a, const PrologueArgs& p,
-                                         const SplitTile& st, int64_t j0, uint32_t* Ks,
-                                         uint32_t* Vs) {
+                                         const SplitTile& st, int64_t j0, KAt k_at, VAt v_at) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int hd = st.hd, half = st.half, kstride = half + 1;
+  const int hd = st.hd, half = st.half;
   const int64_t key_end = j0 + kSplitKeys < st.kv_len ? j0 + kSplitKeys : st.kv_len;
   const bool write_pools = st.tile == 0;
   for (int64_t key = (j0 > st.first_new ? j0 : st.first_new) + warp; key < key_end;
@@ -258,8 +267,6 @@ __device__ __forceinline__ void own_keys(const AttentionArgs& a, const PrologueA
     const __nv_bfloat16* vx = kx + a.kv_heads * hd;
     float y0[P], y1[P];
     rope_norm_warp<P>(kx, p.k_norm, p.eps, p.positions[r], p.inv_freq, p.attention_scaling, y0, y1);
-    __nv_bfloat16* ks = reinterpret_cast<__nv_bfloat16*>(Ks + j * kstride);
-    __nv_bfloat16* vs = reinterpret_cast<__nv_bfloat16*>(Vs + j * half);
     const int64_t slot = p.slots[r];
     const bool in_pool = slot >= 0 && slot < p.capacity;
     const bool to_pool = write_pools && in_pool;
@@ -272,12 +279,32 @@ __device__ __forceinline__ void own_keys(const AttentionArgs& a, const PrologueA
       const int i = lane + 32 * u;
       const __nv_bfloat16 k0 = __float2bfloat16_rn(y0[u]), k1 = __float2bfloat16_rn(y1[u]);
       const __nv_bfloat16 v0 = vx[i], v1 = vx[i + half];
-      ks[i] = k0, ks[i + half] = k1, vs[i] = v0, vs[i + half] = v1;
+      *k_at(j, i) = k0, *k_at(j, i + half) = k1, *v_at(j, i) = v0, *v_at(j, i + half) = v1;
       if (to_pool) {
         p.k_pool[pool_off + i] = k0, p.k_pool[pool_off + i + half] = k1;
         p.v_pool[pool_off + i] = v0, p.v_pool[pool_off + i + half] = v1;
       }
     }
+  }
+}
+
+// Per-query max and sum over a chunk's scores S [nq][64] (warp w takes queries w, w + 4, ...);
+// S becomes p = exp(s - max) (0 for a key not seen).
+__device__ __forceinline__ void chunk_softmax(int nq, float* S, float* sm_max, float* sm_sum) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int t = warp; t < nq; t += kSplitThreads / 32) {
+    float* s = S + t * kSplitKeys;
+    const float a0 = s[lane], a1 = s[lane + 32];
+    const float m = warp_max(fmaxf(a0, a1));
+    float p0 = 0.0f, p1 = 0.0f;
+    if (m != -INFINITY) {
+      p0 = a0 == -INFINITY ? 0.0f : __expf(a0 - m);
+      p1 = a1 == -INFINITY ? 0.0f : __expf(a1 - m);
+    }
+    s[lane] = p0;
+    s[lane + 32] = p1;
+    const float l = warp_sum(p0 + p1);
+    if (lane == 0) sm_max[t] = m, sm_sum[t] = l;
   }
 }
 
@@ -323,24 +350,7 @@ __device__ __forceinline__ void chunk_attention(const AttentionArgs& a, const Sp
   }
   __syncthreads();
 
-  // Per-query max and sum over the chunk (warp w takes queries w, w + 4, ...); S becomes p.
-  {
-    const int warp = tid >> 5, lane = tid & 31;
-    for (int t = warp; t < nq; t += kSplitThreads / 32) {
-      float* s = S + t * kSplitKeys;
-      const float a0 = s[lane], a1 = s[lane + 32];
-      const float m = warp_max(fmaxf(a0, a1));
-      float p0 = 0.0f, p1 = 0.0f;
-      if (m != -INFINITY) {
-        p0 = a0 == -INFINITY ? 0.0f : __expf(a0 - m);
-        p1 = a1 == -INFINITY ? 0.0f : __expf(a1 - m);
-      }
-      s[lane] = p0;
-      s[lane + 32] = p1;
-      const float l = warp_sum(p0 + p1);
-      if (lane == 0) sm_max[t] = m, sm_sum[t] = l;
-    }
-  }
+  chunk_softmax(nq, S, sm_max, sm_sum);
   __syncthreads();
 
   // P . V: thread = (pair of head-dim columns, half of the queries).
@@ -419,7 +429,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   __syncthreads();
   if constexpr (P > 0) {
-    own_keys<P>(a, p, st, j0, Ks, Vs);
+    own_keys<P>(a, p, st, j0, v1_k_at(Ks, kstride), v1_v_at(Vs, half));
     __syncthreads();
   }
   chunk_attention<QPT>(a, st, blockIdx.x, Ks, Vs, Qs, S, sm_max, sm_sum, part_o, part_ml);
@@ -496,11 +506,180 @@ __global__ void __launch_bounds__(kSplitThreads)
     // The next chunk's first batch: in flight while this one is computed.
     if (c + 1 < c_end) load_kv_batch(a, st.kvh, next_slot, tid, kw, vw);
     if constexpr (P > 0) {
-      own_keys<P>(a, p, st, c * kSplitKeys, Ks, Vs);
+      own_keys<P>(a, p, st, c * kSplitKeys, v1_k_at(Ks, kstride), v1_v_at(Vs, half));
       __syncthreads();
     }
     chunk_attention<QPT>(a, st, c, Ks, Vs, Qs, S, sm_max, sm_sum, part_o, part_ml);
     __syncthreads();  // Ks / Vs / S / sm_max are rewritten by the next chunk
+  }
+}
+
+// ---- Split pass v3 ----
+// v1's blocks (one 64-key chunk of one (sequence, kv head, query tile)) and v1's arithmetic to
+// the bit: every score is the same fmaf chain over the head dims in order, the softmax is
+// chunk_softmax, every P . V column the same fmaf chain over the chunk's keys in order. What
+// changes is how the data reaches those instructions, for batched decode, where a block has only
+// 4 query vectors for its 32 KiB of K / V and v1 spent more shared-memory instructions than FMAs:
+// - K / V go from global to shared memory by cp.async (no staging registers); the table reads of
+//   a thread's keys are all issued first, and the query tile (the fused prologue included) is
+//   computed while the chunk is in flight;
+// - K rows are unpadded, 16-byte vector c of key j at position c ^ (j & 7) (conflict-free 16-byte
+//   reads by key), so a score step reads 8 dims of K and of each query with three 16-byte loads;
+// - P . V gives a thread 4 columns: a 64-bit V read per key, the p of 4 keys in one 16-byte read;
+// - shared memory is sized for the tile (2 QPT queries), not for 16: at decode ~36 KB instead of
+//   ~45 KB, 6 resident blocks per SM instead of 4.
+// Head dims 64 / 128 / 256 (HD, compile time); others stay on v1.
+// grid as v1; dynamic shared memory split_smem_bytes_v3(HD, 2 QPT).
+__host__ __device__ inline size_t split_smem_bytes_v3(int64_t hd, int tile) {
+  return static_cast<size_t>(kSplitKeys) * hd * 2 * 2 + static_cast<size_t>(tile) * hd * 4 +
+         static_cast<size_t>(tile) * kSplitKeys * 4;
+}
+
+// Diagnostic switches of v3 (set_split_diag, tests and microbenchmarks only): kDiagNoLoads skips
+// the K / V loads, kDiagNoCompute the scores / softmax / P . V, kDiagNoCombine the combine pass.
+constexpr int kDiagNoLoads = 1, kDiagNoCompute = 2, kDiagNoCombine = 4;
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+template <int QPT, int HD, bool FUSED>
+__global__ void __launch_bounds__(kSplitThreads, 4)
+    split_kernel_v3(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, int diag,
+                    float* part_o, float* part_ml) {
+  constexpr int P = FUSED ? HD / 64 : 0;
+  constexpr int kTile = 2 * QPT, kHalf = HD / 2, kVec = HD / 8;  // kVec: 16-byte vectors per row
+  constexpr int kLoads = kSplitKeys * kVec / kSplitThreads;      // K (and V) vectors per thread
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* Ks = reinterpret_cast<uint4*>(smem);                          // [64][kVec], swizzled
+  uint32_t* Vs = reinterpret_cast<uint32_t*>(Ks + kSplitKeys * kVec);  // [64][HD/2]
+  float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * kHalf);       // [kTile][HD]
+  float* S = Qs + kTile * HD;                                          // [kTile][64]
+  __shared__ float sm_max[kTile], sm_sum[kTile];
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+
+  const SplitTile st = split_tile<QPT>(a, kv_len_dev);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
+  if (j0 >= st.kv_len) return;  // beyond the sequence: the combine never reads this split
+  const int tid = threadIdx.x, nq = st.nq;
+  // Thread's vectors i = tid + 128 u: key i / kVec, column vector i % kVec. Slots -1 (past the
+  // length, or the call's own keys when fused) are zero-filled.
+  if (!(diag & kDiagNoLoads)) {
+    int64_t slot[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      slot[u] = key_slot<P>(a, st, j0 + (tid + u * kSplitThreads) / kVec);
+    const __nv_bfloat16* Kg = static_cast<const __nv_bfloat16*>(a.k);
+    const __nv_bfloat16* Vg = static_cast<const __nv_bfloat16*>(a.v);
+    const uint32_t ks0 = static_cast<uint32_t>(__cvta_generic_to_shared(Ks));
+    const uint32_t vs0 = static_cast<uint32_t>(__cvta_generic_to_shared(Vs));
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = tid + u * kSplitThreads, j = i / kVec, c = i % kVec;
+      const int64_t off = ((slot[u] >= 0 ? slot[u] : 0) * a.kv_heads + st.kvh) * HD + c * 8;
+      const int bytes = slot[u] >= 0 ? 16 : 0;
+      cp_async16(ks0 + static_cast<uint32_t>(j * kVec + (c ^ (j & 7))) * 16, Kg + off, bytes);
+      cp_async16(vs0 + static_cast<uint32_t>(i) * 16, Vg + off, bytes);
+    }
+    cp_async_commit();
+  }
+  load_query_tile<P>(a, p, st, Qs);
+  cp_async_wait<0>();
+  __syncthreads();
+  if constexpr (FUSED) {
+    own_keys<P>(
+        a, p, st, j0,
+        [&](int j, int i) {
+          return reinterpret_cast<__nv_bfloat16*>(Ks + j * kVec + ((i >> 3) ^ (j & 7))) + (i & 7);
+        },
+        [&](int j, int i) { return reinterpret_cast<__nv_bfloat16*>(Vs + j * kHalf) + i; });
+    __syncthreads();
+  }
+  if (diag & kDiagNoCompute) return;
+
+  // Scores: thread = (key j, QPT queries), the same fmaf chain as v1 (dims in order).
+  {
+    const int j = tid % kSplitKeys, t0 = (tid / kSplitKeys) * QPT;
+    float acc[QPT];
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) acc[u] = 0.0f;
+    if (t0 < nq) {
+      const uint4* kr = Ks + j * kVec;
+#pragma unroll 4
+      for (int c = 0; c < kVec; ++c) {
+        const uint4 kw = kr[c ^ (j & 7)];
+        const float k[8] = {bf16_lo(kw.x), bf16_hi(kw.x), bf16_lo(kw.y), bf16_hi(kw.y),
+                            bf16_lo(kw.z), bf16_hi(kw.z), bf16_lo(kw.w), bf16_hi(kw.w)};
+#pragma unroll
+        for (int u = 0; u < QPT; ++u) {
+          const float4 q0 = *reinterpret_cast<const float4*>(Qs + (t0 + u) * HD + 8 * c);
+          const float4 q1 = *reinterpret_cast<const float4*>(Qs + (t0 + u) * HD + 8 * c + 4);
+          acc[u] = fmaf(q0.x, k[0], acc[u]);
+          acc[u] = fmaf(q0.y, k[1], acc[u]);
+          acc[u] = fmaf(q0.z, k[2], acc[u]);
+          acc[u] = fmaf(q0.w, k[3], acc[u]);
+          acc[u] = fmaf(q1.x, k[4], acc[u]);
+          acc[u] = fmaf(q1.y, k[5], acc[u]);
+          acc[u] = fmaf(q1.z, k[6], acc[u]);
+          acc[u] = fmaf(q1.w, k[7], acc[u]);
+        }
+      }
+    }
+    const int64_t key = j0 + j;
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) {
+      const int t = t0 + u;
+      if (t >= nq) break;
+      const int64_t row = (st.q_begin + t) / st.group, qpos = st.kv_len - a.n + row;
+      const bool vis = key < st.kv_len && key_visible(a.causal, a.window, qpos, key);
+      S[t * kSplitKeys + j] = vis ? acc[u] * a.scale : -INFINITY;
+    }
+  }
+  __syncthreads();
+  chunk_softmax(nq, S, sm_max, sm_sum);
+  __syncthreads();
+
+  // P . V: thread = (4 columns cq, kQpv queries), each column v1's fmaf chain over the keys.
+  constexpr int kQuads = HD / 4, kGroups = kSplitThreads / kQuads;
+  constexpr int kQpv = kTile / kGroups > 0 ? kTile / kGroups : 1;
+  const int cq = tid % kQuads, tq0 = (tid / kQuads) * kQpv;
+  if (tq0 >= nq) return;
+  float acc[kQpv][4];
+#pragma unroll
+  for (int u = 0; u < kQpv; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+#pragma unroll 2
+  for (int j = 0; j < kSplitKeys; j += 4) {
+    float4 pr[kQpv];
+#pragma unroll
+    for (int u = 0; u < kQpv; ++u) {
+      pr[u] = *reinterpret_cast<const float4*>(S + (tq0 + u) * kSplitKeys + j);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const uint2 vw = *reinterpret_cast<const uint2*>(Vs + (j + jj) * kHalf + 2 * cq);
+      const float v0 = bf16_lo(vw.x), v1 = bf16_hi(vw.x), v2 = bf16_lo(vw.y), v3 = bf16_hi(vw.y);
+#pragma unroll
+      for (int u = 0; u < kQpv; ++u) {
+        const float pj = jj == 0 ? pr[u].x : jj == 1 ? pr[u].y : jj == 2 ? pr[u].z : pr[u].w;
+        acc[u][0] = fmaf(pj, v0, acc[u][0]);
+        acc[u][1] = fmaf(pj, v1, acc[u][1]);
+        acc[u][2] = fmaf(pj, v2, acc[u][2]);
+        acc[u][3] = fmaf(pj, v3, acc[u][3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kQpv; ++u) {
+    const int t = tq0 + u;
+    if (t >= nq) break;
+    const int64_t qi = st.q_begin + t, row = qi / st.group, h = st.kvh * st.group + qi % st.group;
+    const int64_t idx = (blockIdx.x * a.num_seqs * a.n + st.seq_row0 + row) * a.heads + h;
+    *reinterpret_cast<float4*>(part_o + idx * HD + 4 * cq) =
+        make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
+    if (cq == 0) {
+      part_ml[idx * 2] = sm_max[t];
+      part_ml[idx * 2 + 1] = sm_sum[t];
+    }
   }
 }
 
@@ -566,6 +745,85 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
     }
     for (; s < splits; ++s) num += weight_of[s] * part_o[(s * stride + rh) * a.hd + c];
     out[c] = __float2bfloat16_rn(num * inv_den);
+  }
+}
+
+// The combine pass with a warp per (row, head), kCombineWarps of them per block (or 1 when the
+// launch's splits need more shared memory), the same arithmetic as combine_kernel in the same
+// order: M = the largest split maximum, f_s = exp(m_s - M), den = sum of f_s l_s in split order
+// (every lane runs the sum), each column's sum of f_s o_s in split order, lane = 4 columns.
+// Why: combine_kernel's block per (row, head) spent about 5 us of a 32-sequence decode layer's
+// ~36 (1,024 blocks, each with a one-thread serial phase between two barriers); warps do the
+// same in a quarter of the blocks, with 16-byte partial reads and no barriers. Measured: no gain
+// (36.3 vs 35.7 us in two calls), so opt-in (set_combine_kernel(2), BLOCKSPEC_ATTN_COMBINE=v2).
+// grid (ceil(rows * heads / warps)), 32 * warps threads, dynamic shared memory warps x 2 x
+// combine_array_floats(a.kv_len) floats.
+constexpr int kCombineWarps = 4;
+
+__global__ void combine_warp_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
+                                    const float* part_ml) {
+  extern __shared__ __align__(16) float combine_smem[];
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t rh = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (rh >= a.num_seqs * a.n * a.heads) return;
+  const int64_t array_floats = combine_array_floats(a.kv_len);
+  float* weight_of = combine_smem + warp * 2 * array_floats;  // [splits]: f_s (0: not seen)
+  float* sum_of = weight_of + array_floats;                   // [splits]: l_s
+  const int64_t kv_len = kv_length(a, kv_len_dev, rh / (a.n * a.heads));
+  const int launch_splits = static_cast<int>((a.kv_len + kSplitKeys - 1) / kSplitKeys);
+  const int splits = min(static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys), launch_splits);
+  const int64_t stride = a.num_seqs * a.n * a.heads;
+  float M = -INFINITY;
+  for (int s = lane; s < splits; s += 32) {
+    const float m = part_ml[(s * stride + rh) * 2];
+    weight_of[s] = m;
+    sum_of[s] = part_ml[(s * stride + rh) * 2 + 1];
+    M = fmaxf(M, m);
+  }
+  M = warp_max(M);
+  for (int s = lane; s < splits; s += 32) {
+    weight_of[s] = weight_of[s] == -INFINITY ? 0.0f : __expf(weight_of[s] - M);
+  }
+  __syncwarp();
+  float den = 0.0f;
+  for (int s = 0; s < splits; ++s) den += weight_of[s] * sum_of[s];
+  const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) + rh * a.hd;
+  for (int64_t c = 4 * lane; c < a.hd; c += 128) {
+    float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int s = 0;
+    for (; s + 4 <= splits; s += 4) {  // four independent loads in flight
+      float4 o[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        o[u] = *reinterpret_cast<const float4*>(part_o + ((s + u) * stride + rh) * a.hd + c);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float w = weight_of[s + u];
+        num[0] += w * o[u].x;
+        num[1] += w * o[u].y;
+        num[2] += w * o[u].z;
+        num[3] += w * o[u].w;
+      }
+    }
+    for (; s < splits; ++s) {
+      const float w = weight_of[s];
+      const float4 o = *reinterpret_cast<const float4*>(part_o + (s * stride + rh) * a.hd + c);
+      num[0] += w * o.x;
+      num[1] += w * o.y;
+      num[2] += w * o.z;
+      num[3] += w * o.w;
+    }
+    __nv_bfloat162 lo, hi;
+    lo.x = __float2bfloat16_rn(num[0] * inv_den);
+    lo.y = __float2bfloat16_rn(num[1] * inv_den);
+    hi.x = __float2bfloat16_rn(num[2] * inv_den);
+    hi.y = __float2bfloat16_rn(num[3] * inv_den);
+    *reinterpret_cast<__nv_bfloat162*>(out + c) = lo;
+    *reinterpret_cast<__nv_bfloat162*>(out + c + 2) = hi;
   }
 }
 
@@ -694,10 +952,14 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 namespace {
 
 // The split kernel of the launches (set_split_kernel): 1 or 2, and v2's forced chunks per block
-// (0: chosen by occupancy). v1 by default: v2 measured slower on the H200 (docs/BENCHMARKS.md,
-// session 10).
-std::atomic<int> g_split_version{1};
+// (0: chosen by occupancy). v3 by default: faster than v1 on the H200 at every measured shape, v2
+// slower (docs/BENCHMARKS.md, sessions 10 and 11).
+std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
+std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
+// The combine kernel: 1 = combine_kernel (a block per (row, head)), 2 = combine_warp_kernel
+// (opt-in: no gain measured on the H200, docs/BENCHMARKS.md session 11).
+std::atomic<int> g_combine_version{1};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
@@ -736,11 +998,37 @@ int64_t group_chunks(Kernel kernel, size_t smem, std::atomic<int>& cached, int64
 
 // Launches split_kernel<QPT, P> over grid (splits, y, z), or split_kernel_v2<QPT, P> over the
 // same chunks grouped (setting the shared-memory limit on first use).
+template <int QPT, int HD, bool FUSED>
+cudaError_t launch_split_v3(dim3 grid, cudaStream_t s, const AttentionArgs& a,
+                            const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
+                            float* part_ml) {
+  const size_t smem = split_smem_bytes_v3(HD, 2 * QPT);
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(split_kernel_v3<QPT, HD, FUSED>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (configured != cudaSuccess) return configured;
+  return launch_pdl(split_kernel_v3<QPT, HD, FUSED>, grid, dim3(kSplitThreads), smem, s, a, p,
+                    kv_len_dev, g_split_diag.load(std::memory_order_relaxed), part_o, part_ml);
+}
+
 template <int QPT, int P>
 cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const AttentionArgs& a,
                          const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
                          float* part_ml) {
-  if (g_split_version.load(std::memory_order_relaxed) == 1) {
+  const int version = g_split_version.load(std::memory_order_relaxed);
+  if (version == 3 && (a.hd == 64 || a.hd == 128 || a.hd == 256)) {
+    constexpr bool kFused = P > 0;
+    if (a.hd == 64 && (!kFused || P == 1)) {
+      return launch_split_v3<QPT, 64, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
+    }
+    if (a.hd == 128 && (!kFused || P == 2)) {
+      return launch_split_v3<QPT, 128, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
+    }
+    if (a.hd == 256 && (!kFused || P == 4)) {
+      return launch_split_v3<QPT, 256, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
+    }
+  }
+  if (version != 2) {
     static const cudaError_t configured =
         cudaFuncSetAttribute(split_kernel<QPT, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(split_smem_bytes(256)));
@@ -811,20 +1099,33 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
   } else {
     err = launch_split<8>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   }
-  const int threads = a.hd >= 128 ? 128 : 64;
-  const size_t combine_smem =
-      static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
   if (err != cudaSuccess) return err;
-  return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
-                    combine_smem, s, a, kv_len_dev, part_o, part_ml);
+  if (g_split_diag.load(std::memory_order_relaxed) & kDiagNoCombine) return cudaSuccess;
+  const size_t row_smem = static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
+  if (g_combine_version.load(std::memory_order_relaxed) == 1) {
+    const int threads = a.hd >= 128 ? 128 : 64;
+    return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
+                      row_smem, s, a, kv_len_dev, part_o, part_ml);
+  }
+  // Four warps per block while their arrays fit the default 48 KB (launch bounds up to ~98K keys).
+  const int warps = kCombineWarps * row_smem <= 48 * 1024 ? kCombineWarps : 1;
+  const int64_t blocks = (rows * a.heads + warps - 1) / warps;
+  return launch_pdl(combine_warp_kernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * warps),
+                    warps * row_smem, s, a, kv_len_dev, part_o, part_ml);
 }
 
 }  // namespace
 
 void set_split_kernel(int version, int chunks_per_block) {
-  g_split_version.store(version == 1 ? 1 : 2, std::memory_order_relaxed);
+  g_split_version.store(version == 2 || version == 3 ? version : 1, std::memory_order_relaxed);
   g_split_chunks.store(chunks_per_block > 0 ? chunks_per_block : 0, std::memory_order_relaxed);
 }
+
+void set_combine_kernel(int version) {
+  g_combine_version.store(version == 1 ? 1 : 2, std::memory_order_relaxed);
+}
+
+void set_split_diag(int bits) { g_split_diag.store(bits, std::memory_order_relaxed); }
 
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
                             cudaStream_t s) {
