@@ -71,6 +71,11 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block
 // (tests); 0 lets the launch size choose. Both give the same bits.
 enum class AttentionKernel { kV1, kV2 };
+// Backend::candidate_walk with its table (default: every row's candidate terms for every
+// predecessor computed in parallel first, then looked up by the sequential walk) or without
+// (each row computes its own; also BLOCKSPEC_WALK_TABLE=0, read when the backend is made). Both
+// give the same bits.
+void set_walk_table(Backend& backend, bool on);
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
 // (BLOCKSPEC_STREAM_VARIANT, BLOCKSPEC_STREAM_MAX_MIB); larger ones go to pinned cuBLASLt.
