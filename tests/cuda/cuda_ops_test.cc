@@ -1979,6 +1979,47 @@ TEST_F(CudaOps, RelativeOpsMatchCpu) {
   }
 }
 
+// dynamic_conv_project (DFlash2's conv_prepare: the kernel projection and the which-0
+// convolution), fused on the GPU (one launch) against the CPU reference and against the GPU's
+// matmul + dynamic_conv: taps 1-3 (fused) and 5 (more than the fused kernel takes: the two ops),
+// row counts that leave a partial tile of 8 rows, blocks of 4 and 16 rows.
+TEST_F(CudaOps, DynamicConvProjectMatchesCpuAndUnfused) {
+  const int64_t h = 256, group = 16, width_per_tap = 2 * (h / group);
+  for (const int64_t taps : {1, 2, 3, 5}) {
+    for (const auto& [rows, block] : {std::pair<int64_t, int64_t>{12, 4}, {48, 16}}) {
+      const int64_t width = taps * width_per_tap;
+      const auto xs = rnd(rows * h), proj = rnd(width * h, 0.1f), base = rnd(taps * h);
+      Tensor gx = gpu_act({rows, h}, xs), cx = cpu_act({rows, h}, xs);
+      Tensor gp = weight(*gpu_, {width, h}, proj), cp = weight(*cpu_, {width, h}, proj);
+      Tensor gb = weight(*gpu_, {taps, h}, base), cb = weight(*cpu_, {taps, h}, base);
+      Tensor gy = make(*gpu_, {rows, h}, DType::kBF16), cy = make(*cpu_, {rows, h}, DType::kF32);
+      Tensor gd = make(*gpu_, {rows, width}, DType::kBF16);
+      Tensor cd = make(*cpu_, {rows, width}, DType::kF32);
+      gpu_->dynamic_conv_project(gy, gd, gx, gp, gb, group, block);
+      cpu_->dynamic_conv_project(cy, cd, cx, cp, cb, group, block);
+      const std::string what = fmt::format("taps {} rows {} block {}", taps, rows, block);
+      expect_close(gd, cd, kBf16Tol, what + " dyn");
+      expect_close(gy, cy, 2e-2, what + " y");
+      // The unfused GPU ops: dyn within one BF16 rounding, y as close.
+      cuda::set_conv_fused(*gpu_, false);
+      Tensor uy = make(*gpu_, {rows, h}, DType::kBF16),
+             ud = make(*gpu_, {rows, width}, DType::kBF16);
+      gpu_->dynamic_conv_project(uy, ud, gx, gp, gb, group, block);
+      cuda::set_conv_fused(*gpu_, true);
+      const auto fd = gpu_->to_host_f32(gd), ufd = gpu_->to_host_f32(ud);
+      int64_t differ = 0;
+      for (size_t i = 0; i < fd.size(); ++i) {
+        if (fd[i] == ufd[i]) continue;
+        ++differ;
+        EXPECT_LE(std::fabs(fd[i] - ufd[i]), std::ldexp(std::fabs(ufd[i]), -7) + 1e-30)
+            << what << " dyn[" << i << "]";
+      }
+      EXPECT_LE(differ, static_cast<int64_t>(fd.size()) / 10) << what;
+      EXPECT_LT(rel_err(gpu_->to_host_f32(gy), gpu_->to_host_f32(uy)), 1e-2) << what;
+    }
+  }
+}
+
 // The two-stage top-k of long rows (chunks of 4096, then a merge) against the CPU: a partial last
 // chunk, ties across chunks (to the lower index), -inf entries and k up to its limit.
 TEST_F(CudaOps, TopkLongRowsMatchCpu) {

@@ -107,10 +107,8 @@ class DFlash2Modules final : public DFlashModules {
   void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
                     int64_t block_rows) override {
     const Conv& conv = convs_[layer * 2 + sublayer];
-    const Tensor dyn = dyn_.rows(0, x.dim(0));
-    backend_->matmul(dyn, x, conv.proj);
-    backend_->dynamic_conv(y, x, dyn, 0, conv.base.rows(0, c_.taps), c_.group, block_rows,
-                           /*accumulate=*/false);
+    backend_->dynamic_conv_project(y, dyn_.rows(0, x.dim(0)), x, conv.proj,
+                                   conv.base.rows(0, c_.taps), c_.group, block_rows);
   }
   void conv_finish(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
                    int64_t block_rows) override {
