@@ -1010,6 +1010,23 @@ class CudaBackend final : public Backend {
                                       block_rows, accumulate, stream_));
   }
 
+  void dynamic_conv_finish_norm(const Tensor& x, const Tensor& xn, const Tensor& out,
+                                const Tensor& dyn, const Tensor& base, int64_t group,
+                                int64_t block_rows, const Tensor& norm_w, float eps) override {
+    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
+    if (!conv_fused_ || x.dtype() != DType::kBF16 || xn.dtype() != DType::kBF16 ||
+        norm_w.dtype() != DType::kF32 || norm_w.numel() != h ||
+        !conv_finish_norm_supported(x.data(), xn.data(), h)) {
+      Backend::dynamic_conv_finish_norm(x, xn, out, dyn, base, group, block_rows, norm_w, eps);
+      return;
+    }
+    BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
+    BS_CHECK(out.numel() == x.numel() && xn.numel() == x.numel() && base.numel() == taps * h &&
+             dyn.numel() == n * 2 * taps * (h / group) && out.data() != x.data());
+    CUDA_CHECK(bs::cuda::conv_finish_norm(x.data(), xn.data(), in(out), in(dyn), in(base),
+                                          norm_w.as<float>(), n, h, taps, group, block_rows, eps,
+                                          stream_));
+  }
   void dynamic_conv_project(const Tensor& y, const Tensor& dyn, const Tensor& x, const Tensor& proj,
                             const Tensor& base, int64_t group, int64_t block_rows) override {
     const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;

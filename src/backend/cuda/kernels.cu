@@ -309,22 +309,12 @@ __global__ void argmax_reduce_kernel(int32_t* out, const uint64_t* keys, int chu
   }
 }
 
-// RMSNorm for BF16 rows with d % 8 == 0 and d / 8 threads (<= 1024): each thread loads its 8
-// elements once (one 16-byte load), the row's sum of squares is one block reduction.
-__global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
-                                     int64_t d, float eps) {
-  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
-  griddep_wait();
-  const int64_t base = blockIdx.x * d + threadIdx.x * 8;
-  const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  float v[8];
+// The RMSNorm of one thread's 8 values v (of a BF16 row of d, d / 8 threads per row) into y[at ..
+// at + 8): the row's sum of squares is one block reduction.
+__device__ __forceinline__ void rms_norm_bf16_store(__nv_bfloat16* y, const float (&v)[8],
+                                                    const float* w, int64_t d, float eps,
+                                                    int64_t at) {
   float ss = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    v[2 * e] = __uint_as_float(words[e] << 16);
-    v[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-  }
   for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
   ss = block_sum(ss);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
@@ -336,7 +326,25 @@ __global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, c
         __floats2bfloat162_rn(v[2 * e] * inv * wr[2 * e], v[2 * e + 1] * inv * wr[2 * e + 1]);
     packed[e] = *reinterpret_cast<const uint32_t*>(&pair);
   }
-  *reinterpret_cast<uint4*>(y + base) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  *reinterpret_cast<uint4*>(y + at) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// RMSNorm for BF16 rows with d % 8 == 0 and d / 8 threads (<= 1024): each thread loads its 8
+// elements once (one 16-byte load), the row's sum of squares is one block reduction.
+__global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
+                                     int64_t d, float eps) {
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+  const int64_t base = blockIdx.x * d + threadIdx.x * 8;
+  const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[2 * e] = __uint_as_float(words[e] << 16);
+    v[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+  }
+  rms_norm_bf16_store(y, v, w, d, eps, base);
 }
 
 // ---- Indexing ----
@@ -465,6 +473,30 @@ __global__ void dynamic_conv_kernel(Out y, In x, In dyn, int64_t which, In base,
     if (accumulate) acc += ld(In{y.p, y.t}, e);
     st(y, e, acc);
   }
+}
+
+// Backend::dynamic_conv_finish_norm for BF16 x / xn rows (rms_norm_bf16_kernel's conditions): block
+// i adds row i's finishing convolution to x (dynamic_conv_kernel's arithmetic, stored as BF16) and
+// norms the stored row (rms_norm_bf16_kernel's): the bits of the two kernels.
+__global__ void conv_finish_norm_kernel(__nv_bfloat16* x, __nv_bfloat16* xn, In out, In dyn,
+                                        In base, const float* w, int64_t d, int64_t taps,
+                                        int64_t group, int64_t block_rows, float eps) {
+  griddep_launch();
+  griddep_wait();
+  const int64_t i = blockIdx.x, groups = d / group, at = i * d + threadIdx.x * 8;
+  float v[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int64_t c = threadIdx.x * 8 + e;
+    float acc = conv_at(out, base, i, c, d, taps, block_rows, [&](int64_t t) {
+      return ld(dyn, ((i * 2 + 1) * taps + t) * groups + c / group);
+    });
+    acc += __bfloat162float(x[at + e]);
+    const __nv_bfloat16 stored = __float2bfloat16_rn(acc);
+    x[at + e] = stored;
+    v[e] = __bfloat162float(stored);
+  }
+  rms_norm_bf16_store(xn, v, w, d, eps, at);
 }
 
 // Backend::dynamic_conv_project in one launch (BF16 x and proj, H % 8 == 0, 2 * taps <=
@@ -1084,6 +1116,20 @@ cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n,
   return launch_pdl(dynamic_conv_kernel, dim3(static_cast<unsigned>(grid_for(n * h))),
                     dim3(kThreads), 0, s, y, x, dyn, which, base, n, h, taps, group, block_rows,
                     accumulate);
+}
+bool conv_finish_norm_supported(const void* x, const void* xn, int64_t d) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return d % 8 == 0 && (d / 8) % 32 == 0 && d / 8 <= 1024 && aligned(x) && aligned(xn);
+}
+cudaError_t conv_finish_norm(void* x, void* xn, In out, In dyn, In base, const float* w, int64_t n,
+                             int64_t d, int64_t taps, int64_t group, int64_t block_rows, float eps,
+                             cudaStream_t s) {
+  if (n * d <= 0) return cudaSuccess;
+  if (!conv_finish_norm_supported(x, xn, d)) return cudaErrorInvalidValue;
+  return launch_pdl(conv_finish_norm_kernel, dim3(static_cast<unsigned>(n)),
+                    dim3(static_cast<unsigned>(d / 8)), 0, s, static_cast<__nv_bfloat16*>(x),
+                    static_cast<__nv_bfloat16*>(xn), out, dyn, base, w, d, taps, group, block_rows,
+                    eps);
 }
 bool conv_project_supported(In x, In proj, int64_t h, int64_t taps) {
   return x.t == Elem::kBF16 && proj.t == Elem::kBF16 && h % 8 == 0 && taps >= 1 &&

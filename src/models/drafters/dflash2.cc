@@ -117,6 +117,14 @@ class DFlash2Modules final : public DFlashModules {
                            /*accumulate=*/true);
   }
 
+  void conv_finish_norm(Backend& b, int64_t layer, int sublayer, const Tensor& residual,
+                        const Tensor& out, int64_t block_rows, const Tensor& norm_w, float eps,
+                        const Tensor& xn) override {
+    const Conv& conv = convs_[layer * 2 + sublayer];
+    b.dynamic_conv_finish_norm(residual, xn, out, dyn_.rows(0, out.dim(0)),
+                               conv.base.rows(c_.taps, c_.taps), c_.group, block_rows, norm_w, eps);
+  }
+
   void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const Tensor& anchor_ids,
             const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
     (void)confidences;  // no confidence head
