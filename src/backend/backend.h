@@ -391,25 +391,6 @@ class Backend {
   virtual void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
                             const Tensor& base, int64_t group, int64_t block_rows,
                             bool accumulate) = 0;
-  // DFlash2's conv_prepare: dyn [n, 2 K (H / group)] = x · projᵀ (proj [2 K (H / group), H]), then
-  // y = dynamic_conv(x, dyn, which 0, base [K, H]). A backend may fuse the two (CUDA: one launch;
-  // its sums over H then run in another order than matmul's, so dyn may differ from matmul's in
-  // the last bit of its dtype).
-  // DFlash2's conv_finish followed by the next sublayer's RMSNorm: x += dynamic_conv(out, dyn,
-  // which 1, base) (x, out [n, H]), then xn = rms_norm(x, norm_w, eps). A backend may fuse the two
-  // (CUDA: one launch, the same bits).
-  virtual void dynamic_conv_finish_norm(const Tensor& x, const Tensor& xn, const Tensor& out,
-                                        const Tensor& dyn, const Tensor& base, int64_t group,
-                                        int64_t block_rows, const Tensor& norm_w, float eps) {
-    dynamic_conv(x, out, dyn, 1, base, group, block_rows, /*accumulate=*/true);
-    rms_norm(xn, x, norm_w, eps);
-  }
-  virtual void dynamic_conv_project(const Tensor& y, const Tensor& dyn, const Tensor& x,
-                                    const Tensor& proj, const Tensor& base, int64_t group,
-                                    int64_t block_rows) {
-    matmul(dyn, x, proj);
-    dynamic_conv(y, x, dyn, 0, base, group, block_rows, /*accumulate=*/false);
-  }
 
   // ---- Fused drafter walks (DSpark's Markov chain, DFlash2's candidate selector; issue 14) ----
   // Neither op copies to or from the host, so both can run inside run_captured.

@@ -15,7 +15,6 @@
 #include <random>
 #include <span>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -1976,86 +1975,6 @@ TEST_F(CudaOps, RelativeOpsMatchCpu) {
       cpu_->dynamic_conv(cy, cxx, cd, which, cb, group, block, acc);
       expect_close(gy, cy, 2e-2,
                    "dynamic_conv which=" + std::to_string(which) + " acc=" + std::to_string(acc));
-    }
-  }
-}
-
-// dynamic_conv_project (DFlash2's conv_prepare: the kernel projection and the which-0
-// convolution), fused on the GPU (one launch) against the CPU reference and against the GPU's
-// matmul + dynamic_conv: taps 1-3 (fused) and 5 (more than the fused kernel takes: the two ops),
-// row counts that leave a partial tile of 8 rows, blocks of 4 and 16 rows.
-TEST_F(CudaOps, DynamicConvProjectMatchesCpuAndUnfused) {
-  const int64_t h = 256, group = 16, width_per_tap = 2 * (h / group);
-  for (const int64_t taps : {1, 2, 3, 5}) {
-    for (const auto& [rows, block] : {std::pair<int64_t, int64_t>{12, 4}, {48, 16}}) {
-      const int64_t width = taps * width_per_tap;
-      const auto xs = rnd(rows * h), proj = rnd(width * h, 0.1f), base = rnd(taps * h);
-      Tensor gx = gpu_act({rows, h}, xs), cx = cpu_act({rows, h}, xs);
-      Tensor gp = weight(*gpu_, {width, h}, proj), cp = weight(*cpu_, {width, h}, proj);
-      Tensor gb = weight(*gpu_, {taps, h}, base), cb = weight(*cpu_, {taps, h}, base);
-      Tensor gy = make(*gpu_, {rows, h}, DType::kBF16), cy = make(*cpu_, {rows, h}, DType::kF32);
-      Tensor gd = make(*gpu_, {rows, width}, DType::kBF16);
-      Tensor cd = make(*cpu_, {rows, width}, DType::kF32);
-      gpu_->dynamic_conv_project(gy, gd, gx, gp, gb, group, block);
-      cpu_->dynamic_conv_project(cy, cd, cx, cp, cb, group, block);
-      const std::string what = fmt::format("taps {} rows {} block {}", taps, rows, block);
-      expect_close(gd, cd, kBf16Tol, what + " dyn");
-      expect_close(gy, cy, 2e-2, what + " y");
-      // The unfused GPU ops: dyn within one BF16 rounding, y as close.
-      cuda::set_conv_fused(*gpu_, false);
-      Tensor uy = make(*gpu_, {rows, h}, DType::kBF16),
-             ud = make(*gpu_, {rows, width}, DType::kBF16);
-      gpu_->dynamic_conv_project(uy, ud, gx, gp, gb, group, block);
-      cuda::set_conv_fused(*gpu_, true);
-      const auto fd = gpu_->to_host_f32(gd), ufd = gpu_->to_host_f32(ud);
-      int64_t differ = 0;
-      for (size_t i = 0; i < fd.size(); ++i) {
-        if (fd[i] == ufd[i]) continue;
-        ++differ;
-        EXPECT_LE(std::fabs(fd[i] - ufd[i]), std::ldexp(std::fabs(ufd[i]), -7) + 1e-30)
-            << what << " dyn[" << i << "]";
-      }
-      EXPECT_LE(differ, static_cast<int64_t>(fd.size()) / 10) << what;
-      EXPECT_LT(rel_err(gpu_->to_host_f32(gy), gpu_->to_host_f32(uy)), 1e-2) << what;
-    }
-  }
-}
-
-// dynamic_conv_finish_norm (DFlash2's conv_finish and the next sublayer's RMSNorm), fused on the
-// GPU (one launch): bit for bit the GPU's dynamic_conv + rms_norm (set_conv_fused(false)), and
-// close to the CPU reference; hidden 256 (32 threads a row) and 4096 (512), taps 1-3.
-TEST_F(CudaOps, DynamicConvFinishNormMatchesUnfusedBitForBit) {
-  const int64_t group = 16;
-  for (const auto& [h, rows, block] :
-       {std::tuple<int64_t, int64_t, int64_t>{256, 12, 4}, {4096, 32, 16}}) {
-    for (const int64_t taps : {1, 2, 3}) {
-      const int64_t width = 2 * taps * (h / group);
-      const auto xs = rnd(rows * h), outs = rnd(rows * h), dyn = rnd(rows * width);
-      const auto base = rnd(taps * h), nw = rnd(h);
-      Tensor gd = gpu_act({rows, width}, dyn), cd = cpu_act({rows, width}, dyn);
-      Tensor go = gpu_act({rows, h}, outs), co = cpu_act({rows, h}, outs);
-      Tensor gb = weight(*gpu_, {taps, h}, base), cb = weight(*cpu_, {taps, h}, base);
-      Tensor gw = weight(*gpu_, {h}, nw), cw = weight(*cpu_, {h}, nw);
-      std::vector<uint16_t> x_bits[2], xn_bits[2];
-      for (const bool fused : {true, false}) {
-        cuda::set_conv_fused(*gpu_, fused);
-        Tensor gx = gpu_act({rows, h}, xs), gxn = make(*gpu_, {rows, h}, DType::kBF16);
-        gpu_->dynamic_conv_finish_norm(gx, gxn, go, gd, gb, group, block, gw, 1e-6f);
-        x_bits[fused].resize(rows * h);
-        xn_bits[fused].resize(rows * h);
-        gpu_->copy_to_host(x_bits[fused].data(), gx);
-        gpu_->copy_to_host(xn_bits[fused].data(), gxn);
-        if (fused) {
-          Tensor cx = cpu_act({rows, h}, xs), cxn = make(*cpu_, {rows, h}, DType::kF32);
-          cpu_->dynamic_conv_finish_norm(cx, cxn, co, cd, cb, group, block, cw, 1e-6f);
-          const std::string what = fmt::format("h {} taps {}", h, taps);
-          expect_close(gx, cx, 2e-2, what + " x");
-          expect_close(gxn, cxn, 2e-2, what + " xn");
-        }
-      }
-      cuda::set_conv_fused(*gpu_, true);
-      EXPECT_TRUE(x_bits[1] == x_bits[0]) << "h " << h << " taps " << taps << ": x differs";
-      EXPECT_TRUE(xn_bits[1] == xn_bits[0]) << "h " << h << " taps " << taps << ": xn differs";
     }
   }
 }

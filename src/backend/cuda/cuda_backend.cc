@@ -288,9 +288,6 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_WALK_TABLE")) {
       walk_table_ = std::strcmp(env, "0") != 0;
     }
-    if (const char* env = std::getenv("BLOCKSPEC_CONV_FUSED")) {
-      conv_fused_ = std::strcmp(env, "0") != 0;
-    }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -340,10 +337,6 @@ class CudaBackend final : public Backend {
   }
   void set_walk_table(bool on) {
     walk_table_ = on;
-    ++capture_generation_;
-  }
-  void set_conv_fused(bool on) {
-    conv_fused_ = on;
     ++capture_generation_;
   }
   void set_fp8_kernel(Fp8Kernel kernel) {
@@ -1010,38 +1003,6 @@ class CudaBackend final : public Backend {
                                       block_rows, accumulate, stream_));
   }
 
-  void dynamic_conv_finish_norm(const Tensor& x, const Tensor& xn, const Tensor& out,
-                                const Tensor& dyn, const Tensor& base, int64_t group,
-                                int64_t block_rows, const Tensor& norm_w, float eps) override {
-    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
-    if (!conv_fused_ || x.dtype() != DType::kBF16 || xn.dtype() != DType::kBF16 ||
-        norm_w.dtype() != DType::kF32 || norm_w.numel() != h ||
-        !conv_finish_norm_supported(x.data(), xn.data(), h)) {
-      Backend::dynamic_conv_finish_norm(x, xn, out, dyn, base, group, block_rows, norm_w, eps);
-      return;
-    }
-    BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
-    BS_CHECK(out.numel() == x.numel() && xn.numel() == x.numel() && base.numel() == taps * h &&
-             dyn.numel() == n * 2 * taps * (h / group) && out.data() != x.data());
-    CUDA_CHECK(bs::cuda::conv_finish_norm(x.data(), xn.data(), in(out), in(dyn), in(base),
-                                          norm_w.as<float>(), n, h, taps, group, block_rows, eps,
-                                          stream_));
-  }
-  void dynamic_conv_project(const Tensor& y, const Tensor& dyn, const Tensor& x, const Tensor& proj,
-                            const Tensor& base, int64_t group, int64_t block_rows) override {
-    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
-    if (!conv_fused_ || !conv_project_supported(in(x), in(proj), h, taps)) {
-      Backend::dynamic_conv_project(y, dyn, x, proj, base, group, block_rows);
-      return;
-    }
-    BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
-    BS_CHECK(y.numel() == x.numel() && base.numel() == taps * h &&
-             proj.numel() == 2 * taps * (h / group) * h &&
-             dyn.numel() == n * 2 * taps * (h / group) && y.data() != x.data());
-    CUDA_CHECK(bs::cuda::conv_project(out(y), out(dyn), in(x), in(proj), in(base), n, h, taps,
-                                      group, block_rows, stream_));
-  }
-
   // ---- Fused drafter walks ----
   void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u, const Tensor& prev,
                   const Tensor& w1, const Tensor& w2) override {
@@ -1453,7 +1414,6 @@ class CudaBackend final : public Backend {
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
-  bool conv_fused_ = true;   // dynamic_conv_project: one launch (conv_project_kernel)
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
@@ -1560,7 +1520,6 @@ void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
-void set_conv_fused(Backend& backend, bool on) { as_cuda(backend).set_conv_fused(on); }
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
   set_split_kernel(kernel == AttentionKernel::kV1 ? 1 : 2, chunks_per_block);
 }

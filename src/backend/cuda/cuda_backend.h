@@ -76,10 +76,6 @@ enum class AttentionKernel { kV1, kV2 };
 // (each row computes its own; also BLOCKSPEC_WALK_TABLE=0, read when the backend is made). Both
 // give the same bits.
 void set_walk_table(Backend& backend, bool on);
-// Backend::dynamic_conv_project in one launch (default; conv_project_kernel) or as matmul +
-// dynamic_conv (also BLOCKSPEC_CONV_FUSED=0, read when the backend is made). dyn may differ in
-// its last bit (the sums over H run in another order).
-void set_conv_fused(Backend& backend, bool on);
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
 // (BLOCKSPEC_STREAM_VARIANT, BLOCKSPEC_STREAM_MAX_MIB); larger ones go to pinned cuBLASLt.

@@ -309,12 +309,22 @@ __global__ void argmax_reduce_kernel(int32_t* out, const uint64_t* keys, int chu
   }
 }
 
-// The RMSNorm of one thread's 8 values v (of a BF16 row of d, d / 8 threads per row) into y[at ..
-// at + 8): the row's sum of squares is one block reduction.
-__device__ __forceinline__ void rms_norm_bf16_store(__nv_bfloat16* y, const float (&v)[8],
-                                                    const float* w, int64_t d, float eps,
-                                                    int64_t at) {
+// RMSNorm for BF16 rows with d % 8 == 0 and d / 8 threads (<= 1024): each thread loads its 8
+// elements once (one 16-byte load), the row's sum of squares is one block reduction.
+__global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
+                                     int64_t d, float eps) {
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+  const int64_t base = blockIdx.x * d + threadIdx.x * 8;
+  const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  float v[8];
   float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[2 * e] = __uint_as_float(words[e] << 16);
+    v[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+  }
   for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
   ss = block_sum(ss);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
@@ -326,25 +336,7 @@ __device__ __forceinline__ void rms_norm_bf16_store(__nv_bfloat16* y, const floa
         __floats2bfloat162_rn(v[2 * e] * inv * wr[2 * e], v[2 * e + 1] * inv * wr[2 * e + 1]);
     packed[e] = *reinterpret_cast<const uint32_t*>(&pair);
   }
-  *reinterpret_cast<uint4*>(y + at) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
-
-// RMSNorm for BF16 rows with d % 8 == 0 and d / 8 threads (<= 1024): each thread loads its 8
-// elements once (one 16-byte load), the row's sum of squares is one block reduction.
-__global__ void rms_norm_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const float* w,
-                                     int64_t d, float eps) {
-  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
-  griddep_wait();
-  const int64_t base = blockIdx.x * d + threadIdx.x * 8;
-  const uint4 raw = *reinterpret_cast<const uint4*>(x + base);
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  float v[8];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    v[2 * e] = __uint_as_float(words[e] << 16);
-    v[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-  }
-  rms_norm_bf16_store(y, v, w, d, eps, base);
+  *reinterpret_cast<uint4*>(y + base) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // ---- Indexing ----
@@ -444,20 +436,6 @@ __global__ void scale_softcap_kernel(Out y, In x, int64_t n, float multiplier, f
   }
 }
 
-// One output of the grouped dynamic convolution (Backend::dynamic_conv), without the accumulate:
-// dyn_at(t) gives dyn[i, which, t, c / group]. Shared by dynamic_conv_kernel and
-// conv_project_kernel so that both do the same arithmetic.
-template <typename DynAt>
-__device__ __forceinline__ float conv_at(In x, In base, int64_t i, int64_t c, int64_t h,
-                                         int64_t taps, int64_t block_rows, DynAt dyn_at) {
-  float acc = 0.0f;
-  for (int64_t t = 0; t < taps && t <= i % block_rows; ++t) {
-    const float kt = ld(base, t * h + c) + dyn_at(t);
-    acc += kt * ld(x, (i - t) * h + c);
-  }
-  return acc;
-}
-
 __global__ void dynamic_conv_kernel(Out y, In x, In dyn, int64_t which, In base, int64_t n,
                                     int64_t h, int64_t taps, int64_t group, int64_t block_rows,
                                     bool accumulate) {
@@ -467,131 +445,14 @@ __global__ void dynamic_conv_kernel(Out y, In x, In dyn, int64_t which, In base,
   const int64_t groups = h / group;
   GRID_STRIDE(e, n * h) {
     const int64_t i = e / h, c = e % h;
-    float acc = conv_at(x, base, i, c, h, taps, block_rows, [&](int64_t t) {
-      return ld(dyn, ((i * 2 + which) * taps + t) * groups + c / group);
-    });
+    float acc = 0.0f;
+    for (int64_t t = 0; t < taps && t <= i % block_rows; ++t) {
+      const float kt =
+          ld(base, t * h + c) + ld(dyn, ((i * 2 + which) * taps + t) * groups + c / group);
+      acc += kt * ld(x, (i - t) * h + c);
+    }
     if (accumulate) acc += ld(In{y.p, y.t}, e);
     st(y, e, acc);
-  }
-}
-
-// Backend::dynamic_conv_finish_norm for BF16 x / xn rows (rms_norm_bf16_kernel's conditions): block
-// i adds row i's finishing convolution to x (dynamic_conv_kernel's arithmetic, stored as BF16) and
-// norms the stored row (rms_norm_bf16_kernel's): the bits of the two kernels.
-__global__ void conv_finish_norm_kernel(__nv_bfloat16* x, __nv_bfloat16* xn, In out, In dyn,
-                                        In base, const float* w, int64_t d, int64_t taps,
-                                        int64_t group, int64_t block_rows, float eps) {
-  griddep_launch();
-  griddep_wait();
-  const int64_t i = blockIdx.x, groups = d / group, at = i * d + threadIdx.x * 8;
-  float v[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int64_t c = threadIdx.x * 8 + e;
-    float acc = conv_at(out, base, i, c, d, taps, block_rows, [&](int64_t t) {
-      return ld(dyn, ((i * 2 + 1) * taps + t) * groups + c / group);
-    });
-    acc += __bfloat162float(x[at + e]);
-    const __nv_bfloat16 stored = __float2bfloat16_rn(acc);
-    x[at + e] = stored;
-    v[e] = __bfloat162float(stored);
-  }
-  rms_norm_bf16_store(xn, v, w, d, eps, at);
-}
-
-// Backend::dynamic_conv_project in one launch (BF16 x and proj, H % 8 == 0, 2 * taps <=
-// kProjMaxQ): block g computes group g's 2 * taps dynamic-kernel entries of every row (the dots of
-// x's rows with proj rows (which * taps + t) * G + g: warp w takes the 8-column chunks w, w + 8,
-// ... of H, fp32 partial sums, then the warps' sums added in warp order), stores them into dyn
-// (rounded to dyn's type) and convolves group g's channels with the which-0 entries as stored.
-// Rows go in tiles of kProjTile.
-constexpr int kProjWarps = 8, kProjTile = 8, kProjMaxQ = 8;
-
-__global__ void __launch_bounds__(kProjWarps * 32)
-    conv_project_kernel(Out y, Out dyn, In x, In proj, In base, int64_t n, int64_t h, int taps,
-                        int64_t group, int64_t block_rows) {
-  griddep_wait();  // launched with PDL right after the norm that wrote x
-  __shared__ float red[kProjWarps][kProjMaxQ][kProjTile];
-  __shared__ float dv[kProjTile][kProjMaxQ / 2];  // the tile's which-0 entries, as stored
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nq = 2 * taps;
-  const int64_t g = blockIdx.x, groups = h / group, h8 = h / 8;
-  const uint4* x4 = static_cast<const uint4*>(x.p);
-  const uint4* w4 = static_cast<const uint4*>(proj.p);
-  for (int64_t i0 = 0; i0 < n; i0 += kProjTile) {
-    float acc[kProjMaxQ][kProjTile];
-#pragma unroll
-    for (int q = 0; q < kProjMaxQ; ++q) {
-#pragma unroll
-      for (int r = 0; r < kProjTile; ++r) acc[q][r] = 0.0f;
-    }
-    for (int64_t c8 = warp * 32 + lane; c8 < h8; c8 += kProjWarps * 32) {
-      float wf[kProjMaxQ][8];
-#pragma unroll
-      for (int q = 0; q < kProjMaxQ; ++q) {
-        if (q < nq) {
-          const uint4 wv = w4[(q * groups + g) * h8 + c8];
-          const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float2 f = __bfloat1622float2(b2[u]);
-            wf[q][2 * u] = f.x;
-            wf[q][2 * u + 1] = f.y;
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kProjTile; ++r) {
-        if (i0 + r < n) {
-          const uint4 xv = x4[(i0 + r) * h8 + c8];
-          const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-          float xf[8];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float2 f = __bfloat1622float2(b2[u]);
-            xf[2 * u] = f.x;
-            xf[2 * u + 1] = f.y;
-          }
-#pragma unroll
-          for (int q = 0; q < kProjMaxQ; ++q) {
-            if (q < nq) {
-#pragma unroll
-              for (int u = 0; u < 8; ++u) acc[q][r] = fmaf(wf[q][u], xf[u], acc[q][r]);
-            }
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kProjMaxQ; ++q) {
-#pragma unroll
-      for (int r = 0; r < kProjTile; ++r) {
-        if (q < nq) {
-          const float v = warp_sum(acc[q][r]);
-          if (lane == 0) red[warp][q][r] = v;
-        }
-      }
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < nq * kProjTile; e += blockDim.x) {
-      const int q = e / kProjTile, r = e % kProjTile;
-      const int64_t i = i0 + r;
-      if (i >= n) continue;
-      float sum = 0.0f;
-      for (int w = 0; w < kProjWarps; ++w) sum += red[w][q][r];
-      const int which = q / taps, t = q % taps;
-      const int64_t at = ((i * 2 + which) * taps + t) * groups + g;
-      st(dyn, at, sum);
-      if (which == 0) dv[r][t] = ld(In{dyn.p, dyn.t}, at);  // as stored (this thread's write)
-    }
-    __syncthreads();
-    for (int64_t e = threadIdx.x; e < kProjTile * group; e += blockDim.x) {
-      const int r = static_cast<int>(e / group);
-      const int64_t i = i0 + r, c = g * group + e % group;
-      if (i >= n) continue;
-      st(y, i * h + c,
-         conv_at(x, base, i, c, h, taps, block_rows, [&](int64_t t) { return dv[r][t]; }));
-    }
-    __syncthreads();  // red and dv are rewritten by the next tile
   }
 }
 
@@ -1116,33 +977,6 @@ cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n,
   return launch_pdl(dynamic_conv_kernel, dim3(static_cast<unsigned>(grid_for(n * h))),
                     dim3(kThreads), 0, s, y, x, dyn, which, base, n, h, taps, group, block_rows,
                     accumulate);
-}
-bool conv_finish_norm_supported(const void* x, const void* xn, int64_t d) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return d % 8 == 0 && (d / 8) % 32 == 0 && d / 8 <= 1024 && aligned(x) && aligned(xn);
-}
-cudaError_t conv_finish_norm(void* x, void* xn, In out, In dyn, In base, const float* w, int64_t n,
-                             int64_t d, int64_t taps, int64_t group, int64_t block_rows, float eps,
-                             cudaStream_t s) {
-  if (n * d <= 0) return cudaSuccess;
-  if (!conv_finish_norm_supported(x, xn, d)) return cudaErrorInvalidValue;
-  return launch_pdl(conv_finish_norm_kernel, dim3(static_cast<unsigned>(n)),
-                    dim3(static_cast<unsigned>(d / 8)), 0, s, static_cast<__nv_bfloat16*>(x),
-                    static_cast<__nv_bfloat16*>(xn), out, dyn, base, w, d, taps, group, block_rows,
-                    eps);
-}
-bool conv_project_supported(In x, In proj, int64_t h, int64_t taps) {
-  return x.t == Elem::kBF16 && proj.t == Elem::kBF16 && h % 8 == 0 && taps >= 1 &&
-         2 * taps <= kProjMaxQ && (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 &&
-         (reinterpret_cast<uintptr_t>(proj.p) & 15) == 0;
-}
-cudaError_t conv_project(Out y, Out dyn, In x, In proj, In base, int64_t n, int64_t h, int64_t taps,
-                         int64_t group, int64_t block_rows, cudaStream_t s) {
-  if (n * h <= 0) return cudaSuccess;
-  if (!conv_project_supported(x, proj, h, taps)) return cudaErrorInvalidValue;
-  return launch_pdl(conv_project_kernel, dim3(static_cast<unsigned>(h / group)),
-                    dim3(kProjWarps * 32), 0, s, y, dyn, x, proj, base, n, h,
-                    static_cast<int>(taps), group, block_rows);
 }
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                             int64_t vs, float fill, cudaStream_t s) {

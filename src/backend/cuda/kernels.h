@@ -80,19 +80,6 @@ cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, c
 cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
                          int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
                          cudaStream_t s);
-// Backend::dynamic_conv_project in one launch (a block per group; PDL): dyn [n, 2, taps, h / group]
-// = x · projᵀ, then y = the which-0 convolution of x with dyn as stored. Supported (else
-// cudaErrorInvalidValue): BF16 x and proj, both 16-byte aligned, h % 8 == 0, taps <= 4.
-// Backend::dynamic_conv_finish_norm for BF16 x / xn [n, d] (F32 w): one launch, a block of d / 8
-// threads per row; the bits of dynamic_conv + rms_norm. Supported (else cudaErrorInvalidValue):
-// d % 256 == 0, d <= 8192, x and xn 16-byte aligned.
-bool conv_finish_norm_supported(const void* x, const void* xn, int64_t d);
-cudaError_t conv_finish_norm(void* x, void* xn, In out, In dyn, In base, const float* w, int64_t n,
-                             int64_t d, int64_t taps, int64_t group, int64_t block_rows, float eps,
-                             cudaStream_t s);
-bool conv_project_supported(In x, In proj, int64_t h, int64_t taps);
-cudaError_t conv_project(Out y, Out dyn, In x, In proj, In base, int64_t n, int64_t h, int64_t taps,
-                         int64_t group, int64_t block_rows, cudaStream_t s);
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                             int64_t vs, float fill, cudaStream_t s);
 // Counter-based normals (backend.h seeded_normal).

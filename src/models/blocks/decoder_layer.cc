@@ -145,28 +145,16 @@ void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const Layer
     linear(b, convs->out, x, w, bias, /*accumulate=*/false);
     convs->finish(index, s, a.x, convs->out);
   };
-  // With convs' finish_norm, a sublayer's finishing convolution and the next norm are one op.
-  const bool fused = convs && convs->finish_norm;
   // Attention: x += o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v)).
-  if (!(fused && convs->input_normed)) b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
+  b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
   linear(b, a.qkv, input(0), L.w_qkv, L.b_qkv, /*accumulate=*/false);
   attention(b, L, a, p, kv.k[index], kv.v[index]);
+  output(0, L.wo, L.bo, a.attn);
   // MLP: x += down(silu(gate(y)) * up(y)), y = post_norm(x).
-  if (fused) {
-    linear(b, convs->out, a.attn, L.wo, L.bo, /*accumulate=*/false);
-    convs->finish_norm(index, 0, a.x, convs->out, L.post_norm, a.xn);
-  } else {
-    output(0, L.wo, L.bo, a.attn);
-    b.rms_norm(a.xn, a.x, L.post_norm, p.eps);
-  }
+  b.rms_norm(a.xn, a.x, L.post_norm, p.eps);
   linear(b, a.gate_up, input(1), L.w_gate_up, L.b_gate_up, /*accumulate=*/false);
   b.swiglu(a.act, a.gate_up);
-  if (fused && convs->next_input_norm) {
-    linear(b, convs->out, a.act, L.w_down, L.b_down, /*accumulate=*/false);
-    convs->finish_norm(index, 1, a.x, convs->out, *convs->next_input_norm, a.xn);
-  } else {
-    output(1, L.w_down, L.b_down, a.act);
-  }
+  output(1, L.w_down, L.b_down, a.act);
 }
 
 }  // namespace bs

@@ -81,20 +81,12 @@ struct PagedAttention {
 // DFlash2's block convolutions around both sublayers (DFlashModules::conv_prepare / finish):
 // prepare(layer, sublayer, y, x) writes the sublayer input y from the normed x; finish(layer,
 // sublayer, residual, out) adds the convolved sublayer output to the residual. `in` / `out`
-// [rows, hidden]. finish_norm(layer, sublayer, residual, out, norm_w, xn) is finish followed by
-// xn = rms_norm(residual, norm_w) (one op where the backend fuses them): used for the attention
-// sublayer (then the MLP's norm) and, when next_input_norm is set, for the MLP sublayer (then the
-// next layer's input norm: that layer is called with input_normed, its a.xn already written).
+// [rows, hidden].
 struct SublayerConvs {
   std::function<void(int64_t layer, int sublayer, const Tensor& y, const Tensor& x)> prepare;
   std::function<void(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out)>
       finish;
-  std::function<void(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
-                     const Tensor& norm_w, const Tensor& xn)>
-      finish_norm;
   Tensor in, out;
-  const Tensor* next_input_norm = nullptr;  // the next layer's input norm weight (null: none)
-  bool input_normed = false;                // a.xn already holds input_norm(a.x)
 };
 
 // Layer `index` (weights L) over the rows of `a`, K/V into kv.k[index] / kv.v[index].

@@ -333,21 +333,13 @@ class DFlashDrafter final : public Drafter {
         .prepare = [&](int64_t l, int sub, const Tensor& y,
                        const Tensor& in) { modules_->conv_prepare(l, sub, y, in, B); },
         .finish = [&](int64_t l, int sub, const Tensor& residual,
-                      const Tensor& out) { modules_->conv_finish(l, sub, residual, out, B); },
-        .finish_norm =
-            [&](int64_t l, int sub, const Tensor& residual, const Tensor& out, const Tensor& norm_w,
-                const Tensor& xn) {
-              modules_->conv_finish_norm(backend_, l, sub, residual, out, B, norm_w, eps, xn);
-            }};
+                      const Tensor& out) { modules_->conv_finish(l, sub, residual, out, B); }};
     const bool with_convs = modules_ && modules_->has_convs();
     if (with_convs) {
       convs.in = p.conv_in.rows(0, rows);
       convs.out = p.sub_out.rows(0, rows);
     }
     for (size_t li = 0; li < layers_.size(); ++li) {
-      // The MLP's finishing convolution writes the next layer's input norm (finish_norm).
-      convs.input_normed = li > 0;
-      convs.next_input_norm = li + 1 < layers_.size() ? &layers_[li + 1].input_norm : nullptr;
       decoder_layer(backend_, static_cast<int64_t>(li), layers_[li], a, paged, kv,
                     with_convs ? &convs : nullptr);
     }

@@ -70,14 +70,6 @@ class DFlashModules {
                            int64_t block_rows) {
     (void)layer, (void)sublayer, (void)residual, (void)out, (void)block_rows;
   }
-  // conv_finish, then xn = rms_norm(residual, norm_w, eps): the next sublayer's input norm (a
-  // family may fuse the two, as Backend::dynamic_conv_finish_norm does).
-  virtual void conv_finish_norm(Backend& b, int64_t layer, int sublayer, const Tensor& residual,
-                                const Tensor& out, int64_t block_rows, const Tensor& norm_w,
-                                float eps, const Tensor& xn) {
-    conv_finish(layer, sublayer, residual, out, block_rows);
-    b.rms_norm(xn, residual, norm_w, eps);
-  }
 
   virtual bool has_confidence() const { return false; }
   // Whether draw() needs the LM-head rows in F32 (else the backend's activation dtype, BF16 on

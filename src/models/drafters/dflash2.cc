@@ -106,8 +106,10 @@ class DFlash2Modules final : public DFlashModules {
   void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
                     int64_t block_rows) override {
     const Conv& conv = convs_[layer * 2 + sublayer];
-    backend_->dynamic_conv_project(y, dyn_.rows(0, x.dim(0)), x, conv.proj,
-                                   conv.base.rows(0, c_.taps), c_.group, block_rows);
+    const Tensor dyn = dyn_.rows(0, x.dim(0));
+    backend_->matmul(dyn, x, conv.proj);
+    backend_->dynamic_conv(y, x, dyn, 0, conv.base.rows(0, c_.taps), c_.group, block_rows,
+                           /*accumulate=*/false);
   }
   void conv_finish(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
                    int64_t block_rows) override {
@@ -115,14 +117,6 @@ class DFlash2Modules final : public DFlashModules {
     backend_->dynamic_conv(residual, out, dyn_.rows(0, out.dim(0)), 1,
                            conv.base.rows(c_.taps, c_.taps), c_.group, block_rows,
                            /*accumulate=*/true);
-  }
-
-  void conv_finish_norm(Backend& b, int64_t layer, int sublayer, const Tensor& residual,
-                        const Tensor& out, int64_t block_rows, const Tensor& norm_w, float eps,
-                        const Tensor& xn) override {
-    const Conv& conv = convs_[layer * 2 + sublayer];
-    b.dynamic_conv_finish_norm(residual, xn, out, dyn_.rows(0, out.dim(0)),
-                               conv.base.rows(c_.taps, c_.taps), c_.group, block_rows, norm_w, eps);
   }
 
   void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const Tensor& anchor_ids,
