@@ -2131,6 +2131,72 @@ void CudaOps::check_candidate_walk(int64_t t) {
   }
 }
 
+// candidate_walk with its table of candidate terms (the default: walk_pairs_kernel, then a walk
+// that looks its rows up) against the walk that computes each row's terms itself
+// (set_walk_table(false)): the same drafts, rows and q bit for bit, greedy and sampled, with an
+// invalid anchor, and with a sampled row whose mass is all -inf (its draw, id 0, is not among its
+// candidates: the next row falls back to computing its own terms).
+TEST_F(CudaOps, CandidateWalkTableIsBitExact) {
+  const int64_t k = 15, t = 16, r = 256, v = 5003;
+  std::mt19937 ids_rng(11);
+  const auto pv = rnd(v * r, 0.1f), sv = rnd(v * r, 0.1f);
+  Tensor gp = weight(*gpu_, {v, r}, pv), gs = weight(*gpu_, {v, r}, sv);
+  const sampling::FilterParams filters[] = {{.temperature = 0.0f},
+                                            {.temperature = 0.8f},
+                                            {.temperature = 1.0f, .top_k = 5, .top_p = 0.9f}};
+  auto bits = [](const std::vector<float>& f) {
+    std::vector<uint32_t> u(f.size());
+    std::memcpy(u.data(), f.data(), f.size() * sizeof(float));
+    return u;
+  };
+  int fallbacks = 0;
+  for (const auto& f : filters) {
+    for (int round = 0; round < 4; ++round) {
+      std::vector<float> vals = rnd(k * t, 1.0f), scale = rnd(k * r, 1.0f);
+      std::vector<int32_t> ids(k * t);
+      for (int64_t j = 0; j < k; ++j) {
+        std::vector<int32_t> all(v - 1);
+        std::iota(all.begin(), all.end(), 1);  // id 0 is never a candidate
+        std::shuffle(all.begin(), all.end(), ids_rng);
+        std::copy(all.begin(), all.begin() + t, ids.begin() + j * t);
+      }
+      if (round == 1 && f.temperature > 0.0f) {
+        for (int64_t c = 0; c < t; ++c) vals[4 * t + c] = -INFINITY;  // row 4 draws id 0
+        ++fallbacks;
+      }
+      if (round == 2) {  // row 7 repeats row 6's candidates: its predecessor is among them
+        std::copy(ids.begin() + 6 * t, ids.begin() + 7 * t, ids.begin() + 7 * t);
+      }
+      std::vector<float> us(k);
+      for (auto& u : us) u = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng_);
+      const int32_t anchor = round == 3 ? static_cast<int32_t>(v + 3) : round * 101 + 5;
+      Tensor gv = gpu_act({k, t}, vals, DType::kF32), gsc = gpu_act({k, r}, scale);
+      Tensor gi = gpu_ints(ids), gu = gpu_act({k}, us, DType::kF32), ga = gpu_ints({anchor});
+      std::vector<int32_t> drafts[2];
+      std::vector<float> rows[2], q[2];
+      for (const bool table : {true, false}) {
+        cuda::set_walk_table(*gpu_, table);
+        Tensor gd = make(*gpu_, {k}, DType::kI32);
+        Tensor grows = make(*gpu_, {k, v}, DType::kF32), gq = make(*gpu_, {k, v}, DType::kF32);
+        gpu_->candidate_walk(gd, grows, gq, ga, gv, gi.view({k, t}), gp, gs, gsc, f, gu);
+        drafts[table].resize(k);
+        gpu_->copy_to_host(drafts[table].data(), gd);
+        rows[table] = gpu_->to_host_f32(grows);
+        if (f.temperature > 0.0f) q[table] = gpu_->to_host_f32(gq);
+      }
+      cuda::set_walk_table(*gpu_, true);
+      const std::string what = fmt::format("T={} top_k={} round {}", f.temperature, f.top_k, round);
+      EXPECT_EQ(drafts[1], drafts[0]) << what;
+      EXPECT_TRUE(bits(rows[1]) == bits(rows[0])) << what << ": rows differ";
+      EXPECT_TRUE(bits(q[1]) == bits(q[0])) << what << ": q differs";
+      if (round == 1 && f.temperature > 0.0f) {
+        EXPECT_EQ(drafts[1][4], 0) << what;
+      }
+    }
+  }
+  EXPECT_EQ(fallbacks, 2);
+}
+
 }  // namespace
 // Backend::begin_read / end_read on CUDA: each read gives the bytes its tensor held when it
 // began, though later queued work overwrote them (pinned buffer per pending read, stream order);

@@ -291,6 +291,9 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "v2") == 0) set_combine_kernel(2);
     }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG")) set_split_diag(std::atoi(env));
+    if (const char* env = std::getenv("BLOCKSPEC_WALK_TABLE")) {
+      walk_table_ = std::strcmp(env, "0") != 0;
+    }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -308,6 +311,7 @@ class CudaBackend final : public Backend {
     if (fp8_count_ws_) pool_->free(fp8_count_ws_, fp8_count_ws_bytes_);
     if (draw_ws_) pool_->free(draw_ws_, draw_ws_bytes_);
     if (topk_ws_) pool_->free(topk_ws_, topk_ws_bytes_);
+    if (walk_ws_) pool_->free(walk_ws_, walk_ws_bytes_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_keys_);
@@ -335,6 +339,10 @@ class CudaBackend final : public Backend {
   }
   void set_pinned_rows(int64_t rows) {
     pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, rows);
+    ++capture_generation_;
+  }
+  void set_walk_table(bool on) {
+    walk_table_ = on;
     ++capture_generation_;
   }
   void set_fp8_kernel(Fp8Kernel kernel) {
@@ -1045,7 +1053,11 @@ class CudaBackend final : public Backend {
     a.scale = in_opt(scale);
     a.uniforms = sampled ? uniforms.as<float>() : nullptr;
     a.filter = {filter.temperature, filter.top_k, filter.top_p};
-    CUDA_CHECK(bs::cuda::candidate_walk(a, stream_));
+    float* table = nullptr;
+    if (const int64_t n = candidate_walk_table_floats(a.k, a.t, a.r); n > 0 && walk_table_) {
+      table = static_cast<float*>(scratch(&walk_ws_, &walk_ws_bytes_, n * sizeof(float)));
+    }
+    CUDA_CHECK(bs::cuda::candidate_walk(a, table, stream_));
   }
 
   // ---- Speculative decoding on the device ----
@@ -1407,6 +1419,7 @@ class CudaBackend final : public Backend {
   // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
+  bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
@@ -1427,6 +1440,8 @@ class CudaBackend final : public Backend {
   unsigned* walk_counter_ = nullptr;
   void* topk_ws_ = nullptr;  // the two-stage top-k's per-chunk candidates
   size_t topk_ws_bytes_ = 0;
+  void* walk_ws_ = nullptr;  // the candidate walk's table of candidate terms
+  size_t walk_ws_bytes_ = 0;
 };
 
 namespace {
@@ -1510,6 +1525,7 @@ std::string device_description(Backend& backend) {
 void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_mode(mode); }
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
+void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
   set_split_kernel(kernel == AttentionKernel::kV1   ? 1
                    : kernel == AttentionKernel::kV2 ? 2

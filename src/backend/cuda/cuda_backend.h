@@ -78,6 +78,11 @@ void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
 // (BLOCKSPEC_ATTN_COMBINE=v1 / v2; no gain measured). The same arithmetic in the same order.
 enum class AttentionCombine { kBlock, kWarp };
 void set_attention_combine(AttentionCombine combine);
+// Backend::candidate_walk with its table (default: every row's candidate terms for every
+// predecessor computed in parallel first, then looked up by the sequential walk) or without
+// (each row computes its own; also BLOCKSPEC_WALK_TABLE=0, read when the backend is made). Both
+// give the same bits.
+void set_walk_table(Backend& backend, bool on);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
 // (BLOCKSPEC_STREAM_VARIANT, BLOCKSPEC_STREAM_MAX_MIB); larger ones go to pinned cuBLASLt.
 constexpr int kStreamDefaultVariant = 0;

@@ -164,7 +164,52 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
   }
 }
 
-__global__ void candidate_walk_kernel(WalkArgs a, bool staged) {
+// The candidate term of every row j for every predecessor it can have: the dot of
+// A[pred] ⊙ scale_j with the succ row of each candidate c of row j, for pred = the anchor (row 0)
+// or pred = candidate p of row j - 1 (rows >= 1): table[(j * t + p) * t + c]. None of it depends
+// on the walk's choices, so all of it runs in parallel here (block (j, p), warp w takes candidates
+// w, w + 8, ...) and the walk only looks its row up. The arithmetic is the walk's own (the same
+// products in the same lane order, the same warp sum), so a looked-up score equals the one the walk
+// would compute. The blocks also fill `rows` with -inf (the walk's scatter target) on the way.
+__global__ void walk_pairs_kernel(WalkArgs a, float* table) {
+  extern __shared__ float sm[];
+  float* av = sm;        // [r]: A[pred]
+  float* sc = av + a.r;  // [r]: the scale row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t t = a.t, r = a.r, j = blockIdx.x / t, p = blockIdx.x % t;
+  if (a.rows) {
+    const int64_t n = a.k * a.v;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      a.rows[i] = -INFINITY;
+    }
+  }
+  if (j == 0 && p > 0) return;  // row 0 has one predecessor: the anchor
+  const int64_t prev = j == 0 ? a.anchor[0] : a.ids[(j - 1) * t + p];
+  const bool ok_prev = prev >= 0 && prev < a.vocab;
+  for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
+    av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
+    sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
+  }
+  __syncthreads();
+  for (int64_t c = warp; c < t; c += warps) {
+    const int64_t id = a.ids[j * t + c];
+    const bool ok = id >= 0 && id < a.vocab;
+    float dot = 0.0f;
+    for (int64_t i = lane; i < r; i += 32) {
+      const float b = ok ? ldw(a.succ, id * r + i) : 0.0f;
+      dot += ok ? av[i] * b * sc[i] : 0.0f;
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) table[(j * t + p) * t + c] = dot;
+  }
+}
+
+// table: walk_pairs_kernel's (null: every row computes its own candidate terms). With it, the
+// shared memory also holds every row's values and ids and the table itself (tab[k, t, t]): the
+// sequential part then reads nothing from global memory but A[prev] / succ rows in the rare case
+// that a predecessor is not among the previous row's candidates (a sampled row with no mass).
+__global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* table) {
   extern __shared__ float sm[];
   float* av = sm;                                      // [r]: A[prev]
   float* sc = av + a.r;                                // [r]: the scale row
@@ -173,7 +218,11 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged) {
   float* q = w + a.t;                                  // [t] probabilities
   int32_t* ids = reinterpret_cast<int32_t*>(q + a.t);  // [t] this row's candidate ids
   float* e = q + 2 * a.t;                              // [t, r] succ rows (staged)
-  __shared__ int32_t s_prev;
+  // Tabled: all_vals [k, t], all_ids [k, t], tab [k, t, t] after e (or after ids, not staged).
+  float* all_vals = e + (staged ? a.t * a.r : 0);
+  int32_t* all_ids = reinterpret_cast<int32_t*>(all_vals + a.k * a.t);
+  float* tab = reinterpret_cast<float*>(all_ids + a.k * a.t);
+  __shared__ int32_t s_prev, s_slot;
   __shared__ float s_max, s_tp;
   __shared__ double s_zk, s_z;
   __shared__ int s_any;
@@ -181,56 +230,87 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged) {
   const bool sampled = a.filter.temperature > 0.0f;
   const int64_t t = a.t, r = a.r;
   if (threadIdx.x == 0) s_prev = a.anchor[0];
+  if (table) {  // one round of loads for the whole walk
+    for (int64_t i = threadIdx.x; i < a.k * t; i += blockDim.x) {
+      all_vals[i] = a.vals[i];
+      all_ids[i] = a.ids[i];
+    }
+    for (int64_t i = threadIdx.x; i < a.k * t * t; i += blockDim.x) tab[i] = table[i];
+  }
   __syncthreads();
   for (int64_t j = 0; j < a.k; ++j) {
     const int64_t prev = s_prev;
-    // Round 1 (independent loads): A[prev], the scale row, the ids and the unary values.
-    const bool ok_prev = prev >= 0 && prev < a.vocab;
-    for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
-      av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
-      sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
+    if (table) {
+      // The predecessor's slot among row j - 1's candidates (row 0: the anchor's, 0); the first
+      // match (every matching slot holds the same terms: they depend on the id only).
+      if (threadIdx.x == 0) s_slot = j == 0 ? 0 : INT_MAX;
+      __syncthreads();
+      if (j > 0) {
+        for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+          if (all_ids[(j - 1) * t + c] == prev) atomicMin(&s_slot, static_cast<int32_t>(c));
+        }
+        __syncthreads();
+      }
+      const int32_t slot = s_slot;
+      if (slot != INT_MAX) {
+        for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+          ids[c] = all_ids[j * t + c];
+          s[c] = all_vals[j * t + c] + tab[(j * t + slot) * t + c];
+        }
+        __syncthreads();
+        goto scored;
+      }
     }
-    for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
-      ids[c] = a.ids[j * t + c];
-      s[c] = a.vals[j * t + c];
-    }
-    __syncthreads();
-    if (staged && r > 0) {
-      // Round 2: the candidates' succ rows into shared memory, 8 loads in flight per thread.
-      const int64_t n = t * r, step = static_cast<int64_t>(blockDim.x);
-      for (int64_t base = threadIdx.x; base < n; base += step * 8) {
-        float v[8];
+    {
+      // Round 1 (independent loads): A[prev], the scale row, the ids and the unary values.
+      const bool ok_prev = prev >= 0 && prev < a.vocab;
+      for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
+        av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
+        sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
+      }
+      for (int64_t c = threadIdx.x; c < t; c += blockDim.x) {
+        ids[c] = a.ids[j * t + c];
+        s[c] = a.vals[j * t + c];
+      }
+      __syncthreads();
+      if (staged && r > 0) {
+        // Round 2: the candidates' succ rows into shared memory, 8 loads in flight per thread.
+        const int64_t n = t * r, step = static_cast<int64_t>(blockDim.x);
+        for (int64_t base = threadIdx.x; base < n; base += step * 8) {
+          float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int64_t idx = base + u * step;
-          float x = 0.0f;
-          if (idx < n) {
-            const int64_t id = ids[idx / r];
-            if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * r + idx % r);
+          for (int u = 0; u < 8; ++u) {
+            const int64_t idx = base + u * step;
+            float x = 0.0f;
+            if (idx < n) {
+              const int64_t id = ids[idx / r];
+              if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * r + idx % r);
+            }
+            v[u] = x;
           }
-          v[u] = x;
-        }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          if (base + u * step < n) e[base + u * step] = v[u];
+          for (int u = 0; u < 8; ++u) {
+            if (base + u * step < n) e[base + u * step] = v[u];
+          }
         }
+        __syncthreads();
+      }
+      for (int64_t c = warp; c < t; c += warps) {
+        float dot = 0.0f;
+        if (r > 0) {
+          const int64_t id = ids[c];
+          const bool ok = id >= 0 && id < a.vocab;
+          for (int64_t i = lane; i < r; i += 32) {
+            const float b = staged ? e[c * r + i] : (ok ? ldw(a.succ, id * r + i) : 0.0f);
+            dot += ok ? av[i] * b * sc[i] : 0.0f;
+          }
+          dot = warp_sum(dot);
+        }
+        if (lane == 0) s[c] += dot;
       }
       __syncthreads();
     }
-    for (int64_t c = warp; c < t; c += warps) {
-      float dot = 0.0f;
-      if (r > 0) {
-        const int64_t id = ids[c];
-        const bool ok = id >= 0 && id < a.vocab;
-        for (int64_t i = lane; i < r; i += 32) {
-          const float b = staged ? e[c * r + i] : (ok ? ldw(a.succ, id * r + i) : 0.0f);
-          dot += ok ? av[i] * b * sc[i] : 0.0f;
-        }
-        dot = warp_sum(dot);
-      }
-      if (lane == 0) s[c] += dot;
-    }
-    __syncthreads();
+  scored:
     if (threadIdx.x == 0) {  // the maximum (greedy: the draft; ties to the lower id)
       int64_t b = 0;
       for (int64_t c = 1; c < t; ++c) {
@@ -335,74 +415,78 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged) {
 }
 
 // ---- two-stage top-k (k <= kTopkFastK) ----
-// Stage 1: block (chunk, row) loads kTopkChunk entries into shared memory and takes their top k
-// by k passes (the order: value descending, index ascending; each pass picks the first entry
-// after the previous pick). Entries past the row end are (-inf, INT_MAX): after every real one.
-// Stage 2: one block per row does the same over the chunks' candidates.
-constexpr int kTopkChunk = 4096, kTopkThreads = 256;
+// Stage 1: block (chunk, row) takes the top k of kTopkChunk entries by k passes (the order: value
+// descending, index ascending, as one key: order_key; each pass picks the largest key below the
+// previous pick). Each thread holds its kTopkChunk / kTopkThreads keys in registers; entries past
+// the row end are (-inf, INT_MAX): after every real one. Stage 2: one block per row does the same
+// over the chunks' candidates (keys in shared memory).
+constexpr int kTopkChunk = 4096, kTopkThreads = 256, kTopkPerThread = kTopkChunk / kTopkThreads;
 
-__device__ void topk_passes(const float* val, const int32_t* idx, int n, int k, float* out_val,
-                            int32_t* out_idx) {
-  __shared__ uint64_t red[kTopkThreads / 32];
-  __shared__ uint64_t pick;
+// The largest of every thread's `best` (0: none), in every thread: one barrier per call (red is
+// double-buffered by the caller's pass parity: a buffer is rewritten two passes later, after
+// every thread has passed the barrier between).
+__device__ __forceinline__ uint64_t block_max_key(uint64_t best, uint64_t (*red)[kTopkThreads / 32],
+                                                  int parity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  best = warp_max_key(best);
+  if (lane == 0) red[parity][warp] = best;
+  __syncthreads();
+  uint64_t b = 0;
+#pragma unroll
+  for (int w = 0; w < kTopkThreads / 32; ++w) b = red[parity][w] > b ? red[parity][w] : b;
+  return b;
+}
+
+__device__ __forceinline__ void store_pick(uint64_t pick, float* out_val, int32_t* out_idx, int j) {
+  const uint32_t ordered = static_cast<uint32_t>(pick >> 32);
+  const uint32_t u = (ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered;
+  out_val[j] = __uint_as_float(u);
+  out_idx[j] = key_index(pick);
+}
+
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_chunk_kernel(float* cand_val, int32_t* cand_idx, In x, int64_t v, int k) {
+  __shared__ uint64_t red[2][kTopkThreads / 32];
+  const int64_t row = blockIdx.y, c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
+  uint64_t keys[kTopkPerThread];
+#pragma unroll
+  for (int m = 0; m < kTopkPerThread; ++m) {
+    const int64_t c = c0 + threadIdx.x + m * kTopkThreads;
+    keys[m] = c < v ? order_key(ldw(x, row * v + c), static_cast<uint32_t>(c))
+                    : order_key(-INFINITY, static_cast<uint32_t>(INT_MAX));
+  }
+  const int64_t o = (row * gridDim.x + blockIdx.x) * k;
   uint64_t prev = ~0ull;  // keys below `prev` only
   for (int j = 0; j < k; ++j) {
     uint64_t best = 0;
-    int best_pos = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint64_t key = order_key(val[i], static_cast<uint32_t>(idx[i]));
-      if (key < prev && (best_pos < 0 || key > best)) {
-        best = key;
-        best_pos = i;
-      }
+#pragma unroll
+    for (int m = 0; m < kTopkPerThread; ++m) {
+      best = keys[m] < prev && keys[m] > best ? keys[m] : best;
     }
-    // Pack: the key already orders (value, index); the position is recovered through idx.
-    best = warp_max_key(best_pos < 0 ? 0 : best);
-    if (lane == 0) red[warp] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t b = 0;
-      for (int w = 0; w < kTopkThreads / 32; ++w) b = red[w] > b ? red[w] : b;
-      pick = b;
-    }
-    __syncthreads();
-    prev = pick;
-    if (threadIdx.x == 0) {
-      const uint32_t ordered = static_cast<uint32_t>(prev >> 32);
-      const uint32_t u = (ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered;
-      out_val[j] = __uint_as_float(u);
-      out_idx[j] = key_index(prev);
-    }
-    __syncthreads();
+    prev = block_max_key(best, red, j & 1);
+    if (threadIdx.x == 0) store_pick(prev, cand_val + o, cand_idx + o, j);
   }
 }
 
-__global__ void topk_chunk_kernel(float* cand_val, int32_t* cand_idx, In x, int64_t v, int k) {
-  __shared__ float val[kTopkChunk];
-  __shared__ int32_t idx[kTopkChunk];
-  const int64_t row = blockIdx.y, c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
-  for (int i = threadIdx.x; i < kTopkChunk; i += blockDim.x) {
-    const int64_t c = c0 + i;
-    val[i] = c < v ? ldw(x, row * v + c) : -INFINITY;
-    idx[i] = c < v ? static_cast<int32_t>(c) : INT_MAX;
-  }
-  __syncthreads();
-  const int64_t o = (row * gridDim.x + blockIdx.x) * k;
-  topk_passes(val, idx, kTopkChunk, k, cand_val + o, cand_idx + o);
-}
-
-__global__ void topk_merge_kernel(float* values, int32_t* ids, const float* cand_val,
-                                  const int32_t* cand_idx, int n, int k) {
-  extern __shared__ float mv[];
-  int32_t* mi = reinterpret_cast<int32_t*>(mv + n);
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_merge_kernel(float* values, int32_t* ids, const float* cand_val, const int32_t* cand_idx,
+                      int n, int k) {
+  extern __shared__ uint64_t mk[];  // [n] keys
+  __shared__ uint64_t red[2][kTopkThreads / 32];
   const int64_t row = blockIdx.x;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    mv[i] = cand_val[row * n + i];
-    mi[i] = cand_idx[row * n + i];
+    mk[i] = order_key(cand_val[row * n + i], static_cast<uint32_t>(cand_idx[row * n + i]));
   }
   __syncthreads();
-  topk_passes(mv, mi, n, k, values + row * k, ids + row * k);
+  uint64_t prev = ~0ull;
+  for (int j = 0; j < k; ++j) {
+    uint64_t best = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      best = mk[i] < prev && mk[i] > best ? mk[i] : best;
+    }
+    prev = block_max_key(best, red, j & 1);
+    if (threadIdx.x == 0) store_pick(prev, values + row * k, ids + row * k, j);
+  }
 }
 
 }  // namespace
@@ -448,9 +532,22 @@ bool candidate_walk_supported(int64_t t, int64_t r) {
   return t >= 1 && walk_smem(t, r, false) <= kWalkSmem;
 }
 
-cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s) {
+int64_t candidate_walk_table_floats(int64_t k, int64_t t, int64_t r) {
+  return r > 0 ? k * t * t : 0;
+}
+
+cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   if (a.k <= 0) return cudaSuccess;
-  if (a.rows) {
+  // Tabled (walk_pairs_kernel first) when a table is given and the walk's shared memory holds
+  // every row's values, ids and terms besides its own arrays.
+  const bool staged = walk_smem(a.t, a.r, true) <= kWalkSmem;
+  const int64_t base_smem = walk_smem(a.t, a.r, staged);
+  const int64_t tab_smem = (2 * a.k * a.t + a.k * a.t * a.t) * static_cast<int64_t>(sizeof(float));
+  const bool tabled = table && a.r > 0 && a.t >= 1 && base_smem + tab_smem <= kWalkSmem;
+  if (tabled) {
+    walk_pairs_kernel<<<static_cast<unsigned>(a.k * a.t), kWalkThreads,
+                        2 * static_cast<size_t>(a.r) * sizeof(float), s>>>(a, table);
+  } else if (a.rows) {
     const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
     if (e != cudaSuccess) return e;
   }
@@ -460,9 +557,8 @@ cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s) {
   }
   // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
   // they fit; else each warp reads them from global memory. Same arithmetic either way.
-  const bool staged = walk_smem(a.t, a.r, true) <= kWalkSmem;
-  const size_t smem = static_cast<size_t>(walk_smem(a.t, a.r, staged));
-  candidate_walk_kernel<<<1, kWalkThreads, smem, s>>>(a, staged);
+  const size_t smem = static_cast<size_t>(base_smem + (tabled ? tab_smem : 0));
+  candidate_walk_kernel<<<1, kWalkThreads, smem, s>>>(a, staged, tabled ? table : nullptr);
   return cudaGetLastError();
 }
 
@@ -485,8 +581,8 @@ cudaError_t topk_fast(float* values, int32_t* ids, In x, int64_t rows, int64_t v
                       kTopkThreads, 0, s>>>(cv, ci, x, v, static_cast<int>(k));
   const int n = static_cast<int>(chunks * k);
   topk_merge_kernel<<<static_cast<unsigned>(rows), kTopkThreads,
-                      static_cast<size_t>(n) * (sizeof(float) + sizeof(int32_t)), s>>>(
-      values, ids, cv, ci, n, static_cast<int>(k));
+                      static_cast<size_t>(n) * sizeof(uint64_t), s>>>(values, ids, cv, ci, n,
+                                                                      static_cast<int>(k));
   return cudaGetLastError();
 }
 

@@ -315,7 +315,11 @@ struct WalkArgs {
   int64_t k = 0, t = 0, r = 0, v = 0, vocab = 0;  // v: row width; vocab: pred / succ rows
 };
 bool candidate_walk_supported(int64_t t, int64_t r);
-cudaError_t candidate_walk(const WalkArgs& a, cudaStream_t s);
+// table: scratch of candidate_walk_table_floats(k, t, r) floats for the candidate terms of every
+// row and predecessor (computed in parallel first, then looked up by the walk); null: the walk
+// computes them row by row. Same result either way.
+int64_t candidate_walk_table_floats(int64_t k, int64_t t, int64_t r);
+cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s);
 // Two-stage top-k (chunks of 4096 in shared memory, then a merge per row) for k <= kTopkFastK on
 // long rows; same result as topk. workspace: topk_workspace_bytes(rows, v, k).
 constexpr int64_t kTopkFastK = 64;

@@ -78,9 +78,11 @@ class DFlashModules {
   // Draws one request's k drafts from its rows: hidden [k, H] (final-normed), logits [k, V]
   // (their LM-head rows). `rows_out` (F32 [k, V], may be undefined) gets the full-vocabulary
   // logits each draft was chosen from; `confidences` (may be null) the prefix survival a_1..a_k
-  // (read back).
-  virtual void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
-                    const Tensor& rows_out, std::vector<float>* confidences) = 0;
+  // (read back). anchor_ids: I32 [1] on the backend holding `anchor` (the block's first id, already
+  // uploaded), for families that read the anchor on the device.
+  virtual void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor,
+                    const Tensor& anchor_ids, const DraftDraw& d, const Tensor& rows_out,
+                    std::vector<float>* confidences) = 0;
 };
 
 // Default taps when the config has no target_layer_ids (dflash.md §1.1): one drafter layer ->

@@ -96,7 +96,6 @@ class DFlash2Modules final : public DFlashModules {
     vals_ = backend.empty({B, T}, DType::kF32);
     cands_ = backend.empty({B, T}, DType::kI32);
     z_ = backend.empty({B, R});
-    chain_ = backend.empty({B + 1}, DType::kI32);
     return Status::Ok();
   }
 
@@ -120,8 +119,8 @@ class DFlash2Modules final : public DFlashModules {
                            /*accumulate=*/true);
   }
 
-  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
-            const Tensor& rows_out, std::vector<float>* confidences) override {
+  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const Tensor& anchor_ids,
+            const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
     (void)confidences;  // no confidence head
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0);
@@ -134,11 +133,12 @@ class DFlash2Modules final : public DFlashModules {
       b.topk(vals, cands, u);
     }
     b.matmul(z, hidden, hproj_);  // z_p = hidden_projection · h_p, all rows at once
-    b.copy_from_host(chain_.rows(0, 1), &anchor);
+    // The anchor is read on the device (anchor_ids: the block's first id, uploaded with the
+    // block), so the draw queues no host copy.
+    (void)anchor;
     // The sequential part in one op: S_p[c] = U_p[c] + sum_i A[pred_p, i] Bc[C_p[c], i] z_p[i].
-    b.candidate_walk(chain_.rows(1, k), rows_out, d.probs, chain_.rows(0, 1), vals, cands, pred_,
-                     succ_, z, d.filter, d.uniforms);
-    b.copy(d.ids, chain_.rows(1, k));
+    b.candidate_walk(d.ids, rows_out, d.probs, anchor_ids, vals, cands, pred_, succ_, z, d.filter,
+                     d.uniforms);
   }
 
  private:
@@ -156,7 +156,6 @@ class DFlash2Modules final : public DFlashModules {
   Tensor u_;                 // F32 [B, V]: unary logits (scaled / soft-capped)
   Tensor vals_, cands_;      // F32 / I32 [B, T]
   Tensor z_;                 // [B, R]: hidden_projection · h_p
-  Tensor chain_;             // I32 [B + 1]: anchor, d_1 .. d_k
 };
 
 Result<DFlash2Config> parse_dflash2_fields(const json& j, const json& d, const std::string& file,

@@ -100,8 +100,9 @@ class DSparkModules final : public DFlashModules {
     return Status::Ok();
   }
 
-  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const DraftDraw& d,
-            const Tensor& rows_out, std::vector<float>* confidences) override {
+  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor,
+            const Tensor& /*anchor_ids: DSpark's chain keeps the anchor beside its drafts*/,
+            const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0), t = c_.draft_topk;
     const bool sampled = d.filter.temperature > 0.0f;
