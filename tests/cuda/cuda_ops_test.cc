@@ -1361,15 +1361,15 @@ struct SplitKernelGuard {
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
   ~SplitKernelGuard() {
     cuda::set_attention_kernel(cuda::AttentionKernel::kV3);
-    cuda::set_attention_combine(cuda::AttentionCombine::kFolded);
+    cuda::set_attention_combine(cuda::AttentionCombine::kBlock);
   }
 };
 
 // The split-kernel settings each test runs: v1 with the block-per-(row, head) combine first (the
 // reference: session 10's kernels), then v1 with the warp combine, v2 with the chunks per block
 // chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 with
-// either combine launch (v3 + block combine: session 11's default) and with the combine folded
-// into the split pass (the default).
+// either combine launch (v3 + block combine: the default) and with the combine folded into the
+// split pass (opt-in).
 struct SplitSetting {
   cuda::AttentionKernel kernel;
   int chunks;
@@ -1558,7 +1558,7 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
 // of 0 keys), called 3 times in a row and inside a captured graph replayed twice (a counter left
 // non-zero by a launch would skip or misplace the next launch's combine). The fused calls rewrite
 // the call's own keys with the same values, so every call gives the same output.
-TEST_F(CudaOps, FoldedCombineEqualsCombineLaunchBitForBit) {
+TEST_F(CudaOps, FoldedCombineSplitAttentionEqualsCombineLaunchBitForBit) {
   const SplitKernelGuard guard;
   const int64_t bs = 16, capacity = 70;
   uint32_t seed = 500;

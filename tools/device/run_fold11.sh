@@ -3,7 +3,9 @@
 # FULL=1 bash tools/device/pack_session8.sh build build-fuzz into build-cuda/: session 11, branch
 # fold11, the split-KV combine folded into the split pass (issue 17).
 #   cuda_ops_test's attention / split / prologue tests (the folded combine == the combine
-#   launch bit for bit), then FoldedCombineEqualsCombineLaunchBitForBit with the counter reset
+#   launch bit for bit; FoldedCombineSplitAttention... was named FoldedCombineEquals... in the
+#   measured call, which this filter missed: it ran only in the next step), then the folded test
+#   (filter *FoldedCombine*) with the counter reset
 #   switched off (BLOCKSPEC_ATTN_DIAG=8: must fail), then `bench --kernels --batch 32` and the
 #   batch-1 DFlash-b16 decode / verify / draft steps, folded (BLOCKSPEC_ATTN_COMBINE=fold) vs
 #   the two launches (=launch).

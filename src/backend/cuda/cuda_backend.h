@@ -74,10 +74,10 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // give the same bits.
 enum class AttentionKernel { kV1, kV2, kV3 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
-// Its combine pass: kFolded (default), run by the last split block of each (sequence tile, kv
-// head) to finish (v3 only; v1 / v2 launch kBlock), kBlock, a launch with a block per (row,
-// head), or kWarp, a launch with a warp per (row, head) (BLOCKSPEC_ATTN_COMBINE=fold /
-// launch or v1 / v2; the warp combine measured no gain). The same arithmetic in the same order.
+// Its combine pass: kBlock (default), a launch with a block per (row, head), kWarp, a launch
+// with a warp per (row, head), or kFolded, run by the last split block of each (sequence tile,
+// kv head) to finish (v3 only; v1 / v2 launch kBlock) (BLOCKSPEC_ATTN_COMBINE=launch or v1 / v2
+// / fold; kWarp measured no gain, kFolded slower). The same arithmetic in the same order.
 enum class AttentionCombine { kBlock, kWarp, kFolded };
 void set_attention_combine(AttentionCombine combine);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB

@@ -171,10 +171,10 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // Version 3 (default): v1's blocks and arithmetic with cp.async K / V loads, 16-byte
 // shared-memory reads and tile-sized shared memory (head dims 64 / 128 / 256; others run v1).
 void set_split_kernel(int version, int chunks_per_block = 0);
-// The combine pass: version 0 (default), folded into the v3 split pass (the last block of a
-// (sequence tile, kv head) to arrive merges its splits; needs counters, else version 1);
-// version 1, a launch with a block per (row, head); version 2, a launch with a warp per (row,
-// head). The same arithmetic in the same order.
+// The combine pass: version 1 (default), a launch with a block per (row, head); version 0,
+// folded into the v3 split pass (the last block of a (sequence tile, kv head) to arrive merges
+// its splits; needs counters, else version 1; measured slower); version 2, a launch with a warp
+// per (row, head). The same arithmetic in the same order.
 void set_combine_kernel(int version);
 // Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its
 // attention arithmetic, bit 4 the combine pass, bit 8 the folded combine's counter reset (tests:

@@ -5,9 +5,10 @@
 // query vectors of it (query rows x the heads that share the kv head, GQA), so a K/V chunk is
 // read once per tile and not once per query head. Each block writes an unnormalised partial
 // result with its running maximum and sum; the combine pass merges the splits of a (row, head) in
-// split order. By default (v3) the combine is folded into the split pass: the last block of a
-// (sequence tile, kv head) to finish merges that tile's rows (split_kernel_v3's counters), so a
-// call is one launch; the two-launch path stays selectable (set_combine_kernel). A batch of
+// split order. Opt-in (set_combine_kernel(0), v3 only), the combine is folded into the split
+// pass instead: the last block of a (sequence tile, kv head) to finish merges that tile's rows
+// (split_kernel_v3's counters), one launch per call; same bits, but measured slower on the H200
+// (docs/BENCHMARKS.md, session 11, branch fold11), so the two launches stay the default. A batch of
 // sequences (AttentionArgs::num_seqs) shares both launches; a sequence only picks its own rows,
 // block table and length, so its blocks run exactly the single-sequence work.
 //
@@ -1116,10 +1117,11 @@ namespace {
 std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
-// The combine: 0 = folded into the v3 split pass (split_kernel_v3's counters; launches without
-// counters, or on v1 / v2, run combine_kernel), 1 = combine_kernel (a block per (row, head)), 2 =
-// combine_warp_kernel (opt-in: no gain measured on the H200, docs/BENCHMARKS.md session 11).
-std::atomic<int> g_combine_version{0};
+// The combine: 1 = combine_kernel (a block per (row, head), the default), 0 = folded into the v3
+// split pass (split_kernel_v3's counters; launches without counters, or on v1 / v2, run
+// combine_kernel), 2 = combine_warp_kernel. 0 and 2 are opt-in: no gain measured on the H200
+// (docs/BENCHMARKS.md session 11: the warp combine equal, the fold slower).
+std::atomic<int> g_combine_version{1};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
