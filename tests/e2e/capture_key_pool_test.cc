@@ -54,6 +54,44 @@ TEST(CaptureKeyPool, PoolsOfOtherSizesAtTheSameAddressesGetOtherKeys) {
   EXPECT_EQ(batch.key(small), small_key);  // same pool, same staging: the same key
 }
 
+// The attention launch bound follows the tables staged now, not the buffer capacity, which only
+// grows: after one long sequence (the server's worst-case plan stages a whole window) short
+// sequences must not launch blocks for keys none of them has. The bound is a power of two of
+// blocks (at least kMinBoundBlocks) and part of the key, so a graph never replays with a bound
+// below its sequences' lengths.
+TEST(CaptureKeyPool, LaunchBoundFollowsTheStagedTablesNotTheCapacity) {
+  auto backend = make_cpu_backend(1);
+  const KvPool pool = make_kv_pool(*backend, 2, 4, 8, 600);
+  const int64_t bs = pool.block_size;
+  auto table_of = [](int64_t blocks) {
+    std::vector<int32_t> t(static_cast<size_t>(blocks));
+    for (int64_t i = 0; i < blocks; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    return t;
+  };
+  PagedBatch batch;
+  auto stage = [&](int64_t blocks) {
+    const std::vector<int32_t> table = table_of(blocks);
+    const PagedBatch::Seq seq{.block_table = table, .start_pos = blocks * bs - 1, .rows = 1};
+    batch.stage(*backend, pool, {&seq, 1});
+    return batch.key(pool);
+  };
+  stage(528);
+  EXPECT_GE(batch.capacity(), 528);
+  EXPECT_EQ(batch.max_kv_len(), batch.capacity() * bs);  // 528 blocks: bit_ceil is past it
+  const std::string short_key = stage(24);
+  EXPECT_GE(batch.capacity(), 528);  // the buffers keep their size
+  EXPECT_EQ(batch.max_kv_len(), PagedBatch::kMinBoundBlocks * bs);
+  const std::string longer_key = stage(100);
+  EXPECT_EQ(batch.max_kv_len(), 128 * bs);
+  EXPECT_NE(longer_key, short_key);
+  EXPECT_EQ(stage(24), short_key);
+  // Every staged sequence's keys stay inside the bound.
+  for (int64_t blocks : {1, 63, 64, 65, 129, 300}) {
+    stage(blocks);
+    EXPECT_GE(batch.max_kv_len(), blocks * bs) << blocks << " blocks";
+  }
+}
+
 // The CUDA backend's behaviour on the CPU, for the two parts that matter here:
 // - empty() as its caching allocator: requests rounded up to a power of two (from 512 bytes),
 //   released buffers reused last-in first-out per size, zero-filled;

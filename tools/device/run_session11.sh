@@ -7,7 +7,8 @@
 #           default attention kernel and BLOCKSPEC_ATTN_KERNEL=v1,
 #   serve - run_serve_s8.sh at 1 / 32 / 128 clients (128 -> 256 tokens), plain and DFlash-b16
 #           forced 100 %, with bench's prefill-free and end-to-end denominators.
-# STEPS=0 / SERVE=0 leave a section out; TESTS_S / SERVE_S bound them.
+# STEPS=0 / SERVE=0 leave a section out; TESTS_S / SERVE_S bound them; RUNS / BENCH_BATCHES
+# (run_serve_s8.sh's) narrow the serving matrix.
 # Files into $OUT: session.txt, serve_summary.txt, logs.tgz.
 set -u
 T0=$SECONDS
@@ -49,8 +50,8 @@ if [ "${STEPS:-1}" = 1 ]; then
 fi
 if [ "${SERVE:-1}" = 1 ]; then
   echo "== serve ($((SECONDS - T0)) s)"
-  OUT=$L/serve BUDGET=${SERVE_S:-260} BENCH_BATCHES="1 32 128" \
-    RUNS="128:256:1:2 128:256:32:2 128:256:128:2" \
+  OUT=$L/serve BUDGET=${SERVE_S:-260} BENCH_BATCHES="${BENCH_BATCHES:-1 32 128}" \
+    RUNS="${RUNS:-128:256:1:2 128:256:32:2 128:256:128:2}" \
     timeout -k 5 $((${SERVE_S:-260} + 40)) bash tools/device/run_serve_s8.sh 2>&1 | tail -n 14
   cp $L/serve/summary.txt $OUT/serve_summary.txt 2>/dev/null
 fi

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <bit>
 
 namespace bs {
 
@@ -78,6 +79,11 @@ void PagedBatch::stage(Backend& b, const KvPool& kv, std::span<const Seq> seqs, 
     }
   }
   block_size_ = kv.block_size;
+  bound_blocks_ =
+      with_tables ? std::min(capacity(),
+                             std::max(kMinBoundBlocks, static_cast<int64_t>(std::bit_ceil(
+                                                           static_cast<uint64_t>(table_blocks)))))
+                  : capacity();
   rows_ = rows;
   seq_rows_.clear();
   positions_host_.clear();
@@ -120,10 +126,10 @@ std::string PagedBatch::key(const KvPool& kv) const {
   // drop rows whose slot lies past it), and the caching allocator gives a released pool's
   // addresses to the next pool of the same size class (13 to 16 blocks of stories260K: 16 KiB);
   // kv_pool_id names the addresses only (tests/e2e/capture_key_pool_test.cc).
-  return fmt::format("{}:{}:{}:{}:{}:{:x}:{}", static_cast<const void*>(positions_.data()),
+  return fmt::format("{}:{}:{}:{}:{}:{}:{:x}:{}", static_cast<const void*>(positions_.data()),
                      static_cast<const void*>(tables_.defined() ? tables_.data() : nullptr),
-                     generation_, fmt::join(seq_rows_, ","), capacity(), kv_pool_id(kv),
-                     kv.k.empty() ? int64_t{0} : kv.k[0].dim(0));
+                     generation_, fmt::join(seq_rows_, ","), capacity(), bound_blocks_,
+                     kv_pool_id(kv), kv.k.empty() ? int64_t{0} : kv.k[0].dim(0));
 }
 
 }  // namespace bs

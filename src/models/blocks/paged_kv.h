@@ -53,17 +53,24 @@ class PagedBatch {
   Tensor table(int64_t r) const { return tables_.rows(r, 1).view({capacity()}); }
   Tensor kv_lens() const { return kv_lens_.rows(0, seqs()); }
   int64_t capacity() const { return tables_.defined() ? tables_.dim(1) : 0; }
-  // capacity * block_size: bounds the attention launch (the lengths themselves are on the device).
-  int64_t max_kv_len() const { return capacity() * block_size_; }
+  // Bounds the attention launch (the lengths themselves are on the device): the staged tables'
+  // longest coverage rounded up to a power of two of blocks (at least kMinBoundBlocks), at most
+  // the capacity. Not the capacity itself: the tables only grow, so one long sequence (or the
+  // server's worst-case plan at the end of the window) would leave every later step launching
+  // blocks for keys no sequence has. A power of two keeps the captures of a growing sequence to
+  // log2(length); the output does not depend on the bound (paged_attention's row invariance).
+  int64_t max_kv_len() const { return bound_blocks_ * block_size_; }
+  static constexpr int64_t kMinBoundBlocks = 64;
   // Rows of each sequence, and whether they are all equal (one batched attention call).
   std::span<const int64_t> seq_rows() const { return seq_rows_; }
   bool even() const;
   // What the staged buffers contribute to a capture key: their addresses and generation (bumped
-  // on every reallocation), the rows of each sequence, the table capacity and the pool.
+  // on every reallocation), the rows of each sequence, the table capacity, the launch bound and
+  // the pool.
   std::string key(const KvPool& kv) const;
 
  private:
-  int64_t rows_ = 0, block_size_ = 0, generation_ = 0;
+  int64_t rows_ = 0, block_size_ = 0, generation_ = 0, bound_blocks_ = 0;
   std::vector<int64_t> seq_rows_;
   Tensor positions_, slots_, tables_, kv_lens_;
   std::vector<int32_t> positions_host_, slots_host_, tables_host_, kv_lens_host_;
