@@ -22,7 +22,7 @@ timeout 200 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --
   > $L/steps/synth.txt 2>&1 &
 SYNTH_PID=$!
 echo "== tests ($((SECONDS - T0)) s)"
-OUT=$L/tests timeout -k 5 ${TESTS_S:-170} bash tools/device/run_session7.sh tests 2>&1 | grep -v "^NVIDIA" | grep -v "^\[ "
+[ "${TESTS:-1}" = 1 ] && OUT=$L/tests timeout -k 5 ${TESTS_S:-170} bash tools/device/run_session7.sh tests 2>&1 | grep -v "^NVIDIA" | grep -v "^\[ "
 wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
 M="--model $S/qwen3-8b"
 STEP_LINES="step \(pinned|verify step \(16 rows, taps|draft step|^generate|output ==|error"
