@@ -24,8 +24,10 @@ left() { [ $((SECONDS - T0)) -lt "${2:-$BUDGET}" ] || { echo "(skipped: $1 at $(
 git log -1 --format='%H %s' >> $OUT/env.txt 2>/dev/null
 cat $OUT/env.txt
 S=${SYNTH_DIR:-/dev/shm/synth}; PRESET=${PRESET:-qwen3-8b}; DEV=${DEV:-cuda}  # PRESET=tiny DEV=cpu: a dry run
-M="--model $S/$PRESET"; DR="--drafter $S/$PRESET-dflash-b16-acc100"
-if [ ! -e $S/$PRESET-dflash-b16-acc100 ]; then
+# MODEL_DIR / DRAFTER_DIR: serve these instead of the synthetic pair (e.g. models/stories260K and
+# one of its shipped drafters on the CPU); nothing is synthesised then.
+M="--model ${MODEL_DIR:-$S/$PRESET}"; DR="--drafter ${DRAFTER_DIR:-$S/$PRESET-dflash-b16-acc100}"
+if [ -z "${DRAFTER_DIR:-}" ] && [ ! -e $S/$PRESET-dflash-b16-acc100 ]; then
   timeout 180 $B synth --preset $PRESET --out $S/$PRESET --drafter dflash-b16 --acceptance 100 > $L/synth.txt 2>&1
   echo "synth rc=$? ($((SECONDS - T0))s)"
 fi
