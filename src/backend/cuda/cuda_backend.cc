@@ -291,7 +291,13 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "v1") == 0 || std::strcmp(env, "launch") == 0) set_combine_kernel(1);
       if (std::strcmp(env, "v2") == 0) set_combine_kernel(2);
     }
-    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG")) set_split_diag(std::atoi(env));
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
+      std::fprintf(stderr,
+                   "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
+                   "results are meaningless (a profiling switch, docs/CUDA.md)\n",
+                   env);
+      set_split_diag(std::atoi(env));
+    }
     if (const char* env = std::getenv("BLOCKSPEC_WALK_TABLE")) {
       walk_table_ = std::strcmp(env, "0") != 0;
     }
