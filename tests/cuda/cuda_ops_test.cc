@@ -1352,49 +1352,32 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
 
 #ifdef BLOCKSPEC_HAS_CUDA
 // ---- Split-KV kernels v2 (a block over consecutive chunks) and v3 (v1's blocks, cp.async loads,
-// 16-byte shared reads), and the warp combine, against v1 and the block combine, bit for bit ----
+// 16-byte shared reads) against v1, bit for bit ----
 
 // Restores the default split kernel when a test ends, a failed assertion included.
 struct SplitKernelGuard {
   SplitKernelGuard() = default;
   SplitKernelGuard(const SplitKernelGuard&) = delete;
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
-  ~SplitKernelGuard() {
-    cuda::set_attention_kernel(cuda::AttentionKernel::kV3);
-    cuda::set_attention_combine(cuda::AttentionCombine::kBlock);
-  }
+  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV3); }
 };
 
-// The split-kernel settings each test runs: v1 with the block-per-(row, head) combine first (the
-// reference: session 10's kernels), then v1 with the warp combine, v2 with the chunks per block
-// chosen by the launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 with
-// either combine launch (v3 + block combine: the default) and with the combine folded into the
-// split pass (opt-in).
+// The split-kernel settings each test runs: v1 first (the reference: session 10's kernel), then
+// v2 with the chunks per block chosen by the launch and forced to 1, 2, 3 (runs that end
+// mid-sequence) and 8, then v3 (the default).
 struct SplitSetting {
   cuda::AttentionKernel kernel;
   int chunks;
-  cuda::AttentionCombine combine = cuda::AttentionCombine::kWarp;
 };
 const std::vector<SplitSetting> kSplitSettings = {
-    {cuda::AttentionKernel::kV1, 0, cuda::AttentionCombine::kBlock},
-    {cuda::AttentionKernel::kV1, 0},
-    {cuda::AttentionKernel::kV2, 0},
-    {cuda::AttentionKernel::kV2, 1},
-    {cuda::AttentionKernel::kV2, 2},
-    {cuda::AttentionKernel::kV2, 3},
-    {cuda::AttentionKernel::kV2, 8},
-    {cuda::AttentionKernel::kV3, 0},
-    {cuda::AttentionKernel::kV3, 0, cuda::AttentionCombine::kBlock},
-    {cuda::AttentionKernel::kV3, 0, cuda::AttentionCombine::kFolded}};
-bool is_reference(const SplitSetting& s) {
-  return s.kernel == cuda::AttentionKernel::kV1 && s.combine == cuda::AttentionCombine::kBlock;
-}
+    {cuda::AttentionKernel::kV1, 0}, {cuda::AttentionKernel::kV2, 0},
+    {cuda::AttentionKernel::kV2, 1}, {cuda::AttentionKernel::kV2, 2},
+    {cuda::AttentionKernel::kV2, 3}, {cuda::AttentionKernel::kV2, 8},
+    {cuda::AttentionKernel::kV3, 0}};
+bool is_reference(const SplitSetting& s) { return s.kernel == cuda::AttentionKernel::kV1; }
 std::string setting_name(const SplitSetting& s) {
   return "kernel v" + std::to_string(static_cast<int>(s.kernel) + 1) + " chunks per block " +
-         std::to_string(s.chunks) +
-         (s.combine == cuda::AttentionCombine::kWarp    ? " warp combine"
-          : s.combine == cuda::AttentionCombine::kBlock ? " block combine"
-                                                        : " folded combine");
+         std::to_string(s.chunks);
 }
 
 // n bf16 values in [-2, 2) from a seeded LCG (fast enough for pools of many MB).
@@ -1464,7 +1447,6 @@ TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
           std::vector<uint16_t> want;
           for (const SplitSetting& setting : kSplitSettings) {
             cuda::set_attention_kernel(setting.kernel, setting.chunks);
-            cuda::set_attention_combine(setting.combine);
             Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
             gpu_->paged_attention_batch(out, q, kp, vp, tables, kv_lens, capacity * bs, mask,
                                         0.088f);
@@ -1525,7 +1507,6 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
         std::vector<uint16_t> want_out, want_k, want_v;
         for (const SplitSetting& setting : kSplitSettings) {
           cuda::set_attention_kernel(setting.kernel, setting.chunks);
-          cuda::set_attention_combine(setting.combine);
           Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
           gpu_->copy(kp, k0);
           gpu_->copy(vp, v0);
@@ -1546,97 +1527,6 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
           EXPECT_TRUE(got_out == want_out) << "output, " << what;
           EXPECT_TRUE(got_k == want_k) << "k pool, " << what;
           EXPECT_TRUE(got_v == want_v) << "v pool, " << what;
-        }
-      }
-    }
-  }
-}
-
-// The combine folded into v3's split pass (the last block of a (sequence tile, kv head) to arrive
-// merges its splits, then resets its counter) against v3 + the block combine launch, bit for bit:
-// plain and fused prologue, decode and verify rows, 1 to 77 sequences of 1 to 1100 keys (and one
-// of 0 keys), called 3 times in a row and inside a captured graph replayed twice (a counter left
-// non-zero by a launch would skip or misplace the next launch's combine). The fused calls rewrite
-// the call's own keys with the same values, so every call gives the same output.
-TEST_F(CudaOps, FoldedCombineSplitAttentionEqualsCombineLaunchBitForBit) {
-  const SplitKernelGuard guard;
-  const int64_t bs = 16, capacity = 70;
-  uint32_t seed = 500;
-  int key = 0;
-  for (const SplitShape& sh : kSplitShapes) {
-    for (const int64_t num_seqs : {1, 5, 32, 77}) {
-      const int64_t blocks = num_seqs * capacity;
-      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
-      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
-      Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
-      gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
-      gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
-      std::vector<int32_t> table(blocks);
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng_);
-      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
-      std::vector<float> freq(sh.hd / 2);
-      for (int64_t i = 0; i < sh.hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / sh.hd);
-      const Tensor inv_freq = weight(*gpu_, {sh.hd / 2}, freq);
-      const Tensor qn = weight(*gpu_, {sh.hd}, rnd(sh.hd)), kn = weight(*gpu_, {sh.hd}, rnd(sh.hd));
-      for (const int64_t n : {1, 16}) {
-        for (const bool fused : {false, true}) {
-          auto lens = split_test_lengths(num_seqs, n, rng_);
-          if (!fused && num_seqs == 5) lens[4] = 0;  // a sequence without keys: zero rows
-          std::vector<int32_t> pos, slots;
-          for (int64_t s = 0; s < num_seqs; ++s) {
-            for (int64_t r = 0; r < n; ++r) {
-              const int32_t p = std::max<int32_t>(static_cast<int32_t>(lens[s] - n + r), 0);
-              pos.push_back(p);
-              slots.push_back(table[s * capacity + p / bs] * bs + p % bs);
-            }
-          }
-          const int64_t rows = num_seqs * n, width = (sh.heads + 2 * sh.kv_heads) * sh.hd;
-          Tensor qkv = make(*gpu_, {rows, width}, DType::kBF16);
-          gpu_->copy_from_host(qkv, lcg_bf16(static_cast<size_t>(rows * width), seed++).data());
-          Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
-          gpu_->copy_from_host(
-              q, lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
-          const Tensor kv_lens = gpu_ints(lens), pos_t = gpu_ints(pos), slot_t = gpu_ints(slots);
-          Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
-          Tensor q_scratch = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
-          const auto call = [&] {
-            if (fused) {
-              gpu_->prologue_attention(out, q_scratch, qkv, qn, kn, 1e-6f, pos_t, inv_freq, 1.1f,
-                                       kp, vp, slot_t, tables, kv_lens, capacity * bs, {}, 0.088f);
-            } else {
-              gpu_->paged_attention_batch(out, q, kp, vp, tables, kv_lens, capacity * bs, {},
-                                          0.088f);
-            }
-          };
-          const auto fill = [&] {  // a poisoned output: a row the combine skipped shows
-            gpu_->copy_from_host(
-                out, std::vector<uint16_t>(static_cast<size_t>(out.numel()), 0x7fc1).data());
-          };
-          const std::string what = "hd " + std::to_string(sh.hd) + " heads " +
-                                   std::to_string(sh.heads) + " kv heads " +
-                                   std::to_string(sh.kv_heads) + " S " + std::to_string(num_seqs) +
-                                   " n " + std::to_string(n) + (fused ? " fused" : "");
-          cuda::set_attention_kernel(cuda::AttentionKernel::kV3);
-          cuda::set_attention_combine(cuda::AttentionCombine::kBlock);
-          fill();
-          call();
-          const auto want = host_bits<uint16_t>(*gpu_, out);
-          cuda::set_attention_combine(cuda::AttentionCombine::kFolded);
-          for (int round = 0; round < 3; ++round) {
-            fill();
-            call();
-            EXPECT_TRUE(host_bits<uint16_t>(*gpu_, out) == want)
-                << what << ", folded call " << round;
-          }
-          // run_captured: eager on the key's first use, captured on the second, then replayed.
-          const std::string graph_key = "test:folded-combine:" + std::to_string(key++);
-          for (int round = 0; round < 4; ++round) {
-            fill();
-            gpu_->run_captured(graph_key, call);
-            EXPECT_TRUE(host_bits<uint16_t>(*gpu_, out) == want)
-                << what << ", run_captured round " << round;
-          }
         }
       }
     }

@@ -2,6 +2,8 @@
 # Runs on the GPU machine from the repo root, after unpacking build-cuda/pack/dist.tar.xz into
 # build-cuda/ (FULL=1 bash tools/device/pack_session8.sh build build-fuzz): session 11, branch
 # attn11, the batched decode attention (issue 17).
+# (Session 11: BLOCKSPEC_ATTN_COMBINE, the warp combine it selected, was removed from main after
+# this call; the script is the record of what ran at branch attn11.)
 #   MODE=profile - the split-KV tests (v3 == v1 bit for bit), then `bench --kernels --batch 32`
 #                  with the split kernel v1 and v3 and v3's microbenchmark switches
 #                  (BLOCKSPEC_ATTN_DIAG: 1 no K/V loads, 2 no arithmetic, 4 no combine pass;
@@ -14,15 +16,10 @@
 # Files into $OUT: session.txt and the logs.
 set -u
 T0=$SECONDS
-LOG=$OUT/session.txt
-exec > >(tee -a "$LOG") 2>&1
 . tools/device/device_env.sh
-print_machine
+start_session $OUT/session.txt
 L=$OUT/logs; mkdir -p $L
-S=/dev/shm/synth
-timeout 200 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 \
-  > $L/synth.txt 2>&1 &
-SYNTH_PID=$!
+start_synth $L/synth.txt
 if [ "${MODE:-profile}" = profile ]; then
   echo "== split-KV tests ($((SECONDS - T0)) s)"
   timeout 90 $D/cuda_ops_test --gtest_filter='CudaOps.SplitAttention*:CudaOps.FusedPrologueSplit*:CudaOps.*Prologue*' \

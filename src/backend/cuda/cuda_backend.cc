@@ -286,11 +286,6 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "v2") == 0) set_split_kernel(2);
       if (std::strcmp(env, "v3") == 0) set_split_kernel(3);
     }
-    if (const char* env = std::getenv("BLOCKSPEC_ATTN_COMBINE")) {
-      if (std::strcmp(env, "fold") == 0) set_combine_kernel(0);
-      if (std::strcmp(env, "v1") == 0 || std::strcmp(env, "launch") == 0) set_combine_kernel(1);
-      if (std::strcmp(env, "v2") == 0) set_combine_kernel(2);
-    }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
       std::fprintf(stderr,
                    "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
@@ -313,7 +308,6 @@ class CudaBackend final : public Backend {
       if (c.exec) cudaGraphExecDestroy(c.exec);
     }
     if (attn_ws_) pool_->free(attn_ws_, attn_ws_bytes_);
-    if (attn_count_ws_) pool_->free(attn_count_ws_, attn_count_ws_bytes_);
     if (x16_ws_) pool_->free(x16_ws_, x16_ws_bytes_);
     if (fp8_part_ws_) pool_->free(fp8_part_ws_, fp8_part_ws_bytes_);
     if (fp8_count_ws_) pool_->free(fp8_count_ws_, fp8_count_ws_bytes_);
@@ -859,8 +853,7 @@ class CudaBackend final : public Backend {
         prologue_attention_supported(a, p)) {
       void* ws = attention_workspace(
           split_attention_workspace(q_scratch.dim(0), p.heads, p.hd, max_kv_len));
-      CUDA_CHECK(bs::cuda::prologue_attention(
-          a, p, kv_lens.as<int32_t>(), ws, attention_counters(q_scratch.dim(0), p.heads), stream_));
+      CUDA_CHECK(bs::cuda::prologue_attention(a, p, kv_lens.as<int32_t>(), ws, stream_));
       return;
     }
     Backend::prologue_attention(o, q_scratch, qkv, q_norm, k_norm, eps, positions, inv_freq,
@@ -1149,17 +1142,6 @@ class CudaBackend final : public Backend {
     return *buf;
   }
   void* attention_workspace(size_t bytes) { return scratch(&attn_ws_, &attn_ws_bytes_, bytes); }
-  // The folded combine's arrival counters, zeroed when allocated (never inside a capture: growth
-  // throws there); every launch leaves them at zero.
-  unsigned* attention_counters(int64_t rows, int64_t heads) {
-    const size_t had = attn_count_ws_bytes_;
-    void* counters = scratch(&attn_count_ws_, &attn_count_ws_bytes_,
-                             bs::cuda::split_attention_counters(rows, heads));
-    if (attn_count_ws_bytes_ != had) {
-      CUDA_CHECK(cudaMemsetAsync(counters, 0, attn_count_ws_bytes_, stream_));
-    }
-    return static_cast<unsigned*>(counters);
-  }
 
   // Where the keys of an attention call live: dense k / v (no table), or paged pools read through
   // the block tables of num_seqs sequences, sequence s's table at table + s * table_stride.
@@ -1208,7 +1190,7 @@ class CudaBackend final : public Backend {
     }
     if (q.dtype() == kvt && o.dtype() == kvt && split_attention_supported(a)) {
       void* ws = attention_workspace(split_attention_workspace(rows, heads, hd, kv_len));
-      CUDA_CHECK(split_attention(a, kv_len_dev, ws, attention_counters(rows, heads), stream_));
+      CUDA_CHECK(split_attention(a, kv_len_dev, ws, stream_));
       return;
     }
     BS_CHECK(kv_len_dev == nullptr && "a device kv length needs BF16 tensors and hd % 8 == 0");
@@ -1429,8 +1411,6 @@ class CudaBackend final : public Backend {
   // its graphs again.
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
-  void* attn_count_ws_ = nullptr;  // the folded combine's arrival counters
-  size_t attn_count_ws_bytes_ = 0;
   void* x16_ws_ = nullptr;
   size_t x16_ws_bytes_ = 0;
   // fp8_matmul_v2's split partials and arrival counters (the counters zeroed when allocated).
@@ -1553,11 +1533,6 @@ void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
                    : kernel == AttentionKernel::kV2 ? 2
                                                     : 3,
                    chunks_per_block);
-}
-void set_attention_combine(AttentionCombine combine) {
-  set_combine_kernel(combine == AttentionCombine::kFolded  ? 0
-                     : combine == AttentionCombine::kBlock ? 1
-                                                           : 2);
 }
 int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {

@@ -74,12 +74,6 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // give the same bits.
 enum class AttentionKernel { kV1, kV2, kV3 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
-// Its combine pass: kBlock (default), a launch with a block per (row, head), kWarp, a launch
-// with a warp per (row, head), or kFolded, run by the last split block of each (sequence tile,
-// kv head) to finish (v3 only; v1 / v2 launch kBlock) (BLOCKSPEC_ATTN_COMBINE=launch or v1 / v2
-// / fold; kWarp measured no gain, kFolded slower). The same arithmetic in the same order.
-enum class AttentionCombine { kBlock, kWarp, kFolded };
-void set_attention_combine(AttentionCombine combine);
 // Backend::candidate_walk with its table (default: every row's candidate terms for every
 // predecessor computed in parallel first, then looked up by the sequential walk) or without
 // (each row computes its own; also BLOCKSPEC_WALK_TABLE=0, read when the backend is made). Both

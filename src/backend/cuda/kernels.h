@@ -157,12 +157,8 @@ cudaError_t attention(const AttentionArgs& a, cudaStream_t s);
 // depend on n, on a.kv_len, on the other rows or on the other sequences of the launch.
 bool split_attention_supported(const AttentionArgs& a);
 size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_t max_kv_len);
-// Bytes of the arrival counters of the folded combine (set_combine_kernel(0)) for num_seqs * n =
-// rows query rows: the caller zeroes them once; every launch leaves them at zero again. With
-// counters null the combine runs as a launch of its own (the same bits either way).
-size_t split_attention_counters(int64_t rows, int64_t heads);
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
-                            unsigned* counters, cudaStream_t s);
+                            cudaStream_t s);
 // The split pass's kernel, for every later split_attention / prologue_attention launch of the
 // process: version 1, a block per 64-key chunk; version 2, a block per run of
 // consecutive chunks of its (sequence, kv head, tile), the next chunk's K / V loads in flight
@@ -171,14 +167,8 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // Version 3 (default): v1's blocks and arithmetic with cp.async K / V loads, 16-byte
 // shared-memory reads and tile-sized shared memory (head dims 64 / 128 / 256; others run v1).
 void set_split_kernel(int version, int chunks_per_block = 0);
-// The combine pass: version 1 (default), a launch with a block per (row, head); version 0,
-// folded into the v3 split pass (the last block of a (sequence tile, kv head) to arrive merges
-// its splits; needs counters, else version 1; measured slower); version 2, a launch with a warp
-// per (row, head). The same arithmetic in the same order.
-void set_combine_kernel(int version);
 // Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its
-// attention arithmetic, bit 4 the combine pass, bit 8 the folded combine's counter reset (tests:
-// later launches then skip their combine). The results are then meaningless.
+// attention arithmetic, bit 4 the combine pass. The results are then meaningless.
 void set_split_diag(int bits);
 
 // Causal flash-attention prefill (flash_prefill.cu) for BF16 q / out / paged pools, head dim 64
@@ -215,8 +205,7 @@ cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s);
 // pools).
 bool prologue_attention_supported(const AttentionArgs& a, const PrologueArgs& p);
 cudaError_t prologue_attention(const AttentionArgs& a, const PrologueArgs& p,
-                               const int32_t* kv_len_dev, void* workspace, unsigned* counters,
-                               cudaStream_t s);
+                               const int32_t* kv_len_dev, void* workspace, cudaStream_t s);
 // y[r, c] = silu(gate_up[r, c]) * gate_up[r, i_dim + c], BF16.
 cudaError_t swiglu(void* y, const void* gate_up, int64_t rows, int64_t i_dim, cudaStream_t s);
 

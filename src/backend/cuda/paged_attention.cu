@@ -5,12 +5,9 @@
 // query vectors of it (query rows x the heads that share the kv head, GQA), so a K/V chunk is
 // read once per tile and not once per query head. Each block writes an unnormalised partial
 // result with its running maximum and sum; the combine pass merges the splits of a (row, head) in
-// split order. Opt-in (set_combine_kernel(0), v3 only), the combine is folded into the split
-// pass instead: the last block of a (sequence tile, kv head) to finish merges that tile's rows
-// (split_kernel_v3's counters), one launch per call; same bits, but measured slower on the H200
-// (docs/BENCHMARKS.md, session 11, branch fold11), so the two launches stay the default. A batch of
-// sequences (AttentionArgs::num_seqs) shares both launches; a sequence only picks its own rows,
-// block table and length, so its blocks run exactly the single-sequence work.
+// split order. A batch of sequences (AttentionArgs::num_seqs) shares both launches; a sequence
+// only picks its own rows, block table and length, so its blocks run exactly the single-sequence
+// work.
 //
 // Row invariance: the chunk boundaries are absolute key positions, every (query, key) score and
 // every per-query reduction runs the same instruction sequence whichever tile slot the query
@@ -539,144 +536,16 @@ __host__ __device__ inline size_t split_smem_bytes_v3(int64_t hd, int tile) {
 }
 
 // Diagnostic switches of v3 (set_split_diag, tests and microbenchmarks only): kDiagNoLoads skips
-// the K / V loads, kDiagNoCompute the scores / softmax / P . V, kDiagNoCombine the combine pass,
-// kDiagKeepCounters the folded combine's counter reset (a test shows that it fails then).
-constexpr int kDiagNoLoads = 1, kDiagNoCompute = 2, kDiagNoCombine = 4, kDiagKeepCounters = 8;
+// the K / V loads, kDiagNoCompute the scores / softmax / P . V, kDiagNoCombine the combine pass.
+constexpr int kDiagNoLoads = 1, kDiagNoCompute = 2, kDiagNoCombine = 4;
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// The folded combine: the (row, head) pairs of the tile `st` merged over their first `splits`
-// splits, combine_kernel's arithmetic in its order: M = the largest split maximum (exact in any
-// order), f_s = exp(m_s - M) or 0 for a split not seen, den = the sum of f_s l_s in split order,
-// each column the sum of f_s o_s in split order, times 1 / den. Run by the whole block (it has
-// barriers). The partials were written by other blocks of this grid: read at L2 (__ldcg), never
-// from a stale L1 line. Session 5 measured a fold that merged a tile's rows one after another in
-// one block (+1 ms per verify step); here every load of a phase is issued together:
-// 1. the block loads every (pair, split) maximum and sum into shared memory (`work`, the free K /
-//    V buffers: 64 HD floats, 2 nq splits + nq of them needed);
-// 2. a warp per pair: M by warp_max, the weights f_s in place, den by every lane in split order;
-// 3. a thread per (pair, 4 columns): the column sums in split order, 4 splits' loads in flight.
-// Launch bounds too long for the shared arrays (> 64 HD / (2 nq) - 1 splits) take
-// fold_combine_serial.
-template <int HD>
-__device__ __forceinline__ void fold_combine_serial(const AttentionArgs& a, const SplitTile& st,
-                                                    int splits, const float* part_o,
-                                                    const float* part_ml) {
-  const int64_t stride = a.num_seqs * a.n * a.heads;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out);
-  for (int i = threadIdx.x; i < st.nq * HD; i += kSplitThreads) {
-    const int t = i / HD, c = i - t * HD;
-    const int64_t qi = st.q_begin + t, row = qi / st.group, h = st.kvh * st.group + qi % st.group;
-    const int64_t rh = (st.seq_row0 + row) * a.heads + h;
-    float M = -INFINITY;
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(part_ml + (s * stride + rh) * 2));
-    float den = 0.0f, num = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float m = __ldcg(part_ml + (s * stride + rh) * 2);
-      const float l = __ldcg(part_ml + (s * stride + rh) * 2 + 1);
-      const float o = __ldcg(part_o + (s * stride + rh) * HD + c);
-      const float f = m == -INFINITY ? 0.0f : __expf(m - M);
-      den += f * l;
-      num += f * o;
-    }
-    const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
-    out[rh * HD + c] = __float2bfloat16_rn(num * inv_den);
-  }
-}
-
-template <int HD>
-__device__ __forceinline__ void fold_combine(const AttentionArgs& a, const SplitTile& st,
-                                             int splits, float* work, const float* part_o,
-                                             const float* part_ml) {
-  const int nq = st.nq, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (2 * nq * splits + nq > kSplitKeys * HD) {
-    fold_combine_serial<HD>(a, st, splits, part_o, part_ml);
-    return;
-  }
-  const int64_t stride = a.num_seqs * a.n * a.heads;
-  const auto rh_of = [&](int t) {
-    const int64_t qi = st.q_begin + t, row = qi / st.group, h = st.kvh * st.group + qi % st.group;
-    return (st.seq_row0 + row) * a.heads + h;
-  };
-  float* weight_of = work;                   // [nq][splits]: m_s, then f_s
-  float* sum_of = work + nq * splits;        // [nq][splits]: l_s
-  float* inv_den_of = sum_of + nq * splits;  // [nq]
-  for (int i = tid; i < nq * splits; i += kSplitThreads) {
-    const int t = i / splits, s = i - t * splits;
-    const float2 ml =
-        __ldcg(reinterpret_cast<const float2*>(part_ml + (s * stride + rh_of(t)) * 2));
-    weight_of[i] = ml.x;
-    sum_of[i] = ml.y;
-  }
-  __syncthreads();
-  for (int t = warp; t < nq; t += kSplitThreads / 32) {
-    float* w = weight_of + t * splits;
-    const float* l = sum_of + t * splits;
-    float M = -INFINITY;
-    for (int s = lane; s < splits; s += 32) M = fmaxf(M, w[s]);
-    M = warp_max(M);
-    __syncwarp();
-    for (int s = lane; s < splits; s += 32) w[s] = w[s] == -INFINITY ? 0.0f : __expf(w[s] - M);
-    __syncwarp();
-    float den = 0.0f;
-    for (int s = 0; s < splits; ++s) den += w[s] * l[s];
-    if (lane == 0) inv_den_of[t] = den > 0.0f ? 1.0f / den : 0.0f;
-  }
-  __syncthreads();
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out);
-  constexpr int kQuads = HD / 4;
-  for (int i = tid; i < nq * kQuads; i += kSplitThreads) {
-    const int t = i / kQuads, c = 4 * (i - t * kQuads);
-    const int64_t rh = rh_of(t);
-    const float* w = weight_of + t * splits;
-    float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int s = 0;
-    for (; s + 4 <= splits; s += 4) {  // four splits' loads in flight
-      float4 o[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        o[u] = __ldcg(reinterpret_cast<const float4*>(part_o + ((s + u) * stride + rh) * HD + c));
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float f = w[s + u];
-        num[0] += f * o[u].x;
-        num[1] += f * o[u].y;
-        num[2] += f * o[u].z;
-        num[3] += f * o[u].w;
-      }
-    }
-    for (; s < splits; ++s) {
-      const float f = w[s];
-      const float4 o = __ldcg(reinterpret_cast<const float4*>(part_o + (s * stride + rh) * HD + c));
-      num[0] += f * o.x;
-      num[1] += f * o.y;
-      num[2] += f * o.z;
-      num[3] += f * o.w;
-    }
-    const float inv_den = inv_den_of[t];
-    __nv_bfloat162 lo, hi;
-    lo.x = __float2bfloat16_rn(num[0] * inv_den);
-    lo.y = __float2bfloat16_rn(num[1] * inv_den);
-    hi.x = __float2bfloat16_rn(num[2] * inv_den);
-    hi.y = __float2bfloat16_rn(num[3] * inv_den);
-    *reinterpret_cast<__nv_bfloat162*>(out + rh * HD + c) = lo;
-    *reinterpret_cast<__nv_bfloat162*>(out + rh * HD + c + 2) = hi;
-  }
-}
-
-// counters (the folded combine; null: a combine launch follows): one per (sequence tile, kv
-// head), zero at the launch. A block that computed a split adds one to its tile's counter after
-// its partial results are written; the block that brings it to the sequence's split count
-// (min(its chunks, the launch's splits): blocks past the sequence's length return without
-// arriving) resets it to zero (for the next launch, or the next replay of a graph) and runs
-// fold_combine. A sequence without keys (no split) gets the zero rows of the combine pass from
-// its split-0 blocks.
 template <int QPT, int HD, bool FUSED>
 __global__ void __launch_bounds__(kSplitThreads, 4)
     split_kernel_v3(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, int diag,
-                    unsigned* counters, float* part_o, float* part_ml) {
+                    float* part_o, float* part_ml) {
   constexpr int P = FUSED ? HD / 64 : 0;
   constexpr int kTile = 2 * QPT, kHalf = HD / 2, kVec = HD / 8;  // kVec: 16-byte vectors per row
   constexpr int kLoads = kSplitKeys * kVec / kSplitThreads;      // K (and V) vectors per thread
@@ -686,21 +555,12 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   float* Qs = reinterpret_cast<float*>(Vs + kSplitKeys * kHalf);       // [kTile][HD]
   float* S = Qs + kTile * HD;                                          // [kTile][64]
   __shared__ float sm_max[kTile], sm_sum[kTile];
-  __shared__ int last_arrival;
   griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
 
   const SplitTile st = split_tile<QPT>(a, kv_len_dev);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
-  const int launch_splits = static_cast<int>((a.kv_len + kSplitKeys - 1) / kSplitKeys);
-  const int splits =
-      min(static_cast<int>((st.kv_len + kSplitKeys - 1) / kSplitKeys), launch_splits);
-  if (j0 >= st.kv_len) {  // beyond the sequence: the combine never reads this split
-    if (counters && splits <= 0 && blockIdx.x == 0) {
-      fold_combine<HD>(a, st, 0, reinterpret_cast<float*>(smem), part_o, part_ml);
-    }
-    return;
-  }
+  if (j0 >= st.kv_len) return;  // beyond the sequence: the combine never reads this split
   const int tid = threadIdx.x, nq = st.nq;
   // Thread's vectors i = tid + 128 u: key i / kVec, column vector i % kVec. Slots -1 (past the
   // length, or the call's own keys when fused) are zero-filled.
@@ -783,58 +643,44 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   constexpr int kQuads = HD / 4, kGroups = kSplitThreads / kQuads;
   constexpr int kQpv = kTile / kGroups > 0 ? kTile / kGroups : 1;
   const int cq = tid % kQuads, tq0 = (tid / kQuads) * kQpv;
-  if (tq0 < nq) {
-    float acc[kQpv][4];
+  if (tq0 >= nq) return;
+  float acc[kQpv][4];
 #pragma unroll
-    for (int u = 0; u < kQpv; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+  for (int u = 0; u < kQpv; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
 #pragma unroll 2
-    for (int j = 0; j < kSplitKeys; j += 4) {
-      float4 pr[kQpv];
-#pragma unroll
-      for (int u = 0; u < kQpv; ++u) {
-        pr[u] = *reinterpret_cast<const float4*>(S + (tq0 + u) * kSplitKeys + j);
-      }
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const uint2 vw = *reinterpret_cast<const uint2*>(Vs + (j + jj) * kHalf + 2 * cq);
-        const float v0 = bf16_lo(vw.x), v1 = bf16_hi(vw.x), v2 = bf16_lo(vw.y), v3 = bf16_hi(vw.y);
-#pragma unroll
-        for (int u = 0; u < kQpv; ++u) {
-          const float pj = jj == 0 ? pr[u].x : jj == 1 ? pr[u].y : jj == 2 ? pr[u].z : pr[u].w;
-          acc[u][0] = fmaf(pj, v0, acc[u][0]);
-          acc[u][1] = fmaf(pj, v1, acc[u][1]);
-          acc[u][2] = fmaf(pj, v2, acc[u][2]);
-          acc[u][3] = fmaf(pj, v3, acc[u][3]);
-        }
-      }
-    }
+  for (int j = 0; j < kSplitKeys; j += 4) {
+    float4 pr[kQpv];
 #pragma unroll
     for (int u = 0; u < kQpv; ++u) {
-      const int t = tq0 + u;
-      if (t >= nq) break;
-      const int64_t qi = st.q_begin + t, row = qi / st.group, h = st.kvh * st.group + qi % st.group;
-      const int64_t idx = (blockIdx.x * a.num_seqs * a.n + st.seq_row0 + row) * a.heads + h;
-      *reinterpret_cast<float4*>(part_o + idx * HD + 4 * cq) =
-          make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
-      if (cq == 0) {
-        part_ml[idx * 2] = sm_max[t];
-        part_ml[idx * 2 + 1] = sm_sum[t];
+      pr[u] = *reinterpret_cast<const float4*>(S + (tq0 + u) * kSplitKeys + j);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const uint2 vw = *reinterpret_cast<const uint2*>(Vs + (j + jj) * kHalf + 2 * cq);
+      const float v0 = bf16_lo(vw.x), v1 = bf16_hi(vw.x), v2 = bf16_lo(vw.y), v3 = bf16_hi(vw.y);
+#pragma unroll
+      for (int u = 0; u < kQpv; ++u) {
+        const float pj = jj == 0 ? pr[u].x : jj == 1 ? pr[u].y : jj == 2 ? pr[u].z : pr[u].w;
+        acc[u][0] = fmaf(pj, v0, acc[u][0]);
+        acc[u][1] = fmaf(pj, v1, acc[u][1]);
+        acc[u][2] = fmaf(pj, v2, acc[u][2]);
+        acc[u][3] = fmaf(pj, v3, acc[u][3]);
       }
     }
   }
-  if (counters == nullptr) return;
-  __threadfence();  // this thread's partial results, visible to the grid before the arrival
-  __syncthreads();
-  if (tid == 0) {
-    unsigned* counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
-    const bool last = atomicAdd(counter, 1u) + 1 == static_cast<unsigned>(splits);
-    if (last && !(diag & kDiagKeepCounters)) atomicExch(counter, 0u);
-    last_arrival = last;
+#pragma unroll
+  for (int u = 0; u < kQpv; ++u) {
+    const int t = tq0 + u;
+    if (t >= nq) break;
+    const int64_t qi = st.q_begin + t, row = qi / st.group, h = st.kvh * st.group + qi % st.group;
+    const int64_t idx = (blockIdx.x * a.num_seqs * a.n + st.seq_row0 + row) * a.heads + h;
+    *reinterpret_cast<float4*>(part_o + idx * HD + 4 * cq) =
+        make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
+    if (cq == 0) {
+      part_ml[idx * 2] = sm_max[t];
+      part_ml[idx * 2 + 1] = sm_sum[t];
+    }
   }
-  __syncthreads();
-  if (!last_arrival) return;
-  __threadfence();
-  fold_combine<HD>(a, st, splits, reinterpret_cast<float*>(smem), part_o, part_ml);
 }
 
 // Floats of each of the combine kernel's two shared arrays for a launch bound of kv_len keys: the
@@ -899,85 +745,6 @@ __global__ void combine_kernel(AttentionArgs a, const int32_t* kv_len_dev, const
     }
     for (; s < splits; ++s) num += weight_of[s] * part_o[(s * stride + rh) * a.hd + c];
     out[c] = __float2bfloat16_rn(num * inv_den);
-  }
-}
-
-// The combine pass with a warp per (row, head), kCombineWarps of them per block (or 1 when the
-// launch's splits need more shared memory), the same arithmetic as combine_kernel in the same
-// order: M = the largest split maximum, f_s = exp(m_s - M), den = sum of f_s l_s in split order
-// (every lane runs the sum), each column's sum of f_s o_s in split order, lane = 4 columns.
-// Why: combine_kernel's block per (row, head) spent about 5 us of a 32-sequence decode layer's
-// ~36 (1,024 blocks, each with a one-thread serial phase between two barriers); warps do the
-// same in a quarter of the blocks, with 16-byte partial reads and no barriers. Measured: no gain
-// (36.3 vs 35.7 us in two calls), so opt-in (set_combine_kernel(2), BLOCKSPEC_ATTN_COMBINE=v2).
-// grid (ceil(rows * heads / warps)), 32 * warps threads, dynamic shared memory warps x 2 x
-// combine_array_floats(a.kv_len) floats.
-constexpr int kCombineWarps = 4;
-
-__global__ void combine_warp_kernel(AttentionArgs a, const int32_t* kv_len_dev, const float* part_o,
-                                    const float* part_ml) {
-  extern __shared__ __align__(16) float combine_smem[];
-  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
-  griddep_wait();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t rh = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
-  if (rh >= a.num_seqs * a.n * a.heads) return;
-  const int64_t array_floats = combine_array_floats(a.kv_len);
-  float* weight_of = combine_smem + warp * 2 * array_floats;  // [splits]: f_s (0: not seen)
-  float* sum_of = weight_of + array_floats;                   // [splits]: l_s
-  const int64_t kv_len = kv_length(a, kv_len_dev, rh / (a.n * a.heads));
-  const int launch_splits = static_cast<int>((a.kv_len + kSplitKeys - 1) / kSplitKeys);
-  const int splits = min(static_cast<int>((kv_len + kSplitKeys - 1) / kSplitKeys), launch_splits);
-  const int64_t stride = a.num_seqs * a.n * a.heads;
-  float M = -INFINITY;
-  for (int s = lane; s < splits; s += 32) {
-    const float m = part_ml[(s * stride + rh) * 2];
-    weight_of[s] = m;
-    sum_of[s] = part_ml[(s * stride + rh) * 2 + 1];
-    M = fmaxf(M, m);
-  }
-  M = warp_max(M);
-  for (int s = lane; s < splits; s += 32) {
-    weight_of[s] = weight_of[s] == -INFINITY ? 0.0f : __expf(weight_of[s] - M);
-  }
-  __syncwarp();
-  float den = 0.0f;
-  for (int s = 0; s < splits; ++s) den += weight_of[s] * sum_of[s];
-  const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(a.out) + rh * a.hd;
-  for (int64_t c = 4 * lane; c < a.hd; c += 128) {
-    float num[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int s = 0;
-    for (; s + 4 <= splits; s += 4) {  // four independent loads in flight
-      float4 o[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        o[u] = *reinterpret_cast<const float4*>(part_o + ((s + u) * stride + rh) * a.hd + c);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float w = weight_of[s + u];
-        num[0] += w * o[u].x;
-        num[1] += w * o[u].y;
-        num[2] += w * o[u].z;
-        num[3] += w * o[u].w;
-      }
-    }
-    for (; s < splits; ++s) {
-      const float w = weight_of[s];
-      const float4 o = *reinterpret_cast<const float4*>(part_o + (s * stride + rh) * a.hd + c);
-      num[0] += w * o.x;
-      num[1] += w * o.y;
-      num[2] += w * o.z;
-      num[3] += w * o.w;
-    }
-    __nv_bfloat162 lo, hi;
-    lo.x = __float2bfloat16_rn(num[0] * inv_den);
-    lo.y = __float2bfloat16_rn(num[1] * inv_den);
-    hi.x = __float2bfloat16_rn(num[2] * inv_den);
-    hi.y = __float2bfloat16_rn(num[3] * inv_den);
-    *reinterpret_cast<__nv_bfloat162*>(out + c) = lo;
-    *reinterpret_cast<__nv_bfloat162*>(out + c + 2) = hi;
   }
 }
 
@@ -1098,12 +865,6 @@ bool split_attention_supported(const AttentionArgs& a) {
          aligned(a.k) && aligned(a.v);
 }
 
-// A counter per (sequence tile, kv head): tiles * kv_heads <= n * group * kv_heads = n * heads
-// per sequence.
-size_t split_attention_counters(int64_t rows, int64_t heads) {
-  return static_cast<size_t>(rows * heads) * sizeof(unsigned);
-}
-
 size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_t max_kv_len) {
   const int64_t splits = (max_kv_len + kSplitKeys - 1) / kSplitKeys;
   return static_cast<size_t>(splits * rows * heads) * (hd + 2) * sizeof(float);
@@ -1117,11 +878,6 @@ namespace {
 std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
-// The combine: 1 = combine_kernel (a block per (row, head), the default), 0 = folded into the v3
-// split pass (split_kernel_v3's counters; launches without counters, or on v1 / v2, run
-// combine_kernel), 2 = combine_warp_kernel. 0 and 2 are opt-in: no gain measured on the H200
-// (docs/BENCHMARKS.md session 11: the warp combine equal, the fold slower).
-std::atomic<int> g_combine_version{1};
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
@@ -1162,42 +918,32 @@ int64_t group_chunks(Kernel kernel, size_t smem, std::atomic<int>& cached, int64
 // same chunks grouped (setting the shared-memory limit on first use).
 template <int QPT, int HD, bool FUSED>
 cudaError_t launch_split_v3(dim3 grid, cudaStream_t s, const AttentionArgs& a,
-                            const PrologueArgs& p, const int32_t* kv_len_dev, unsigned* counters,
-                            float* part_o, float* part_ml) {
+                            const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
+                            float* part_ml) {
   const size_t smem = split_smem_bytes_v3(HD, 2 * QPT);
   static const cudaError_t configured =
       cudaFuncSetAttribute(split_kernel_v3<QPT, HD, FUSED>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (configured != cudaSuccess) return configured;
   return launch_pdl(split_kernel_v3<QPT, HD, FUSED>, grid, dim3(kSplitThreads), smem, s, a, p,
-                    kv_len_dev, g_split_diag.load(std::memory_order_relaxed), counters, part_o,
-                    part_ml);
+                    kv_len_dev, g_split_diag.load(std::memory_order_relaxed), part_o, part_ml);
 }
 
-// v3 runs the launch (hd 64 / 128 / 256; v3 is selected).
-bool runs_v3(const AttentionArgs& a) {
-  return g_split_version.load(std::memory_order_relaxed) == 3 &&
-         (a.hd == 64 || a.hd == 128 || a.hd == 256);
-}
-
-// counters: the folded combine (v3 only; null for the other kernels).
 template <int QPT, int P>
 cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const AttentionArgs& a,
-                         const PrologueArgs& p, const int32_t* kv_len_dev, unsigned* counters,
-                         float* part_o, float* part_ml) {
+                         const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
+                         float* part_ml) {
   const int version = g_split_version.load(std::memory_order_relaxed);
-  if (runs_v3(a)) {
+  if (version == 3 && (a.hd == 64 || a.hd == 128 || a.hd == 256)) {
     constexpr bool kFused = P > 0;
     if (a.hd == 64 && (!kFused || P == 1)) {
-      return launch_split_v3<QPT, 64, kFused>(grid, s, a, p, kv_len_dev, counters, part_o, part_ml);
+      return launch_split_v3<QPT, 64, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
     }
     if (a.hd == 128 && (!kFused || P == 2)) {
-      return launch_split_v3<QPT, 128, kFused>(grid, s, a, p, kv_len_dev, counters, part_o,
-                                               part_ml);
+      return launch_split_v3<QPT, 128, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
     }
     if (a.hd == 256 && (!kFused || P == 4)) {
-      return launch_split_v3<QPT, 256, kFused>(grid, s, a, p, kv_len_dev, counters, part_o,
-                                               part_ml);
+      return launch_split_v3<QPT, 256, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
     }
   }
   if (version != 2) {
@@ -1224,17 +970,17 @@ cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const Attention
 
 template <int QPT>
 cudaError_t launch_split(int P, dim3 grid, size_t smem, cudaStream_t s, const AttentionArgs& a,
-                         const PrologueArgs& p, const int32_t* kv_len_dev, unsigned* counters,
-                         float* part_o, float* part_ml) {
+                         const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
+                         float* part_ml) {
   switch (P) {
     case 1:
-      return launch_split<QPT, 1>(grid, smem, s, a, p, kv_len_dev, counters, part_o, part_ml);
+      return launch_split<QPT, 1>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
     case 2:
-      return launch_split<QPT, 2>(grid, smem, s, a, p, kv_len_dev, counters, part_o, part_ml);
+      return launch_split<QPT, 2>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
     case 4:
-      return launch_split<QPT, 4>(grid, smem, s, a, p, kv_len_dev, counters, part_o, part_ml);
+      return launch_split<QPT, 4>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
     default:
-      return launch_split<QPT, 0>(grid, smem, s, a, p, kv_len_dev, counters, part_o, part_ml);
+      return launch_split<QPT, 0>(grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   }
 }
 
@@ -1244,8 +990,7 @@ int warp_prologue_pairs(int64_t hd) {
 }
 
 cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prologue,
-                                const int32_t* kv_len_dev, void* workspace, unsigned* counters,
-                                cudaStream_t s) {
+                                const int32_t* kv_len_dev, void* workspace, cudaStream_t s) {
   if (a.n <= 0 || a.heads <= 0) return cudaSuccess;
   if (!split_attention_supported(a)) return cudaErrorInvalidValue;
   const int64_t splits = (a.kv_len + kSplitKeys - 1) / kSplitKeys;
@@ -1264,32 +1009,21 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
                   static_cast<unsigned>(a.num_seqs * tiles));
   const PrologueArgs p = prologue ? *prologue : PrologueArgs{};
   const int P = prologue ? warp_prologue_pairs(a.hd) : 0;
-  // The combine folded into the split pass: v3, counters given, no diagnostic switch.
-  const bool fold = counters != nullptr && g_combine_version.load(std::memory_order_relaxed) == 0 &&
-                    (g_split_diag.load(std::memory_order_relaxed) & ~kDiagKeepCounters) == 0 &&
-                    runs_v3(a);
-  unsigned* fold_counters = fold ? counters : nullptr;
   cudaError_t err;
   if (qpt == 2) {
-    err = launch_split<2>(P, grid, smem, s, a, p, kv_len_dev, fold_counters, part_o, part_ml);
+    err = launch_split<2>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   } else if (qpt == 4) {
-    err = launch_split<4>(P, grid, smem, s, a, p, kv_len_dev, fold_counters, part_o, part_ml);
+    err = launch_split<4>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   } else {
-    err = launch_split<8>(P, grid, smem, s, a, p, kv_len_dev, fold_counters, part_o, part_ml);
+    err = launch_split<8>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   }
-  if (err != cudaSuccess || fold) return err;
+  if (err != cudaSuccess) return err;
   if (g_split_diag.load(std::memory_order_relaxed) & kDiagNoCombine) return cudaSuccess;
-  const size_t row_smem = static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
-  if (g_combine_version.load(std::memory_order_relaxed) != 2) {
-    const int threads = a.hd >= 128 ? 128 : 64;
-    return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
-                      row_smem, s, a, kv_len_dev, part_o, part_ml);
-  }
-  // Four warps per block while their arrays fit the default 48 KB (launch bounds up to ~98K keys).
-  const int warps = kCombineWarps * row_smem <= 48 * 1024 ? kCombineWarps : 1;
-  const int64_t blocks = (rows * a.heads + warps - 1) / warps;
-  return launch_pdl(combine_warp_kernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * warps),
-                    warps * row_smem, s, a, kv_len_dev, part_o, part_ml);
+  const size_t combine_smem =
+      static_cast<size_t>(combine_array_floats(a.kv_len)) * 2 * sizeof(float);
+  const int threads = a.hd >= 128 ? 128 : 64;
+  return launch_pdl(combine_kernel, dim3(static_cast<unsigned>(rows * a.heads)), dim3(threads),
+                    combine_smem, s, a, kv_len_dev, part_o, part_ml);
 }
 
 }  // namespace
@@ -1299,15 +1033,11 @@ void set_split_kernel(int version, int chunks_per_block) {
   g_split_chunks.store(chunks_per_block > 0 ? chunks_per_block : 0, std::memory_order_relaxed);
 }
 
-void set_combine_kernel(int version) {
-  g_combine_version.store(version == 0 || version == 1 ? version : 2, std::memory_order_relaxed);
-}
-
 void set_split_diag(int bits) { g_split_diag.store(bits, std::memory_order_relaxed); }
 
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
-                            unsigned* counters, cudaStream_t s) {
-  return run_split_attention(a, nullptr, kv_len_dev, workspace, counters, s);
+                            cudaStream_t s) {
+  return run_split_attention(a, nullptr, kv_len_dev, workspace, s);
 }
 
 bool prologue_attention_supported(const AttentionArgs& a, const PrologueArgs& p) {
@@ -1318,10 +1048,9 @@ bool prologue_attention_supported(const AttentionArgs& a, const PrologueArgs& p)
 }
 
 cudaError_t prologue_attention(const AttentionArgs& a, const PrologueArgs& p,
-                               const int32_t* kv_len_dev, void* workspace, unsigned* counters,
-                               cudaStream_t s) {
+                               const int32_t* kv_len_dev, void* workspace, cudaStream_t s) {
   if (!prologue_attention_supported(a, p)) return cudaErrorInvalidValue;
-  return run_split_attention(a, &p, kv_len_dev, workspace, counters, s);
+  return run_split_attention(a, &p, kv_len_dev, workspace, s);
 }
 
 cudaError_t attention_prologue(const PrologueArgs& a, cudaStream_t s) {
