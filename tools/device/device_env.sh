@@ -17,3 +17,17 @@ print_machine() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   echo "$(nproc) cores; commit $(git log -1 --format='%h %s' 2>/dev/null)"
 }
+# A session script's start: its output also into LOG (the file that comes back), then the machine.
+start_session() {
+  exec > >(tee -a "$1") 2>&1
+  print_machine
+}
+# The synthetic Qwen3-8B target and its forced-100 % DFlash-b16 drafter, written in the background
+# into S (/dev/shm/synth: $S/qwen3-8b, $S/qwen3-8b-dflash-b16-acc100) while the caller runs its
+# tests; its log into $1. `wait $SYNTH_PID` before using them.
+S=/dev/shm/synth
+start_synth() {
+  timeout 200 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 \
+    > "$1" 2>&1 &
+  SYNTH_PID=$!
+}

@@ -12,15 +12,10 @@
 # Files into $OUT: session.txt, serve_summary.txt, logs.tgz.
 set -u
 T0=$SECONDS
-LOG=$OUT/session.txt
-exec > >(tee -a "$LOG") 2>&1
 . tools/device/device_env.sh
-print_machine
+start_session $OUT/session.txt
 L=/tmp/s11; rm -rf $L; mkdir -p $L/tests $L/steps $L/serve
-S=/dev/shm/synth
-timeout 200 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter dflash-b16 --acceptance 100 \
-  > $L/steps/synth.txt 2>&1 &
-SYNTH_PID=$!
+start_synth $L/steps/synth.txt
 echo "== tests ($((SECONDS - T0)) s)"
 [ "${TESTS:-1}" = 1 ] && OUT=$L/tests timeout -k 5 ${TESTS_S:-170} bash tools/device/run_session7.sh tests 2>&1 | grep -v "^NVIDIA" | grep -v "^\[ "
 wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
