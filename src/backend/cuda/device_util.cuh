@@ -25,6 +25,10 @@ __device__ __forceinline__ void report_slot_fault(const FaultSink& f, FaultOp op
   r->op = static_cast<int32_t>(op);
 }
 
+// The two bf16 values packed in a 32-bit word (low half first) as floats, exactly.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
 // Sum / maximum over the 32 lanes of a full warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

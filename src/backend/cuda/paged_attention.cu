@@ -186,8 +186,8 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const Pr
         float* dst = Qs + t * hd + c8 * 8;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          dst[2 * e] = __uint_as_float(w[e] << 16);
-          dst[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+          dst[2 * e] = bf16_lo(w[e]);
+          dst[2 * e + 1] = bf16_hi(w[e]);
         }
       }
     }
@@ -330,7 +330,7 @@ __device__ __forceinline__ void chunk_attention(const AttentionArgs& a, const Sp
 #pragma unroll 4
     for (int w = 0; w < (mine > 0 ? half : 0); ++w) {
       const uint32_t kw = kr[w];
-      const float k0 = __uint_as_float(kw << 16), k1 = __uint_as_float(kw & 0xffff0000u);
+      const float k0 = bf16_lo(kw), k1 = bf16_hi(kw);
 #pragma unroll
       for (int u = 0; u < QPT; ++u) {
         const float2 qv = *reinterpret_cast<const float2*>(Qs + (t0 + u) * hd + 2 * w);
@@ -362,7 +362,7 @@ __device__ __forceinline__ void chunk_attention(const AttentionArgs& a, const Sp
 #pragma unroll 4
     for (int j = 0; j < kSplitKeys; ++j) {
       const uint32_t vw = Vs[j * half + w];
-      const float v0 = __uint_as_float(vw << 16), v1 = __uint_as_float(vw & 0xffff0000u);
+      const float v0 = bf16_lo(vw), v1 = bf16_hi(vw);
 #pragma unroll
       for (int u = 0; u < QPT; ++u) {
         const float p = S[(t0 + u) * kSplitKeys + j];
@@ -538,9 +538,6 @@ __host__ __device__ inline size_t split_smem_bytes_v3(int64_t hd, int tile) {
 // Diagnostic switches of v3 (set_split_diag, tests and microbenchmarks only): kDiagNoLoads skips
 // the K / V loads, kDiagNoCompute the scores / softmax / P . V, kDiagNoCombine the combine pass.
 constexpr int kDiagNoLoads = 1, kDiagNoCompute = 2, kDiagNoCombine = 4;
-
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 template <int QPT, int HD, bool FUSED>
 __global__ void __launch_bounds__(kSplitThreads, 4)
