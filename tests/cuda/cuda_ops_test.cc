@@ -2116,6 +2116,7 @@ void CudaOps::check_candidate_walk(int64_t t) {
   }
 }
 
+#ifdef BLOCKSPEC_HAS_CUDA
 // candidate_walk with its table of candidate terms (the default: walk_pairs_kernel, then a walk
 // that looks its rows up) against the walk that computes each row's terms itself
 // (set_walk_table(false)): the same drafts, rows and q bit for bit, greedy and sampled, with an
@@ -2181,6 +2182,7 @@ TEST_F(CudaOps, CandidateWalkTableIsBitExact) {
   }
   EXPECT_EQ(fallbacks, 2);
 }
+#endif  // BLOCKSPEC_HAS_CUDA
 
 }  // namespace
 // Backend::begin_read / end_read on CUDA: each read gives the bytes its tensor held when it
