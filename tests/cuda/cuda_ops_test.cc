@@ -1352,14 +1352,15 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
 
 #ifdef BLOCKSPEC_HAS_CUDA
 // ---- Split-KV kernels v2 (a block over consecutive chunks) and v3 (v1's blocks, cp.async loads,
-// 16-byte shared reads) against v1, bit for bit ----
+// 16-byte shared reads) against v1, bit for bit; v4 (tensor cores, the default) against v1 within
+// BF16 rounding and against itself across row counts and batches, bit for bit ----
 
 // Restores the default split kernel when a test ends, a failed assertion included.
 struct SplitKernelGuard {
   SplitKernelGuard() = default;
   SplitKernelGuard(const SplitKernelGuard&) = delete;
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
-  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV3); }
+  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV4); }
 };
 
 // The split-kernel settings each test runs: v1 first (the reference: session 10's kernel), then
@@ -1528,6 +1529,100 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
           EXPECT_TRUE(got_k == want_k) << "k pool, " << what;
           EXPECT_TRUE(got_v == want_v) << "v pool, " << what;
         }
+      }
+    }
+  }
+}
+// v4's row invariance, the property greedy speculative decoding rests on: each of 16 verify rows
+// (its query vectors spread over the block's four m-tiles at GQA 4, over two at GQA 8) equals the
+// decode call of its position alone, a 1-row call with that position's length, bit for bit;
+// causal, causal with a window, and non-causal (drafter rows: every row sees every key).
+TEST_F(CudaOps, SplitAttentionV4VerifyRowsEqualTheDecodeOfTheirPosition) {
+  const SplitKernelGuard guard;
+  cuda::set_attention_kernel(cuda::AttentionKernel::kV4);
+  const int64_t bs = 16, capacity = 70, num_seqs = 3, n = 16;
+  uint32_t seed = 500;
+  for (const SplitShape& sh : std::vector<SplitShape>{{128, 32, 8}, {64, 16, 2}, {128, 8, 8}}) {
+    const int64_t blocks = num_seqs * capacity;
+    const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
+    Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
+    const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
+    gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
+    gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng_);
+    const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+    const std::vector<int32_t> lens{1100, 16, 385};
+    const Tensor q = make(*gpu_, {num_seqs * n, sh.heads, sh.hd}, DType::kBF16);
+    gpu_->copy_from_host(
+        q, lcg_bf16(static_cast<size_t>(num_seqs * n * sh.heads * sh.hd), seed++).data());
+    for (const AttentionMask mask : {AttentionMask{}, AttentionMask{.causal = true, .window = 200},
+                                     AttentionMask{.causal = false}}) {
+      Tensor out = make(*gpu_, {num_seqs * n, sh.heads, sh.hd}, DType::kBF16);
+      gpu_->paged_attention_batch(out, q, kp, vp, tables, gpu_ints(lens), capacity * bs, mask,
+                                  0.088f);
+      const auto verify = host_bits<uint16_t>(*gpu_, out);
+      const size_t row_elems = static_cast<size_t>(sh.heads * sh.hd);
+      int differing = 0;
+      for (int64_t s = 0; s < num_seqs; ++s) {
+        for (int64_t r = 0; r < n; ++r) {
+          const int32_t len = mask.causal ? lens[s] - static_cast<int32_t>(n - 1 - r) : lens[s];
+          Tensor one = make(*gpu_, {1, sh.heads, sh.hd}, DType::kBF16);
+          gpu_->paged_attention_batch(one, q.rows(s * n + r, 1), kp, vp, tables.rows(s, 1),
+                                      gpu_ints({len}), capacity * bs, mask, 0.088f);
+          const auto decode = host_bits<uint16_t>(*gpu_, one);
+          if (std::memcmp(decode.data(), verify.data() + (s * n + r) * row_elems,
+                          row_elems * sizeof(uint16_t)) != 0) {
+            ++differing;
+          }
+        }
+      }
+      EXPECT_EQ(differing, 0) << "rows differing from their decode call, hd " << sh.hd << " heads "
+                              << sh.heads << " kv heads " << sh.kv_heads << " causal "
+                              << mask.causal << " window " << mask.window;
+    }
+  }
+}
+
+// v4 rounds differently from v1 (MMA sums, BF16 probabilities in P . V): its outputs must stay
+// within BF16 rounding of v1's, for decode and verify rows, one and many sequences, every shape
+// of the bit-equality tests above.
+TEST_F(CudaOps, SplitAttentionV4MatchesV1WithinBf16Rounding) {
+  const SplitKernelGuard guard;
+  const int64_t bs = 16, capacity = 70;
+  uint32_t seed = 700;
+  for (const SplitShape& sh : kSplitShapes) {
+    for (const int64_t num_seqs : {1, 32}) {
+      const int64_t blocks = num_seqs * capacity;
+      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
+      Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
+      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
+      gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
+      gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
+      std::vector<int32_t> table(blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng_);
+      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+      for (const int64_t n : {1, 16}) {
+        const auto lens = split_test_lengths(num_seqs, n, rng_);
+        const int64_t rows = num_seqs * n;
+        Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+        gpu_->copy_from_host(q,
+                             lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
+        std::vector<float> got[2];
+        const cuda::AttentionKernel kernels[2] = {cuda::AttentionKernel::kV1,
+                                                  cuda::AttentionKernel::kV4};
+        for (int k = 0; k < 2; ++k) {
+          cuda::set_attention_kernel(kernels[k]);
+          Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+          gpu_->paged_attention_batch(out, q, kp, vp, tables, gpu_ints(lens), capacity * bs, {},
+                                      0.088f);
+          got[k] = gpu_->to_host_f32(out);
+        }
+        EXPECT_LT(rel_err(got[1], got[0]), 8e-3)
+            << "hd " << sh.hd << " heads " << sh.heads << " kv heads " << sh.kv_heads << " S "
+            << num_seqs << " n " << n;
       }
     }
   }

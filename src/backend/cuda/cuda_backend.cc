@@ -285,6 +285,7 @@ class CudaBackend final : public Backend {
       if (std::strcmp(env, "v1") == 0) set_split_kernel(1);
       if (std::strcmp(env, "v2") == 0) set_split_kernel(2);
       if (std::strcmp(env, "v3") == 0) set_split_kernel(3);
+      if (std::strcmp(env, "v4") == 0) set_split_kernel(4);
     }
     if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
       std::fprintf(stderr,
@@ -1529,10 +1530,7 @@ void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinn
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
-  set_split_kernel(kernel == AttentionKernel::kV1   ? 1
-                   : kernel == AttentionKernel::kV2 ? 2
-                                                    : 3,
-                   chunks_per_block);
+  set_split_kernel(static_cast<int>(kernel) + 1, chunks_per_block);
 }
 int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {

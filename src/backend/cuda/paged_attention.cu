@@ -23,11 +23,13 @@
 // arithmetic of the prologue kernel, so the results are the same bits.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_tiles.cuh"
 
 namespace bs::cuda {
 namespace {
@@ -142,6 +144,24 @@ __device__ __forceinline__ int64_t key_slot(const AttentionArgs& a, const SplitT
   return static_cast<int64_t>(a.block_table[t.seq * a.table_stride + blk]) * bs + in_blk;
 }
 
+// Tile slot t's query vector q_begin + t: its row of q / out (over all sequences) and its head.
+struct QueryOf {
+  int64_t row, head;
+};
+__device__ __forceinline__ QueryOf query_of(const SplitTile& st, int t) {
+  const int64_t qi = st.q_begin + t;
+  return {st.seq_row0 + qi / st.group, st.kvh * st.group + qi % st.group};
+}
+
+// rope(norm(q)) of tile slot t from the projection (fused prologue), before its BF16 rounding.
+template <int P>
+__device__ __forceinline__ void fused_query(const PrologueArgs& p, const SplitTile& st, int t,
+                                            float (&y0)[P], float (&y1)[P]) {
+  const QueryOf q = query_of(st, t);
+  rope_norm_warp<P>(p.qkv + q.row * st.width + q.head * st.hd, p.q_norm, p.eps, p.positions[q.row],
+                    p.inv_freq, p.attention_scaling, y0, y1);
+}
+
 // Query tile -> Qs [16][hd] fp32 (tile slot t is query vector q_begin + t = (row, g)).
 template <int P>
 __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const PrologueArgs& p,
@@ -150,11 +170,8 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, const Pr
   if constexpr (P > 0) {  // rope(norm(q)) rounded to BF16, a warp per vector
     const int warp = tid >> 5, lane = tid & 31;
     for (int t = warp; t < st.nq; t += kSplitThreads / 32) {
-      const int64_t qi = st.q_begin + t, r = st.seq_row0 + qi / st.group;
-      const int64_t h = st.kvh * st.group + qi % st.group;
       float y0[P], y1[P];
-      rope_norm_warp<P>(p.qkv + r * st.width + h * hd, p.q_norm, p.eps, p.positions[r], p.inv_freq,
-                        p.attention_scaling, y0, y1);
+      fused_query<P>(p, st, t, y0, y1);
 #pragma unroll
       for (int u = 0; u < P; ++u) {
         Qs[t * hd + lane + 32 * u] = round_bf16(y0[u]);
@@ -680,6 +697,241 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   }
 }
 
+// ---- Split pass v4: tensor cores ----
+// One block per (64-key chunk, kv head, tile of up to 64 query vectors of one sequence: 1-4
+// mma.sync m-tiles of 16). Scores: warp w computes keys 16 w .. 16 w + 15 of every m-tile with
+// mma.sync m16n8k16 (BF16 q and K, fp32 accumulate, k-steps over the head dim in order); v1's
+// scale, mask and softmax in fp32 (exp(s - max) with the chunk max from the four warps' maxima, 0
+// for keys not seen; the sum adds each warp's part, then the warps in order); P rounded to BF16
+// (as the flash prefill) into shared memory; P . V: warp w computes columns HD / 4 w .. of every
+// m-tile, k-steps over the chunk's keys in order. The partial results are v1-v3's, so the
+// combine pass is shared.
+// Why: v1-v3 spend a thread's fmaf chain per (query, key) and per (query, column); a 16-row
+// verify (64 query vectors per kv head at GQA 4) ran four 16-vector tiles, each reading the same
+// K / V chunk, at 2.6x the decode attention's time (24.9 vs 9.6 µs per layer, docs/BENCHMARKS.md
+// session 12). Here one block reads a chunk once for up to 64 query vectors, the arithmetic is a
+// few dozen MMAs per warp, and the work splits over the four warps the same way for a 4-vector
+// decode tile as for a 64-vector verify tile.
+// Row invariance: mma.sync rows never mix and a query's scores, max, sum and P . V run the same
+// instruction sequence whichever m-tile and row it has and however many m-tiles the block has,
+// so a verify row reproduces the decode of its position and a batch each sequence alone, bit for
+// bit. The rounding differs from v1-v3 (MMA sums, BF16 P): the version follows the head dim only
+// (64 / 128; others keep v3), never the row count. grid (splits, kv_heads, num_seqs *
+// ceil(vectors / 64)); dynamic shared memory split_smem_bytes_mma(HD, m-tiles).
+constexpr int kMmaTile = 64;  // query vectors per v4 block (4 m-tiles of 16)
+
+__host__ __device__ inline size_t split_smem_bytes_mma(int64_t hd, int m_tiles) {
+  const size_t rows = static_cast<size_t>(16 * m_tiles);
+  return (2 * kSplitKeys + rows) * hd * 2 + rows * 8 * sizeof(float) + rows * kSplitKeys * 2;
+}
+
+template <int HD, bool FUSED>
+__global__ void __launch_bounds__(kSplitThreads, 4)
+    split_kernel_mma(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, float* part_o,
+                     float* part_ml) {
+  constexpr int P = FUSED ? HD / 64 : 0;
+  constexpr int kChunks = HD / 8;                               // 16-byte chunks per row
+  constexpr int kDK = HD / 16;                                  // k-steps of S = Q K^T
+  constexpr int kDN = HD / 8;                                   // n-tiles of O = P V
+  constexpr int kLoads = kSplitKeys * kChunks / kSplitThreads;  // K (and V) chunks per thread
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [64][HD], tile_at swizzle
+  __nv_bfloat16* Vs = Ks + kSplitKeys * HD;                    // [64][HD]
+  __nv_bfloat16* Qs = Vs + kSplitKeys * HD;                    // [16 m-tiles][HD]
+  griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
+  griddep_wait();
+
+  const SplitTile st = split_tile<kMmaTile / 2>(a, kv_len_dev);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
+  if (j0 >= st.kv_len) return;  // beyond the sequence: the combine never reads this split
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rows = (st.nq + 15) / 16 * 16;  // query rows of the m-tiles in use (zero past nq)
+  {
+    int64_t slot[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      slot[u] = key_slot<P>(a, st, j0 + (tid + u * kSplitThreads) / kChunks);
+    const auto* Kg = static_cast<const __nv_bfloat16*>(a.k);
+    const auto* Vg = static_cast<const __nv_bfloat16*>(a.v);
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = tid + u * kSplitThreads, j = i / kChunks, c = i % kChunks;
+      const int64_t off = ((slot[u] >= 0 ? slot[u] : 0) * a.kv_heads + st.kvh) * HD + c * 8;
+      const int bytes = slot[u] >= 0 ? 16 : 0;
+      cp_async16(smem_addr(tile_at<HD>(Ks, j, c)), Kg + off, bytes);
+      cp_async16(smem_addr(tile_at<HD>(Vs, j, c)), Vg + off, bytes);
+    }
+    if constexpr (!FUSED) {
+      const auto* Q = static_cast<const __nv_bfloat16*>(a.q);
+      for (int i = tid; i < rows * kChunks; i += kSplitThreads) {
+        const int t = i / kChunks, c = i % kChunks;
+        const QueryOf q = query_of(st, t < st.nq ? t : 0);
+        cp_async16(smem_addr(tile_at<HD>(Qs, t, c)), Q + (q.row * a.heads + q.head) * HD + c * 8,
+                   t < st.nq ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  }
+  if constexpr (FUSED) {  // rope(norm(q)) rounded to BF16, a warp per vector, while K / V land
+    for (int t = warp; t < rows; t += kSplitThreads / 32) {
+      float y0[P], y1[P];
+      if (t < st.nq) fused_query<P>(p, st, t, y0, y1);
+#pragma unroll
+      for (int u = 0; u < P; ++u) {
+        const int i0 = lane + 32 * u, i1 = i0 + HD / 2;
+        tile_at<HD>(Qs, t, i0 >> 3)[i0 & 7] = __float2bfloat16_rn(t < st.nq ? y0[u] : 0.0f);
+        tile_at<HD>(Qs, t, i1 >> 3)[i1 & 7] = __float2bfloat16_rn(t < st.nq ? y1[u] : 0.0f);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  if constexpr (FUSED) {
+    own_keys<P>(
+        a, p, st, j0, [&](int j, int i) { return tile_at<HD>(Ks, j, i >> 3) + (i & 7); },
+        [&](int j, int i) { return tile_at<HD>(Vs, j, i >> 3) + (i & 7); });
+    __syncthreads();
+  }
+  // S = Q K^T: warp w takes keys 16 w .. 16 w + 15 (n-tiles 2 w, 2 w + 1) of every m-tile, the
+  // K fragments of a k-step loaded once for all m-tiles.
+  const int g = lane >> 2, tq = lane & 3, m_tiles = rows / 16;
+  float s[4][2][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kDK; ++kk) {
+    uint32_t b[4];
+    ldmatrix_x4(
+        b, tile_at<HD>(Ks, warp * 16 + (lane & 7) + (lane >> 4) * 8, kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      if (mt >= m_tiles) break;
+      uint32_t qf[4];
+      ldmatrix_x4(
+          qf, tile_at<HD>(Qs, mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, kk * 2 + (lane >> 4)));
+      mma_bf16(s[mt][0], qf, b[0], b[1]);
+      mma_bf16(s[mt][1], qf, b[2], b[3]);
+    }
+  }
+
+  // Scale and mask (v1's), then each query vector's chunk max and sum: this thread holds vectors
+  // 16 mt + g (s[mt][.][0..1]) and 16 mt + g + 8 (s[mt][.][2..3]) at keys 16 w + 8 n + 2 tq (+ 1);
+  // the four warps' maxima and sums meet in shared memory (sums added in warp order).
+  float* warp_max = reinterpret_cast<float*>(Qs + rows * HD);                 // [4][rows]
+  float* warp_sum = warp_max + 4 * rows;                                      // [4][rows]
+  __nv_bfloat16* Ps = reinterpret_cast<__nv_bfloat16*>(warp_sum + 4 * rows);  // [rows][64]
+  float m[4][2];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    if (mt >= m_tiles) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = mt * 16 + g + 8 * h;
+      const int64_t qpos = st.kv_len - a.n + (st.q_begin + t) / st.group;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t key = j0 + warp * 16 + n * 8 + 2 * tq + e;
+          const bool vis = key < st.kv_len && key_visible(a.causal, a.window, qpos, key);
+          float& v = s[mt][n][2 * h + e];
+          v = vis ? v * a.scale : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (tq == 0) warp_max[warp * rows + t] = mx;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    if (mt >= m_tiles) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = mt * 16 + g + 8 * h;
+      const float mx = fmaxf(fmaxf(warp_max[t], warp_max[rows + t]),
+                             fmaxf(warp_max[2 * rows + t], warp_max[3 * rows + t]));
+      m[mt][h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float p[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = s[mt][n][2 * h + e];
+          p[e] = mx == -INFINITY || v == -INFINITY ? 0.0f : __expf(v - mx);
+          sum += p[e];
+        }
+        *reinterpret_cast<uint32_t*>(tile_at<kSplitKeys>(Ps, t, warp * 2 + n) + 2 * tq) =
+            pack_bf16(p[0], p[1]);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (tq == 0) warp_sum[warp * rows + t] = sum;
+    }
+  }
+  __syncthreads();
+
+  // O = P V: warp w takes columns HD / 4 * w .. (kDN / 4 n-tiles) of every m-tile, k-steps over
+  // the chunk's keys in order; P's A fragments come from Ps, V's B fragments transposed from Vs.
+  constexpr int kWN = kDN / 4;  // n-tiles per warp
+  float o[4][kWN][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int n = 0; n < kWN; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kSplitKeys / 16; ++kk) {
+    uint32_t b[kWN / 2][4];
+#pragma unroll
+    for (int np = 0; np < kWN / 2; ++np) {  // column n-tiles 2 np, 2 np + 1 of the warp's
+      ldmatrix_x4_trans(b[np], tile_at<HD>(Vs, kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                           warp * kWN + np * 2 + (lane >> 4)));
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      if (mt >= m_tiles) break;
+      uint32_t pa[4];
+      ldmatrix_x4(pa, tile_at<kSplitKeys>(Ps, mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                          kk * 2 + (lane >> 4)));
+#pragma unroll
+      for (int np = 0; np < kWN / 2; ++np) {
+        mma_bf16(o[mt][2 * np], pa, b[np][0], b[np][1]);
+        mma_bf16(o[mt][2 * np + 1], pa, b[np][2], b[np][3]);
+      }
+    }
+  }
+
+  // The partial results of the vectors below nq: the warp's columns, and (warp 0) the statistics.
+  const int64_t stride = a.num_seqs * a.n;  // rows per split
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+    if (mt >= m_tiles) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = mt * 16 + g + 8 * h;
+      if (t >= st.nq) continue;
+      const QueryOf q = query_of(st, t);
+      const int64_t idx = (blockIdx.x * stride + q.row) * a.heads + q.head;
+#pragma unroll
+      for (int n = 0; n < kWN; ++n) {
+        *reinterpret_cast<float2*>(part_o + idx * HD + (warp * kWN + n) * 8 + 2 * tq) =
+            make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+      }
+      if (warp == 0 && tq == 0) {
+        part_ml[idx * 2] = m[mt][h];
+        part_ml[idx * 2 + 1] =
+            ((warp_sum[t] + warp_sum[rows + t]) + warp_sum[2 * rows + t]) + warp_sum[3 * rows + t];
+      }
+    }
+  }
+}
+
 // Floats of each of the combine kernel's two shared arrays for a launch bound of kv_len keys: the
 // launch's split count rounded up to a multiple of 4. The compiled combine loop reads the weights
 // of a row's last (splits % 4) splits with one wide shared load (a 12-byte read at the tail's
@@ -869,10 +1121,11 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 
 namespace {
 
-// The split kernel of the launches (set_split_kernel): 1 or 2, and v2's forced chunks per block
-// (0: chosen by occupancy). v3 by default: faster than v1 on the H200 at every measured shape, v2
-// slower (docs/BENCHMARKS.md, sessions 10 and 11).
-std::atomic<int> g_split_version{3};
+// The split kernel of the launches (set_split_kernel): 1 to 4, and v2's forced chunks per block
+// (0: chosen by occupancy). v4 (tensor cores) by default for head dims 64 / 128, v3 for the
+// others: v3 was faster than v1 on the H200 at every measured shape, v2 slower, v4 faster than v3
+// (docs/BENCHMARKS.md, sessions 10-12).
+std::atomic<int> g_split_version{4};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
 
@@ -924,6 +1177,31 @@ cudaError_t launch_split_v3(dim3 grid, cudaStream_t s, const AttentionArgs& a,
   if (configured != cudaSuccess) return configured;
   return launch_pdl(split_kernel_v3<QPT, HD, FUSED>, grid, dim3(kSplitThreads), smem, s, a, p,
                     kv_len_dev, g_split_diag.load(std::memory_order_relaxed), part_o, part_ml);
+}
+
+// v4 over grid (splits, kv_heads, num_seqs * tiles of 64 query vectors), shared memory for the
+// m-tiles the launch's tiles use (setting the limit for four on first use).
+template <int HD>
+cudaError_t launch_split_mma(cudaStream_t s, const AttentionArgs& a, const PrologueArgs& p,
+                             bool fused, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
+  const int64_t vectors = a.n * (a.heads / a.kv_heads);
+  const int64_t tiles = (vectors + kMmaTile - 1) / kMmaTile;
+  if (tiles * a.num_seqs > 65535) return cudaErrorInvalidValue;  // gridDim.z limit
+  const int m_tiles = static_cast<int>(std::min<int64_t>(vectors, kMmaTile) + 15) / 16;
+  const dim3 grid(static_cast<unsigned>((a.kv_len + kSplitKeys - 1) / kSplitKeys),
+                  static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.num_seqs * tiles));
+  const size_t smem = split_smem_bytes_mma(HD, m_tiles);
+  const int most = static_cast<int>(split_smem_bytes_mma(HD, kMmaTile / 16));
+  static const cudaError_t configured_unfused = cudaFuncSetAttribute(
+      split_kernel_mma<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+  static const cudaError_t configured_fused = cudaFuncSetAttribute(
+      split_kernel_mma<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+  if (configured_unfused != cudaSuccess) return configured_unfused;
+  if (configured_fused != cudaSuccess) return configured_fused;
+  return fused ? launch_pdl(split_kernel_mma<HD, true>, grid, dim3(kSplitThreads), smem, s, a, p,
+                            kv_len_dev, part_o, part_ml)
+               : launch_pdl(split_kernel_mma<HD, false>, grid, dim3(kSplitThreads), smem, s, a, p,
+                            kv_len_dev, part_o, part_ml);
 }
 
 template <int QPT, int P>
@@ -1007,7 +1285,10 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
   const PrologueArgs p = prologue ? *prologue : PrologueArgs{};
   const int P = prologue ? warp_prologue_pairs(a.hd) : 0;
   cudaError_t err;
-  if (qpt == 2) {
+  if (g_split_version.load(std::memory_order_relaxed) == 4 && (a.hd == 64 || a.hd == 128)) {
+    err = a.hd == 64 ? launch_split_mma<64>(s, a, p, P > 0, kv_len_dev, part_o, part_ml)
+                     : launch_split_mma<128>(s, a, p, P > 0, kv_len_dev, part_o, part_ml);
+  } else if (qpt == 2) {
     err = launch_split<2>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
   } else if (qpt == 4) {
     err = launch_split<4>(P, grid, smem, s, a, p, kv_len_dev, part_o, part_ml);
@@ -1026,7 +1307,7 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
 }  // namespace
 
 void set_split_kernel(int version, int chunks_per_block) {
-  g_split_version.store(version == 2 || version == 3 ? version : 1, std::memory_order_relaxed);
+  g_split_version.store(version >= 2 && version <= 4 ? version : 1, std::memory_order_relaxed);
   g_split_chunks.store(chunks_per_block > 0 ? chunks_per_block : 0, std::memory_order_relaxed);
 }
 
