@@ -11,7 +11,7 @@
 #                 here), and FUZZ_BUILD/corpus, the corpus grown by earlier runs;
 #   kprof/      - tools/kprof/kprof.cc built against this machine's CUPTI, with libcupti.so.13
 #                 (docs/CUDA.md: per-kernel GPU times without Nsight Systems).
-#   bash tools/device/pack_session8.sh [BUILD=build] [FUZZ_BUILD=build-fuzz]
+#   [OLD=baseline-blockspec] bash tools/device/pack_session8.sh [BUILD=build] [FUZZ_BUILD=build-fuzz]
 set -eu
 BUILD=${1:-build}
 FUZZ_BUILD=${2:-build-fuzz}
@@ -21,6 +21,8 @@ for t in e2e_server_load_test cuda_cuda_ops_test; do
   [ -x $BUILD/tests/$t ] || { echo "missing $BUILD/tests/$t: cmake --build $BUILD --target $t"; exit 1; }
 done
 bash tools/device/make_dist.sh "$BUILD" > /dev/null
+# OLD=path: a baseline binary (another commit's blockspec) as dist/blockspec_old, for A/B calls.
+[ -n "${OLD:-}" ] && cp "$OLD" build-cuda/dist/blockspec_old
 # FULL=1 keeps them (run_session8b.sh runs every CUDA suite and the training's eval_acceptance).
 [ "${FULL:-0}" = 1 ] || rm -f build-cuda/dist/cuda_models_test build-cuda/dist/bench_cli_test build-cuda/dist/eval_acceptance
 tar -C build-cuda -cf - dist | xz -T0 -6 > $P/dist.tar.xz

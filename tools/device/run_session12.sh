@@ -1,0 +1,53 @@
+#!/bin/bash
+# Runs on the GPU machine from the repo root, after unpacking build-cuda/pack/dist.tar.xz into
+# build-cuda/ (tools/device/pack_session8.sh with FULL=1; optionally dist/blockspec_old, a binary
+# of the baseline commit): session 12's measuring calls. Sections (arguments, default all):
+#   tests - the CUDA suites (run_session7.sh tests), bounded by TESTS_S,
+#   steps - synthetic Qwen3-8B (bf16) + DFlash-b16 forced 100 %: batch-1 decode / verify / draft
+#           with `--kernels` (each op alone at 1 and 16 rows),
+#   batch - `bench --kernels --batch N` (N in BATCHES, default 32; 128-token prompts, 384 cached
+#           tokens), PAIRS times, alternating blockspec_old (when present) and blockspec,
+#   serve - run_serve_s8.sh (SERVE_S, RUNS, BENCH_BATCHES as there).
+# Files into $OUT: session.txt, logs.tgz.
+set -u
+T0=$SECONDS
+ARGS="${*:-tests steps batch serve}"
+want() { [[ " $ARGS " == *" $1 "* ]]; }
+. tools/device/device_env.sh
+start_session $OUT/session.txt
+L=/tmp/s12; rm -rf $L; mkdir -p $L/tests $L/steps $L/serve
+start_synth $L/steps/synth.txt
+if want tests; then
+  echo "== tests ($((SECONDS - T0)) s)"
+  OUT=$L/tests timeout -k 5 ${TESTS_S:-170} bash tools/device/run_session7.sh tests 2>&1 | grep -v "^NVIDIA" | grep -v "^\[ "
+fi
+wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
+M="--model $S/qwen3-8b"
+if want steps; then
+  timeout 120 $B bench $M --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 20 \
+    --context 512 --gen-tokens 256 --gemv auto --kernels > $L/steps/bench_dflash.txt 2>&1
+  echo "-- dflash-b16 --kernels rc=$? ($((SECONDS - T0)) s)"
+  grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate|output ==|error|^kernels|matmuls per|small ops" $L/steps/bench_dflash.txt
+fi
+if want batch; then
+  for i in $(seq ${PAIRS:-2}); do
+    for bin in old new; do
+      X=$B; [ $bin = old ] && X=$D/blockspec_old
+      [ -x $X ] || continue
+      for n in ${BATCHES:-32}; do
+        timeout 90 $X bench $M --device cuda --iters 5 --warmup 2 --context 384 --gen-tokens 32 \
+          --batch $n --prompt-tokens 128 --kernels > $L/steps/kb${n}_${bin}_$i.txt 2>&1
+        echo "-- batch $n $bin #$i rc=$? ($((SECONDS - T0)) s)"
+        grep -E "^batch decode step|prologue\\+attention|step from its ops" $L/steps/kb${n}_${bin}_$i.txt
+      done
+    done
+  done
+fi
+if want serve; then
+  echo "== serve ($((SECONDS - T0)) s)"
+  OUT=$L/serve BUDGET=${SERVE_S:-260} BENCH_BATCHES="${BENCH_BATCHES:-1 32 128}" \
+    RUNS="${RUNS:-128:256:1:2 128:256:32:2 128:256:128:2}" \
+    timeout -k 5 $((${SERVE_S:-260} + 40)) bash tools/device/run_serve_s8.sh 2>&1 | tail -n 14
+fi
+tar -C $L -czf $OUT/logs.tgz . 2>/dev/null
+echo "session12 total $((SECONDS - T0)) s"
