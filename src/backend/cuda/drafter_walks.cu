@@ -164,6 +164,43 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
   }
 }
 
+// e[c * r + i] = succ[ids[c], i] (0 for an id outside the vocabulary) for c < t, i < r: the
+// block's threads with 8 loads in flight each.
+__device__ __forceinline__ void stage_succ_rows(float* e, const WalkArgs& a, const int32_t* ids) {
+  const int64_t n = a.t * a.r, step = static_cast<int64_t>(blockDim.x);
+  for (int64_t base = threadIdx.x; base < n; base += step * 8) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int64_t idx = base + u * step;
+      float x = 0.0f;
+      if (idx < n) {
+        const int64_t id = ids[idx / a.r];
+        if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * a.r + idx % a.r);
+      }
+      v[u] = x;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      if (base + u * step < n) e[base + u * step] = v[u];
+    }
+  }
+}
+
+// rows[0, n) = -inf, over the whole grid (walk_pairs_kernel's blocks), 16-byte stores where
+// aligned.
+__device__ __forceinline__ void fill_rows(float* rows, int64_t n) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (reinterpret_cast<uintptr_t>(rows) % 16 == 0) {
+    const float4 inf4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    for (int64_t i = tid; i < n / 4; i += stride) reinterpret_cast<float4*>(rows)[i] = inf4;
+    for (int64_t i = n / 4 * 4 + tid; i < n; i += stride) rows[i] = -INFINITY;
+  } else {
+    for (int64_t i = tid; i < n; i += stride) rows[i] = -INFINITY;
+  }
+}
+
 // The candidate term of every row j for every predecessor it can have: the dot of
 // A[pred] ⊙ scale_j with the succ row of each candidate c of row j, for pred = the anchor (row 0)
 // or pred = candidate p of row j - 1 (rows >= 1): table[(j * t + p) * t + c]. None of it depends
@@ -171,33 +208,36 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
 // w, w + 8, ...) and the walk only looks its row up. The arithmetic is the walk's own (the same
 // products in the same lane order, the same warp sum), so a looked-up score equals the one the walk
 // would compute. The blocks also fill `rows` with -inf (the walk's scatter target) on the way.
-__global__ void walk_pairs_kernel(WalkArgs a, float* table) {
+// Staged (the block's t succ rows in shared memory, e[t, r], loaded with 8 loads in flight per
+// thread before the one barrier, as the walk's round 2 does) when they fit: without it each warp
+// read its candidates' rows one dependent load after another (~28 us per draft on the H200 at
+// DFlash2's t 16, r 256). The same products and sums either way.
+__global__ void walk_pairs_kernel(WalkArgs a, float* table, bool staged) {
   extern __shared__ float sm[];
   float* av = sm;        // [r]: A[pred]
   float* sc = av + a.r;  // [r]: the scale row
+  float* e = sc + a.r;   // [t, r]: the candidates' succ rows (staged)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int64_t t = a.t, r = a.r, j = blockIdx.x / t, p = blockIdx.x % t;
-  if (a.rows) {
-    const int64_t n = a.k * a.v;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      a.rows[i] = -INFINITY;
-    }
+  if (j == 0 && p > 0) {  // row 0 has one predecessor (the anchor): this block only fills
+    if (a.rows) fill_rows(a.rows, a.k * a.v);
+    return;
   }
-  if (j == 0 && p > 0) return;  // row 0 has one predecessor: the anchor
   const int64_t prev = j == 0 ? a.anchor[0] : a.ids[(j - 1) * t + p];
   const bool ok_prev = prev >= 0 && prev < a.vocab;
   for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
     av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
     sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
   }
+  if (staged) stage_succ_rows(e, a, a.ids + j * t);
+  if (a.rows) fill_rows(a.rows, a.k * a.v);  // stores only, behind the loads
   __syncthreads();
   for (int64_t c = warp; c < t; c += warps) {
     const int64_t id = a.ids[j * t + c];
     const bool ok = id >= 0 && id < a.vocab;
     float dot = 0.0f;
     for (int64_t i = lane; i < r; i += 32) {
-      const float b = ok ? ldw(a.succ, id * r + i) : 0.0f;
+      const float b = staged ? e[c * r + i] : (ok ? ldw(a.succ, id * r + i) : 0.0f);
       dot += ok ? av[i] * b * sc[i] : 0.0f;
     }
     dot = warp_sum(dot);
@@ -275,24 +315,7 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
       __syncthreads();
       if (staged && r > 0) {
         // Round 2: the candidates' succ rows into shared memory, 8 loads in flight per thread.
-        const int64_t n = t * r, step = static_cast<int64_t>(blockDim.x);
-        for (int64_t base = threadIdx.x; base < n; base += step * 8) {
-          float v[8];
-#pragma unroll
-          for (int u = 0; u < 8; ++u) {
-            const int64_t idx = base + u * step;
-            float x = 0.0f;
-            if (idx < n) {
-              const int64_t id = ids[idx / r];
-              if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * r + idx % r);
-            }
-            v[u] = x;
-          }
-#pragma unroll
-          for (int u = 0; u < 8; ++u) {
-            if (base + u * step < n) e[base + u * step] = v[u];
-          }
-        }
+        stage_succ_rows(e, a, ids);
         __syncthreads();
       }
       for (int64_t c = warp; c < t; c += warps) {
@@ -444,9 +467,37 @@ __device__ __forceinline__ void store_pick(uint64_t pick, float* out_val, int32_
   out_idx[j] = key_index(pick);
 }
 
+// The 32 lanes' keys sorted descending across the lanes (lane 0 the largest): a bitonic network.
+__device__ __forceinline__ uint64_t warp_sort_desc(uint64_t v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const uint64_t o = __shfl_xor_sync(0xffffffffu, v, stride);
+      const uint64_t hi = o > v ? o : v, lo = o > v ? v : o;
+      v = ((lane & stride) == 0) == ((lane & size) == 0) ? hi : lo;
+    }
+  }
+  return v;
+}
+
+// Stage 1's filter (k <= 32): a threshold key thr such that at least k keys of the chunk are >=
+// thr, so the chunk's top k are all among the keys >= thr, whatever thr is: per warp the k-th
+// largest of its 32 threads' maxima (k threads hold a key >= it each), thr = the largest over the
+// warps. Those keys (~150 of 4096 for k = 16 and independent values) go to shared memory and one
+// warp picks the k largest by k shuffle passes, no block barriers; the same rule as the block
+// passes (the largest key below the previous pick), so the same picks. When fewer than k or more
+// than kTopkCands keys pass, the block passes run as before. (The keys are distinct but for the
+// padding past the row end, the smallest key: a threshold above it passes distinct keys only, one
+// equal to it passes the whole chunk.)
+constexpr int kTopkCands = 256;
+
 __global__ void __launch_bounds__(kTopkThreads)
     topk_chunk_kernel(float* cand_val, int32_t* cand_idx, In x, int64_t v, int k) {
   __shared__ uint64_t red[2][kTopkThreads / 32];
+  __shared__ uint64_t cands[kTopkCands];
+  __shared__ int s_count;
   const int64_t row = blockIdx.y, c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
   uint64_t keys[kTopkPerThread];
 #pragma unroll
@@ -456,6 +507,50 @@ __global__ void __launch_bounds__(kTopkThreads)
                     : order_key(-INFINITY, static_cast<uint32_t>(INT_MAX));
   }
   const int64_t o = (row * gridDim.x + blockIdx.x) * k;
+  if (k <= 32) {
+    if (threadIdx.x == 0) s_count = 0;
+    uint64_t mx = 0;
+#pragma unroll
+    for (int m = 0; m < kTopkPerThread; ++m) mx = keys[m] > mx ? keys[m] : mx;
+    const uint64_t kth = __shfl_sync(0xffffffffu, warp_sort_desc(mx), k - 1);
+    const uint64_t thr = block_max_key(kth, red, 0);  // its barrier also orders s_count = 0
+    int mine = 0;
+#pragma unroll
+    for (int m = 0; m < kTopkPerThread; ++m) mine += keys[m] >= thr;
+    if (mine > 0) {
+      int slot = atomicAdd(&s_count, mine);
+#pragma unroll
+      for (int m = 0; m < kTopkPerThread; ++m) {
+        if (keys[m] >= thr) {
+          if (slot < kTopkCands) cands[slot] = keys[m];
+          ++slot;
+        }
+      }
+    }
+    __syncthreads();
+    const int count = s_count;
+    if (count >= k && count <= kTopkCands) {
+      if (threadIdx.x >= 32) return;
+      const int lane = threadIdx.x;
+      uint64_t mine_keys[kTopkCands / 32];
+#pragma unroll
+      for (int q = 0; q < kTopkCands / 32; ++q) {
+        mine_keys[q] = lane + 32 * q < count ? cands[lane + 32 * q] : 0;
+      }
+      uint64_t prev = ~0ull;
+      for (int j = 0; j < k; ++j) {
+        uint64_t best = 0;
+#pragma unroll
+        for (int q = 0; q < kTopkCands / 32; ++q) {
+          best = mine_keys[q] < prev && mine_keys[q] > best ? mine_keys[q] : best;
+        }
+        prev = warp_max_key(best);
+        if (lane == 0) store_pick(prev, cand_val + o, cand_idx + o, j);
+      }
+      return;
+    }
+    // red[0] was read before the barrier above: the passes below may rewrite it.
+  }
   uint64_t prev = ~0ull;  // keys below `prev` only
   for (int j = 0; j < k; ++j) {
     uint64_t best = 0;
@@ -545,8 +640,10 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   const int64_t tab_smem = (2 * a.k * a.t + a.k * a.t * a.t) * static_cast<int64_t>(sizeof(float));
   const bool tabled = table && a.r > 0 && a.t >= 1 && base_smem + tab_smem <= kWalkSmem;
   if (tabled) {
-    walk_pairs_kernel<<<static_cast<unsigned>(a.k * a.t), kWalkThreads,
-                        2 * static_cast<size_t>(a.r) * sizeof(float), s>>>(a, table);
+    const bool pairs_staged = (2 + a.t) * a.r * static_cast<int64_t>(sizeof(float)) <= kWalkSmem;
+    const size_t pairs_smem = (2 + (pairs_staged ? a.t : 0)) * static_cast<size_t>(a.r) * 4;
+    walk_pairs_kernel<<<static_cast<unsigned>(a.k * a.t), kWalkThreads, pairs_smem, s>>>(
+        a, table, pairs_staged);
   } else if (a.rows) {
     const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
     if (e != cudaSuccess) return e;
