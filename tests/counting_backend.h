@@ -99,9 +99,6 @@ class CountingBackend : public Backend {
               bool accumulate) override {
     b_.matmul(y, x, w, bias, accumulate);
   }
-  void matmul_small(const Tensor& y, const Tensor& x, const Tensor& w) override {
-    b_.matmul_small(y, x, w);
-  }
   Fp8Weight quantize_fp8_rows(const Tensor& w) override { return b_.quantize_fp8_rows(w); }
   void matmul_fp8(const Tensor& y, const Tensor& x, const Fp8Weight& w, bool accumulate) override {
     b_.matmul_fp8(y, x, w, accumulate);

@@ -195,11 +195,6 @@ class Backend {
   // y[n,m] = x[n,k] · w[m,k]ᵀ (+ bias[m]); with accumulate, y += that.
   virtual void matmul(const Tensor& y, const Tensor& x, const Tensor& w,
                       const Tensor* bias = nullptr, bool accumulate = false) = 0;
-  // y = x · wᵀ as matmul, for a drafter module's own projection of a few rows (DFlash2's
-  // convolution kernels): nothing needs its rows to equal another product's bits (no row invariance
-  // against the target's matmuls), so a backend may route it to a kernel of its own choosing
-  // (CUDA: the weight-streaming GEMM whatever the GemvMode; backend/cuda/stream_gemm.h).
-  virtual void matmul_small(const Tensor& y, const Tensor& x, const Tensor& w) { matmul(y, x, w); }
   // ---- FP8 weights (drafters' optional weight-only quantization) ----
   // Quantizes a weight w[m, k] (from upload_weight) per row: scale[j] = max_c |w[j, c]| / 448
   // (1 for an all-zero row) and q[j, c] = e4m3(w[j, c] / scale[j]), rounded to nearest even and

@@ -2197,7 +2197,7 @@ TEST_F(CudaOps, CandidateWalkTableIsBitExact) {
 
 // dynamic_conv's 8-channel BF16 kernel (the default where it applies: every operand BF16, 2 taps,
 // group and h multiples of 8) against the generic per-element kernel
-// (set_drafter_kernels(false, _)): the same bits for both convolutions (which 0 with the base
+// (set_conv_kernel(false)): the same bits for both convolutions (which 0 with the base
 // rows at offset 0, which 1 with the base's second half as DFlash2 passes it), written and
 // accumulated, with negative zeros and exact zeros in x; and both close to the CPU.
 TEST_F(CudaOps, DynamicConvFastKernelIsBitExact) {
@@ -2221,7 +2221,7 @@ TEST_F(CudaOps, DynamicConvFastKernelIsBitExact) {
       const std::string what = fmt::format("which={} accumulate={}", which, acc);
       std::vector<uint16_t> out[2];
       for (const bool fast : {true, false}) {
-        cuda::set_drafter_kernels(*gpu_, fast, true);
+        cuda::set_conv_kernel(*gpu_, fast);
         Tensor gy = gpu_act({rows, h}, ys);
         gpu_->dynamic_conv(gy, gx, gd, which, gb.rows(which * taps, taps), group, block, acc);
         out[fast] = raw(gy);
@@ -2231,7 +2231,7 @@ TEST_F(CudaOps, DynamicConvFastKernelIsBitExact) {
           expect_close(gy, cy, 2e-2, what);
         }
       }
-      cuda::set_drafter_kernels(*gpu_, true, true);
+      cuda::set_conv_kernel(*gpu_, true);
       size_t differ = 0;
       for (size_t i = 0; i < out[0].size(); ++i) differ += out[0][i] != out[1][i];
       EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << out[0].size() << " differ";
@@ -2239,28 +2239,6 @@ TEST_F(CudaOps, DynamicConvFastKernelIsBitExact) {
   }
 }
 
-// matmul_small (DFlash2's convolution-kernel projection, [16, 4096] x [1024, 4096]^T on the
-// weight-streaming GEMM by default) against the CPU, and against matmul (cuBLASLt) within bf16
-// rounding, for BF16 and F32 outputs and fewer rows.
-TEST_F(CudaOps, MatmulSmallMatchesCpu) {
-  const int64_t k = 4096, m = 1024;
-  const auto wv = rnd(m * k, 0.02f);
-  Tensor gw = weight(*gpu_, {m, k}, wv), cw = weight(*cpu_, {m, k}, wv);
-  for (const int64_t n : {16, 15, 1}) {
-    const auto xv = rnd(n * k);
-    Tensor gx = gpu_act({n, k}, xv), cx = cpu_act({n, k}, xv);
-    Tensor cy = make(*cpu_, {n, m}, DType::kF32);
-    cpu_->matmul(cy, cx, cw);
-    for (const DType t : {DType::kBF16, DType::kF32}) {
-      const std::string what = fmt::format("n={} {}", n, t == DType::kBF16 ? "bf16" : "f32");
-      Tensor gy = make(*gpu_, {n, m}, t), gm = make(*gpu_, {n, m}, t);
-      gpu_->matmul_small(gy, gx, gw);
-      gpu_->matmul(gm, gx, gw);
-      expect_close(gy, cy, t == DType::kBF16 ? kBf16Tol : 2e-3, what + " vs cpu");
-      EXPECT_LT(rel_err(gpu_->to_host_f32(gy), gpu_->to_host_f32(gm)), kBf16Tol) << what;
-    }
-  }
-}
 #endif  // BLOCKSPEC_HAS_CUDA
 
 }  // namespace

@@ -5,10 +5,13 @@
 # run_d2cost11.sh's sections, in this order:
 #   tests - (while the synthetic checkpoints are written) the CUDA tests matching
 #           TESTS_FILTER_OPS / TESTS_FILTER_MODELS, one process per test,
-#   prof  - `bench --gemv auto` under tools/kprof: old DFlash-b16, old DFlash2-b16, new DFlash2-b16,
+#   prof  - `bench --gemv auto` under tools/kprof: PROF (default: old DFlash-b16, old DFlash2-b16,
+#           new DFlash2-b16),
 #   pair  - REPEATS (3) rounds of DFlash-b16 (new), DFlash2-b16 (new), DFlash2-b16 (old binary),
-#           DFlash2-b16 (new, BLOCKSPEC_SMALL_GEMM=matmul: the projection on cuBLASLt again).
-# Benches stop being started after STOP_S seconds (the device budget).
+#           DFlash2-b16 (new, BLOCKSPEC_CONV_KERNEL=generic: the generic convolution kernel).
+# Benches stop being started after STOP_S seconds (the device budget). The first call (05:45 UTC)
+# ran `cd5d2ba`, whose fourth pair member was BLOCKSPEC_SMALL_GEMM=matmul (the projection through
+# the stream GEMM or cuBLASLt: no difference, reverted).
 #   bash build-cuda/d2fast12/run.sh [tests] [prof] [pair]
 set -u
 T0=$SECONDS
@@ -62,9 +65,13 @@ bench() {  # name binary drafter_dir [kprof] [env assignments...]
 }
 if want prof; then
   echo "== prof ($((SECONDS - T0)) s)"
-  bench old_dflash $BOLD $DF kprof
-  bench old_dflash2 $BOLD $S/dflash2-b16 kprof
-  bench new_dflash2 $B $S/dflash2-b16 kprof
+  for p in ${PROF:-old_dflash old_dflash2 new_dflash2}; do
+    case $p in
+      old_dflash) bench old_dflash $BOLD $DF kprof ;;
+      old_dflash2) bench old_dflash2 $BOLD $S/dflash2-b16 kprof ;;
+      new_dflash2) bench new_dflash2 $B $S/dflash2-b16 kprof ;;
+    esac
+  done
 fi
 if want pair; then
   echo "== pair ($((SECONDS - T0)) s)"
@@ -72,7 +79,7 @@ if want pair; then
     bench dflash_$i $B $DF
     bench dflash2_$i $B $S/dflash2-b16
     bench old_dflash2_$i $BOLD $S/dflash2-b16
-    bench dflash2_cublas_$i $B $S/dflash2-b16 - BLOCKSPEC_SMALL_GEMM=matmul
+    bench dflash2_generic_$i $B $S/dflash2-b16 - BLOCKSPEC_CONV_KERNEL=generic
   done
 fi
 tar -C $L -czf $OUT/logs.tgz . 2>/dev/null

@@ -299,9 +299,6 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_CONV_KERNEL")) {
       conv_fast_ = std::strcmp(env, "generic") != 0;
     }
-    if (const char* env = std::getenv("BLOCKSPEC_SMALL_GEMM")) {
-      small_stream_ = std::strcmp(env, "matmul") != 0;
-    }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -353,9 +350,8 @@ class CudaBackend final : public Backend {
     walk_table_ = on;
     ++capture_generation_;
   }
-  void set_drafter_kernels(bool fast_conv, bool stream_small) {
-    conv_fast_ = fast_conv;
-    small_stream_ = stream_small;
+  void set_conv_kernel(bool fast) {
+    conv_fast_ = fast;
     ++capture_generation_;
   }
   void set_fp8_kernel(Fp8Kernel kernel) {
@@ -633,22 +629,6 @@ class CudaBackend final : public Backend {
     const int64_t algo_n = pinned && n <= pinned_rows_ ? kSkinnyMaxRows : n;
     gemm_any(y, x, /*a_rows=*/n, k, /*trans_a=*/false, w, m, /*trans_b=*/true, accumulate, bias,
              algo_n);
-  }
-
-  // The weight-streaming GEMM for every shape it takes (variant: BLOCKSPEC_STREAM_VARIANT), row
-  // counts up to kSkinnyMaxRows; matmul otherwise (and with set_drafter_kernels(_, false)).
-  void matmul_small(const Tensor& y, const Tensor& x, const Tensor& w) override {
-    const int64_t m = w.dim(0), k = w.dim(-1);
-    const int64_t n = k ? x.numel() / k : 0;
-    if (small_stream_ && n > 0 && m > 0 && x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
-        x.numel() == n * k && y.numel() == n * m &&
-        (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
-        stream_gemm_supported(n, k, x.data(), w.data())) {
-      CUDA_CHECK(stream_gemm(out(y), x.data(), w.data(), nullptr, n, m, k, /*accumulate=*/false,
-                             stream_, stream_variant_));
-      return;
-    }
-    matmul(y, x, w, nullptr, false);
   }
 
   Fp8Weight quantize_fp8_rows(const Tensor& w) override {
@@ -1448,10 +1428,9 @@ class CudaBackend final : public Backend {
   // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
-  bool conv_fast_ = true;     // dynamic_conv: the 8-channel BF16 kernel where it applies
-  bool small_stream_ = true;  // matmul_small: the weight-streaming GEMM where it applies
-  bool walk_table_ = true;    // candidate_walk: the parallel table of candidate terms first
-  void* draw_ws_ = nullptr;   // the draws' per-chunk sums
+  bool conv_fast_ = true;    // dynamic_conv: the 8-channel BF16 kernel where it applies
+  bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
+  void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
   struct Captured {
@@ -1557,9 +1536,7 @@ void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
-void set_drafter_kernels(Backend& backend, bool fast_conv, bool stream_small) {
-  as_cuda(backend).set_drafter_kernels(fast_conv, stream_small);
-}
+void set_conv_kernel(Backend& backend, bool fast) { as_cuda(backend).set_conv_kernel(fast); }
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
   set_split_kernel(kernel == AttentionKernel::kV1   ? 1
                    : kernel == AttentionKernel::kV2 ? 2

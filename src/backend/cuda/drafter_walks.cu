@@ -164,43 +164,6 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
   }
 }
 
-// e[c * r + i] = succ[ids[c], i] (0 for an id outside the vocabulary) for c < t, i < r: the
-// block's threads with 8 loads in flight each.
-__device__ __forceinline__ void stage_succ_rows(float* e, const WalkArgs& a, const int32_t* ids) {
-  const int64_t n = a.t * a.r, step = static_cast<int64_t>(blockDim.x);
-  for (int64_t base = threadIdx.x; base < n; base += step * 8) {
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int64_t idx = base + u * step;
-      float x = 0.0f;
-      if (idx < n) {
-        const int64_t id = ids[idx / a.r];
-        if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * a.r + idx % a.r);
-      }
-      v[u] = x;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      if (base + u * step < n) e[base + u * step] = v[u];
-    }
-  }
-}
-
-// rows[0, n) = -inf, over the whole grid (walk_pairs_kernel's blocks), 16-byte stores where
-// aligned.
-__device__ __forceinline__ void fill_rows(float* rows, int64_t n) {
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  if (reinterpret_cast<uintptr_t>(rows) % 16 == 0) {
-    const float4 inf4 = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-    for (int64_t i = tid; i < n / 4; i += stride) reinterpret_cast<float4*>(rows)[i] = inf4;
-    for (int64_t i = n / 4 * 4 + tid; i < n; i += stride) rows[i] = -INFINITY;
-  } else {
-    for (int64_t i = tid; i < n; i += stride) rows[i] = -INFINITY;
-  }
-}
-
 // The candidate term of every row j for every predecessor it can have: the dot of
 // A[pred] ⊙ scale_j with the succ row of each candidate c of row j, for pred = the anchor (row 0)
 // or pred = candidate p of row j - 1 (rows >= 1): table[(j * t + p) * t + c]. None of it depends
@@ -208,36 +171,33 @@ __device__ __forceinline__ void fill_rows(float* rows, int64_t n) {
 // w, w + 8, ...) and the walk only looks its row up. The arithmetic is the walk's own (the same
 // products in the same lane order, the same warp sum), so a looked-up score equals the one the walk
 // would compute. The blocks also fill `rows` with -inf (the walk's scatter target) on the way.
-// Staged (the block's t succ rows in shared memory, e[t, r], loaded with 8 loads in flight per
-// thread before the one barrier, as the walk's round 2 does) when they fit: without it each warp
-// read its candidates' rows one dependent load after another (~28 us per draft on the H200 at
-// DFlash2's t 16, r 256). The same products and sums either way.
-__global__ void walk_pairs_kernel(WalkArgs a, float* table, bool staged) {
+__global__ void walk_pairs_kernel(WalkArgs a, float* table) {
   extern __shared__ float sm[];
   float* av = sm;        // [r]: A[pred]
   float* sc = av + a.r;  // [r]: the scale row
-  float* e = sc + a.r;   // [t, r]: the candidates' succ rows (staged)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int64_t t = a.t, r = a.r, j = blockIdx.x / t, p = blockIdx.x % t;
-  if (j == 0 && p > 0) {  // row 0 has one predecessor (the anchor): this block only fills
-    if (a.rows) fill_rows(a.rows, a.k * a.v);
-    return;
+  if (a.rows) {
+    const int64_t n = a.k * a.v;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      a.rows[i] = -INFINITY;
+    }
   }
+  if (j == 0 && p > 0) return;  // row 0 has one predecessor: the anchor
   const int64_t prev = j == 0 ? a.anchor[0] : a.ids[(j - 1) * t + p];
   const bool ok_prev = prev >= 0 && prev < a.vocab;
   for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
     av[i] = ok_prev ? ldw(a.pred, prev * r + i) : 0.0f;
     sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
   }
-  if (staged) stage_succ_rows(e, a, a.ids + j * t);
-  if (a.rows) fill_rows(a.rows, a.k * a.v);  // stores only, behind the loads
   __syncthreads();
   for (int64_t c = warp; c < t; c += warps) {
     const int64_t id = a.ids[j * t + c];
     const bool ok = id >= 0 && id < a.vocab;
     float dot = 0.0f;
     for (int64_t i = lane; i < r; i += 32) {
-      const float b = staged ? e[c * r + i] : (ok ? ldw(a.succ, id * r + i) : 0.0f);
+      const float b = ok ? ldw(a.succ, id * r + i) : 0.0f;
       dot += ok ? av[i] * b * sc[i] : 0.0f;
     }
     dot = warp_sum(dot);
@@ -315,7 +275,24 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
       __syncthreads();
       if (staged && r > 0) {
         // Round 2: the candidates' succ rows into shared memory, 8 loads in flight per thread.
-        stage_succ_rows(e, a, ids);
+        const int64_t n = t * r, step = static_cast<int64_t>(blockDim.x);
+        for (int64_t base = threadIdx.x; base < n; base += step * 8) {
+          float v[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int64_t idx = base + u * step;
+            float x = 0.0f;
+            if (idx < n) {
+              const int64_t id = ids[idx / r];
+              if (id >= 0 && id < a.vocab) x = ldw(a.succ, id * r + idx % r);
+            }
+            v[u] = x;
+          }
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            if (base + u * step < n) e[base + u * step] = v[u];
+          }
+        }
         __syncthreads();
       }
       for (int64_t c = warp; c < t; c += warps) {
@@ -434,6 +411,73 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
     __syncthreads();
     if (threadIdx.x == 0) a.drafts[j] = s_prev;
     __syncthreads();
+  }
+}
+
+// The greedy walk over walk_pairs_kernel's table for t <= 32 (DFlash2: t = 16): the block's
+// threads copy every row's values, ids and table rows into shared memory (one round of loads),
+// then warp 0 alone walks, lane c holding candidate c: no block barrier per row (the block walk
+// pays ~5 a row, ~28 us per draft on the H200 for DFlash2's 15 rows). The same results:
+//   slot  the first candidate of row j - 1 equal to the predecessor (ballot; row 0: 0),
+//   s_c   = vals[j, c] + tab[j, slot, c]              (the block walk's expression),
+//   draft the largest s_c, equal scores to the lower id (a warp reduction; with a NaN among the
+//         scores, lane 0 runs the block walk's serial scan instead, whose order NaN breaks),
+//   rows  rows[j, ids[j, c]] = s_c over walk_pairs_kernel's -inf fill.
+// Greedy's predecessor is always a candidate of the row before (the block walk's fallback, which
+// computes a row's own terms, is for sampled rows with no mass).
+__global__ void candidate_walk_greedy_kernel(WalkArgs a, const float* table) {
+  extern __shared__ float sm[];
+  const int k = static_cast<int>(a.k), t = static_cast<int>(a.t);
+  float* all_vals = sm;                                             // [k, t]
+  int32_t* all_ids = reinterpret_cast<int32_t*>(all_vals + k * t);  // [k, t]
+  float* tab = reinterpret_cast<float*>(all_ids + k * t);           // [k, t, t]
+  for (int i = threadIdx.x; i < k * t; i += blockDim.x) {
+    all_vals[i] = a.vals[i];
+    all_ids[i] = a.ids[i];
+  }
+  for (int i = threadIdx.x; i < k * t * t; i += blockDim.x) tab[i] = table[i];
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  const bool live = lane < t;
+  int32_t prev = a.anchor[0];
+  for (int j = 0; j < k; ++j) {
+    int slot = 0;
+    if (j > 0) {
+      const unsigned match =
+          __ballot_sync(0xffffffffu, live && all_ids[(j - 1) * t + lane] == prev);
+      slot = __ffs(match) - 1;  // never -1: prev is one of row j - 1's candidates
+    }
+    const int32_t id = live ? all_ids[j * t + lane] : INT_MAX;
+    const float sv = live ? all_vals[j * t + lane] + tab[(j * t + slot) * t + lane] : -INFINITY;
+    int32_t best;
+    if (__any_sync(0xffffffffu, live && isnan(sv))) {
+      // The block walk's serial scan (s and ids read back through shuffles).
+      float sb = __shfl_sync(0xffffffffu, sv, 0);
+      int32_t ib = __shfl_sync(0xffffffffu, id, 0);
+      for (int c = 1; c < t; ++c) {
+        const float sc = __shfl_sync(0xffffffffu, sv, c);
+        const int32_t ic = __shfl_sync(0xffffffffu, id, c);
+        if (sc > sb || (sc == sb && ic < ib)) sb = sc, ib = ic;
+      }
+      best = ib;
+    } else {
+      // Scores then ids as one order (no NaN: a total order for distinct ids; lanes past t lose).
+      int bl = live;
+      float bs = sv;
+      int32_t bi = id;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const int ol = __shfl_xor_sync(0xffffffffu, bl, o);
+        const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ol && (!bl || os > bs || (os == bs && oi < bi))) bl = ol, bs = os, bi = oi;
+      }
+      best = bi;
+    }
+    if (a.rows && live && id >= 0 && id < a.v) a.rows[static_cast<int64_t>(j) * a.v + id] = sv;
+    prev = best;
+    if (lane == 0) a.drafts[j] = best;
   }
 }
 
@@ -640,10 +684,8 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   const int64_t tab_smem = (2 * a.k * a.t + a.k * a.t * a.t) * static_cast<int64_t>(sizeof(float));
   const bool tabled = table && a.r > 0 && a.t >= 1 && base_smem + tab_smem <= kWalkSmem;
   if (tabled) {
-    const bool pairs_staged = (2 + a.t) * a.r * static_cast<int64_t>(sizeof(float)) <= kWalkSmem;
-    const size_t pairs_smem = (2 + (pairs_staged ? a.t : 0)) * static_cast<size_t>(a.r) * 4;
-    walk_pairs_kernel<<<static_cast<unsigned>(a.k * a.t), kWalkThreads, pairs_smem, s>>>(
-        a, table, pairs_staged);
+    walk_pairs_kernel<<<static_cast<unsigned>(a.k * a.t), kWalkThreads,
+                        2 * static_cast<size_t>(a.r) * sizeof(float), s>>>(a, table);
   } else if (a.rows) {
     const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
     if (e != cudaSuccess) return e;
@@ -651,6 +693,10 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   if (a.filter.temperature > 0.0f) {
     const cudaError_t e = cudaMemsetAsync(a.probs, 0, a.k * a.v * sizeof(float), s);
     if (e != cudaSuccess) return e;
+  }
+  if (tabled && a.filter.temperature <= 0.0f && a.t <= 32) {
+    candidate_walk_greedy_kernel<<<1, kWalkThreads, static_cast<size_t>(tab_smem), s>>>(a, table);
+    return cudaGetLastError();
   }
   // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
   // they fit; else each warp reads them from global memory. Same arithmetic either way.

@@ -107,7 +107,7 @@ class DFlash2Modules final : public DFlashModules {
                     int64_t block_rows) override {
     const Conv& conv = convs_[layer * 2 + sublayer];
     const Tensor dyn = dyn_.rows(0, x.dim(0));
-    backend_->matmul_small(dyn, x, conv.proj);
+    backend_->matmul(dyn, x, conv.proj);
     backend_->dynamic_conv(y, x, dyn, 0, conv.base.rows(0, c_.taps), c_.group, block_rows,
                            /*accumulate=*/false);
   }
