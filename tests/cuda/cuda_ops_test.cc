@@ -2093,6 +2093,18 @@ TEST_F(CudaOps, TopkLongRowsMatchCpu) {
     Tensor gx = gpu_act({n, v}, xv, t), cx = cpu_act({n, v}, xv);
     for (const int64_t k : {1, 16, 64}) expect_topk_equal(gx, cx, n, k);
   }
+  // Stage 1's threshold filter (k <= 32) and its fallback: row 0 large in the entries that lanes
+  // 0..14 of every warp hold (index % 32 < 15), so that no warp has 16 large thread maxima and
+  // ~1,900 keys of a chunk pass the threshold (more than the filter keeps: the block passes run);
+  // row 1 all equal (ties to the lower index: 16 keys pass); row 2 all -inf but a few.
+  std::vector<float> yv = rnd(3 * v);
+  for (int64_t c = 0; c < v; ++c) {
+    if (c % 32 < 15) yv[c] += 10.0f;
+    yv[v + c] = 1.5f;
+    yv[2 * v + c] = c % 9001 == 7 ? yv[2 * v + c] : -INFINITY;
+  }
+  Tensor gy = gpu_act({3, v}, yv, DType::kF32), cy = cpu_act({3, v}, yv);
+  for (const int64_t k : {1, 16, 32}) expect_topk_equal(gy, cy, 3, k);
 }
 
 // markov_row (DSpark's full-vocabulary chain row) against the CPU: the vectorised path (r % 8 ==
@@ -2277,6 +2289,51 @@ TEST_F(CudaOps, CandidateWalkTableIsBitExact) {
   }
   EXPECT_EQ(fallbacks, 2);
 }
+
+// dynamic_conv's 8-channel BF16 kernel (the default where it applies: every operand BF16, 2 taps,
+// group and h multiples of 8) against the generic per-element kernel
+// (set_conv_kernel(false)): the same bits for both convolutions (which 0 with the base
+// rows at offset 0, which 1 with the base's second half as DFlash2 passes it), written and
+// accumulated, with negative zeros and exact zeros in x; and both close to the CPU.
+TEST_F(CudaOps, DynamicConvFastKernelIsBitExact) {
+  const int64_t block = 16, rows = 3 * block, h = 512, group = 32, taps = 2;
+  const int64_t width = 2 * taps * (h / group);
+  auto xs = rnd(rows * h);
+  for (int64_t i = 0; i < rows * h; i += 37) xs[i] = -0.0f;
+  for (int64_t i = 5; i < rows * h; i += 41) xs[i] = 0.0f;
+  const auto dyn = rnd(rows * width, 0.5f), base = rnd(2 * taps * h), ys = rnd(rows * h);
+  Tensor gb = weight(*gpu_, {2 * taps, h}, base), cb = weight(*cpu_, {2 * taps, h}, base);
+  ASSERT_EQ(gb.dtype(), DType::kBF16);
+  Tensor gx = gpu_act({rows, h}, xs), gd = gpu_act({rows, width}, dyn);
+  Tensor cx = cpu_act({rows, h}, xs), cd = cpu_act({rows, width}, dyn);
+  auto raw = [&](const Tensor& t) {
+    std::vector<uint16_t> v(static_cast<size_t>(t.numel()));
+    gpu_->copy_to_host(v.data(), t);
+    return v;
+  };
+  for (const int64_t which : {0, 1}) {
+    for (const bool acc : {false, true}) {
+      const std::string what = fmt::format("which={} accumulate={}", which, acc);
+      std::vector<uint16_t> out[2];
+      for (const bool fast : {true, false}) {
+        cuda::set_conv_kernel(*gpu_, fast);
+        Tensor gy = gpu_act({rows, h}, ys);
+        gpu_->dynamic_conv(gy, gx, gd, which, gb.rows(which * taps, taps), group, block, acc);
+        out[fast] = raw(gy);
+        if (fast) {
+          Tensor cy = cpu_act({rows, h}, ys);
+          cpu_->dynamic_conv(cy, cx, cd, which, cb.rows(which * taps, taps), group, block, acc);
+          expect_close(gy, cy, 2e-2, what);
+        }
+      }
+      cuda::set_conv_kernel(*gpu_, true);
+      size_t differ = 0;
+      for (size_t i = 0; i < out[0].size(); ++i) differ += out[0][i] != out[1][i];
+      EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << out[0].size() << " differ";
+    }
+  }
+}
+
 #endif  // BLOCKSPEC_HAS_CUDA
 
 }  // namespace

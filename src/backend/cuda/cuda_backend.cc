@@ -297,6 +297,9 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_WALK_TABLE")) {
       walk_table_ = std::strcmp(env, "0") != 0;
     }
+    if (const char* env = std::getenv("BLOCKSPEC_CONV_KERNEL")) {
+      conv_fast_ = std::strcmp(env, "generic") != 0;
+    }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -346,6 +349,10 @@ class CudaBackend final : public Backend {
   }
   void set_walk_table(bool on) {
     walk_table_ = on;
+    ++capture_generation_;
+  }
+  void set_conv_kernel(bool fast) {
+    conv_fast_ = fast;
     ++capture_generation_;
   }
   void set_fp8_kernel(Fp8Kernel kernel) {
@@ -1009,7 +1016,7 @@ class CudaBackend final : public Backend {
              dyn.numel() == n * 2 * taps * (h / group) && (which == 0 || which == 1) &&
              y.data() != x.data());
     CUDA_CHECK(bs::cuda::dynamic_conv(out(y), in(x), in(dyn), which, in(base), n, h, taps, group,
-                                      block_rows, accumulate, stream_));
+                                      block_rows, accumulate, stream_, conv_fast_));
   }
 
   // ---- Fused drafter walks ----
@@ -1422,6 +1429,7 @@ class CudaBackend final : public Backend {
   // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
+  bool conv_fast_ = true;    // dynamic_conv: the 8-channel BF16 kernel where it applies
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
@@ -1529,6 +1537,7 @@ void set_gemv_mode(Backend& backend, GemvMode mode) { as_cuda(backend).set_gemv_
 void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinned_rows(rows); }
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
+void set_conv_kernel(Backend& backend, bool fast) { as_cuda(backend).set_conv_kernel(fast); }
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block) {
   set_split_kernel(static_cast<int>(kernel) + 1, chunks_per_block);
 }

@@ -80,6 +80,10 @@ void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
 // (each row computes its own; also BLOCKSPEC_WALK_TABLE=0, read when the backend is made). Both
 // give the same bits.
 void set_walk_table(Backend& backend, bool on);
+// Backend::dynamic_conv with its 8-channel BF16 kernel where it applies (default) or the generic
+// per-element kernel everywhere (also BLOCKSPEC_CONV_KERNEL=generic, read when the backend is
+// made). Both give the same bits.
+void set_conv_kernel(Backend& backend, bool fast);
 // GemvMode::kStream: the kernel variant (stream_gemm.h) and the largest matrix it takes, in MiB
 // (BLOCKSPEC_STREAM_VARIANT, BLOCKSPEC_STREAM_MAX_MIB); larger ones go to pinned cuBLASLt.
 constexpr int kStreamDefaultVariant = 0;

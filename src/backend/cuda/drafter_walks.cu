@@ -414,6 +414,73 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
   }
 }
 
+// The greedy walk over walk_pairs_kernel's table for t <= 32 (DFlash2: t = 16): the block's
+// threads copy every row's values, ids and table rows into shared memory (one round of loads),
+// then warp 0 alone walks, lane c holding candidate c: no block barrier per row (the block walk
+// pays ~5 a row, ~28 us per draft on the H200 for DFlash2's 15 rows). The same results:
+//   slot  the first candidate of row j - 1 equal to the predecessor (ballot; row 0: 0),
+//   s_c   = vals[j, c] + tab[j, slot, c]              (the block walk's expression),
+//   draft the largest s_c, equal scores to the lower id (a warp reduction; with a NaN among the
+//         scores, lane 0 runs the block walk's serial scan instead, whose order NaN breaks),
+//   rows  rows[j, ids[j, c]] = s_c over walk_pairs_kernel's -inf fill.
+// Greedy's predecessor is always a candidate of the row before (the block walk's fallback, which
+// computes a row's own terms, is for sampled rows with no mass).
+__global__ void candidate_walk_greedy_kernel(WalkArgs a, const float* table) {
+  extern __shared__ float sm[];
+  const int k = static_cast<int>(a.k), t = static_cast<int>(a.t);
+  float* all_vals = sm;                                             // [k, t]
+  int32_t* all_ids = reinterpret_cast<int32_t*>(all_vals + k * t);  // [k, t]
+  float* tab = reinterpret_cast<float*>(all_ids + k * t);           // [k, t, t]
+  for (int i = threadIdx.x; i < k * t; i += blockDim.x) {
+    all_vals[i] = a.vals[i];
+    all_ids[i] = a.ids[i];
+  }
+  for (int i = threadIdx.x; i < k * t * t; i += blockDim.x) tab[i] = table[i];
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  const bool live = lane < t;
+  int32_t prev = a.anchor[0];
+  for (int j = 0; j < k; ++j) {
+    int slot = 0;
+    if (j > 0) {
+      const unsigned match =
+          __ballot_sync(0xffffffffu, live && all_ids[(j - 1) * t + lane] == prev);
+      slot = __ffs(match) - 1;  // never -1: prev is one of row j - 1's candidates
+    }
+    const int32_t id = live ? all_ids[j * t + lane] : INT_MAX;
+    const float sv = live ? all_vals[j * t + lane] + tab[(j * t + slot) * t + lane] : -INFINITY;
+    int32_t best;
+    if (__any_sync(0xffffffffu, live && isnan(sv))) {
+      // The block walk's serial scan (s and ids read back through shuffles).
+      float sb = __shfl_sync(0xffffffffu, sv, 0);
+      int32_t ib = __shfl_sync(0xffffffffu, id, 0);
+      for (int c = 1; c < t; ++c) {
+        const float sc = __shfl_sync(0xffffffffu, sv, c);
+        const int32_t ic = __shfl_sync(0xffffffffu, id, c);
+        if (sc > sb || (sc == sb && ic < ib)) sb = sc, ib = ic;
+      }
+      best = ib;
+    } else {
+      // Scores then ids as one order (no NaN: a total order for distinct ids; lanes past t lose).
+      int bl = live;
+      float bs = sv;
+      int32_t bi = id;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const int ol = __shfl_xor_sync(0xffffffffu, bl, o);
+        const float os = __shfl_xor_sync(0xffffffffu, bs, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ol && (!bl || os > bs || (os == bs && oi < bi))) bl = ol, bs = os, bi = oi;
+      }
+      best = bi;
+    }
+    if (a.rows && live && id >= 0 && id < a.v) a.rows[static_cast<int64_t>(j) * a.v + id] = sv;
+    prev = best;
+    if (lane == 0) a.drafts[j] = best;
+  }
+}
+
 // ---- two-stage top-k (k <= kTopkFastK) ----
 // Stage 1: block (chunk, row) takes the top k of kTopkChunk entries by k passes (the order: value
 // descending, index ascending, as one key: order_key; each pass picks the largest key below the
@@ -444,9 +511,37 @@ __device__ __forceinline__ void store_pick(uint64_t pick, float* out_val, int32_
   out_idx[j] = key_index(pick);
 }
 
+// The 32 lanes' keys sorted descending across the lanes (lane 0 the largest): a bitonic network.
+__device__ __forceinline__ uint64_t warp_sort_desc(uint64_t v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const uint64_t o = __shfl_xor_sync(0xffffffffu, v, stride);
+      const uint64_t hi = o > v ? o : v, lo = o > v ? v : o;
+      v = ((lane & stride) == 0) == ((lane & size) == 0) ? hi : lo;
+    }
+  }
+  return v;
+}
+
+// Stage 1's filter (k <= 32): a threshold key thr such that at least k keys of the chunk are >=
+// thr, so the chunk's top k are all among the keys >= thr, whatever thr is: per warp the k-th
+// largest of its 32 threads' maxima (k threads hold a key >= it each), thr = the largest over the
+// warps. Those keys (~150 of 4096 for k = 16 and independent values) go to shared memory and one
+// warp picks the k largest by k shuffle passes, no block barriers; the same rule as the block
+// passes (the largest key below the previous pick), so the same picks. When fewer than k or more
+// than kTopkCands keys pass, the block passes run as before. (The keys are distinct but for the
+// padding past the row end, the smallest key: a threshold above it passes distinct keys only, one
+// equal to it passes the whole chunk.)
+constexpr int kTopkCands = 256;
+
 __global__ void __launch_bounds__(kTopkThreads)
     topk_chunk_kernel(float* cand_val, int32_t* cand_idx, In x, int64_t v, int k) {
   __shared__ uint64_t red[2][kTopkThreads / 32];
+  __shared__ uint64_t cands[kTopkCands];
+  __shared__ int s_count;
   const int64_t row = blockIdx.y, c0 = static_cast<int64_t>(blockIdx.x) * kTopkChunk;
   uint64_t keys[kTopkPerThread];
 #pragma unroll
@@ -456,6 +551,50 @@ __global__ void __launch_bounds__(kTopkThreads)
                     : order_key(-INFINITY, static_cast<uint32_t>(INT_MAX));
   }
   const int64_t o = (row * gridDim.x + blockIdx.x) * k;
+  if (k <= 32) {
+    if (threadIdx.x == 0) s_count = 0;
+    uint64_t mx = 0;
+#pragma unroll
+    for (int m = 0; m < kTopkPerThread; ++m) mx = keys[m] > mx ? keys[m] : mx;
+    const uint64_t kth = __shfl_sync(0xffffffffu, warp_sort_desc(mx), k - 1);
+    const uint64_t thr = block_max_key(kth, red, 0);  // its barrier also orders s_count = 0
+    int mine = 0;
+#pragma unroll
+    for (int m = 0; m < kTopkPerThread; ++m) mine += keys[m] >= thr;
+    if (mine > 0) {
+      int slot = atomicAdd(&s_count, mine);
+#pragma unroll
+      for (int m = 0; m < kTopkPerThread; ++m) {
+        if (keys[m] >= thr) {
+          if (slot < kTopkCands) cands[slot] = keys[m];
+          ++slot;
+        }
+      }
+    }
+    __syncthreads();
+    const int count = s_count;
+    if (count >= k && count <= kTopkCands) {
+      if (threadIdx.x >= 32) return;
+      const int lane = threadIdx.x;
+      uint64_t mine_keys[kTopkCands / 32];
+#pragma unroll
+      for (int q = 0; q < kTopkCands / 32; ++q) {
+        mine_keys[q] = lane + 32 * q < count ? cands[lane + 32 * q] : 0;
+      }
+      uint64_t prev = ~0ull;
+      for (int j = 0; j < k; ++j) {
+        uint64_t best = 0;
+#pragma unroll
+        for (int q = 0; q < kTopkCands / 32; ++q) {
+          best = mine_keys[q] < prev && mine_keys[q] > best ? mine_keys[q] : best;
+        }
+        prev = warp_max_key(best);
+        if (lane == 0) store_pick(prev, cand_val + o, cand_idx + o, j);
+      }
+      return;
+    }
+    // red[0] was read before the barrier above: the passes below may rewrite it.
+  }
   uint64_t prev = ~0ull;  // keys below `prev` only
   for (int j = 0; j < k; ++j) {
     uint64_t best = 0;
@@ -554,6 +693,10 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   if (a.filter.temperature > 0.0f) {
     const cudaError_t e = cudaMemsetAsync(a.probs, 0, a.k * a.v * sizeof(float), s);
     if (e != cudaSuccess) return e;
+  }
+  if (tabled && a.filter.temperature <= 0.0f && a.t <= 32) {
+    candidate_walk_greedy_kernel<<<1, kWalkThreads, static_cast<size_t>(tab_smem), s>>>(a, table);
+    return cudaGetLastError();
   }
   // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
   // they fit; else each warp reads them from global memory. Same arithmetic either way.

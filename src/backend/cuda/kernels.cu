@@ -456,6 +456,69 @@ __global__ void dynamic_conv_kernel(Out y, In x, In dyn, int64_t which, In base,
   }
 }
 
+// dynamic_conv_kernel's common case (DFlash2 at its published shapes: 2 taps, groups of 16+
+// channels, BF16 activations and weights): thread e takes channels c = 8 (e % (h / 8)) .. c + 7 of
+// row i = e / (h / 8), which all share one group, so its two dynamic values are loaded once and
+// x[i], x[i - 1], both base rows and y come in one 16-byte load each; 32-bit indices. The base
+// rows are weights: loaded before griddep_wait. Each channel's arithmetic is dynamic_conv_kernel's
+// (the same expressions in the same order: acc = 0, += kt * x per tap, += y), so the bits are the
+// same (CudaOps.DynamicConvFastKernelIsBitExact).
+__device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) f[2 * q] = bf16_lo(w[q]), f[2 * q + 1] = bf16_hi(w[q]);
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat16 l = __float2bfloat16_rn(lo), h = __float2bfloat16_rn(hi);
+  return static_cast<uint32_t>(__bfloat16_as_ushort(l)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(h)) << 16);
+}
+
+constexpr int kConvThreads = 64;  // 128 blocks for DFlash2's 16 x 4096 rows
+
+__global__ void __launch_bounds__(kConvThreads)
+    dynamic_conv_bf16x8_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* dyn,
+                               int which, const __nv_bfloat16* base, int n, int h, int group,
+                               int block_rows, bool accumulate) {
+  const int h8 = h >> 3, e = blockIdx.x * kConvThreads + threadIdx.x;
+  const bool live = e < n * h8;
+  const int i = live ? e / h8 : 0, c = (e - i * h8) * 8;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const uint4 b0 = live ? __ldg(reinterpret_cast<const uint4*>(base + c)) : zero;
+  const uint4 b1 = live ? __ldg(reinterpret_cast<const uint4*>(base + h + c)) : zero;
+  griddep_wait();  // x, dyn and y come from the kernels before
+  griddep_launch();
+  if (!live) return;
+  const bool second = i % block_rows >= 1;  // tap 1 reads the row before, inside the block
+  const int groups = h / group;
+  const __nv_bfloat16* d = dyn + ((i * 2 + which) * 2) * groups + c / group;
+  const float d0 = __bfloat162float(d[0]), d1 = second ? __bfloat162float(d[groups]) : 0.0f;
+  float xv0[8], xv1[8], bv0[8], bv1[8], yv[8];
+  unpack_bf16x8(*reinterpret_cast<const uint4*>(x + i * h + c), xv0);
+  unpack_bf16x8(second ? *reinterpret_cast<const uint4*>(x + (i - 1) * h + c) : zero, xv1);
+  unpack_bf16x8(accumulate ? *reinterpret_cast<const uint4*>(y + i * h + c) : zero, yv);
+  unpack_bf16x8(b0, bv0);
+  unpack_bf16x8(b1, bv1);
+  float out[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    float acc = 0.0f;
+    {
+      const float kt = bv0[q] + d0;
+      acc += kt * xv0[q];
+    }
+    if (second) {
+      const float kt = bv1[q] + d1;
+      acc += kt * xv1[q];
+    }
+    if (accumulate) acc += yv[q];
+    out[q] = acc;
+  }
+  *reinterpret_cast<uint4*>(y + i * h + c) =
+      make_uint4(pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]),
+                 pack_bf16x2(out[4], out[5]), pack_bf16x2(out[6], out[7]));
+}
+
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -972,8 +1035,22 @@ cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, c
 }
 cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
                          int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
-                         cudaStream_t s) {
+                         cudaStream_t s, bool fast) {
   if (n * h <= 0) return cudaSuccess;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool bf16 =
+      y.t == Elem::kBF16 && x.t == Elem::kBF16 && dyn.t == Elem::kBF16 && base.t == Elem::kBF16;
+  if (fast && bf16 && taps == 2 && group % 8 == 0 && h % 8 == 0 && n * h < INT_MAX &&
+      aligned(y.p) && aligned(x.p) && aligned(base.p)) {
+    const int64_t threads = n * h / 8;
+    return launch_pdl(
+        dynamic_conv_bf16x8_kernel,
+        dim3(static_cast<unsigned>((threads + kConvThreads - 1) / kConvThreads)),
+        dim3(kConvThreads), 0, s, static_cast<__nv_bfloat16*>(y.p),
+        static_cast<const __nv_bfloat16*>(x.p), static_cast<const __nv_bfloat16*>(dyn.p),
+        static_cast<int>(which), static_cast<const __nv_bfloat16*>(base.p), static_cast<int>(n),
+        static_cast<int>(h), static_cast<int>(group), static_cast<int>(block_rows), accumulate);
+  }
   return launch_pdl(dynamic_conv_kernel, dim3(static_cast<unsigned>(grid_for(n * h))),
                     dim3(kThreads), 0, s, y, x, dyn, which, base, n, h, taps, group, block_rows,
                     accumulate);

@@ -76,10 +76,13 @@ cudaError_t topk(float* values, int32_t* ids, In x, int64_t rows, int64_t v, int
 // y = cap > 0 ? cap * tanh(multiplier * x / cap) : multiplier * x.
 cudaError_t scale_softcap(Out y, In x, int64_t n, float multiplier, float cap, cudaStream_t s);
 // y[i, c] (=|+=) sum_{t < taps, t <= i % block_rows} (base[t, c] + dyn[i, which, t, c / group]) *
-// x[i - t, c]; x, y [n, h], dyn [n, 2, taps, h / group], base [taps, h].
+// x[i - t, c]; x, y [n, h], dyn [n, 2, taps, h / group], base [taps, h]. With `fast` (the
+// default), the common case (every operand BF16, taps 2, group and h multiples of 8, 16-byte
+// aligned rows, n * h < 2^31) runs dynamic_conv_bf16x8_kernel: 8 channels a thread, the same bits
+// as the generic kernel (which `fast` = false forces, for tests and A/B).
 cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n, int64_t h,
                          int64_t taps, int64_t group, int64_t block_rows, bool accumulate,
-                         cudaStream_t s);
+                         cudaStream_t s, bool fast = true);
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                             int64_t vs, float fill, cudaStream_t s);
 // Counter-based normals (backend.h seeded_normal).
