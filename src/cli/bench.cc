@@ -833,6 +833,8 @@ int run_bench(const BenchArgs& a) {
       // a greedy draw, the ids chosen on the device and no logits rows (the line above times
       // propose, which also writes every row's full-vocabulary logits).
       const Tensor drawn = be.empty({nd}, DType::kI32);
+      std::vector<std::vector<float>> conf;
+      bool with_conf = false;  // also the confidence head, its survivals read back
       auto drawn_step = [&]() -> Status {
         const ProposeRequest req{.anchor = prompt.back(),
                                  .anchor_pos = ctx - 1,
@@ -840,13 +842,21 @@ int run_bench(const BenchArgs& a) {
                                  .num_drafts = nd,
                                  .noise_seed = 5};
         const DraftDraw greedy{.ids = drawn};
-        return drafter->propose_draw(dpool, {&req, 1}, {&greedy, 1}, nullptr);
+        return drafter->propose_draw(dpool, {&req, 1}, {&greedy, 1}, with_conf ? &conf : nullptr);
       };
       auto drawn_t = time_it(*timer, a.warmup, a.iters, drawn_step);
       if (!drawn_t.ok()) return fail(drawn_t.status());
       fmt::print("draft step, greedy draw ({} drafts, the engine's path): {} = {:.1f}% of decode\n",
                  nd, fmt_stats(*drawn_t), 100.0 * drawn_t->median / decode.median);
       drafting = drawn_t->median;
+      if (drafter->has_confidence()) {
+        // As the engine's step when a confidence cut or the verify budget reads the survivals.
+        with_conf = true;
+        auto conf_t = time_it(*timer, a.warmup, a.iters, drawn_step);
+        if (!conf_t.ok()) return fail(conf_t.status());
+        fmt::print("draft step, greedy draw + confidences read back: {} = {:.1f}% of decode\n",
+                   fmt_stats(*conf_t), 100.0 * conf_t->median / decode.median);
+      }
     }
     const double step = verify->median + drafting + ctxs->median;
     fmt::print(

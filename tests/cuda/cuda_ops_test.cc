@@ -2053,8 +2053,9 @@ TEST_F(CudaOps, MarkovChainPrunedEqualsMarkovRows) {
     // Pairs (a_j, b_j) with identical w2 rows for the exact-tie case.
     std::vector<std::pair<int32_t, int32_t>> pairs;
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t a = static_cast<int32_t>(pick() % (v / 2)) * 2;
+      const int32_t a = static_cast<int32_t>(pick() % (v - 64));
       const int32_t b = a + 1 + static_cast<int32_t>(pick() % 50);
+      ASSERT_LT(b, v);
       std::copy_n(w2v.begin() + a * r, r, w2v.begin() + b * r);
       pairs.emplace_back(a, b);
     }
