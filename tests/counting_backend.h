@@ -203,6 +203,10 @@ class CountingBackend : public Backend {
                   const Tensor& w1, const Tensor& w2) override {
     b_.markov_row(z, argmax, u, prev, w1, w2);
   }
+  void markov_chain(const Tensor& drafts, const Tensor& anchor, const Tensor& u, const Tensor& w1,
+                    const Tensor& w2, const Tensor& norms) override {
+    b_.markov_chain(drafts, anchor, u, w1, w2, norms);
+  }
   void candidate_walk(const Tensor& drafts, const Tensor& rows, const Tensor& probs,
                       const Tensor& anchor, const Tensor& vals, const Tensor& ids,
                       const Tensor& pred, const Tensor& succ, const Tensor& scale,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -46,6 +47,35 @@ void Backend::end_read(int64_t ticket, void* dst) {
   ++first_read_;
   if (!read.fault.empty()) throw BackendFault(read.fault);
   std::memcpy(dst, read.bytes.data(), read.bytes.size());
+}
+
+void Backend::markov_chain(const Tensor& drafts, const Tensor& anchor, const Tensor& u,
+                           const Tensor& w1, const Tensor& w2, const Tensor& /*norms*/) {
+  const int64_t k = u.dim(0);
+  BS_CHECK(drafts.dtype() == DType::kI32 && drafts.numel() >= k);
+  for (int64_t j = 0; j < k; ++j) {
+    markov_row(Tensor(), drafts.rows(j, 1), u.rows(j, 1), j == 0 ? anchor : drafts.rows(j - 1, 1),
+               w1, w2);
+  }
+}
+
+std::vector<float> markov_norm_bounds(std::span<const float> w2, int64_t v, int64_t r) {
+  BS_CHECK(static_cast<int64_t>(w2.size()) == v * r);
+  std::vector<float> norms(static_cast<size_t>(v));
+  for (int64_t i = 0; i < v; ++i) {
+    // Squares of floats are exact in double; the sum's relative error (<= r * 2^-53) and the
+    // square root's are far below one float ulp (2^-24), which the second step up covers.
+    double ss = 0.0;
+    for (int64_t c = 0; c < r; ++c) {
+      const double x = w2[static_cast<size_t>(i * r + c)];
+      ss += x * x;
+    }
+    const double n = std::sqrt(ss);
+    float f = static_cast<float>(n);
+    if (static_cast<double>(f) < n) f = std::nextafter(f, INFINITY);
+    norms[static_cast<size_t>(i)] = std::nextafter(f, INFINITY);
+  }
+  return norms;
 }
 
 namespace {

@@ -84,6 +84,10 @@ class AllocationError : public std::bad_alloc {
 // queued work anyway, throws it as a BackendFault and clears the record. Like AllocationError it
 // unwinds to the nearest step boundary (catch_allocation_failure), which turns it into a kInternal
 // Status: the step's requests fail with the message, the server keeps serving.
+// Upper bounds of the Euclidean norms of the v rows of w2 ([v, r], row-major, the values the
+// backend holds), each rounded up to a float and one step more: Backend::markov_chain's norms.
+std::vector<float> markov_norm_bounds(std::span<const float> w2, int64_t v, int64_t r);
+
 class BackendFault : public std::runtime_error {
  public:
   explicit BackendFault(const std::string& message) : std::runtime_error(message) {}
@@ -402,6 +406,15 @@ class Backend {
   // z and argmax may each be undefined (not written); the row is computed either way.
   virtual void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u,
                           const Tensor& prev, const Tensor& w1, const Tensor& w2) = 0;
+  // DSpark's greedy full-vocabulary chain over the k rows of one request (u [k, V]): prev_0 =
+  // anchor[0] (I32 [1] on the backend); for j = 0 .. k-1, drafts[j] = markov_row's argmax of row
+  // u[j] with prev_j, and prev_{j+1} = drafts[j]. drafts (I32 [k]) must equal those k markov_row
+  // argmaxes bit for bit (the same z per id, ties to the lower id). norms (F32 [V], may be
+  // undefined) holds an upper bound of each ||w2[v]||_2 (markov_norm_bounds): with it a backend
+  // may compute z only for the ids that can reach the row's maximum. The default runs markov_row
+  // k times (norms unused).
+  virtual void markov_chain(const Tensor& drafts, const Tensor& anchor, const Tensor& u,
+                            const Tensor& w1, const Tensor& w2, const Tensor& norms);
   // A left-to-right walk over k rows of T candidates each (one request; DFlash2's selector walk,
   // DSpark's top-t restricted Markov chain), vals F32 [k, T] and ids I32 [k, T] (distinct ids in
   // [0, V) per row, e.g. from topk):

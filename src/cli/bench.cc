@@ -827,7 +827,38 @@ int run_bench(const BenchArgs& a) {
     fmt::print("draft step ({} drafts{}): {} = {:.1f}% of decode\n", nd,
                a.drafter_fp8 ? ", FP8 weights" : "", fmt_stats(*draft),
                100.0 * draft->median / decode.median);
-    const double step = verify->median + draft->median + ctxs->median;
+    double drafting = draft->median;
+    if (drafter->draws_drafts()) {
+      // The engine's path for a drafter that draws its drafts (DSpark, DFlash2): propose_draw with
+      // a greedy draw, the ids chosen on the device and no logits rows (the line above times
+      // propose, which also writes every row's full-vocabulary logits).
+      const Tensor drawn = be.empty({nd}, DType::kI32);
+      std::vector<std::vector<float>> conf;
+      bool with_conf = false;  // also the confidence head, its survivals read back
+      auto drawn_step = [&]() -> Status {
+        const ProposeRequest req{.anchor = prompt.back(),
+                                 .anchor_pos = ctx - 1,
+                                 .block_table = seq.block_table(),
+                                 .num_drafts = nd,
+                                 .noise_seed = 5};
+        const DraftDraw greedy{.ids = drawn};
+        return drafter->propose_draw(dpool, {&req, 1}, {&greedy, 1}, with_conf ? &conf : nullptr);
+      };
+      auto drawn_t = time_it(*timer, a.warmup, a.iters, drawn_step);
+      if (!drawn_t.ok()) return fail(drawn_t.status());
+      fmt::print("draft step, greedy draw ({} drafts, the engine's path): {} = {:.1f}% of decode\n",
+                 nd, fmt_stats(*drawn_t), 100.0 * drawn_t->median / decode.median);
+      drafting = drawn_t->median;
+      if (drafter->has_confidence()) {
+        // As the engine's step when a confidence cut or the verify budget reads the survivals.
+        with_conf = true;
+        auto conf_t = time_it(*timer, a.warmup, a.iters, drawn_step);
+        if (!conf_t.ok()) return fail(conf_t.status());
+        fmt::print("draft step, greedy draw + confidences read back: {} = {:.1f}% of decode\n",
+                   fmt_stats(*conf_t), 100.0 * conf_t->median / decode.median);
+      }
+    }
+    const double step = verify->median + drafting + ctxs->median;
     fmt::print(
         "speculative step estimate (verify + draft + context): {:.3f} ms -> at "
         "acceptance length {} {:.0f} tok/s, at 1 {:.0f} tok/s\n",

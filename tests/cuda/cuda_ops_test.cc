@@ -2143,6 +2143,78 @@ TEST_F(CudaOps, MarkovRowMatchesCpu) {
   }
 }
 
+#ifdef BLOCKSPEC_HAS_CUDA
+// markov_chain with norm bounds (the pruned greedy chain: z only for the ids that can win)
+// against the full kernel: k markov_row launches chained on the GPU must give the same ids bit for
+// bit. U cases: spread (a few dozen ids per row pass the bound), near ties (U within the bias
+// bound of each other), equal values (U rounded to halves: many ids share the maximum; the bias
+// decides), a row pair with identical U and identical w2 rows far above the rest (an exact tie of
+// z: the lower id, also checked against that independent expectation), and U all zero (every id
+// passes: the worst case). BF16 and F32 U, the 16-byte path (r = 256) and the plain one (r = 20),
+// eagerly and replayed in a captured graph with new anchors.
+TEST_F(CudaOps, MarkovChainPrunedEqualsMarkovRows) {
+  const int64_t k = 7, v = 30011;
+  std::mt19937 pick(11);
+  for (const int64_t r : {256, 20}) {
+    auto w1v = rnd(v * r, 0.05f), w2v = rnd(v * r, 0.05f);
+    // Pairs (a_j, b_j) with identical w2 rows for the exact-tie case.
+    std::vector<std::pair<int32_t, int32_t>> pairs;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t a = static_cast<int32_t>(pick() % (v - 64));
+      const int32_t b = a + 1 + static_cast<int32_t>(pick() % 50);
+      ASSERT_LT(b, v);
+      std::copy_n(w2v.begin() + a * r, r, w2v.begin() + b * r);
+      pairs.emplace_back(a, b);
+    }
+    Tensor gw1 = weight(*gpu_, {v, r}, w1v), gw2 = weight(*gpu_, {v, r}, w2v);
+    const std::vector<float> nv = markov_norm_bounds(gpu_->to_host_f32(gw2), v, r);
+    Tensor gnorms = make(*gpu_, {v}, DType::kF32);
+    gpu_->copy_from_host(gnorms, nv.data());
+    Tensor ganchor = make(*gpu_, {1}, DType::kI32);
+    Tensor gfull = make(*gpu_, {k}, DType::kI32), gpruned = make(*gpu_, {k}, DType::kI32);
+    for (int c = 0; c < 5; ++c) {
+      std::vector<float> uv;
+      if (c == 0) uv = rnd(k * v, 2.0f);
+      if (c == 1) uv = rnd(k * v, 0.05f);
+      if (c == 2) {
+        uv = rnd(k * v, 2.0f);
+        for (float& x : uv) x = std::round(x * 2.0f) / 2.0f;
+      }
+      if (c == 3) {
+        uv = rnd(k * v, 1.0f);
+        for (int64_t j = 0; j < k; ++j) {
+          uv[j * v + pairs[j].first] = uv[j * v + pairs[j].second] = 64.0f;
+        }
+      }
+      if (c == 4) uv.assign(static_cast<size_t>(k * v), 0.0f);
+      for (const DType t : {DType::kBF16, DType::kF32}) {
+        Tensor gu = gpu_act({k, v}, uv, t);
+        for (int round = 0; round < 3; ++round) {
+          const int32_t anchor = static_cast<int32_t>((round * 7919 + c * 31 + 5) % v);
+          gpu_->copy_from_host(ganchor, &anchor);
+          for (int64_t j = 0; j < k; ++j) {
+            gpu_->markov_row(Tensor(), gfull.rows(j, 1), gu.rows(j, 1),
+                             j == 0 ? ganchor : gfull.rows(j - 1, 1), gw1, gw2);
+          }
+          const std::string key = fmt::format("test:markov_chain:{}:{}:{}", r, c, int(t));
+          gpu_->run_captured(key,
+                             [&] { gpu_->markov_chain(gpruned, ganchor, gu, gw1, gw2, gnorms); });
+          std::vector<int32_t> full(k, -1), pruned(k, -2);
+          gpu_->copy_to_host(full.data(), gfull);
+          gpu_->copy_to_host(pruned.data(), gpruned);
+          const std::string where = fmt::format("r={} case {} {} round {}", r, c,
+                                                t == DType::kF32 ? "f32" : "bf16", round);
+          EXPECT_EQ(pruned, full) << where;
+          if (c == 3) {
+            for (int64_t j = 0; j < k; ++j) EXPECT_EQ(full[j], pairs[j].first) << where;
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // BLOCKSPEC_HAS_CUDA
+
 // candidate_walk (DFlash2's selector walk, DSpark's top-t chain) against the CPU: greedy drafts
 // and rows, exact ties of the scores going to the lower id, and sampled drafts with their q rows
 // under temperature / top-k / top-p; inside a captured graph with new inputs on every replay.

@@ -1,8 +1,10 @@
 // The CPU reference of the Backend ops added for DSpark / DFlash2, on hand-checkable values:
-// topk's order and tie rule, scale_softcap, and dynamic_conv's taps, groups and block boundaries.
+// topk's order and tie rule, scale_softcap, dynamic_conv's taps, groups and block boundaries, the
+// Markov row and chain, and the chain's norm bounds.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
@@ -96,6 +98,55 @@ TEST_F(RelativeOps, MarkovRowOnHandValues) {
   be_->markov_row(Tensor(), arg, u, prev, w1, w2);
   be_->copy_to_host(&a, arg);
   EXPECT_EQ(a, 1);
+}
+
+// markov_chain (DSpark's greedy chain) on the values above: prev_0 = the anchor, each row's
+// argmax feeding the next row (the rows worked by hand).
+TEST_F(RelativeOps, MarkovChainOnHandValues) {
+  const Tensor w1 = f32({3, 2}, {1, 0, 0, 1, 1, 1});
+  const Tensor w2 = f32({3, 2}, {1, 2, 3, -1, 0, 0.5f});
+  // Row 0, prev 1 (e = [0, 1], w2 · e = [2, -1, 0.5]): z = [2.5, -1, 2.5] -> 0 (tie, first).
+  // Row 1, prev 0 (e = [1, 0]: [1, 3, 0]): z = [1, 3, 3.5] -> 2.
+  // Row 2, prev 2 (e = [1, 1]: [3, 2, 0.5]): z = [3, 2, 0.5] -> 0.
+  const Tensor u = f32({3, 3}, {0.5f, 0, 2,  //
+                                0, 0, 3.5f,  //
+                                0, 0, 0});
+  const std::vector<float> nv = markov_norm_bounds(be_->to_host_f32(w2), 3, 2);
+  const Tensor norms = f32({3}, nv);
+  Tensor anchor = be_->empty({1}, DType::kI32), drafts = be_->empty({3}, DType::kI32);
+  const int32_t a = 1;
+  be_->copy_from_host(anchor, &a);
+  for (const bool with_norms : {false, true}) {
+    be_->markov_chain(drafts, anchor, u, w1, w2, with_norms ? norms : Tensor());
+    std::vector<int32_t> d(3, -1);
+    be_->copy_to_host(d.data(), drafts);
+    EXPECT_EQ(d, (std::vector<int32_t>{0, 2, 0})) << "norms " << with_norms;
+  }
+}
+
+// markov_norm_bounds: never below the exact norm (long double here), at most 3 float ulps above,
+// on random rows, rows of tiny and huge values and an all-zero row.
+TEST(MarkovNormBounds, BoundTheExactNormsTightly) {
+  const int64_t v = 500, r = 37;
+  std::vector<float> w(static_cast<size_t>(v * r));
+  uint64_t s = 12345;
+  for (size_t i = 0; i < w.size(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const float x = static_cast<float>(static_cast<int64_t>(s >> 40) - (1ll << 23)) * 0x1p-23f;
+    const int64_t row = static_cast<int64_t>(i) / r;
+    w[i] = row == 0 ? 0.0f : row % 3 == 1 ? x * 1e-20f : row % 3 == 2 ? x * 1e20f : x;
+  }
+  const std::vector<float> n = markov_norm_bounds(w, v, r);
+  ASSERT_EQ(n.size(), static_cast<size_t>(v));
+  for (int64_t i = 0; i < v; ++i) {
+    long double ss = 0;
+    for (int64_t c = 0; c < r; ++c) ss += static_cast<long double>(w[i * r + c]) * w[i * r + c];
+    const long double exact = std::sqrt(ss);
+    EXPECT_GE(static_cast<long double>(n[i]), exact) << "row " << i;
+    float up = static_cast<float>(exact);
+    for (int step = 0; step < 3; ++step) up = std::nextafter(up, INFINITY);
+    EXPECT_LE(n[i], up) << "row " << i;
+  }
 }
 
 TEST_F(RelativeOps, CandidateWalkOnHandValues) {

@@ -318,6 +318,7 @@ class CudaBackend final : public Backend {
     if (draw_ws_) pool_->free(draw_ws_, draw_ws_bytes_);
     if (topk_ws_) pool_->free(topk_ws_, topk_ws_bytes_);
     if (walk_ws_) pool_->free(walk_ws_, walk_ws_bytes_);
+    if (chain_ws_) pool_->free(chain_ws_, chain_ws_bytes_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_keys_);
@@ -1031,6 +1032,21 @@ class CudaBackend final : public Backend {
                                     prev.as<int32_t>(), in(w1), in(w2), v, r, walk_keys_,
                                     walk_counter_, props_.multiProcessorCount, stream_));
   }
+  void markov_chain(const Tensor& drafts, const Tensor& anchor, const Tensor& u, const Tensor& w1,
+                    const Tensor& w2, const Tensor& norms) override {
+    if (!norms.defined()) {
+      Backend::markov_chain(drafts, anchor, u, w1, w2, norms);
+      return;
+    }
+    const int64_t k = u.dim(0), v = w2.dim(0), r = w2.dim(-1);
+    BS_CHECK(w1.dim(0) == v && w1.dim(-1) == r && u.numel() == k * v);
+    BS_CHECK(drafts.dtype() == DType::kI32 && drafts.numel() >= k && anchor.dtype() == DType::kI32);
+    BS_CHECK(norms.dtype() == DType::kF32 && norms.numel() == v);
+    void* ws = scratch(&chain_ws_, &chain_ws_bytes_, markov_chain_workspace_bytes(k, v));
+    CUDA_CHECK(bs::cuda::markov_chain_pruned(drafts.as<int32_t>(), anchor.as<int32_t>(), in(u),
+                                             in(w1), in(w2), norms.as<float>(), k, v, r, ws,
+                                             walk_keys_, walk_counter_, stream_));
+  }
   void candidate_walk(const Tensor& drafts, const Tensor& rows, const Tensor& probs,
                       const Tensor& anchor, const Tensor& vals, const Tensor& ids,
                       const Tensor& pred, const Tensor& succ, const Tensor& scale,
@@ -1453,6 +1469,8 @@ class CudaBackend final : public Backend {
   size_t topk_ws_bytes_ = 0;
   void* walk_ws_ = nullptr;  // the candidate walk's table of candidate terms
   size_t walk_ws_bytes_ = 0;
+  void* chain_ws_ = nullptr;  // markov_chain's per-block argmax keys of u
+  size_t chain_ws_bytes_ = 0;
 };
 
 namespace {

@@ -59,6 +59,49 @@ __device__ __forceinline__ uint64_t warp_max_key(uint64_t k) {
 // reduces them into *argmax and resets *counter.
 constexpr int kRowWarps = 8, kRowsPerWarp = 4;
 
+// acc[q] = w2[ids[q]] · e for the rows with has[q] (N rows' loads in flight): lane c sums its
+// columns (c, c + 32, ...; 8 per 16-byte load when vec) with one fmaf chain, then warp_sum. Every
+// lane of the warp calls it with the same ids and gets the same sums; a row's sum does not depend
+// on N or on the other rows, so markov_row_kernel and markov_prune_row_kernel (both use it) give
+// the same bits for it.
+template <int N>
+__device__ __forceinline__ void markov_dots(float (&acc)[N], const int64_t (&ids)[N],
+                                            const bool (&has)[N], In w2, int64_t r, bool vec,
+                                            const float* e) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int q = 0; q < N; ++q) acc[q] = 0.0f;
+  if (vec) {
+    const uint4* w = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w2.p));
+    const int64_t r8 = r / 8;
+    for (int64_t c = lane; c < r8; c += 32) {
+      uint4 x[N];
+#pragma unroll
+      for (int q = 0; q < N; ++q)
+        x[q] = has[q] ? ld_stream(w + ids[q] * r8 + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < N; ++q) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&x[q]);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const float2 f = __bfloat1622float2(h[t]);
+          acc[q] = fmaf(f.x, e[c * 8 + 2 * t], acc[q]);
+          acc[q] = fmaf(f.y, e[c * 8 + 2 * t + 1], acc[q]);
+        }
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < r; c += 32) {
+#pragma unroll
+      for (int q = 0; q < N; ++q) {
+        if (has[q]) acc[q] = fmaf(ldw(w2, ids[q] * r + c), e[c], acc[q]);
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < N; ++q) acc[q] = warp_sum(acc[q]);
+}
+
 __global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int32_t* prev, In w1,
                                   In w2, int64_t v, int64_t r, bool vec, uint64_t* keys,
                                   unsigned* counter) {
@@ -77,40 +120,16 @@ __global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int3
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowWarps * kRowsPerWarp;
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowWarps + warp) * kRowsPerWarp;
        row0 < v; row0 += stride) {
-    float acc[kRowsPerWarp];
+    int64_t ids[kRowsPerWarp];
+    bool has[kRowsPerWarp];
 #pragma unroll
-    for (int u = 0; u < kRowsPerWarp; ++u) acc[u] = 0.0f;
-    if (vec) {  // BF16 w2, r % 8 == 0, 16-byte aligned rows: one uint4 (8 values) per lane
-      const uint4* w = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w2.p));
-      const int64_t r8 = r / 8;
-      for (int64_t c = lane; c < r8; c += 32) {
-        uint4 q[kRowsPerWarp];
-#pragma unroll
-        for (int u = 0; u < kRowsPerWarp; ++u) {
-          q[u] = row0 + u < v ? ld_stream(w + (row0 + u) * r8 + c) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kRowsPerWarp; ++u) {
-          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q[u]);
-#pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const float2 f = __bfloat1622float2(h[t]);
-            acc[u] = fmaf(f.x, e[c * 8 + 2 * t], acc[u]);
-            acc[u] = fmaf(f.y, e[c * 8 + 2 * t + 1], acc[u]);
-          }
-        }
-      }
-    } else {
-      for (int64_t c = lane; c < r; c += 32) {
-#pragma unroll
-        for (int u = 0; u < kRowsPerWarp; ++u) {
-          if (row0 + u < v) acc[u] = fmaf(ldw(w2, (row0 + u) * r + c), e[c], acc[u]);
-        }
-      }
+    for (int u = 0; u < kRowsPerWarp; ++u) {
+      ids[u] = row0 + u;
+      has[u] = row0 + u < v;
     }
-#pragma unroll
-    for (int u = 0; u < kRowsPerWarp; ++u) acc[u] = warp_sum(acc[u]);
-      // Lane u finishes row row0 + u.
+    float acc[kRowsPerWarp];
+    markov_dots<kRowsPerWarp>(acc, ids, has, w2, r, vec, e);
+    // Lane u finishes row row0 + u.
 #pragma unroll
     for (int u = 0; u < kRowsPerWarp; ++u) {
       const int64_t row = row0 + u;
@@ -148,6 +167,192 @@ __global__ void markov_row_kernel(float* z, int32_t* argmax, In u_in, const int3
     for (int w = 0; w < kRowWarps; ++w) b = warp_keys[w] > b ? warp_keys[w] : b;
     *argmax = b == 0 ? 0 : key_index(b);
     *counter = 0;  // ready for the next launch (graph replays included)
+  }
+}
+
+// ---- markov_chain_pruned: the greedy chain, computing z only where it can win ----
+// Per row j (e = w1[prev_j], z_v = u_j[v] + w2[v] · e, markov_row's arithmetic), with v* = the
+// argmax of u_j and z* = z_{v*}: by Cauchy-Schwarz |w2[v] · e| <= ||w2[v]|| ||e||, so an id whose
+// u_j[v] + ||w2[v]|| ||e|| stays below z* cannot reach the row's maximum. Each id's exact z is
+// computed only for the ids that pass, by markov_dots (markov_row_kernel's own dot: the same
+// bits) plus the same fp32 add of u; the maximum over them is markov_row's argmax, ties included.
+//
+// The test, with slack for every fp32 rounding (u = 2^-24; docs/DFLASH.md repeats it):
+//  - the computed dot d_v (a chain of at most m <= r + 37 roundings per lane and warp sum) obeys
+//    |d_v| <= (1 + gamma_m) sum_i |w2[v, i] e_i| + m 2^-150 <= (1 + gamma_m) n_v ||e|| + tiny,
+//    gamma_m = m u / (1 - m u), n_v >= ||w2[v]|| (markov_norm_bounds: rounded up);
+//  - ||e|| is taken as E = fl(sqrtf(ss) * F), ss the fp32 sum of squares (relative error <=
+//    gamma_{r+5}), sqrtf correctly rounded, F = 1 + 4 (r + 40) u: F covers gamma_m, the sum's and
+//    the square root's errors and the products' roundings twice over, so B_v = fmaf(n_v, E,
+//    1e-30) >= |d_v| (the 1e-30 covers underflow);
+//  - the computed z_v = fl(u_v + d_v) >= z* needs u_v + d_v > pred(z*) (rounding is monotone and
+//    pred(z*), the next float below z*, is a float), hence u_v + B_v > pred(z*) and
+//    fl(u_v + B_v) >= pred(z*). So an id with fl(u_v + B_v) < pred(z*) has z_v < z* and is
+//    skipped; written as !(x < tau) the test keeps every id when anything is NaN or infinite.
+// v* itself always passes, and v* need not be u's argmax for the test to hold (any computed
+// z_{v*} is a lower bound of the maximum).
+//
+// Launches: markov_u_argmax_kernel (every row's u argmax at once, one key per block), then one
+// markov_prune_row_kernel per row: each block reduces row j's keys to v*, computes e, ||e|| and
+// z* itself (a 256-term dot), tests its ids (u and the norms were loaded first, before the
+// dependent reads), computes the survivors' z four at a time per warp, and leaves its best key;
+// the last block to finish writes drafts[j] (markov_row's counter protocol).
+constexpr int kPruneThreads = 256, kPruneWarps = kPruneThreads / 32;
+constexpr int kPruneArgmaxPer = 8;  // u argmax: ids per thread per pass (2048 per block)
+constexpr int kPrunePer = 2;        // row kernel: ids per thread per pass (512 per block)
+constexpr int kPruneDots = 4;       // survivors' rows in flight per warp
+
+// The largest key of the block in every thread (kPruneThreads threads; red [kPruneWarps]).
+__device__ __forceinline__ uint64_t prune_block_max(uint64_t k, uint64_t* red) {
+  k = warp_max_key(k);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = k;
+  __syncthreads();
+  uint64_t b = 0;
+#pragma unroll
+  for (int w = 0; w < kPruneWarps; ++w) b = red[w] > b ? red[w] : b;
+  __syncthreads();  // red may be rewritten after this
+  return b;
+}
+
+// Block (b, j): the largest order_key(u[j, id], id) over its ids -> ukeys[j * gridDim.x + b].
+__global__ void __launch_bounds__(kPruneThreads)
+    markov_u_argmax_kernel(uint64_t* ukeys, In u, int64_t v) {
+  __shared__ uint64_t red[kPruneWarps];
+  const int64_t j = blockIdx.y, chunk = kPruneThreads * kPruneArgmaxPer;
+  uint64_t best = 0;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * chunk; base < v;
+       base += static_cast<int64_t>(gridDim.x) * chunk) {
+    float x[kPruneArgmaxPer];
+#pragma unroll
+    for (int m = 0; m < kPruneArgmaxPer; ++m) {
+      const int64_t id = base + m * kPruneThreads + threadIdx.x;
+      x[m] = id < v ? ldw(u, j * v + id) : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < kPruneArgmaxPer; ++m) {
+      const int64_t id = base + m * kPruneThreads + threadIdx.x;
+      const uint64_t key = order_key(x[m], static_cast<uint32_t>(id));
+      if (id < v && key > best) best = key;
+    }
+  }
+  best = prune_block_max(best, red);
+  if (threadIdx.x == 0) ukeys[j * gridDim.x + blockIdx.x] = best;
+}
+
+struct PruneRowArgs {
+  int32_t* drafts;        // [k]
+  const int32_t* anchor;  // [1]
+  In u, w1, w2;           // [k, v], [v, r], [v, r]
+  const float* norms;     // [v]
+  const uint64_t* ukeys;  // [k, nb]
+  uint64_t* keys;         // [gridDim.x]
+  unsigned* counter;
+  int64_t v, r;
+  int nb;
+  bool vec;
+  float factor;  // F = 1 + 4 (r + 40) 2^-24
+};
+
+__global__ void __launch_bounds__(kPruneThreads)
+    markov_prune_row_kernel(PruneRowArgs a, int64_t j) {
+  extern __shared__ float e[];  // [r]
+  __shared__ uint64_t red[kPruneWarps];
+  __shared__ float s_zstar, s_ss;
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t v = a.v, r = a.r, chunk = kPruneThreads * kPrunePer;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * chunk;
+  const int64_t row = j * v;
+  // The first pass's u and norms: they do not depend on the chain, so they load first.
+  int64_t base = static_cast<int64_t>(blockIdx.x) * chunk;
+  float uu[kPrunePer], nn[kPrunePer];
+  auto load = [&](int64_t b0) {
+#pragma unroll
+    for (int m = 0; m < kPrunePer; ++m) {
+      const int64_t id = b0 + m * kPruneThreads + threadIdx.x;
+      uu[m] = id < v ? ldw(a.u, row + id) : 0.0f;
+      nn[m] = id < v ? a.norms[id] : 0.0f;
+    }
+  };
+  load(base);
+  const int64_t p = j == 0 ? a.anchor[0] : a.drafts[j - 1];
+  const bool ok = p >= 0 && p < v;
+  for (int64_t i = threadIdx.x; i < r; i += blockDim.x) e[i] = ok ? ldw(a.w1, p * r + i) : 0.0f;
+  uint64_t uk = 0;
+  for (int i = threadIdx.x; i < a.nb; i += blockDim.x) {
+    const uint64_t k = a.ukeys[j * a.nb + i];
+    uk = k > uk ? k : uk;
+  }
+  const int64_t vstar = key_index(prune_block_max(uk, red));  // (the barrier also covers e)
+  if (warp == 0) {
+    const int64_t ids[1] = {vstar};
+    const bool has[1] = {vstar >= 0 && vstar < v};
+    float acc[1];
+    markov_dots<1>(acc, ids, has, a.w2, r, a.vec, e);
+    if (lane == 0) s_zstar = (has[0] ? ldw(a.u, row + vstar) : -INFINITY) + acc[0];
+  } else if (warp == 1) {
+    float ss = 0.0f;
+    for (int64_t i = lane; i < r; i += 32) ss = fmaf(e[i], e[i], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) s_ss = ss;
+  }
+  __syncthreads();
+  const float tau = nextafterf(s_zstar, -INFINITY);
+  const float en = sqrtf(s_ss) * a.factor;
+  uint64_t best = 0;
+  for (; base < v; base += stride) {
+    bool keep[kPrunePer];
+#pragma unroll
+    for (int m = 0; m < kPrunePer; ++m) {
+      const int64_t id = base + m * kPruneThreads + threadIdx.x;
+      keep[m] = id < v && !(uu[m] + fmaf(nn[m], en, 1e-30f) < tau);
+    }
+#pragma unroll
+    for (int m = 0; m < kPrunePer; ++m) {
+      // The warp's survivors among ids wbase .. wbase + 31, kPruneDots at a time (lowest first).
+      const int64_t wbase = base + m * kPruneThreads + warp * 32;
+      unsigned mask = __ballot_sync(0xffffffffu, keep[m]);
+      while (mask) {
+        int64_t ids[kPruneDots];
+        bool has[kPruneDots];
+        int src[kPruneDots];
+#pragma unroll
+        for (int q = 0; q < kPruneDots; ++q) {
+          has[q] = mask != 0;
+          src[q] = has[q] ? __ffs(mask) - 1 : 0;
+          ids[q] = wbase + src[q];
+          mask &= mask - 1;
+        }
+        float acc[kPruneDots];
+        markov_dots<kPruneDots>(acc, ids, has, a.w2, r, a.vec, e);
+#pragma unroll
+        for (int q = 0; q < kPruneDots; ++q) {
+          const float uv = __shfl_sync(0xffffffffu, uu[m], src[q]);  // u[row + ids[q]]
+          const uint64_t k = order_key(uv + acc[q], static_cast<uint32_t>(ids[q]));
+          if (has[q] && k > best) best = k;
+        }
+      }
+    }
+    if (base + stride < v) load(base + stride);
+  }
+  best = prune_block_max(best, red);
+  if (threadIdx.x == 0) {
+    a.keys[blockIdx.x] = best;
+    __threadfence();
+    last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  uint64_t b = 0;
+  for (int64_t i = threadIdx.x; i < gridDim.x; i += blockDim.x) {
+    const uint64_t k = *(volatile const uint64_t*)(a.keys + i);
+    b = k > b ? k : b;
+  }
+  b = prune_block_max(b, red);
+  if (threadIdx.x == 0) {
+    a.drafts[j] = b == 0 ? 0 : key_index(b);
+    *a.counter = 0;  // ready for the next launch (graph replays included)
   }
 }
 
@@ -630,6 +835,11 @@ __global__ void __launch_bounds__(kTopkThreads)
 
 }  // namespace
 
+// markov_dots' 16-byte path: BF16 w2, r % 8 == 0, 16-byte aligned rows.
+static bool markov_vec(In w2, int64_t r) {
+  return w2.t == Elem::kBF16 && r % 8 == 0 && (reinterpret_cast<uintptr_t>(w2.p) & 15) == 0;
+}
+
 cudaError_t markov_row(float* z, int32_t* argmax, In u, const int32_t* prev, In w1, In w2,
                        int64_t v, int64_t r, uint64_t* keys, unsigned* counter, int num_sms,
                        cudaStream_t s) {
@@ -647,10 +857,51 @@ cudaError_t markov_row(float* z, int32_t* argmax, In u, const int32_t* prev, In 
   const int64_t cap =
       std::min<int64_t>(kMarkovRowMaxBlocks, static_cast<int64_t>(num_sms) * per_sm);
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
-  const bool vec =
-      w2.t == Elem::kBF16 && r % 8 == 0 && (reinterpret_cast<uintptr_t>(w2.p) & 15) == 0;
+  const bool vec = markov_vec(w2, r);
   markov_row_kernel<<<grid, kRowWarps * 32, static_cast<size_t>(r) * sizeof(float), s>>>(
       z, argmax, u, prev, w1, w2, v, r, vec, keys, counter);
+  return cudaGetLastError();
+}
+
+static int64_t markov_u_argmax_blocks(int64_t v) {
+  const int64_t chunk = kPruneThreads * kPruneArgmaxPer;
+  return std::max<int64_t>(1, std::min<int64_t>((v + chunk - 1) / chunk, kMarkovRowMaxBlocks));
+}
+
+size_t markov_chain_workspace_bytes(int64_t k, int64_t v) {
+  return static_cast<size_t>(k * markov_u_argmax_blocks(v)) * sizeof(uint64_t);
+}
+
+cudaError_t markov_chain_pruned(int32_t* drafts, const int32_t* anchor, In u, In w1, In w2,
+                                const float* norms, int64_t k, int64_t v, int64_t r,
+                                void* workspace, uint64_t* keys, unsigned* counter,
+                                cudaStream_t s) {
+  if (k <= 0 || v <= 0) return cudaSuccess;
+  const int nb = static_cast<int>(markov_u_argmax_blocks(v));
+  uint64_t* ukeys = static_cast<uint64_t*>(workspace);
+  markov_u_argmax_kernel<<<dim3(static_cast<unsigned>(nb), static_cast<unsigned>(k)), kPruneThreads,
+                           0, s>>>(ukeys, u, v);
+  const int64_t chunk = kPruneThreads * kPrunePer;
+  const int grid = static_cast<int>(
+      std::max<int64_t>(1, std::min((v + chunk - 1) / chunk, kMarkovRowMaxBlocks)));
+  const PruneRowArgs a{.drafts = drafts,
+                       .anchor = anchor,
+                       .u = u,
+                       .w1 = w1,
+                       .w2 = w2,
+                       .norms = norms,
+                       .ukeys = ukeys,
+                       .keys = keys,
+                       .counter = counter,
+                       .v = v,
+                       .r = r,
+                       .nb = nb,
+                       .vec = markov_vec(w2, r),  // markov_row's choice: the same products
+                       .factor = 1.0f + 4.0f * static_cast<float>(r + 40) * 0x1p-24f};
+  for (int64_t j = 0; j < k; ++j) {
+    markov_prune_row_kernel<<<grid, kPruneThreads, static_cast<size_t>(r) * sizeof(float), s>>>(a,
+                                                                                                j);
+  }
   return cudaGetLastError();
 }
 

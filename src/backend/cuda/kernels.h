@@ -300,6 +300,14 @@ constexpr int64_t kMarkovRowMaxBlocks = 1024;
 cudaError_t markov_row(float* z, int32_t* argmax, In u, const int32_t* prev, In w1, In w2,
                        int64_t v, int64_t r, uint64_t* keys, unsigned* counter, int num_sms,
                        cudaStream_t s);
+// Backend::markov_chain with norms (the greedy chain, z computed only for the ids that can win):
+// drafts[j] for j < k, bit-identical to markov_row's argmax of row j of u [k, v] after
+// drafts[j - 1] (anchor[0] for j = 0). k + 1 launches; keys / counter as markov_row's; workspace
+// of markov_chain_workspace_bytes(k, v).
+size_t markov_chain_workspace_bytes(int64_t k, int64_t v);
+cudaError_t markov_chain_pruned(int32_t* drafts, const int32_t* anchor, In u, In w1, In w2,
+                                const float* norms, int64_t k, int64_t v, int64_t r,
+                                void* workspace, uint64_t* keys, unsigned* counter, cudaStream_t s);
 // dst[i] = value for i < n.
 cudaError_t fill(float* p, int64_t n, float value, cudaStream_t s);
 // Backend::candidate_walk for one request, one block for the whole walk (plus a fill of rows with

@@ -7,7 +7,10 @@
 //     d_k = argmax z_k (greedy) or a draw from filtered_probs(z_k) (sampled; that row is q_k)
 //     prev_{k+1} = d_k
 //   c_k = sigmoid(proj · [h_k ; e_k] + bias), a_k = c_0 ... c_k (when asked)
-// Everything stays on the device: the full-vocabulary chain is one Backend::markov_row launch per
+// Everything stays on the device, reading the anchor from the block's uploaded ids and writing the
+// drafts straight into the draw's ids: the greedy full-vocabulary chain is one
+// Backend::markov_chain (on the GPU pruned by the rows' norm bounds: z only for the ids that can
+// win, docs/DFLASH.md), the sampled one (or one whose rows are wanted) a Backend::markov_row per
 // row (bias GEMV, + U_k and the argmax fused), the top-t chain one Backend::candidate_walk.
 #include "models/drafters/dspark.h"
 
@@ -59,6 +62,12 @@ class DSparkModules final : public DFlashModules {
       const std::string why = fmt::format("dflash_config.markov_rank = {}", r);
       BS_ASSIGN_OR_RETURN(w1_, load_module_tensor(ckpt, backend, w1, {vocab_, r}, why));
       BS_ASSIGN_OR_RETURN(w2_, load_module_tensor(ckpt, backend, w2, {vocab_, r}, why));
+      if (c_.draft_topk == 0) {
+        // The greedy chain's norm bounds (markov_norm_bounds), from the values the backend holds.
+        const std::vector<float> n = markov_norm_bounds(backend.to_host_f32(w2_), vocab_, r);
+        norms_ = backend.empty({vocab_}, DType::kF32);
+        backend.copy_from_host(norms_, n.data());
+      }
     } else if (has_module_tensor(ckpt, w1) || has_module_tensor(ckpt, w2)) {
       return InvalidArgument(
           "{}: the checkpoint has markov_head tensors but dflash_config.markov_rank is 0 or "
@@ -89,7 +98,6 @@ class DSparkModules final : public DFlashModules {
     }
     // Scratch for one request's chain (draw runs request by request).
     const int64_t B = block_;
-    chain_ = backend.empty({B + 1}, DType::kI32);
     rows_ = backend.empty({B, vocab_}, DType::kF32);
     if (r > 0) e_ = backend.empty({B, r});
     if (c_.draft_topk > 0) {
@@ -100,29 +108,31 @@ class DSparkModules final : public DFlashModules {
     return Status::Ok();
   }
 
-  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor,
-            const Tensor& /*anchor_ids: DSpark's chain keeps the anchor beside its drafts*/,
-            const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
+  void draw(const Tensor& hidden, const Tensor& logits, int32_t /*anchor: read on the device*/,
+            const Tensor& anchor_ids, const DraftDraw& d, const Tensor& rows_out,
+            std::vector<float>* confidences) override {
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0), t = c_.draft_topk;
     const bool sampled = d.filter.temperature > 0.0f;
-    b.copy_from_host(chain_.rows(0, 1), &anchor);
+    // prev_0 = the anchor (anchor_ids, uploaded with the block), prev_j = d_{j-1} (d.ids).
+    auto prev = [&](int64_t j) { return j == 0 ? anchor_ids : d.ids.rows(j - 1, 1); };
     if (t > 0) {
       // Top-t restricted: one walk over the rows' top-t candidates (bias W2[ids] · W1[prev]).
       b.topk(top_vals_.rows(0, k), top_ids_.rows(0, k), logits);
-      b.candidate_walk(chain_.rows(1, k), rows_out, d.probs, chain_.rows(0, 1),
-                       top_vals_.rows(0, k), top_ids_.rows(0, k), w1_, w2_, Tensor(), d.filter,
-                       d.uniforms);
+      b.candidate_walk(d.ids, rows_out, d.probs, anchor_ids, top_vals_.rows(0, k),
+                       top_ids_.rows(0, k), w1_, w2_, Tensor(), d.filter, d.uniforms);
+    } else if (c_.markov_rank > 0 && !sampled && !rows_out.defined()) {
+      // Greedy, ids only: the whole chain in one op.
+      b.markov_chain(d.ids, anchor_ids, logits, w1_, w2_, norms_);
     } else {
       // Full vocabulary: one fused launch per row (bias GEMV + U_j, with the argmax when greedy).
       const bool want_rows = rows_out.defined() || sampled;
       const Tensor rows = rows_out.defined() ? rows_out : rows_.rows(0, k);
       for (int64_t j = 0; j < k; ++j) {
         const Tensor z = want_rows ? rows.rows(j, 1) : Tensor();
-        const Tensor next = chain_.rows(j + 1, 1);
+        const Tensor next = d.ids.rows(j, 1);
         if (c_.markov_rank > 0) {
-          b.markov_row(z, sampled ? Tensor() : next, logits.rows(j, 1), chain_.rows(j, 1), w1_,
-                       w2_);
+          b.markov_row(z, sampled ? Tensor() : next, logits.rows(j, 1), prev(j), w1_, w2_);
           if (sampled) draw_row(b, z, next, d, j);
         } else {
           b.scale_softcap(rows.rows(j, 1), logits.rows(j, 1), 1.0f, 0.0f);  // U_j as fp32
@@ -130,9 +140,11 @@ class DSparkModules final : public DFlashModules {
         }
       }
     }
-    b.copy(d.ids, chain_.rows(1, k));
     if (confidences) {
-      if (proj_e_.defined()) b.embedding(e_.rows(0, k), chain_.rows(0, k), w1_);  // W1[prev_j]
+      if (proj_e_.defined()) {  // e_j = W1[prev_j]
+        b.embedding(e_.rows(0, 1), anchor_ids, w1_);
+        if (k > 1) b.embedding(e_.rows(1, k - 1), d.ids.rows(0, k - 1), w1_);
+      }
       const Tensor conf = conf_.rows(0, k);
       b.matmul(conf, hidden, proj_h_);
       if (proj_e_.defined()) b.matmul(conf, e_.rows(0, k), proj_e_, nullptr, /*accumulate=*/true);
@@ -151,9 +163,9 @@ class DSparkModules final : public DFlashModules {
   int64_t hidden_, vocab_, block_;
   Backend* backend_ = nullptr;
   Tensor w1_, w2_;             // [V, r]
+  Tensor norms_;               // F32 [V]: bounds of ||w2_[v]|| (full-vocabulary chain only)
   Tensor proj_h_, proj_e_;     // [1, H], [1, r]: the confidence projection's two column blocks
   float bias_ = 0.0f;          // the confidence projection's bias
-  Tensor chain_;               // I32 [B + 1]: anchor, d_1 .. d_B
   Tensor rows_;                // F32 [B, V]: z_j when the caller does not want them
   Tensor e_;                   // [B, r]: W1[prev_j]
   Tensor top_vals_, top_ids_;  // F32 / I32 [B, t]: the top-t of each U_j
