@@ -4,14 +4,17 @@
 # of the baseline commit): session 12's measuring calls. Sections (arguments, default all):
 #   tests - the CUDA suites (run_session7.sh tests), bounded by TESTS_S,
 #   steps - synthetic Qwen3-8B (bf16) + DFlash-b16 forced 100 %: batch-1 decode / verify / draft
-#           with `--kernels` (each op alone at 1 and 16 rows),
+#           with `--kernels` (each op alone at 1 and 16 rows); with STEP_KERNELS (e.g. "v3") also
+#           the same bench (no --kernels) under BLOCKSPEC_ATTN_KERNEL=each,
+#   families - DFlash2-b16 and DSpark-b7 forced 100 % (their draft steps, greedy draw included),
 #   batch - `bench --kernels --batch N` (N in BATCHES, default 32; 128-token prompts, 384 cached
-#           tokens), PAIRS times, alternating blockspec_old (when present) and blockspec,
+#           tokens), PAIRS times over VARIANTS (default "old new": blockspec_old when present,
+#           blockspec; "v3" / "v4": blockspec under BLOCKSPEC_ATTN_KERNEL=v3 / v4),
 #   serve - run_serve_s8.sh (SERVE_S, RUNS, BENCH_BATCHES as there).
 # Files into $OUT: session.txt, logs.tgz.
 set -u
 T0=$SECONDS
-ARGS="${*:-tests steps batch serve}"
+ARGS="${*:-tests steps families batch serve}"
 want() { [[ " $ARGS " == *" $1 "* ]]; }
 . tools/device/device_env.sh
 start_session $OUT/session.txt
@@ -28,15 +31,34 @@ if want steps; then
     --context 512 --gen-tokens 256 --gemv auto --kernels > $L/steps/bench_dflash.txt 2>&1
   echo "-- dflash-b16 --kernels rc=$? ($((SECONDS - T0)) s)"
   grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate|output ==|error|^kernels|matmuls per|small ops" $L/steps/bench_dflash.txt
+  for k in ${STEP_KERNELS:-}; do
+    BLOCKSPEC_ATTN_KERNEL=$k timeout 90 $B bench $M --drafter $S/qwen3-8b-dflash-b16-acc100 \
+      --device cuda --iters 20 --context 512 --gen-tokens 256 --gemv auto > $L/steps/bench_dflash_$k.txt 2>&1
+    echo "-- dflash-b16 attention $k rc=$? ($((SECONDS - T0)) s)"
+    grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate \(spec|output ==|error" $L/steps/bench_dflash_$k.txt
+  done
+fi
+if want families; then
+  for d in dflash2-b16 dspark-b7; do
+    timeout 60 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter $d --acceptance 100 \
+      --drafter-out $S/$d > $L/steps/synth_$d.txt 2>&1 || tail -3 $L/steps/synth_$d.txt
+    timeout 90 $B bench $M --drafter $S/$d --device cuda --iters 20 --context 512 --gen-tokens 256 \
+      --gemv auto > $L/steps/bench_$d.txt 2>&1
+    echo "-- $d rc=$? ($((SECONDS - T0)) s)"
+    grep -E "verify step|draft step|context update|speculative step|^generate \(spec|output ==|error" $L/steps/bench_$d.txt
+    rm -rf $S/$d
+  done
 fi
 if want batch; then
   for i in $(seq ${PAIRS:-2}); do
-    for bin in old new; do
+    for bin in ${VARIANTS:-old new}; do
       X=$B; [ $bin = old ] && X=$D/blockspec_old
+      E=; case $bin in v[0-9]) E=$bin ;; esac
       [ -x $X ] || continue
       for n in ${BATCHES:-32}; do
-        timeout 90 $X bench $M --device cuda --iters 5 --warmup 2 --context 384 --gen-tokens 32 \
-          --batch $n --prompt-tokens 128 --kernels > $L/steps/kb${n}_${bin}_$i.txt 2>&1
+        BLOCKSPEC_ATTN_KERNEL=$E timeout 90 $X bench $M --device cuda --iters 5 --warmup 2 \
+          --context 384 --gen-tokens 32 --batch $n --prompt-tokens 128 --kernels \
+          > $L/steps/kb${n}_${bin}_$i.txt 2>&1
         echo "-- batch $n $bin #$i rc=$? ($((SECONDS - T0)) s)"
         grep -E "^batch decode step|prologue\\+attention|step from its ops" $L/steps/kb${n}_${bin}_$i.txt
       done
