@@ -172,6 +172,9 @@ class CudaOps : public ::testing::Test {
     EXPECT_LT(e, tol) << what;
   }
 
+  // FusedPrologueAttentionEqualsPrologueThenAttention's checks, under the split kernel set now.
+  void expect_fused_prologue_equals_unfused();
+
   std::unique_ptr<Backend> gpu_, cpu_;
   std::mt19937 rng_{1234};
 };
@@ -1295,10 +1298,14 @@ TEST_F(CudaOps, AttentionPrologueMatchesCpu) {
   }
 }
 
+// prologue_attention runs as one launch on the GPU (queries and the call's own keys / values
+// computed inside the attention blocks); it must give the bits of the two separate ops, for the
+// output and for both pools, for decode (n 1) and verify (n 16) rows, one or several sequences.
 TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
-  // prologue_attention runs as one launch on the GPU (queries and the call's own keys / values
-  // computed inside the attention blocks); it must give the bits of the two separate ops, for the
-  // output and for both pools, for decode (n 1) and verify (n 16) rows, one or several sequences.
+  expect_fused_prologue_equals_unfused();
+}
+
+void CudaOps::expect_fused_prologue_equals_unfused() {
   const int64_t heads = 8, kv_heads = 2, capacity = 12, bs = 16;  // launch bound 192 keys
   for (const auto& [hd, with_norm] :
        std::vector<std::pair<int64_t, bool>>{{128, true}, {128, false}, {64, true}, {256, true}}) {
@@ -1352,15 +1359,15 @@ TEST_F(CudaOps, FusedPrologueAttentionEqualsPrologueThenAttention) {
 
 #ifdef BLOCKSPEC_HAS_CUDA
 // ---- Split-KV kernels v2 (a block over consecutive chunks) and v3 (v1's blocks, cp.async loads,
-// 16-byte shared reads) against v1, bit for bit; v4 (tensor cores, the default) against v1 within
-// BF16 rounding and against itself across row counts and batches, bit for bit ----
+// 16-byte shared reads, the default) against v1, bit for bit; v4 (tensor cores) against v1 within
+// BF16 rounding and against itself across row counts, batches and the fused prologue ----
 
 // Restores the default split kernel when a test ends, a failed assertion included.
 struct SplitKernelGuard {
   SplitKernelGuard() = default;
   SplitKernelGuard(const SplitKernelGuard&) = delete;
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
-  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV4); }
+  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV3); }
 };
 
 // The split-kernel settings each test runs: v1 first (the reference: session 10's kernel), then
@@ -1583,6 +1590,14 @@ TEST_F(CudaOps, SplitAttentionV4VerifyRowsEqualTheDecodeOfTheirPosition) {
                               << mask.causal << " window " << mask.window;
     }
   }
+}
+
+// v4's fused prologue (queries, and the call's own keys / values into the pools, computed in its
+// blocks) against the prologue kernel then v4's attention, bit for bit.
+TEST_F(CudaOps, FusedPrologueSplitAttentionV4EqualsPrologueThenAttention) {
+  const SplitKernelGuard guard;
+  cuda::set_attention_kernel(cuda::AttentionKernel::kV4);
+  expect_fused_prologue_equals_unfused();
 }
 
 // v4 rounds differently from v1 (MMA sums, BF16 probabilities in P . V): its outputs must stay

@@ -69,10 +69,10 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's
 // K / V loads in flight (also BLOCKSPEC_ATTN_KERNEL=v2, read when a backend is made; slower on
 // the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block
-// (tests); 0 lets the launch size choose. kV3: v1's blocks with cp.async loads, 16-byte
-// shared-memory reads and tile-sized shared memory; v1-v3 give the same bits. kV4 (default;
-// BLOCKSPEC_ATTN_KERNEL=v1 / v2 / v3 / v4): tensor-core scores and P . V for head dims 64 / 128
-// (others run v3), its own rounding, rows as invariant.
+// (tests); 0 lets the launch size choose. kV3 (default; BLOCKSPEC_ATTN_KERNEL=v1 / v2 / v3 / v4):
+// v1's blocks with cp.async loads, 16-byte shared-memory reads and tile-sized shared memory;
+// v1-v3 give the same bits. kV4: tensor-core scores and P . V for head dims 64 / 128 (others run
+// v3), its own rounding, rows as invariant (slower inside the steps, docs/BENCHMARKS.md).
 enum class AttentionKernel { kV1, kV2, kV3, kV4 };
 void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0);
 // Backend::candidate_walk with its table (default: every row's candidate terms for every

@@ -167,10 +167,10 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // consecutive chunks of its (sequence, kv head, tile), the next chunk's K / V loads in flight
 // while the current one is computed: `chunks_per_block` (1 to 8) chunks per block, or with 0 up
 // to 4 chosen from the launch size and the occupancy. Both give every row the same bits.
-// Version 3: v1's blocks and arithmetic with cp.async K / V loads, 16-byte shared-memory reads
-// and tile-sized shared memory (head dims 64 / 128 / 256; others run v1). Version 4 (default):
-// tensor cores (mma.sync scores and P . V, BF16 P), a block per 64 query vectors, head dims 64 /
-// 128 (others run v3); its rounding differs from v1-v3, its rows are as invariant.
+// Version 3 (default): v1's blocks and arithmetic with cp.async K / V loads, 16-byte shared-memory
+// reads and tile-sized shared memory (head dims 64 / 128 / 256; others run v1). Version 4: tensor
+// cores (mma.sync scores and P . V, BF16 P), a block per 64 query vectors, head dims 64 / 128
+// (others run v3); its rounding differs from v1-v3, its rows are as invariant.
 void set_split_kernel(int version, int chunks_per_block = 0);
 // Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its
 // attention arithmetic, bit 4 the combine pass. The results are then meaningless.

@@ -1122,10 +1122,10 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 namespace {
 
 // The split kernel of the launches (set_split_kernel): 1 to 4, and v2's forced chunks per block
-// (0: chosen by occupancy). v4 (tensor cores) by default for head dims 64 / 128, v3 for the
-// others: v3 was faster than v1 on the H200 at every measured shape, v2 slower, v4 faster than v3
-// (docs/BENCHMARKS.md, sessions 10-12).
-std::atomic<int> g_split_version{4};
+// (0: chosen by occupancy). v3 by default: faster than v1 on the H200 at every measured shape; v2
+// slower; v4 (tensor cores) faster alone at 16 verify rows but slower inside the decode, verify
+// and batch-32 steps (docs/BENCHMARKS.md, sessions 10-12).
+std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
 
