@@ -377,6 +377,8 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
 // products in the same lane order, the same warp sum), so a looked-up score equals the one the walk
 // would compute. The blocks also fill `rows` with -inf (the walk's scatter target) on the way.
 __global__ void walk_pairs_kernel(WalkArgs a, float* table) {
+  griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
+  griddep_launch();
   extern __shared__ float sm[];
   float* av = sm;        // [r]: A[pred]
   float* sc = av + a.r;  // [r]: the scale row
@@ -415,6 +417,8 @@ __global__ void walk_pairs_kernel(WalkArgs a, float* table) {
 // sequential part then reads nothing from global memory but A[prev] / succ rows in the rare case
 // that a predecessor is not among the previous row's candidates (a sampled row with no mass).
 __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* table) {
+  griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
+  griddep_launch();
   extern __shared__ float sm[];
   float* av = sm;                                      // [r]: A[prev]
   float* sc = av + a.r;                                // [r]: the scale row
@@ -631,6 +635,8 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
 // Greedy's predecessor is always a candidate of the row before (the block walk's fallback, which
 // computes a row's own terms, is for sampled rows with no mass).
 __global__ void candidate_walk_greedy_kernel(WalkArgs a, const float* table) {
+  griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
+  griddep_launch();
   extern __shared__ float sm[];
   const int k = static_cast<int>(a.k), t = static_cast<int>(a.t);
   float* all_vals = sm;                                             // [k, t]
@@ -744,6 +750,8 @@ constexpr int kTopkCands = 256;
 
 __global__ void __launch_bounds__(kTopkThreads)
     topk_chunk_kernel(float* cand_val, int32_t* cand_idx, In x, int64_t v, int k) {
+  griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
+  griddep_launch();
   __shared__ uint64_t red[2][kTopkThreads / 32];
   __shared__ uint64_t cands[kTopkCands];
   __shared__ int s_count;
@@ -815,6 +823,8 @@ __global__ void __launch_bounds__(kTopkThreads)
 __global__ void __launch_bounds__(kTopkThreads)
     topk_merge_kernel(float* values, int32_t* ids, const float* cand_val, const int32_t* cand_idx,
                       int n, int k) {
+  griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
+  griddep_launch();
   extern __shared__ uint64_t mk[];  // [n] keys
   __shared__ uint64_t red[2][kTopkThreads / 32];
   const int64_t row = blockIdx.x;
@@ -935,8 +945,10 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   const int64_t tab_smem = (2 * a.k * a.t + a.k * a.t * a.t) * static_cast<int64_t>(sizeof(float));
   const bool tabled = table && a.r > 0 && a.t >= 1 && base_smem + tab_smem <= kWalkSmem;
   if (tabled) {
-    walk_pairs_kernel<<<static_cast<unsigned>(a.k * a.t), kWalkThreads,
-                        2 * static_cast<size_t>(a.r) * sizeof(float), s>>>(a, table);
+    const cudaError_t e =
+        launch_pdl(walk_pairs_kernel, dim3(static_cast<unsigned>(a.k * a.t)), dim3(kWalkThreads),
+                   2 * static_cast<size_t>(a.r) * sizeof(float), s, a, table);
+    if (e != cudaSuccess) return e;
   } else if (a.rows) {
     const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
     if (e != cudaSuccess) return e;
@@ -946,14 +958,14 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
     if (e != cudaSuccess) return e;
   }
   if (tabled && a.filter.temperature <= 0.0f && a.t <= 32) {
-    candidate_walk_greedy_kernel<<<1, kWalkThreads, static_cast<size_t>(tab_smem), s>>>(a, table);
-    return cudaGetLastError();
+    return launch_pdl(candidate_walk_greedy_kernel, dim3(1), dim3(kWalkThreads),
+                      static_cast<size_t>(tab_smem), s, a, table);
   }
   // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
   // they fit; else each warp reads them from global memory. Same arithmetic either way.
   const size_t smem = static_cast<size_t>(base_smem + (tabled ? tab_smem : 0));
-  candidate_walk_kernel<<<1, kWalkThreads, smem, s>>>(a, staged, tabled ? table : nullptr);
-  return cudaGetLastError();
+  return launch_pdl(candidate_walk_kernel, dim3(1), dim3(kWalkThreads), smem, s, a, staged,
+                    tabled ? table : static_cast<const float*>(nullptr));
 }
 
 bool topk_two_stage(int64_t v, int64_t k) {
@@ -971,13 +983,15 @@ cudaError_t topk_fast(float* values, int32_t* ids, In x, int64_t rows, int64_t v
   const int64_t chunks = (v + kTopkChunk - 1) / kTopkChunk;
   float* cv = static_cast<float*>(workspace);
   int32_t* ci = reinterpret_cast<int32_t*>(cv + rows * chunks * k);
-  topk_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)),
-                      kTopkThreads, 0, s>>>(cv, ci, x, v, static_cast<int>(k));
+  const cudaError_t e = launch_pdl(topk_chunk_kernel,
+                                   dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)),
+                                   dim3(kTopkThreads), 0, s, cv, ci, x, v, static_cast<int>(k));
+  if (e != cudaSuccess) return e;
   const int n = static_cast<int>(chunks * k);
-  topk_merge_kernel<<<static_cast<unsigned>(rows), kTopkThreads,
-                      static_cast<size_t>(n) * sizeof(uint64_t), s>>>(values, ids, cv, ci, n,
-                                                                      static_cast<int>(k));
-  return cudaGetLastError();
+  return launch_pdl(topk_merge_kernel, dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads),
+                    static_cast<size_t>(n) * sizeof(uint64_t), s, values, ids,
+                    static_cast<const float*>(cv), static_cast<const int32_t*>(ci), n,
+                    static_cast<int>(k));
 }
 
 }  // namespace bs::cuda

@@ -125,6 +125,9 @@ class DFlash2Modules final : public DFlashModules {
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0);
     const Tensor vals = vals_.rows(0, k), cands = cands_.rows(0, k), z = z_.rows(0, k);
+    // z first: the top-k and the walk then follow one another (on the GPU each launch is
+    // scheduled while the one before drains).
+    b.matmul(z, hidden, hproj_);  // z_p = hidden_projection · h_p, all rows at once
     if (c_.multiplier == 1.0f && c_.softcap == 0.0f) {
       b.topk(vals, cands, logits);  // u = the logits themselves
     } else {
@@ -132,7 +135,6 @@ class DFlash2Modules final : public DFlashModules {
       b.scale_softcap(u, logits, c_.multiplier, c_.softcap);
       b.topk(vals, cands, u);
     }
-    b.matmul(z, hidden, hproj_);  // z_p = hidden_projection · h_p, all rows at once
     // The anchor is read on the device (anchor_ids: the block's first id, uploaded with the
     // block), so the draw queues no host copy.
     (void)anchor;
