@@ -175,6 +175,15 @@ class CudaOps : public ::testing::Test {
   // FusedPrologueAttentionEqualsPrologueThenAttention's checks, under the split kernel set now.
   void expect_fused_prologue_equals_unfused();
 
+  // The split-KV tests' pools: BF16 K and V of num_seqs * capacity blocks of 16 (seeded values in
+  // [-2, 2), seed advanced by 2) and a shuffled block table, on the GPU as [num_seqs, capacity].
+  struct SplitPools {
+    Tensor k, v, tables;
+    std::vector<int32_t> table;  // host copy
+  };
+  SplitPools split_pools(int64_t kv_heads, int64_t hd, int64_t num_seqs, int64_t capacity,
+                         uint32_t& seed);
+
   std::unique_ptr<Backend> gpu_, cpu_;
   std::mt19937 rng_{1234};
 };
@@ -1426,22 +1435,29 @@ struct SplitShape {
 const std::vector<SplitShape> kSplitShapes = {{128, 32, 8}, {128, 8, 2},  {64, 8, 8},
                                               {128, 8, 8},  {128, 16, 2}, {64, 16, 2}};
 
+CudaOps::SplitPools CudaOps::split_pools(int64_t kv_heads, int64_t hd, int64_t num_seqs,
+                                         int64_t capacity, uint32_t& seed) {
+  const int64_t blocks = num_seqs * capacity;
+  const Shape pool{blocks, 16, kv_heads, hd};
+  const size_t pool_elems = static_cast<size_t>(blocks * 16 * kv_heads * hd);
+  SplitPools p{make(*gpu_, pool, DType::kBF16), make(*gpu_, pool, DType::kBF16), Tensor(),
+               std::vector<int32_t>(blocks)};
+  gpu_->copy_from_host(p.k, lcg_bf16(pool_elems, seed++).data());
+  gpu_->copy_from_host(p.v, lcg_bf16(pool_elems, seed++).data());
+  std::iota(p.table.begin(), p.table.end(), 0);
+  std::shuffle(p.table.begin(), p.table.end(), rng_);
+  p.tables = gpu_ints(p.table).view({num_seqs, capacity});
+  return p;
+}
+
 TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
   const SplitKernelGuard guard;
   const int64_t bs = 16, capacity = 70;  // launch bound 1120 keys
   uint32_t seed = 1;
   for (const SplitShape& sh : kSplitShapes) {
     for (const int64_t num_seqs : {1, 3, 32, 77}) {
-      const int64_t blocks = num_seqs * capacity;
-      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
-      Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
-      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
-      gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
-      gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
-      std::vector<int32_t> table(blocks);
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng_);
-      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+      const SplitPools pools = split_pools(sh.kv_heads, sh.hd, num_seqs, capacity, seed);
+      const Tensor &kp = pools.k, &vp = pools.v, &tables = pools.tables;
       for (const int64_t n : {1, 16}) {
         for (const AttentionMask mask :
              {AttentionMask{}, AttentionMask{.causal = true, .window = 200}}) {
@@ -1483,16 +1499,10 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
   for (const SplitShape& sh : kSplitShapes) {
     for (const int64_t num_seqs : {1, 3, 32, 77}) {
       if (num_seqs == 77 && sh.heads != 32) continue;  // (77 only at the Qwen3-8B shape)
-      const int64_t blocks = num_seqs * capacity;
-      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
-      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
-      Tensor k0 = make(*gpu_, pool, DType::kBF16), v0 = make(*gpu_, pool, DType::kBF16);
-      gpu_->copy_from_host(k0, lcg_bf16(pool_elems, seed++).data());
-      gpu_->copy_from_host(v0, lcg_bf16(pool_elems, seed++).data());
-      std::vector<int32_t> table(blocks);
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng_);
-      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+      const Shape pool{num_seqs * capacity, bs, sh.kv_heads, sh.hd};
+      const SplitPools pools = split_pools(sh.kv_heads, sh.hd, num_seqs, capacity, seed);
+      const Tensor &k0 = pools.k, &v0 = pools.v, &tables = pools.tables;
+      const std::vector<int32_t>& table = pools.table;
       std::vector<float> freq(sh.hd / 2);
       for (int64_t i = 0; i < sh.hd / 2; ++i) freq[i] = std::pow(1e6f, -2.0f * i / sh.hd);
       const Tensor inv_freq = weight(*gpu_, {sh.hd / 2}, freq);
@@ -1550,16 +1560,8 @@ TEST_F(CudaOps, SplitAttentionV4VerifyRowsEqualTheDecodeOfTheirPosition) {
   const int64_t bs = 16, capacity = 70, num_seqs = 3, n = 16;
   uint32_t seed = 500;
   for (const SplitShape& sh : std::vector<SplitShape>{{128, 32, 8}, {64, 16, 2}, {128, 8, 8}}) {
-    const int64_t blocks = num_seqs * capacity;
-    const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
-    Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
-    const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
-    gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
-    gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
-    std::vector<int32_t> table(blocks);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng_);
-    const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+    const SplitPools pools = split_pools(sh.kv_heads, sh.hd, num_seqs, capacity, seed);
+    const Tensor &kp = pools.k, &vp = pools.v, &tables = pools.tables;
     const std::vector<int32_t> lens{1100, 16, 385};
     const Tensor q = make(*gpu_, {num_seqs * n, sh.heads, sh.hd}, DType::kBF16);
     gpu_->copy_from_host(
@@ -1609,16 +1611,8 @@ TEST_F(CudaOps, SplitAttentionV4MatchesV1WithinBf16Rounding) {
   uint32_t seed = 700;
   for (const SplitShape& sh : kSplitShapes) {
     for (const int64_t num_seqs : {1, 32}) {
-      const int64_t blocks = num_seqs * capacity;
-      const Shape pool{blocks, bs, sh.kv_heads, sh.hd};
-      Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
-      const size_t pool_elems = static_cast<size_t>(blocks * bs * sh.kv_heads * sh.hd);
-      gpu_->copy_from_host(kp, lcg_bf16(pool_elems, seed++).data());
-      gpu_->copy_from_host(vp, lcg_bf16(pool_elems, seed++).data());
-      std::vector<int32_t> table(blocks);
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng_);
-      const Tensor tables = gpu_ints(table).view({num_seqs, capacity});
+      const SplitPools pools = split_pools(sh.kv_heads, sh.hd, num_seqs, capacity, seed);
+      const Tensor &kp = pools.k, &vp = pools.v, &tables = pools.tables;
       for (const int64_t n : {1, 16}) {
         const auto lens = split_test_lengths(num_seqs, n, rng_);
         const int64_t rows = num_seqs * n;
