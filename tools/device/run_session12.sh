@@ -10,11 +10,14 @@
 #   batch - `bench --kernels --batch N` (N in BATCHES, default 32; 128-token prompts, 384 cached
 #           tokens), PAIRS times over VARIANTS (default "old new": blockspec_old when present,
 #           blockspec; "v3" / "v4": blockspec under BLOCKSPEC_ATTN_KERNEL=v3 / v4),
+#   prof  - the DFlash-b16 bench (decode, verify, draft) under tools/kprof (per-kernel GPU time;
+#           build-cuda/pack/kprof from pack_session8.sh) once per kernel in PROF_KERNELS (default
+#           "v3 v4"): where the verify step's time goes with each split pass,
 #   serve - run_serve_s8.sh (SERVE_S, RUNS, BENCH_BATCHES as there).
 # Files into $OUT: session.txt, logs.tgz.
 set -u
 T0=$SECONDS
-ARGS="${*:-tests steps families batch serve}"
+ARGS="${*:-tests steps families batch prof serve}"
 want() { [[ " $ARGS " == *" $1 "* ]]; }
 . tools/device/device_env.sh
 start_session $OUT/session.txt
@@ -63,6 +66,17 @@ if want batch; then
         grep -E "^batch decode step|prologue\\+attention|step from its ops" $L/steps/kb${n}_${bin}_$i.txt
       done
     done
+  done
+fi
+if want prof; then
+  KP=build-cuda/pack/kprof
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$KP
+  for k in ${PROF_KERNELS:-v3 v4}; do
+    BLOCKSPEC_ATTN_KERNEL=$k CUDA_INJECTION64_PATH=$KP/kprof.so KPROF_OUT=$OUT/kprof_$k.txt \
+      timeout 90 $B bench $M --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 20 \
+      --context 512 --gen-tokens 32 --gemv auto > $L/steps/prof_$k.txt 2>&1
+    echo "-- kprof attention $k rc=$? ($((SECONDS - T0)) s)"
+    head -12 $OUT/kprof_$k.txt 2>/dev/null
   done
 fi
 if want serve; then
