@@ -84,15 +84,15 @@ class AllocationError : public std::bad_alloc {
 // queued work anyway, throws it as a BackendFault and clears the record. Like AllocationError it
 // unwinds to the nearest step boundary (catch_allocation_failure), which turns it into a kInternal
 // Status: the step's requests fail with the message, the server keeps serving.
-// Upper bounds of the Euclidean norms of the v rows of w2 ([v, r], row-major, the values the
-// backend holds), each rounded up to a float and one step more: Backend::markov_chain's norms.
-std::vector<float> markov_norm_bounds(std::span<const float> w2, int64_t v, int64_t r);
-
 class BackendFault : public std::runtime_error {
  public:
   explicit BackendFault(const std::string& message) : std::runtime_error(message) {}
   Status to_status() const { return {StatusCode::kInternal, what()}; }
 };
+
+// Upper bounds of the Euclidean norms of the v rows of w2 ([v, r], row-major, the values the
+// backend holds), each rounded up to a float and one step more: Backend::markov_chain's norms.
+std::vector<float> markov_norm_bounds(std::span<const float> w2, int64_t v, int64_t r);
 
 // The message of a KV slot fault: names the op, the slot and the pool's capacity in slots.
 std::string kv_slot_fault_message(const std::string& op, int64_t slot, int64_t capacity);

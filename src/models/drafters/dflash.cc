@@ -215,7 +215,7 @@ class DFlashDrafter final : public Drafter {
     for (int64_t r = 0; r < S; ++r) {
       const DraftDraw greedy{.ids = prop_.chain_ids.rows(r * nd, reqs[r].num_drafts)};
       modules_->draw(prop_.last_n.rows(r * nd, reqs[r].num_drafts),
-                     prop_.logits.rows(r * nd, reqs[r].num_drafts), reqs[r].anchor,
+                     prop_.logits.rows(r * nd, reqs[r].num_drafts),
                      prop_.ids.rows(r * c_.block_size, 1), greedy,
                      prop_.chain_rows.rows(r * nd, reqs[r].num_drafts), nullptr);
     }
@@ -243,7 +243,7 @@ class DFlashDrafter final : public Drafter {
         return InvalidArgument("{} propose_draw: {} draft ids for {} drafts", family(),
                                draws[r].ids.numel(), k);
       }
-      modules_->draw(prop_.last_n.rows(row, k), prop_.logits.rows(row, k), reqs[r].anchor,
+      modules_->draw(prop_.last_n.rows(row, k), prop_.logits.rows(row, k),
                      prop_.ids.rows(static_cast<int64_t>(r) * c_.block_size, 1), draws[r], Tensor(),
                      confidences ? &(*confidences)[r] : nullptr);
     }

@@ -78,10 +78,10 @@ class DFlashModules {
   // Draws one request's k drafts from its rows: hidden [k, H] (final-normed), logits [k, V]
   // (their LM-head rows). `rows_out` (F32 [k, V], may be undefined) gets the full-vocabulary
   // logits each draft was chosen from; `confidences` (may be null) the prefix survival a_1..a_k
-  // (read back). anchor_ids: I32 [1] on the backend holding `anchor` (the block's first id, already
-  // uploaded), for families that read the anchor on the device.
-  virtual void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor,
-                    const Tensor& anchor_ids, const DraftDraw& d, const Tensor& rows_out,
+  // (read back). anchor_ids: I32 [1] on the backend holding the request's anchor (the block's
+  // first id, already uploaded), so a draw reads it on the device.
+  virtual void draw(const Tensor& hidden, const Tensor& logits, const Tensor& anchor_ids,
+                    const DraftDraw& d, const Tensor& rows_out,
                     std::vector<float>* confidences) = 0;
 };
 

@@ -119,7 +119,7 @@ class DFlash2Modules final : public DFlashModules {
                            /*accumulate=*/true);
   }
 
-  void draw(const Tensor& hidden, const Tensor& logits, int32_t anchor, const Tensor& anchor_ids,
+  void draw(const Tensor& hidden, const Tensor& logits, const Tensor& anchor_ids,
             const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
     (void)confidences;  // no confidence head
     Backend& b = *backend_;
@@ -135,9 +135,7 @@ class DFlash2Modules final : public DFlashModules {
       b.scale_softcap(u, logits, c_.multiplier, c_.softcap);
       b.topk(vals, cands, u);
     }
-    // The anchor is read on the device (anchor_ids: the block's first id, uploaded with the
-    // block), so the draw queues no host copy.
-    (void)anchor;
+    // The anchor is read on the device (anchor_ids), so the draw queues no host copy.
     // The sequential part in one op: S_p[c] = U_p[c] + sum_i A[pred_p, i] Bc[C_p[c], i] z_p[i].
     b.candidate_walk(d.ids, rows_out, d.probs, anchor_ids, vals, cands, pred_, succ_, z, d.filter,
                      d.uniforms);
