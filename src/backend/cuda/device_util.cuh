@@ -7,6 +7,7 @@
 // results are those of an ordinary launch.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/kernels.h"
@@ -28,6 +29,11 @@ __device__ __forceinline__ void report_slot_fault(const FaultSink& f, FaultOp op
 // The two bf16 values packed in a 32-bit word (low half first) as floats, exactly.
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+// Two floats rounded to bf16 (to nearest even) and packed in a 32-bit word, lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 // Sum / maximum over the 32 lanes of a full warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {

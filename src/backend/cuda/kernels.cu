@@ -468,11 +468,6 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) f[2 * q] = bf16_lo(w[q]), f[2 * q + 1] = bf16_hi(w[q]);
 }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat16 l = __float2bfloat16_rn(lo), h = __float2bfloat16_rn(hi);
-  return static_cast<uint32_t>(__bfloat16_as_ushort(l)) |
-         (static_cast<uint32_t>(__bfloat16_as_ushort(h)) << 16);
-}
 
 constexpr int kConvThreads = 64;  // 128 blocks for DFlash2's 16 x 4096 rows
 
@@ -515,8 +510,8 @@ __global__ void __launch_bounds__(kConvThreads)
     out[q] = acc;
   }
   *reinterpret_cast<uint4*>(y + i * h + c) =
-      make_uint4(pack_bf16x2(out[0], out[1]), pack_bf16x2(out[2], out[3]),
-                 pack_bf16x2(out[4], out[5]), pack_bf16x2(out[6], out[7]));
+      make_uint4(pack_bf16(out[0], out[1]), pack_bf16(out[2], out[3]), pack_bf16(out[4], out[5]),
+                 pack_bf16(out[6], out[7]));
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {

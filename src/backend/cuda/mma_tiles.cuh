@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/device_util.cuh"  // pack_bf16
+
 namespace bs::cuda {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -32,11 +34,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Shared-memory tile of R rows x HD bf16 (HD * 2 bytes = HD / 8 16-byte chunks per row); chunk c
