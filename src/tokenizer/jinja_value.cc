@@ -23,7 +23,99 @@ void remember_in(std::vector<std::weak_ptr<T>>& list, const std::shared_ptr<T>& 
   list.push_back(item);
 }
 
+// Nesting bound of the recursive value operations (repr, ==, <), tojson's bound too: Python stops
+// at its recursion limit with RecursionError; a template nesting containers deeper gets a
+// jinja::Error instead of a stack overflow.
+constexpr int kMaxValueNesting = 200;
+thread_local int tl_value_nesting = 0;
+
+class NestingGuard {
+ public:
+  explicit NestingGuard(const char* operation) {
+    if (++tl_value_nesting > kMaxValueNesting) {
+      --tl_value_nesting;
+      throw Error(std::string(operation) + ": nesting too deep");
+    }
+  }
+  ~NestingGuard() { --tl_value_nesting; }
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+};
+
+// The containers whose repr is being written, outermost first (Python's Py_ReprEnter): meeting
+// one again means the value holds itself, and Python writes that inner occurrence as [...].
+thread_local std::vector<const void*> tl_repr_open;
+
+class ReprEntry {
+ public:
+  explicit ReprEntry(const void* container)
+      : guard_("repr"),
+        reentered_(std::find(tl_repr_open.begin(), tl_repr_open.end(), container) !=
+                   tl_repr_open.end()) {
+    if (!reentered_) tl_repr_open.push_back(container);
+  }
+  ~ReprEntry() {
+    if (!reentered_) tl_repr_open.pop_back();
+  }
+  ReprEntry(const ReprEntry&) = delete;
+  ReprEntry& operator=(const ReprEntry&) = delete;
+  bool reentered() const { return reentered_; }
+
+ private:
+  NestingGuard guard_;
+  bool reentered_;
+};
+
 }  // namespace
+
+void Value::hand_over_sole_items(std::vector<Value>& out) {
+  if (list_ && list_.use_count() == 1) {
+    for (auto& v : list_->items) out.push_back(std::move(v));
+    list_->items.clear();
+  }
+  if (dict_ && dict_.use_count() == 1) {
+    for (auto& [k, v] : dict_->items) {
+      out.push_back(std::move(k));
+      out.push_back(std::move(v));
+    }
+    dict_->items.clear();
+  }
+}
+
+bool Value::holds_sole_container() const {
+  return (list_ && list_.use_count() == 1 && !list_->items.empty()) ||
+         (dict_ && dict_.use_count() == 1 && !dict_->items.empty());
+}
+
+void Value::destroy_flat(std::vector<Value>& doomed) {
+  while (!doomed.empty()) {
+    Value last = std::move(doomed.back());
+    doomed.pop_back();
+    last.hand_over_sole_items(doomed);
+  }  // `last` dies here holding no container with items only it reached
+}
+
+ListData::~ListData() {
+  if (std::none_of(items.begin(), items.end(),
+                   [](const Value& v) { return v.holds_sole_container(); })) {
+    return;  // nothing nested dies with this list: the plain destructor recurses one level
+  }
+  Value::destroy_flat(items);
+}
+
+DictData::~DictData() {
+  const auto dies_nested = [](const auto& kv) {
+    return kv.first.holds_sole_container() || kv.second.holds_sole_container();
+  };
+  if (std::none_of(items.begin(), items.end(), dies_nested)) return;
+  std::vector<Value> doomed;
+  doomed.reserve(items.size() * 2);
+  for (auto& [k, v] : items) {
+    doomed.push_back(std::move(k));
+    doomed.push_back(std::move(v));
+  }
+  Value::destroy_flat(doomed);
+}
 
 ContainerScope::ContainerScope() : outer_(tl_scope) { tl_scope = this; }
 
@@ -60,7 +152,7 @@ const Value* CallArgs::get(size_t i, std::string_view name) const {
 
 Value Value::list(std::vector<Value> items, bool tuple) {
   Value v(Kind::kList);
-  v.list_ = std::make_shared<ListData>(ListData{std::move(items), tuple});
+  v.list_ = std::make_shared<ListData>(std::move(items), tuple);
   ContainerScope::remember(v.list_);
   return v;
 }
@@ -232,6 +324,8 @@ std::string Value::repr() const {
     case Kind::kString:
       return repr_string(str_);
     case Kind::kList: {
+      const ReprEntry entry(list_.get());
+      if (entry.reentered()) return list_->tuple ? "(...)" : "[...]";
       std::string out = list_->tuple ? "(" : "[";
       for (size_t i = 0; i < list_->items.size(); ++i) {
         if (i) out += ", ";
@@ -241,6 +335,8 @@ std::string Value::repr() const {
       return out + (list_->tuple ? ")" : "]");
     }
     case Kind::kDict: {
+      const ReprEntry entry(dict_.get());
+      if (entry.reentered()) return dict_->is_namespace ? "<Namespace {...}>" : "{...}";
       std::string out = dict_->is_namespace ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i) out += ", ";
@@ -278,6 +374,7 @@ bool py_equal(const Value& a, const Value& b) {
     return a.as_int() == b.as_int();
   }
   if (a.kind() != b.kind()) return false;
+  const NestingGuard guard("comparison");
   switch (a.kind()) {
     case K::kUndefined:
     case K::kNone:
@@ -287,6 +384,7 @@ bool py_equal(const Value& a, const Value& b) {
     case K::kList: {
       if (a.is_tuple() != b.is_tuple()) return false;
       const auto &x = a.items(), &y = b.items();
+      if (&x == &y) return true;  // Python compares a container with itself by identity
       if (x.size() != y.size()) return false;
       for (size_t i = 0; i < x.size(); ++i) {
         if (!py_equal(x[i], y[i])) return false;
@@ -319,6 +417,7 @@ bool py_less(const Value& a, const Value& b) {
   }
   if (a.is_string() && b.is_string()) return a.str() < b.str();  // UTF-8 order = code points
   if (a.is_list() && b.is_list()) {
+    const NestingGuard guard("comparison");
     const auto &x = a.items(), &y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
       if (!py_equal(x[i], y[i])) return py_less(x[i], y[i]);
@@ -408,7 +507,7 @@ std::string json_key(const Value& k) {
 }
 
 void json_value(const Value& v, const JsonOptions& opt, int depth, std::string& out) {
-  if (depth > 200) throw Error("tojson: nesting too deep");
+  if (depth > kMaxValueNesting) throw Error("tojson: nesting too deep");
   auto newline = [&](int level) {
     if (!opt.indent) return;
     out += '\n';

@@ -104,7 +104,15 @@ class Value {
   std::string type_name() const;
 
  private:
+  friend struct ListData;
+  friend struct DictData;
   explicit Value(Kind k) : kind_(k) {}
+  // Destruction without a recursion per level of nesting: a container's destructor hands the
+  // items of every container that dies with it to one loop (destroy_flat), so freeing a chain
+  // nested a million deep does not overflow the stack.
+  bool holds_sole_container() const;  // the only owner of a list or dict with items
+  void hand_over_sole_items(std::vector<Value>& out);
+  static void destroy_flat(std::vector<Value>& doomed);
   Kind kind_ = Kind::kUndefined;
   int64_t int_ = 0;
   double float_ = 0;
@@ -134,13 +142,23 @@ class ContainerScope {
   ContainerScope* outer_;
 };
 
+// Containers free nested containers in a loop, not a recursion (Value::destroy_flat).
 struct ListData {
+  ListData() = default;
+  ListData(std::vector<Value> items, bool tuple) : items(std::move(items)), tuple(tuple) {}
+  ~ListData();
+  ListData(const ListData&) = delete;
+  ListData& operator=(const ListData&) = delete;
   std::vector<Value> items;
   bool tuple = false;
 };
 
 // Insertion-ordered dict (Python 3.7+); namespaces are dicts with is_namespace set.
 struct DictData {
+  DictData() = default;
+  ~DictData();
+  DictData(const DictData&) = delete;
+  DictData& operator=(const DictData&) = delete;
   std::vector<std::pair<Value, Value>> items;
   bool is_namespace = false;
   const Value* find(const Value& key) const;

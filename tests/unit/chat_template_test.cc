@@ -145,6 +145,33 @@ TEST(ChatTemplate, SelfReferencesDoNotOutliveTheRender) {
   }
 }
 
+// Found by tests/fuzz/jinja_template_fuzz in CI: printing a namespace that holds itself recursed
+// until the stack overflowed. Python's repr writes a container met again inside itself as
+// [...] / {...}; Jinja's namespace repr is "<Namespace " + repr(its attribute dict) + ">".
+TEST(ChatTemplate, SelfReferencesPrintAsPythonDoes) {
+  const std::pair<const char*, const char*> kCases[] = {
+      {"{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}",
+       "<Namespace {'a': <Namespace {...}>}>"},
+      {"{% set ns = namespace(a=1) %}{% set ns.a = [ns, 2] %}{{ ns.a }}",
+       "[<Namespace {'a': [...]}>, 2]"},
+      {"{% set ns = namespace(a=1) %}{% set d = {'k': ns} %}{% set ns.a = d %}{{ d }}",
+       "{'k': <Namespace {'a': {...}}>}"},
+      {"{% set ns = namespace(a=1) %}{% set ns.a = (ns,) %}{{ ns.a }}",
+       "(<Namespace {'a': (...)}>,)"},
+      // The same container twice side by side is no cycle.
+      {"{% set l = [1] %}{{ [l, l] }}", "[[1], [1]]"},
+      // A container compares equal to itself without descending into the cycle.
+      {"{% set ns = namespace(a=1) %}{% set ns.a = [ns] %}{{ ns.a == ns.a }}", "True"},
+  };
+  for (const auto& [src, expected] : kCases) {
+    auto t = ChatTemplate::parse(src);
+    ASSERT_TRUE(t.ok()) << src;
+    auto text = (*t)->render(kUser, false);
+    ASSERT_TRUE(text.ok()) << src << ": " << text.status().message();
+    EXPECT_EQ(*text, expected) << src;
+  }
+}
+
 // Hostile templates fail quickly with InvalidArgument instead of hanging or crashing.
 TEST(ChatTemplate, LimitsStopHostileTemplates) {
   const auto start = std::chrono::steady_clock::now();
@@ -176,6 +203,30 @@ TEST(ChatTemplate, LimitsStopHostileTemplates) {
   for (int i = 0; i < 10000; ++i) nested += "{% if true %}";
   EXPECT_EQ(render_status(nested).code(), StatusCode::kInvalidArgument);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// Containers nested deeper than the renderer's bound (200, as tojson's), built one level a step:
+// printing, comparing or ordering them is an error (Python: RecursionError) instead of a stack
+// overflow, and dropping a chain a hundred thousand deep mid-render frees it without recursing
+// once per level (the ASan stage of .ci/run overflows the stack without that).
+TEST(ChatTemplate, DeeplyNestedContainersFailCleanly) {
+  const std::string kDeep =
+      "{% set ns = namespace(l=0, m=0) %}{% for i in range(1000) %}"
+      "{% set ns.l = [ns.l] %}{% set ns.m = [ns.m] %}{% endfor %}";
+  for (const char* use : {"{{ ns.l }}", "{{ ns.l == ns.m }}", "{{ ns.l < ns.m }}",
+                          "{{ ns.l | string }}", "{{ ns.l | tojson }}"}) {
+    const Status s = render_status(kDeep + use);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << use;
+    EXPECT_NE(s.message().find("nesting too deep"), std::string::npos)
+        << use << ": " << s.message();
+  }
+  auto dropped = ChatTemplate::parse(
+      "{% set ns = namespace(l=0) %}{% for i in range(1000) %}{% for j in range(100) %}"
+      "{% set ns.l = [ns.l] %}{% endfor %}{% endfor %}{% set ns.l = 0 %}done");
+  ASSERT_TRUE(dropped.ok());
+  auto text = (*dropped)->render(kUser, false);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  EXPECT_EQ(*text, "done");
 }
 
 }  // namespace
