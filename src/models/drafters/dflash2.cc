@@ -1,17 +1,17 @@
-// DFlash2: the DFlash drafter (dflash.cc) plus, as DFlashModules,
-//   convolutions  per layer and sublayer, over the B rows of each block (zero before row 0):
-//                   D = x · Wprojᵀ as [rows, 2, K, G]   (one GEMM gives both dynamic kernels)
-//                   prepare: x' = conv(x, D[:, 0], base[0]);  finish: h += conv(out, D[:, 1],
-//                   base[1]) conv(x, D, base)[i, c] = Σ_t (base[t, c] + D[i, t, c / group]) x[i -
-//                   t, c]
-//   selector walk per request, fp32 scores (specs/dflash.md §5.4):
-//                   u = lm_head(h) × output_multiplier, soft-capped;  U, C = top-K(u)
-//                   W_p[k] = z_p ⊙ Bc[C_p[k]]  with z_p = hidden_projection · h_p   (all rows at
-//                   once) S_p = U_p + W_p · A[pred]                       (pred = anchor, then
-//                   d_{p-1}) the row S_p scattered into -inf over the vocabulary: argmax (greedy;
-//                   exact ties of S go to the lower token id) or a draw from filtered_probs
-//                   (sampled; softmax(S_p / T) over the candidates at plain temperature), which is
-//                   q.
+// DFlash2: the DFlash drafter (dflash.cc) plus, as DFlashModules:
+//
+// Convolutions, per layer and sublayer, over the B rows of each block (zero before row 0):
+//   D = x · Wprojᵀ as [rows, 2, K, G]            (one GEMM gives both dynamic kernels)
+//   conv(x, D, base)[i, c] = Σ_t (base[t, c] + D[i, t, c / group]) · x[i - t, c]
+//   prepare: x' = conv(x, D[:, 0], base[0])      finish: h += conv(out, D[:, 1], base[1])
+//
+// Selector walk, per request, fp32 scores (specs/dflash.md §5.4):
+//   u = lm_head(h) × output_multiplier, soft-capped;  U, C = top-K(u)
+//   z_p = hidden_projection · h_p                 (all rows at once)
+//   S_p[k] = U_p[k] + Σ_i A[pred, i] · z_p[i] · Bc[C_p[k], i]   (pred = anchor, then d_{p-1})
+//   S_p scattered into -inf over the vocabulary: argmax (greedy; exact ties of S go to the lower
+//   token id) or a draw from filtered_probs (sampled; softmax(S_p / T) over the candidates at
+//   plain temperature), which is q.
 #include "models/drafters/dflash2.h"
 
 #include <fmt/format.h>
