@@ -4,9 +4,12 @@
 # of the baseline commit): session 12's measuring calls. Sections (arguments, default all):
 #   tests - the CUDA suites (run_session7.sh tests), bounded by TESTS_S,
 #   steps - synthetic Qwen3-8B (bf16) + DFlash-b16 forced 100 %: batch-1 decode / verify / draft
-#           with `--kernels` (each op alone at 1 and 16 rows); with STEP_KERNELS (e.g. "v3") also
-#           the same bench (no --kernels) under BLOCKSPEC_ATTN_KERNEL=each,
+#           with `--kernels` (each op alone at 1 and 16 rows); with STEP_ENVS (assignments, e.g.
+#           "BLOCKSPEC_ATTN_KERNEL=v4 BLOCKSPEC_LT_REDUCTION=inplace") also the same bench (no
+#           --kernels) under each,
 #   families - DFlash2-b16 and DSpark-b7 forced 100 % (their draft steps, greedy draw included),
+#           once per entry of FAMILY_ENVS (default "-": none; e.g. "- BLOCKSPEC_LT_REDUCTION=inplace"
+#           runs each bench plain, then with that variable set),
 #   batch - `bench --kernels --batch N` (N in BATCHES, default 32; 128-token prompts, 384 cached
 #           tokens), PAIRS times over VARIANTS (default "old new": blockspec_old when present,
 #           blockspec; "v3" / "v4": blockspec under BLOCKSPEC_ATTN_KERNEL=v3 / v4),
@@ -34,21 +37,26 @@ if want steps; then
     --context 512 --gen-tokens 256 --gemv auto --kernels > $L/steps/bench_dflash.txt 2>&1
   echo "-- dflash-b16 --kernels rc=$? ($((SECONDS - T0)) s)"
   grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate|output ==|error|^kernels|matmuls per|small ops" $L/steps/bench_dflash.txt
-  for k in ${STEP_KERNELS:-}; do
-    BLOCKSPEC_ATTN_KERNEL=$k timeout 90 $B bench $M --drafter $S/qwen3-8b-dflash-b16-acc100 \
-      --device cuda --iters 20 --context 512 --gen-tokens 256 --gemv auto > $L/steps/bench_dflash_$k.txt 2>&1
-    echo "-- dflash-b16 attention $k rc=$? ($((SECONDS - T0)) s)"
-    grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate \(spec|output ==|error" $L/steps/bench_dflash_$k.txt
+  for e in ${STEP_ENVS:-}; do
+    f=$L/steps/bench_dflash_${e//[^A-Za-z0-9]/_}.txt
+    env $e timeout 90 $B bench $M --drafter $S/qwen3-8b-dflash-b16-acc100 \
+      --device cuda --iters 20 --context 512 --gen-tokens 256 --gemv auto > $f 2>&1
+    echo "-- dflash-b16 $e rc=$? ($((SECONDS - T0)) s)"
+    grep -E "step \(pinned|verify step \(16 rows, taps|draft step|^generate \(spec|output ==|error" $f
   done
 fi
 if want families; then
   for d in dflash2-b16 dspark-b7; do
     timeout 60 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter $d --acceptance 100 \
       --drafter-out $S/$d > $L/steps/synth_$d.txt 2>&1 || tail -3 $L/steps/synth_$d.txt
-    timeout 90 $B bench $M --drafter $S/$d --device cuda --iters 20 --context 512 --gen-tokens 256 \
-      --gemv auto > $L/steps/bench_$d.txt 2>&1
-    echo "-- $d rc=$? ($((SECONDS - T0)) s)"
-    grep -E "verify step|draft step|context update|speculative step|^generate \(spec|output ==|error" $L/steps/bench_$d.txt
+    for e in ${FAMILY_ENVS:--}; do
+      f=$L/steps/bench_${d}_${e//[^A-Za-z0-9]/_}.txt
+      [ "$e" = - ] && e=
+      env $e timeout 90 $B bench $M --drafter $S/$d --device cuda --iters 20 --context 512 \
+        --gen-tokens 256 --gemv auto > $f 2>&1
+      echo "-- $d ${e:-plain} rc=$? ($((SECONDS - T0)) s)"
+      grep -E "verify step|draft step|context update|speculative step|^generate \(spec|output ==|error" $f
+    done
     rm -rf $S/$d
   done
 fi

@@ -300,6 +300,14 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_CONV_KERNEL")) {
       conv_fast_ = std::strcmp(env, "generic") != 0;
     }
+    if (const char* env = std::getenv("BLOCKSPEC_LT_REDUCTION")) {
+      // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
+      // "inplace" leaves out the schemes that reduce in a separate kernel launch.
+      if (std::strcmp(env, "inplace") == 0) {
+        lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE;
+      }
+      if (std::strcmp(env, "none") == 0) lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_NONE;
+    }
     if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
       if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
       if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
@@ -1343,6 +1351,9 @@ class CudaBackend final : public Backend {
       const uint64_t ws = kWorkspaceBytes;
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                               &lt_reduction_mask_, sizeof(lt_reduction_mask_)));
       const uint32_t al_a = alignment(c.a), al_b = alignment(c.b), al_d = alignment(c.d);
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
@@ -1445,7 +1456,9 @@ class CudaBackend final : public Backend {
   // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
-  bool conv_fast_ = true;    // dynamic_conv: the 8-channel BF16 kernel where it applies
+  bool conv_fast_ = true;  // dynamic_conv: the 8-channel BF16 kernel where it applies
+  // cuBLASLt split-K reduction schemes the heuristic may choose (BLOCKSPEC_LT_REDUCTION).
+  uint32_t lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
   size_t draw_ws_bytes_ = 0;
