@@ -202,7 +202,9 @@ TEST(ChatTemplate, LimitsStopHostileTemplates) {
   std::string nested;
   for (int i = 0; i < 10000; ++i) nested += "{% if true %}";
   EXPECT_EQ(render_status(nested).code(), StatusCode::kInvalidArgument);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  // A hang guard, not a timing goal: ~3 s in Release, ~17 s under ASan+UBSan alone, more on a
+  // loaded 2-core CI machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(180));
 }
 
 // Containers nested deeper than the renderer's bound (200, as tojson's), built one level a step:
