@@ -66,6 +66,15 @@ class ReprEntry {
   bool reentered_;
 };
 
+// Moves a dict's keys and values to the end of `out`, leaving the dict empty.
+void move_dict_items(std::vector<std::pair<Value, Value>>& items, std::vector<Value>& out) {
+  for (auto& [k, v] : items) {
+    out.push_back(std::move(k));
+    out.push_back(std::move(v));
+  }
+  items.clear();
+}
+
 }  // namespace
 
 void Value::hand_over_sole_items(std::vector<Value>& out) {
@@ -73,13 +82,7 @@ void Value::hand_over_sole_items(std::vector<Value>& out) {
     for (auto& v : list_->items) out.push_back(std::move(v));
     list_->items.clear();
   }
-  if (dict_ && dict_.use_count() == 1) {
-    for (auto& [k, v] : dict_->items) {
-      out.push_back(std::move(k));
-      out.push_back(std::move(v));
-    }
-    dict_->items.clear();
-  }
+  if (dict_ && dict_.use_count() == 1) move_dict_items(dict_->items, out);
 }
 
 bool Value::holds_sole_container() const {
@@ -110,10 +113,7 @@ DictData::~DictData() {
   if (std::none_of(items.begin(), items.end(), dies_nested)) return;
   std::vector<Value> doomed;
   doomed.reserve(items.size() * 2);
-  for (auto& [k, v] : items) {
-    doomed.push_back(std::move(k));
-    doomed.push_back(std::move(v));
-  }
+  move_dict_items(items, doomed);
   Value::destroy_flat(doomed);
 }
 
