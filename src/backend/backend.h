@@ -395,6 +395,24 @@ class Backend {
   virtual void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
                             const Tensor& base, int64_t group, int64_t block_rows,
                             bool accumulate) = 0;
+  // DFlash2's convolutions with their neighbours, one op each so that a backend can fuse them
+  // (the defaults run the ops apart; a fused one keeps dynamic_conv's and rms_norm's semantics):
+  //   projected_conv:  dyn = x · projᵀ ([n, 2 K G] = [n, 2, K, H / group]);
+  //                    y = dynamic_conv(x, dyn, which 0, base [K, H])
+  //   dynamic_conv_rms_norm: residual += dynamic_conv(out, dyn, which 1, base);
+  //                    xn = rms_norm(residual, norm_w, eps)
+  virtual void projected_conv(const Tensor& y, const Tensor& dyn, const Tensor& x,
+                              const Tensor& proj, const Tensor& base, int64_t group,
+                              int64_t block_rows) {
+    matmul(dyn, x, proj);
+    dynamic_conv(y, x, dyn, 0, base, group, block_rows, /*accumulate=*/false);
+  }
+  virtual void dynamic_conv_rms_norm(const Tensor& xn, const Tensor& residual, const Tensor& out,
+                                     const Tensor& dyn, const Tensor& base, int64_t group,
+                                     int64_t block_rows, const Tensor& norm_w, float eps) {
+    dynamic_conv(residual, out, dyn, 1, base, group, block_rows, /*accumulate=*/true);
+    rms_norm(xn, residual, norm_w, eps);
+  }
 
   // ---- Fused drafter walks (DSpark's Markov chain, DFlash2's candidate selector; issue 14) ----
   // Neither op copies to or from the host, so both can run inside run_captured.

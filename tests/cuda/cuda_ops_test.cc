@@ -2415,6 +2415,72 @@ TEST_F(CudaOps, DynamicConvFastKernelIsBitExact) {
   }
 }
 
+// DFlash2's fused convolutions against the ops apart on the same GPU (set_conv_kernel(false)
+// runs the projection as one cuBLASLt GEMM, the generic convolution and rms_norm):
+// projected_conv's K slices summed by the convolution give dyn and y within a BF16 rounding of
+// the one-GEMM path (the slices' sum order differs) and close to the CPU;
+// dynamic_conv_rms_norm gives the same bits as dynamic_conv then rms_norm, for the residual and
+// the norm.
+TEST_F(CudaOps, DFlash2FusedConvolutionsMatchTheOpsApart) {
+  const int64_t block = 16, rows = 2 * block, h = 1024, group = 16, taps = 2;
+  const int64_t width = 2 * taps * (h / group);
+  const auto xs = rnd(rows * h), proj = rnd(width * h, 0.03f), base = rnd(2 * taps * h);
+  const auto norm = rnd(h), outs = rnd(rows * h), res = rnd(rows * h), dyns = rnd(rows * width);
+  Tensor gp = weight(*gpu_, {width, h}, proj), gb = weight(*gpu_, {2 * taps, h}, base);
+  Tensor cp = weight(*cpu_, {width, h}, proj), cb = weight(*cpu_, {2 * taps, h}, base);
+  Tensor gw = weight(*gpu_, {h}, norm), cw = weight(*cpu_, {h}, norm);
+  ASSERT_EQ(gp.dtype(), DType::kBF16);
+  ASSERT_EQ(gw.dtype(), DType::kF32);
+  Tensor gx = gpu_act({rows, h}, xs), cx = cpu_act({rows, h}, xs);
+  auto raw = [&](const Tensor& t) {
+    std::vector<uint16_t> v(static_cast<size_t>(t.numel()));
+    gpu_->copy_to_host(v.data(), t);
+    return v;
+  };
+  auto count_differ = [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return n;
+  };
+  std::vector<uint16_t> y[2], dyn[2], x_res[2], x_norm[2];
+  for (const bool fused : {true, false}) {
+    cuda::set_conv_kernel(*gpu_, fused);
+    Tensor gy = make(*gpu_, {rows, h}, DType::kBF16), gd = make(*gpu_, {rows, width}, DType::kBF16);
+    gpu_->projected_conv(gy, gd, gx, gp, gb.rows(0, taps), group, block);
+    y[fused] = raw(gy);
+    dyn[fused] = raw(gd);
+    if (fused) {
+      Tensor cy = make(*cpu_, {rows, h}, DType::kF32), cd = make(*cpu_, {rows, width}, DType::kF32);
+      cpu_->projected_conv(cy, cd, cx, cp, cb.rows(0, taps), group, block);
+      expect_close(gd, cd, 2e-2, "projected_conv dyn vs cpu");
+      expect_close(gy, cy, 2e-2, "projected_conv y vs cpu");
+    }
+    Tensor gr = gpu_act({rows, h}, res), gn = make(*gpu_, {rows, h}, DType::kBF16);
+    gpu_->dynamic_conv_rms_norm(gn, gr, gpu_act({rows, h}, outs), gpu_act({rows, width}, dyns),
+                                gb.rows(taps, taps), group, block, gw, 1e-6f);
+    x_res[fused] = raw(gr);
+    x_norm[fused] = raw(gn);
+  }
+  cuda::set_conv_kernel(*gpu_, true);
+  // The sliced sum may round a dyn value to the neighbouring BF16 value, rarely.
+  EXPECT_LT(count_differ(dyn[0], dyn[1]), dyn[0].size() / 20);
+  {
+    std::vector<float> a(y[0].size()), b(y[1].size());
+    for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_to_f32(y[0][i]), b[i] = bf16_to_f32(y[1][i]);
+    EXPECT_LT(rel_err(a, b), 1e-2);
+  }
+  EXPECT_EQ(count_differ(x_res[0], x_res[1]), 0u) << "residual";
+  EXPECT_EQ(count_differ(x_norm[0], x_norm[1]), 0u) << "norm";
+  // The fused norm is the CPU's too, within BF16 rounding.
+  Tensor cr = cpu_act({rows, h}, res), cn = make(*cpu_, {rows, h}, DType::kF32);
+  cpu_->dynamic_conv_rms_norm(cn, cr, cpu_act({rows, h}, outs), cpu_act({rows, width}, dyns),
+                              cb.rows(taps, taps), group, block, cw, 1e-6f);
+  Tensor gr = gpu_act({rows, h}, res), gn = make(*gpu_, {rows, h}, DType::kBF16);
+  gpu_->dynamic_conv_rms_norm(gn, gr, gpu_act({rows, h}, outs), gpu_act({rows, width}, dyns),
+                              gb.rows(taps, taps), group, block, gw, 1e-6f);
+  expect_close(gn, cn, 2e-2, "dynamic_conv_rms_norm vs cpu");
+}
+
 #endif  // BLOCKSPEC_HAS_CUDA
 
 }  // namespace

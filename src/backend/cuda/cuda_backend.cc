@@ -240,6 +240,10 @@ struct LtCall {
   // The N the algorithm is chosen for (op_b == N only). Choosing it for N = 16 whatever the
   // actual N <= 16 keeps each row's arithmetic independent of how many rows are multiplied.
   int64_t algo_n = 0;
+  // Strided batches (1 = none): batch j reads A + j stride_a, B + j stride_b, writes D + j
+  // stride_d (elements).
+  int32_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_d = 0;
 };
 
 }  // namespace
@@ -300,6 +304,7 @@ class CudaBackend final : public Backend {
     if (const char* env = std::getenv("BLOCKSPEC_CONV_KERNEL")) {
       conv_fast_ = std::strcmp(env, "generic") != 0;
     }
+    if (const char* env = std::getenv("BLOCKSPEC_CONV_SPLITS")) conv_splits_ = std::atoi(env);
     if (const char* env = std::getenv("BLOCKSPEC_LT_REDUCTION")) {
       // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
       // "inplace" leaves out the schemes that reduce in a separate kernel launch.
@@ -322,6 +327,7 @@ class CudaBackend final : public Backend {
     if (attn_ws_) pool_->free(attn_ws_, attn_ws_bytes_);
     if (x16_ws_) pool_->free(x16_ws_, x16_ws_bytes_);
     if (fp8_part_ws_) pool_->free(fp8_part_ws_, fp8_part_ws_bytes_);
+    if (conv_part_ws_) pool_->free(conv_part_ws_, conv_part_ws_bytes_);
     if (fp8_count_ws_) pool_->free(fp8_count_ws_, fp8_count_ws_bytes_);
     if (draw_ws_) pool_->free(draw_ws_, draw_ws_bytes_);
     if (topk_ws_) pool_->free(topk_ws_, topk_ws_bytes_);
@@ -1027,6 +1033,70 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(bs::cuda::dynamic_conv(out(y), in(x), in(dyn), which, in(base), n, h, taps, group,
                                       block_rows, accumulate, stream_, conv_fast_));
   }
+  // The projection as conv_splits_ strided-batched K slices (one cuBLASLt launch, F32 partials)
+  // summed by the convolution kernel: no split-K reduce launch.
+  void projected_conv(const Tensor& y, const Tensor& dyn, const Tensor& x, const Tensor& proj,
+                      const Tensor& base, int64_t group, int64_t block_rows) override {
+    const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
+    const int64_t width = proj.dim(0), splits = conv_splits_;
+    const bool fits = conv_fast_ && splits > 1 && all_bf16({&y, &dyn, &x, &proj, &base}) &&
+                      taps == 2 && h % group == 0 && width == 2 * taps * (h / group) &&
+                      proj.dim(-1) == h && n % block_rows == 0 && h % (8 * splits) == 0 &&
+                      dyn.numel() == n * width &&
+                      bs::cuda::dynamic_conv_fused_supported(
+                          n, h, taps, group, {y.data(), x.data(), base.data(), proj.data()});
+    if (!fits) return Backend::projected_conv(y, dyn, x, proj, base, group, block_rows);
+    auto* part = static_cast<float*>(
+        scratch(&conv_part_ws_, &conv_part_ws_bytes_, static_cast<size_t>(splits * n * width) * 4));
+    LtCall c;  // part[s]ᵀ (width x n, column-major) = proj[:, slice s] · x[:, slice s]ᵀ
+    c.op_a = CUBLAS_OP_T;
+    c.m = width;
+    c.n = n;
+    c.k = h / splits;
+    c.a = proj.data();
+    c.lda = h;
+    c.b = x.data();
+    c.ldb = h;
+    c.d = part;
+    c.td = CUDA_R_32F;
+    c.ldd = width;
+    c.batch = static_cast<int32_t>(splits);
+    c.stride_a = c.stride_b = h / splits;
+    c.stride_d = n * width;
+    run_lt(c);
+    CUDA_CHECK(bs::cuda::dynamic_conv_partials(
+        static_cast<__nv_bfloat16*>(y.data()), static_cast<__nv_bfloat16*>(dyn.data()), part,
+        splits, static_cast<const __nv_bfloat16*>(x.data()),
+        static_cast<const __nv_bfloat16*>(base.data()), n, h, group, block_rows, stream_));
+  }
+  void dynamic_conv_rms_norm(const Tensor& xn, const Tensor& residual, const Tensor& out,
+                             const Tensor& dyn, const Tensor& base, int64_t group,
+                             int64_t block_rows, const Tensor& norm_w, float eps) override {
+    const int64_t h = out.dim(-1), n = h ? out.numel() / h : 0, taps = h ? base.numel() / h : 0;
+    const bool fits =
+        conv_fast_ && conv_splits_ > 1 && all_bf16({&xn, &residual, &out, &dyn, &base}) &&
+        norm_w.dtype() == DType::kF32 && norm_w.numel() == h && taps == 2 && h % group == 0 &&
+        n % block_rows == 0 && residual.numel() == n * h && xn.numel() == n * h &&
+        dyn.numel() == n * 2 * taps * (h / group) && residual.data() != out.data() &&
+        bs::cuda::dynamic_conv_fused_supported(
+            n, h, taps, group, {xn.data(), residual.data(), out.data(), base.data()});
+    if (!fits) {
+      return Backend::dynamic_conv_rms_norm(xn, residual, out, dyn, base, group, block_rows, norm_w,
+                                            eps);
+    }
+    CUDA_CHECK(bs::cuda::dynamic_conv_rms_norm(
+        static_cast<__nv_bfloat16*>(xn.data()), static_cast<__nv_bfloat16*>(residual.data()),
+        static_cast<const __nv_bfloat16*>(out.data()),
+        static_cast<const __nv_bfloat16*>(dyn.data()),
+        static_cast<const __nv_bfloat16*>(base.data()), norm_w.as<float>(), n, h, group, block_rows,
+        eps, stream_));
+  }
+  static bool all_bf16(std::initializer_list<const Tensor*> ts) {
+    for (const Tensor* t : ts) {
+      if (t->dtype() != DType::kBF16) return false;
+    }
+    return true;
+  }
 
   // ---- Fused drafter walks ----
   void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u, const Tensor& prev,
@@ -1286,7 +1356,7 @@ class CudaBackend final : public Backend {
         static_cast<int>(c.tb), static_cast<int>(c.td), c.lda, c.ldb, c.ldd, c.accumulate,
         c.bias != nullptr, static_cast<int>(c.tbias),
         std::min(alignment(c.a), alignment(c.b)) * 1000 + std::min(alignment(c.d), 256u),
-        c.bias ? alignment(c.bias) : 0u, c.algo_n);
+        c.bias ? alignment(c.bias) : 0u, c.algo_n, c.batch, c.stride_a, c.stride_b, c.stride_d);
     auto it = plans_.find(key);
     if (it == plans_.end()) it = plans_.emplace(key, make_plan(c, /*allow_bias=*/true)).first;
     LtPlan& plan = it->second;
@@ -1345,6 +1415,16 @@ class CudaBackend final : public Backend {
         CUBLAS_CHECK(
             cublasLtMatrixLayoutCreate(&plan.b, c.tb, bt ? c.n : c.k, bt ? c.k : c.n, c.ldb));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, c.td, c.m, c.n, c.ldd));
+        if (c.batch > 1) {
+          const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
+              {plan.a, c.stride_a}, {plan.b, c.stride_b}, {plan.d, c.stride_d}};
+          for (const auto& [layout, stride] : layouts) {
+            CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+                layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c.batch, sizeof(c.batch)));
+            CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+                layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+          }
+        }
       }
       cublasLtMatmulPreference_t pref = nullptr;
       CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -1404,8 +1484,9 @@ class CudaBackend final : public Backend {
     std::abort();
   }
 
-  using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t,
-                             int64_t, bool, bool, int, uint32_t, uint32_t, int64_t>;
+  using PlanKey =
+      std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t,
+                 bool, bool, int, uint32_t, uint32_t, int64_t, int32_t, int64_t, int64_t, int64_t>;
 
   int device_;
   std::shared_ptr<DevicePool> pool_;
@@ -1451,12 +1532,17 @@ class CudaBackend final : public Backend {
   // fp8_matmul_v2's split partials and arrival counters (the counters zeroed when allocated).
   void* fp8_part_ws_ = nullptr;
   size_t fp8_part_ws_bytes_ = 0;
+  // projected_conv's F32 partials [splits, n, width].
+  void* conv_part_ws_ = nullptr;
+  size_t conv_part_ws_bytes_ = 0;
   void* fp8_count_ws_ = nullptr;
   size_t fp8_count_ws_bytes_ = 0;
   // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
   bool conv_fast_ = true;  // dynamic_conv: the 8-channel BF16 kernel where it applies
+  // projected_conv's K slices; <= 1 runs DFlash2's convolutions unfused (BLOCKSPEC_CONV_SPLITS).
+  int64_t conv_splits_ = 4;
   // cuBLASLt split-K reduction schemes the heuristic may choose (BLOCKSPEC_LT_REDUCTION).
   uint32_t lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first

@@ -471,47 +471,156 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
 
 constexpr int kConvThreads = 64;  // 128 blocks for DFlash2's 16 x 4096 rows
 
+// The 8 channels of one thread: acc = 0, += (b0 + d0) x0, (+= (b1 + d1) x1 from the row before,
+// when `second`), (+= y when accumulating), in this order in every kernel below (the same bits).
+struct Conv8 {
+  float x0[8], x1[8], b0[8], b1[8], y[8];
+  __device__ __forceinline__ void run(float (&out)[8], float d0, float d1, bool second,
+                                      bool accumulate) const {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      float acc = 0.0f;
+      {
+        const float kt = b0[q] + d0;
+        acc += kt * x0[q];
+      }
+      if (second) {
+        const float kt = b1[q] + d1;
+        acc += kt * x1[q];
+      }
+      if (accumulate) acc += y[q];
+      out[q] = acc;
+    }
+  }
+  // Both base rows at channels c.. (weights: loaded before griddep_wait); zeros when !live.
+  __device__ __forceinline__ void load_base(const __nv_bfloat16* base, int h, int c, bool live) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    unpack_bf16x8(live ? __ldg(reinterpret_cast<const uint4*>(base + c)) : zero, b0);
+    unpack_bf16x8(live ? __ldg(reinterpret_cast<const uint4*>(base + h + c)) : zero, b1);
+  }
+  // x at element `at` (row i, channel c) and, when `second`, the row before.
+  __device__ __forceinline__ void load_x(const __nv_bfloat16* x, int64_t at, int h, bool second) {
+    unpack_bf16x8(*reinterpret_cast<const uint4*>(x + at), x0);
+    unpack_bf16x8(second ? *reinterpret_cast<const uint4*>(x + at - h) : make_uint4(0, 0, 0, 0),
+                  x1);
+  }
+};
+
+// Thread e of an 8-channels-a-thread launch over n rows of h: row i, first channel c.
+struct ConvThread {
+  int i = 0, c = 0;
+  bool live = false;
+  __device__ __forceinline__ ConvThread(int n, int h) {
+    const int h8 = h >> 3, e = blockIdx.x * kConvThreads + threadIdx.x;
+    live = e < n * h8;
+    i = live ? e / h8 : 0;
+    c = (e - i * h8) * 8;
+  }
+};
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
+  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]),
+                    pack_bf16(v[6], v[7]));
+}
+
 __global__ void __launch_bounds__(kConvThreads)
     dynamic_conv_bf16x8_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* dyn,
                                int which, const __nv_bfloat16* base, int n, int h, int group,
                                int block_rows, bool accumulate) {
-  const int h8 = h >> 3, e = blockIdx.x * kConvThreads + threadIdx.x;
-  const bool live = e < n * h8;
-  const int i = live ? e / h8 : 0, c = (e - i * h8) * 8;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  const uint4 b0 = live ? __ldg(reinterpret_cast<const uint4*>(base + c)) : zero;
-  const uint4 b1 = live ? __ldg(reinterpret_cast<const uint4*>(base + h + c)) : zero;
+  const ConvThread t(n, h);
+  const int i = t.i, c = t.c;
+  Conv8 v;
+  v.load_base(base, h, c, t.live);
   griddep_wait();  // x, dyn and y come from the kernels before
   griddep_launch();
-  if (!live) return;
+  if (!t.live) return;
   const bool second = i % block_rows >= 1;  // tap 1 reads the row before, inside the block
   const int groups = h / group;
   const __nv_bfloat16* d = dyn + ((i * 2 + which) * 2) * groups + c / group;
   const float d0 = __bfloat162float(d[0]), d1 = second ? __bfloat162float(d[groups]) : 0.0f;
-  float xv0[8], xv1[8], bv0[8], bv1[8], yv[8];
-  unpack_bf16x8(*reinterpret_cast<const uint4*>(x + i * h + c), xv0);
-  unpack_bf16x8(second ? *reinterpret_cast<const uint4*>(x + (i - 1) * h + c) : zero, xv1);
-  unpack_bf16x8(accumulate ? *reinterpret_cast<const uint4*>(y + i * h + c) : zero, yv);
-  unpack_bf16x8(b0, bv0);
-  unpack_bf16x8(b1, bv1);
+  v.load_x(x, i * h + c, h, second);
+  unpack_bf16x8(
+      accumulate ? *reinterpret_cast<const uint4*>(y + i * h + c) : make_uint4(0, 0, 0, 0), v.y);
   float out[8];
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    float acc = 0.0f;
-    {
-      const float kt = bv0[q] + d0;
-      acc += kt * xv0[q];
-    }
-    if (second) {
-      const float kt = bv1[q] + d1;
-      acc += kt * xv1[q];
-    }
-    if (accumulate) acc += yv[q];
-    out[q] = acc;
+  v.run(out, d0, d1, second, accumulate);
+  *reinterpret_cast<uint4*>(y + i * h + c) = pack_bf16x8(out);
+}
+
+// DFlash2's prepare convolution straight from the projection's split-K partials: dyn[i, :] is
+// the sum over s (ascending) of part[s, i, :] (F32, [splits, n, 4 * groups]) rounded to BF16, as
+// the one-GEMM path's BF16 dyn; the thread of each group's first 8 channels writes the group's 4
+// values (both convolutions, both taps) to dyn for the finish convolution. y = conv(x, dyn[:, 0]).
+__device__ __forceinline__ float sum_partials(const float* p, int splits, int64_t stride) {
+  float acc = 0.0f;
+  for (int s = 0; s < splits; ++s) acc += p[s * stride];
+  return __bfloat162float(__float2bfloat16_rn(acc));
+}
+
+__global__ void __launch_bounds__(kConvThreads)
+    dynamic_conv_partials_kernel(__nv_bfloat16* y, __nv_bfloat16* dyn, const float* part,
+                                 int splits, const __nv_bfloat16* x, const __nv_bfloat16* base,
+                                 int n, int h, int group, int block_rows) {
+  const ConvThread t(n, h);
+  const int i = t.i, c = t.c;
+  Conv8 v;
+  v.load_base(base, h, c, t.live);
+  griddep_wait();  // the partials come from the GEMM before
+  griddep_launch();
+  if (!t.live) return;
+  const bool second = i % block_rows >= 1;
+  const int groups = h / group, g = c / group, width = 4 * groups;
+  const int64_t stride = static_cast<int64_t>(n) * width;
+  const float* p = part + static_cast<int64_t>(i) * width + g;
+  const float d0 = sum_partials(p, splits, stride);
+  const float d1 = second ? sum_partials(p + groups, splits, stride) : 0.0f;
+  if (c % group == 0) {
+    __nv_bfloat16* d = dyn + static_cast<int64_t>(i) * width + g;
+    d[0] = __float2bfloat16_rn(d0);
+    d[groups] = __float2bfloat16_rn(second ? d1 : sum_partials(p + groups, splits, stride));
+    d[2 * groups] = __float2bfloat16_rn(sum_partials(p + 2 * groups, splits, stride));
+    d[3 * groups] = __float2bfloat16_rn(sum_partials(p + 3 * groups, splits, stride));
   }
-  *reinterpret_cast<uint4*>(y + i * h + c) =
-      make_uint4(pack_bf16(out[0], out[1]), pack_bf16(out[2], out[3]), pack_bf16(out[4], out[5]),
-                 pack_bf16(out[6], out[7]));
+  v.load_x(x, i * h + c, h, second);
+  float out[8];
+  v.run(out, d0, d1, second, /*accumulate=*/false);
+  *reinterpret_cast<uint4*>(y + i * h + c) = pack_bf16x8(out);
+}
+
+// DFlash2's finish convolution and the RMSNorm after it in one launch: a block per row, h / 8
+// threads; residual[i] += conv(out, dyn[:, 1])[i] (dynamic_conv_bf16x8_kernel's bits), then
+// xn[i] = rms_norm(residual[i]) * w (rms_norm_bf16_kernel's bits: the same BF16 values, the
+// same per-thread order and block reduction).
+__global__ void dynamic_conv_rms_norm_kernel(__nv_bfloat16* xn, __nv_bfloat16* residual,
+                                             const __nv_bfloat16* out, const __nv_bfloat16* dyn,
+                                             const __nv_bfloat16* base, const float* w, int h,
+                                             int group, int block_rows, float eps) {
+  const int i = blockIdx.x, c = threadIdx.x * 8;
+  Conv8 v;
+  v.load_base(base, h, c, /*live=*/true);
+  griddep_wait();  // out, dyn and the residual come from the kernels before
+  griddep_launch();
+  const bool second = i % block_rows >= 1;
+  const int groups = h / group;
+  const __nv_bfloat16* d = dyn + ((i * 2 + 1) * 2) * groups + c / group;
+  const float d0 = __bfloat162float(d[0]), d1 = second ? __bfloat162float(d[groups]) : 0.0f;
+  const int64_t at = static_cast<int64_t>(i) * h + c;
+  v.load_x(out, at, h, second);
+  unpack_bf16x8(*reinterpret_cast<const uint4*>(residual + at), v.y);
+  float r[8];
+  v.run(r, d0, d1, second, /*accumulate=*/true);
+  const uint4 packed = pack_bf16x8(r);
+  *reinterpret_cast<uint4*>(residual + at) = packed;
+  float rv[8];
+  unpack_bf16x8(packed, rv);
+  float ss = 0.0f;
+  for (int q = 0; q < 8; ++q) ss += rv[q] * rv[q];
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(h) + eps);
+  const float* wr = w + c;
+  float o[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) o[q] = rv[q] * inv * wr[q];
+  *reinterpret_cast<uint4*>(xn + at) = pack_bf16x8(o);
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
@@ -1049,6 +1158,36 @@ cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n,
   return launch_pdl(dynamic_conv_kernel, dim3(static_cast<unsigned>(grid_for(n * h))),
                     dim3(kThreads), 0, s, y, x, dyn, which, base, n, h, taps, group, block_rows,
                     accumulate);
+}
+bool dynamic_conv_fused_supported(int64_t n, int64_t h, int64_t taps, int64_t group,
+                                  std::initializer_list<const void*> rows) {
+  for (const void* p : rows) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return taps == 2 && group % 8 == 0 && h % 8 == 0 && (h / 8) % 32 == 0 && h / 8 <= 1024 &&
+         n * h < INT_MAX;
+}
+cudaError_t dynamic_conv_partials(__nv_bfloat16* y, __nv_bfloat16* dyn, const float* part,
+                                  int64_t splits, const __nv_bfloat16* x, const __nv_bfloat16* base,
+                                  int64_t n, int64_t h, int64_t group, int64_t block_rows,
+                                  cudaStream_t s) {
+  if (n * h <= 0) return cudaSuccess;
+  const int64_t threads = n * h / 8;
+  return launch_pdl(dynamic_conv_partials_kernel,
+                    dim3(static_cast<unsigned>((threads + kConvThreads - 1) / kConvThreads)),
+                    dim3(kConvThreads), 0, s, y, dyn, part, static_cast<int>(splits), x, base,
+                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(group),
+                    static_cast<int>(block_rows));
+}
+cudaError_t dynamic_conv_rms_norm(__nv_bfloat16* xn, __nv_bfloat16* residual,
+                                  const __nv_bfloat16* out, const __nv_bfloat16* dyn,
+                                  const __nv_bfloat16* base, const float* w, int64_t n, int64_t h,
+                                  int64_t group, int64_t block_rows, float eps, cudaStream_t s) {
+  if (n * h <= 0) return cudaSuccess;
+  return launch_pdl(dynamic_conv_rms_norm_kernel, dim3(static_cast<unsigned>(n)),
+                    dim3(static_cast<unsigned>(h / 8)), 0, s, xn, residual, out, dyn, base, w,
+                    static_cast<int>(h), static_cast<int>(group), static_cast<int>(block_rows),
+                    eps);
 }
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                             int64_t vs, float fill, cudaStream_t s) {

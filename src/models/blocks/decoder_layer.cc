@@ -140,21 +140,23 @@ void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const Layer
     convs->prepare(index, s, convs->in, a.xn);
     return convs->in;
   };
-  auto output = [&](int s, const DenseWeight& w, const Tensor& bias, const Tensor& x) {
+  // With convs, a sublayer's finish also writes the norm after it (norm_w) into a.xn.
+  auto output = [&](int s, const DenseWeight& w, const Tensor& bias, const Tensor& x,
+                    const Tensor& norm_w) {
     if (!convs) return linear(b, a.x, x, w, bias, /*accumulate=*/true);
     linear(b, convs->out, x, w, bias, /*accumulate=*/false);
-    convs->finish(index, s, a.x, convs->out);
+    convs->finish(index, s, a.x, convs->out, a.xn, norm_w, p.eps);
   };
   // Attention: x += o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v)).
-  b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
+  if (!convs || !convs->input_normed) b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
   linear(b, a.qkv, input(0), L.w_qkv, L.b_qkv, /*accumulate=*/false);
   attention(b, L, a, p, kv.k[index], kv.v[index]);
-  output(0, L.wo, L.bo, a.attn);
+  output(0, L.wo, L.bo, a.attn, L.post_norm);
   // MLP: x += down(silu(gate(y)) * up(y)), y = post_norm(x).
-  b.rms_norm(a.xn, a.x, L.post_norm, p.eps);
+  if (!convs) b.rms_norm(a.xn, a.x, L.post_norm, p.eps);
   linear(b, a.gate_up, input(1), L.w_gate_up, L.b_gate_up, /*accumulate=*/false);
   b.swiglu(a.act, a.gate_up);
-  output(1, L.w_down, L.b_down, a.act);
+  output(1, L.w_down, L.b_down, a.act, convs ? convs->next_input_norm : Tensor{});
 }
 
 }  // namespace bs

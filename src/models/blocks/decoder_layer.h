@@ -80,13 +80,20 @@ struct PagedAttention {
 
 // DFlash2's block convolutions around both sublayers (DFlashModules::conv_prepare / finish):
 // prepare(layer, sublayer, y, x) writes the sublayer input y from the normed x; finish(layer,
-// sublayer, residual, out) adds the convolved sublayer output to the residual. `in` / `out`
-// [rows, hidden].
+// sublayer, residual, out, xn, norm_w, eps) adds the convolved sublayer output to the residual
+// and, with norm_w defined, writes the norm that follows, xn = rms_norm(residual) · norm_w (one
+// fused op on the GPU). `in` / `out` [rows, hidden].
 struct SublayerConvs {
   std::function<void(int64_t layer, int sublayer, const Tensor& y, const Tensor& x)> prepare;
-  std::function<void(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out)>
+  std::function<void(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
+                     const Tensor& xn, const Tensor& norm_w, float eps)>
       finish;
   Tensor in, out;
+  // Set by the layer loop before each layer: the next layer's input norm (undefined after the
+  // last layer), which this layer's MLP finish writes, and whether this layer's input norm was
+  // written that way by the layer before (then it is not computed again).
+  Tensor next_input_norm;
+  bool input_normed = false;
 };
 
 // Layer `index` (weights L) over the rows of `a`, K/V into kv.k[index] / kv.v[index].

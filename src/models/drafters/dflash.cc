@@ -332,14 +332,19 @@ class DFlashDrafter final : public Drafter {
     SublayerConvs convs{
         .prepare = [&](int64_t l, int sub, const Tensor& y,
                        const Tensor& in) { modules_->conv_prepare(l, sub, y, in, B); },
-        .finish = [&](int64_t l, int sub, const Tensor& residual,
-                      const Tensor& out) { modules_->conv_finish(l, sub, residual, out, B); }};
+        .finish =
+            [&](int64_t l, int sub, const Tensor& residual, const Tensor& out, const Tensor& xn,
+                const Tensor& norm_w, float norm_eps) {
+              modules_->conv_finish(l, sub, residual, out, B, xn, norm_w, norm_eps);
+            }};
     const bool with_convs = modules_ && modules_->has_convs();
     if (with_convs) {
       convs.in = p.conv_in.rows(0, rows);
       convs.out = p.sub_out.rows(0, rows);
     }
     for (size_t li = 0; li < layers_.size(); ++li) {
+      convs.input_normed = li > 0;
+      convs.next_input_norm = li + 1 < layers_.size() ? layers_[li + 1].input_norm : Tensor{};
       decoder_layer(backend_, static_cast<int64_t>(li), layers_[li], a, paged, kv,
                     with_convs ? &convs : nullptr);
     }

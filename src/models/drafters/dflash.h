@@ -57,7 +57,8 @@ class DFlashModules {
 
   // Sublayer convolutions over `rows` block rows (a multiple of `block_rows`), sublayer 0 =
   // attention, 1 = MLP. conv_prepare writes the sublayer input y [rows, H] from the normed x and
-  // keeps what conv_finish needs; conv_finish adds the convolved sublayer output to `residual`.
+  // keeps what conv_finish needs; conv_finish adds the convolved sublayer output to `residual`
+  // and, with norm_w defined, writes xn = rms_norm(residual) · norm_w (the norm after it).
   // Scratch for `rows` rows is reserved by reserve_rows (a call that grows it must be followed by
   // a new capture key: the drafter bumps its propose generation).
   virtual bool has_convs() const { return false; }
@@ -67,8 +68,9 @@ class DFlashModules {
     (void)layer, (void)sublayer, (void)y, (void)x, (void)block_rows;
   }
   virtual void conv_finish(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
-                           int64_t block_rows) {
-    (void)layer, (void)sublayer, (void)residual, (void)out, (void)block_rows;
+                           int64_t block_rows, const Tensor& xn, const Tensor& norm_w, float eps) {
+    (void)layer, (void)sublayer, (void)residual, (void)out, (void)block_rows, (void)xn,
+        (void)norm_w, (void)eps;
   }
 
   virtual bool has_confidence() const { return false; }

@@ -106,17 +106,20 @@ class DFlash2Modules final : public DFlashModules {
   void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
                     int64_t block_rows) override {
     const Conv& conv = convs_[layer * 2 + sublayer];
-    const Tensor dyn = dyn_.rows(0, x.dim(0));
-    backend_->matmul(dyn, x, conv.proj);
-    backend_->dynamic_conv(y, x, dyn, 0, conv.base.rows(0, c_.taps), c_.group, block_rows,
-                           /*accumulate=*/false);
+    backend_->projected_conv(y, dyn_.rows(0, x.dim(0)), x, conv.proj, conv.base.rows(0, c_.taps),
+                             c_.group, block_rows);
   }
   void conv_finish(int64_t layer, int sublayer, const Tensor& residual, const Tensor& out,
-                   int64_t block_rows) override {
+                   int64_t block_rows, const Tensor& xn, const Tensor& norm_w, float eps) override {
     const Conv& conv = convs_[layer * 2 + sublayer];
-    backend_->dynamic_conv(residual, out, dyn_.rows(0, out.dim(0)), 1,
-                           conv.base.rows(c_.taps, c_.taps), c_.group, block_rows,
-                           /*accumulate=*/true);
+    const Tensor dyn = dyn_.rows(0, out.dim(0)), base = conv.base.rows(c_.taps, c_.taps);
+    if (norm_w.defined()) {
+      backend_->dynamic_conv_rms_norm(xn, residual, out, dyn, base, c_.group, block_rows, norm_w,
+                                      eps);
+    } else {
+      backend_->dynamic_conv(residual, out, dyn, 1, base, c_.group, block_rows,
+                             /*accumulate=*/true);
+    }
   }
 
   void draw(const Tensor& hidden, const Tensor& logits, const Tensor& anchor_ids,
