@@ -11,7 +11,7 @@
 #                 here), and FUZZ_BUILD/corpus, the corpus grown by earlier runs;
 #   kprof/      - tools/kprof/kprof.cc built against this machine's CUPTI, with libcupti.so.13
 #                 (docs/CUDA.md: per-kernel GPU times without Nsight Systems).
-#   [OLD=baseline-blockspec] bash tools/device/pack_session8.sh [BUILD=build] [FUZZ_BUILD=build-fuzz]
+#   [OLD=baseline-blockspec] bash tools/device/pack_session8.sh [BUILD=build] [FUZZ_BUILD=build-fuzz|-]
 set -eu
 BUILD=${1:-build}
 FUZZ_BUILD=${2:-build-fuzz}
@@ -26,18 +26,21 @@ bash tools/device/make_dist.sh "$BUILD" > /dev/null
 # FULL=1 keeps them (run_session8b.sh runs every CUDA suite and the training's eval_acceptance).
 [ "${FULL:-0}" = 1 ] || rm -f build-cuda/dist/cuda_models_test build-cuda/dist/bench_cli_test build-cuda/dist/eval_acceptance
 tar -C build-cuda -cf - dist | xz -T0 -6 > $P/dist.tar.xz
-F=$(mktemp -d)
-for h in safetensors hf_config tokenizer_json tokenizer_encode jinja_template chat_render openai_request; do
-  [ -x $FUZZ_BUILD/tests/fuzz/${h}_fuzz ] || { echo "missing $FUZZ_BUILD/tests/fuzz/${h}_fuzz: bash scripts/fuzz.sh 1"; exit 1; }
-  cp $FUZZ_BUILD/tests/fuzz/${h}_fuzz $F/
-done
-strip --strip-debug $F/*_fuzz
-mkdir -p $F/lib
-ldd $F/*_fuzz | awk '/=> \//{print $3}' | sort -u |
-  grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' | while read -r l; do cp -L "$l" $F/lib/; done
-[ -d $FUZZ_BUILD/corpus ] && cp -r $FUZZ_BUILD/corpus $F/corpus
-tar -C $F -cf - . | xz -T0 -6 > $P/fuzz.tar.xz
-rm -rf $F
+# FUZZ_BUILD=- skips the fuzz pack (calls that run no fuzzing).
+if [ "$FUZZ_BUILD" != - ]; then
+  F=$(mktemp -d)
+  for h in safetensors hf_config tokenizer_json tokenizer_encode jinja_template chat_render openai_request; do
+    [ -x $FUZZ_BUILD/tests/fuzz/${h}_fuzz ] || { echo "missing $FUZZ_BUILD/tests/fuzz/${h}_fuzz: bash scripts/fuzz.sh 1"; exit 1; }
+    cp $FUZZ_BUILD/tests/fuzz/${h}_fuzz $F/
+  done
+  strip --strip-debug $F/*_fuzz
+  mkdir -p $F/lib
+  ldd $F/*_fuzz | awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' | while read -r l; do cp -L "$l" $F/lib/; done
+  [ -d $FUZZ_BUILD/corpus ] && cp -r $FUZZ_BUILD/corpus $F/corpus
+  tar -C $F -cf - . | xz -T0 -6 > $P/fuzz.tar.xz
+  rm -rf $F
+fi
 # kprof (tools/kprof/kprof.cc) and the CUPTI it needs, when this machine has CUPTI.
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CUPTI=$(ls $CUDA_HOME/lib/libcupti.so.13 $CUDA_HOME/lib64/libcupti.so.13 $CUDA_HOME/extras/CUPTI/lib64/libcupti.so.13 2>/dev/null | head -1)

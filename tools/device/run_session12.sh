@@ -9,7 +9,7 @@
 #           --kernels) under each,
 #   families - DFlash2-b16 and DSpark-b7 forced 100 % (their draft steps, greedy draw included),
 #           once per entry of FAMILY_ENVS (default "-": none; e.g. "- BLOCKSPEC_LT_REDUCTION=inplace"
-#           runs each bench plain, then with that variable set),
+#           runs each bench plain, then with that variable set; FAMILIES picks the drafters),
 #   batch - `bench --kernels --batch N` (N in BATCHES, default 32; 128-token prompts, 384 cached
 #           tokens), PAIRS times over VARIANTS (default "old new": blockspec_old when present,
 #           blockspec; "v3" / "v4": blockspec under BLOCKSPEC_ATTN_KERNEL=v3 / v4),
@@ -46,7 +46,7 @@ if want steps; then
   done
 fi
 if want families; then
-  for d in dflash2-b16 dspark-b7; do
+  for d in ${FAMILIES:-dflash2-b16 dspark-b7}; do
     timeout 60 $B synth --preset qwen3-8b --out $S/qwen3-8b --drafter $d --acceptance 100 \
       --drafter-out $S/$d > $L/steps/synth_$d.txt 2>&1 || tail -3 $L/steps/synth_$d.txt
     for e in ${FAMILY_ENVS:--}; do
