@@ -267,56 +267,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMalloc(&fault_.claim, sizeof(int)));
     CUDA_CHECK(cudaMemset(fault_.claim, 0, sizeof(int)));
     CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
-    if (const char* env = std::getenv("BLOCKSPEC_GEMV")) {
-      if (std::strcmp(env, "cublaslt") == 0) gemv_mode_ = GemvMode::kCublasLt;
-      if (std::strcmp(env, "simt") == 0) gemv_mode_ = GemvMode::kSimt;
-      if (std::strcmp(env, "mma") == 0) gemv_mode_ = GemvMode::kMma;
-      if (std::strcmp(env, "stream") == 0) gemv_mode_ = GemvMode::kStream;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_STREAM_VARIANT")) {
-      stream_variant_ = std::clamp(std::atoi(env), 0, kStreamVariants - 1);
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_STREAM_MAX_MIB")) {
-      stream_max_bytes_ = std::atoll(env) << 20;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_CUDA_GRAPHS")) {
-      graphs_enabled_ = std::strcmp(env, "0") != 0;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
-      pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_ATTN_KERNEL")) {
-      if (std::strcmp(env, "v1") == 0) set_split_kernel(1);
-      if (std::strcmp(env, "v2") == 0) set_split_kernel(2);
-      if (std::strcmp(env, "v3") == 0) set_split_kernel(3);
-      if (std::strcmp(env, "v4") == 0) set_split_kernel(4);
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
-      std::fprintf(stderr,
-                   "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
-                   "results are meaningless (a profiling switch, docs/CUDA.md)\n",
-                   env);
-      set_split_diag(std::atoi(env));
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_WALK_TABLE")) {
-      walk_table_ = std::strcmp(env, "0") != 0;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_CONV_KERNEL")) {
-      conv_fast_ = std::strcmp(env, "generic") != 0;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_CONV_SPLITS")) conv_splits_ = std::atoi(env);
-    if (const char* env = std::getenv("BLOCKSPEC_LT_REDUCTION")) {
-      // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
-      // "inplace" leaves out the schemes that reduce in a separate kernel launch.
-      if (std::strcmp(env, "inplace") == 0) {
-        lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE;
-      }
-      if (std::strcmp(env, "none") == 0) lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_NONE;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_FP8_KERNEL")) {
-      if (std::strcmp(env, "v1") == 0) fp8_kernel_ = Fp8Kernel::kV1;
-      if (std::strcmp(env, "v2") == 0) fp8_kernel_ = Fp8Kernel::kV2;
-    }
+    read_switches();
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -1090,6 +1041,65 @@ class CudaBackend final : public Backend {
         static_cast<const __nv_bfloat16*>(dyn.data()),
         static_cast<const __nv_bfloat16*>(base.data()), norm_w.as<float>(), n, h, group, block_rows,
         eps, stream_));
+  }
+  // The BLOCKSPEC_* switches of kernel variants and measurements (docs/CUDA.md), read once when
+  // the backend is made. A value the switch does not know is reported and ignored.
+  static int env_choice(const char* name, std::initializer_list<const char*> values) {
+    const char* env = std::getenv(name);
+    if (!env || !*env) return -1;  // unset or empty: the default
+    int i = 0;
+    std::string known;
+    for (const char* v : values) {
+      if (std::strcmp(env, v) == 0) return i;
+      if (i++ > 0) known += '|';
+      known += v;
+    }
+    std::fprintf(stderr, "blockspec: ignoring %s=%s (expected %s)\n", name, env, known.c_str());
+    return -1;
+  }
+  void read_switches() {
+    constexpr GemvMode kGemv[] = {GemvMode::kCublasLt, GemvMode::kSimt, GemvMode::kMma,
+                                  GemvMode::kStream};
+    if (const int c = env_choice("BLOCKSPEC_GEMV", {"cublaslt", "simt", "mma", "stream"}); c >= 0) {
+      gemv_mode_ = kGemv[c];
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_STREAM_VARIANT")) {
+      stream_variant_ = std::clamp(std::atoi(env), 0, kStreamVariants - 1);
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_STREAM_MAX_MIB")) {
+      stream_max_bytes_ = std::atoll(env) << 20;
+    }
+    if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
+      graphs_enabled_ = c == 1;
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
+      pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
+    }
+    if (const int c = env_choice("BLOCKSPEC_ATTN_KERNEL", {"v1", "v2", "v3", "v4"}); c >= 0) {
+      set_split_kernel(c + 1);
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
+      std::fprintf(stderr,
+                   "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
+                   "results are meaningless (a profiling switch, docs/CUDA.md)\n",
+                   env);
+      set_split_diag(std::atoi(env));
+    }
+    if (const int c = env_choice("BLOCKSPEC_WALK_TABLE", {"0", "1"}); c >= 0) walk_table_ = c == 1;
+    if (const int c = env_choice("BLOCKSPEC_CONV_KERNEL", {"generic", "fast"}); c >= 0) {
+      conv_fast_ = c == 1;
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_CONV_SPLITS")) conv_splits_ = std::atoi(env);
+    // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
+    // "inplace" leaves out the schemes that reduce in a separate kernel launch.
+    if (const int c = env_choice("BLOCKSPEC_LT_REDUCTION", {"inplace", "none"}); c >= 0) {
+      lt_reduction_mask_ = c == 0
+                               ? CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE
+                               : CUBLASLT_REDUCTION_SCHEME_NONE;
+    }
+    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2"}); c >= 0) {
+      fp8_kernel_ = c == 0 ? Fp8Kernel::kV1 : Fp8Kernel::kV2;
+    }
   }
   static bool all_bf16(std::initializer_list<const Tensor*> ts) {
     for (const Tensor* t : ts) {
