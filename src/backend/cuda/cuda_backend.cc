@@ -1042,72 +1042,6 @@ class CudaBackend final : public Backend {
         static_cast<const __nv_bfloat16*>(base.data()), norm_w.as<float>(), n, h, group, block_rows,
         eps, stream_));
   }
-  // The BLOCKSPEC_* switches of kernel variants and measurements (docs/CUDA.md), read once when
-  // the backend is made. A value the switch does not know is reported and ignored.
-  static int env_choice(const char* name, std::initializer_list<const char*> values) {
-    const char* env = std::getenv(name);
-    if (!env || !*env) return -1;  // unset or empty: the default
-    int i = 0;
-    std::string known;
-    for (const char* v : values) {
-      if (std::strcmp(env, v) == 0) return i;
-      if (i++ > 0) known += '|';
-      known += v;
-    }
-    std::fprintf(stderr, "blockspec: ignoring %s=%s (expected %s)\n", name, env, known.c_str());
-    return -1;
-  }
-  void read_switches() {
-    constexpr GemvMode kGemv[] = {GemvMode::kCublasLt, GemvMode::kSimt, GemvMode::kMma,
-                                  GemvMode::kStream};
-    if (const int c = env_choice("BLOCKSPEC_GEMV", {"cublaslt", "simt", "mma", "stream"}); c >= 0) {
-      gemv_mode_ = kGemv[c];
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_STREAM_VARIANT")) {
-      stream_variant_ = std::clamp(std::atoi(env), 0, kStreamVariants - 1);
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_STREAM_MAX_MIB")) {
-      stream_max_bytes_ = std::atoll(env) << 20;
-    }
-    if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
-      graphs_enabled_ = c == 1;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
-      pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
-    }
-    if (const int c = env_choice("BLOCKSPEC_ATTN_KERNEL", {"v1", "v2", "v3", "v4"}); c >= 0) {
-      set_split_kernel(c + 1);
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
-      std::fprintf(stderr,
-                   "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
-                   "results are meaningless (a profiling switch, docs/CUDA.md)\n",
-                   env);
-      set_split_diag(std::atoi(env));
-    }
-    if (const int c = env_choice("BLOCKSPEC_WALK_TABLE", {"0", "1"}); c >= 0) walk_table_ = c == 1;
-    if (const int c = env_choice("BLOCKSPEC_CONV_KERNEL", {"generic", "fast"}); c >= 0) {
-      conv_fast_ = c == 1;
-    }
-    if (const char* env = std::getenv("BLOCKSPEC_CONV_SPLITS")) conv_splits_ = std::atoi(env);
-    // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
-    // "inplace" leaves out the schemes that reduce in a separate kernel launch.
-    if (const int c = env_choice("BLOCKSPEC_LT_REDUCTION", {"inplace", "none"}); c >= 0) {
-      lt_reduction_mask_ = c == 0
-                               ? CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE
-                               : CUBLASLT_REDUCTION_SCHEME_NONE;
-    }
-    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2"}); c >= 0) {
-      fp8_kernel_ = c == 0 ? Fp8Kernel::kV1 : Fp8Kernel::kV2;
-    }
-  }
-  static bool all_bf16(std::initializer_list<const Tensor*> ts) {
-    for (const Tensor* t : ts) {
-      if (t->dtype() != DType::kBF16) return false;
-    }
-    return true;
-  }
-
   // ---- Fused drafter walks ----
   void markov_row(const Tensor& z, const Tensor& argmax, const Tensor& u, const Tensor& prev,
                   const Tensor& w1, const Tensor& w2) override {
@@ -1222,6 +1156,72 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The BLOCKSPEC_* switches of kernel variants and measurements (docs/CUDA.md), read once when
+  // the backend is made. A value the switch does not know is reported and ignored.
+  static int env_choice(const char* name, std::initializer_list<const char*> values) {
+    const char* env = std::getenv(name);
+    if (!env || !*env) return -1;  // unset or empty: the default
+    int i = 0;
+    std::string known;
+    for (const char* v : values) {
+      if (std::strcmp(env, v) == 0) return i;
+      if (i++ > 0) known += '|';
+      known += v;
+    }
+    std::fprintf(stderr, "blockspec: ignoring %s=%s (expected %s)\n", name, env, known.c_str());
+    return -1;
+  }
+  void read_switches() {
+    constexpr GemvMode kGemv[] = {GemvMode::kCublasLt, GemvMode::kSimt, GemvMode::kMma,
+                                  GemvMode::kStream};
+    if (const int c = env_choice("BLOCKSPEC_GEMV", {"cublaslt", "simt", "mma", "stream"}); c >= 0) {
+      gemv_mode_ = kGemv[c];
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_STREAM_VARIANT")) {
+      stream_variant_ = std::clamp(std::atoi(env), 0, kStreamVariants - 1);
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_STREAM_MAX_MIB")) {
+      stream_max_bytes_ = std::atoll(env) << 20;
+    }
+    if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
+      graphs_enabled_ = c == 1;
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
+      pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
+    }
+    if (const int c = env_choice("BLOCKSPEC_ATTN_KERNEL", {"v1", "v2", "v3", "v4"}); c >= 0) {
+      set_split_kernel(c + 1);
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
+      std::fprintf(stderr,
+                   "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
+                   "results are meaningless (a profiling switch, docs/CUDA.md)\n",
+                   env);
+      set_split_diag(std::atoi(env));
+    }
+    if (const int c = env_choice("BLOCKSPEC_WALK_TABLE", {"0", "1"}); c >= 0) walk_table_ = c == 1;
+    if (const int c = env_choice("BLOCKSPEC_CONV_KERNEL", {"generic", "fast"}); c >= 0) {
+      conv_fast_ = c == 1;
+    }
+    if (const char* env = std::getenv("BLOCKSPEC_CONV_SPLITS")) conv_splits_ = std::atoi(env);
+    // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
+    // "inplace" leaves out the schemes that reduce in a separate kernel launch.
+    if (const int c = env_choice("BLOCKSPEC_LT_REDUCTION", {"inplace", "none"}); c >= 0) {
+      lt_reduction_mask_ = c == 0
+                               ? CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE
+                               : CUBLASLT_REDUCTION_SCHEME_NONE;
+    }
+    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2"}); c >= 0) {
+      fp8_kernel_ = c == 0 ? Fp8Kernel::kV1 : Fp8Kernel::kV2;
+    }
+  }
+  static bool all_bf16(std::initializer_list<const Tensor*> ts) {
+    for (const Tensor* t : ts) {
+      if (t->dtype() != DType::kBF16) return false;
+    }
+    return true;
+  }
+
   // A scratch copy of `t` in `dtype` (or `t` itself when it already has it).
   Tensor as_dtype(const Tensor& t, DType dtype) {
     if (t.dtype() == dtype) return t;
