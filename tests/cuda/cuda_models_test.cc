@@ -519,6 +519,7 @@ TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
   });
 }
 
+#ifdef BLOCKSPEC_HAS_CUDA  // cuda::set_gemv_mode exists only in CUDA builds
 // With the stream GEMM (GemvMode::kStream) for every few-row product, greedy speculative decoding
 // still reproduces plain decoding token for token (its rows do not depend on the row count), with
 // the decoder forwards and the drafters' proposals in CUDA graphs.
@@ -540,6 +541,7 @@ TEST_F(CudaModels, GreedySpeculativeEqualsPlainWithStreamGemm) {
   });
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
+#endif  // BLOCKSPEC_HAS_CUDA
 
 TEST_F(CudaModels, SampledSpeculativeIsSeededAndReadsBackOncePerStepOnGpu) {
   // Sampled speculative decoding on the GPU: each sequence's drafts are drawn on the device into
