@@ -335,8 +335,32 @@ Value sort_key(const Value& item, const Value& attribute) {
   return attribute.is_string() ? attr_path(item, attribute.str()) : item;
 }
 
+// dictsort(case_sensitive=False, by="key", reverse=False): the dict's (key, value) pairs sorted
+// by key or value; strings compare lowercased unless case_sensitive (Python's stable sorted()).
+Value dictsort(Interpreter& in, const Value& v, CallArgs& a) {
+  const bool cs = arg(a, 0, "case_sensitive", Value(false)).truthy();
+  const Value by = arg(a, 1, "by", Value("key"));
+  const bool reverse = arg(a, 2, "reverse", Value(false)).truthy();
+  if (!by.is_string() || (by.str() != "key" && by.str() != "value")) {
+    throw Error("You can only sort by either 'key' or 'value'");
+  }
+  if (!v.is_dict() || v.is_namespace()) {
+    throw Error("dictsort: '" + v.type_name() + "' object has no attribute 'items'");
+  }
+  const size_t at = by.str() == "key" ? 0 : 1;
+  std::vector<Value> pairs = dict_items(v).items();
+  in.charge(static_cast<int64_t>(pairs.size()) * 20);
+  std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& x, const Value& y) {
+    const Value &kx = x.items()[at], &ky = y.items()[at];
+    return reverse ? compare_key_less(ky, kx, cs) : compare_key_less(kx, ky, cs);
+  });
+  return Value::list(std::move(pairs));
+}
+
 // select / reject / selectattr / rejectattr.
 Value select(Interpreter& in, const Value& seq, CallArgs& a, bool by_attr, bool keep) {
+  // Jinja2 reads the arguments and iterates only `if value:`, so None selects nothing.
+  if (!seq.truthy()) return Value::list({});
   size_t i = 0;
   std::string attr;
   if (by_attr) {
@@ -797,6 +821,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   }
   if (name == "map") {
     std::vector<Value> out;
+    if (!v.truthy()) return Value::list({});  // as select: nothing when the value is falsy
     const Value* attribute = a.get(SIZE_MAX, "attribute");
     if (attribute) {
       const Value* def = a.get(SIZE_MAX, "default");
@@ -817,6 +842,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     }
     return Value::list(std::move(out));
   }
+  if (name == "dictsort") return dictsort(in, v, a);
   if (name == "select") return select(in, v, a, false, true);
   if (name == "reject") return select(in, v, a, false, false);
   if (name == "selectattr") return select(in, v, a, true, true);
@@ -864,11 +890,11 @@ bool one_of(const char* const (&names)[N], const std::string& name) {
 
 bool has_filter(const std::string& name) {
   static const char* kFilters[] = {
-      "default", "d",      "length", "count",      "string",     "safe",   "trim",
-      "upper",   "lower",  "title",  "capitalize", "replace",    "tojson", "join",
-      "first",   "last",   "list",   "items",      "reverse",    "int",    "float",
-      "abs",     "round",  "unique", "sort",       "min",        "max",    "sum",
-      "map",     "select", "reject", "selectattr", "rejectattr", "attr",   "indent"};
+      "default",    "d",     "length",     "count",   "string", "safe",   "trim",   "upper",
+      "lower",      "title", "capitalize", "replace", "tojson", "join",   "first",  "last",
+      "list",       "items", "reverse",    "int",     "float",  "abs",    "round",  "unique",
+      "sort",       "min",   "max",        "sum",     "map",    "select", "reject", "selectattr",
+      "rejectattr", "attr",  "indent",     "dictsort"};
   return one_of(kFilters, name);
 }
 

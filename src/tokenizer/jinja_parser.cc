@@ -924,7 +924,6 @@ class Parser {
         ++i_;
         ExprPtr f = make(Expr::Kind::kFilter, line);
         f->name = expect_name();
-        if (!has_filter(f->name)) throw Error("no filter named '" + f->name + "'", line);
         f->args.push_back(std::move(e));
         if (is_op("(")) parse_call_args(*f);
         e = std::move(f);
@@ -959,10 +958,75 @@ class Parser {
   int depth_ = 0;
 };
 
+// ---- Unknown filters and tests ----
+//
+// Jinja2 rejects a filter or test it does not know when it compiles the template, except inside
+// an `if` statement (its conditions and bodies) or a conditional expression: there the name is
+// looked up when it runs, so `{% if x is string %}{{ x | from_json }}{% endif %}` renders while the
+// branch is not taken. A new scope (a for loop's body, a macro, a call block, a set block, with,
+// generation) is checked strictly again, as Jinja2's inner frames are not "soft".
+
+void check_names(const Expr* e, bool soft) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kCond) soft = true;
+  if (!soft && e->kind == Expr::Kind::kFilter && !has_filter(e->name)) {
+    throw Error("no filter named '" + e->name + "'", e->line);
+  }
+  if (!soft && e->kind == Expr::Kind::kTest && !has_test(e->name)) {
+    throw Error("no test named '" + e->name + "'", e->line);
+  }
+  for (const ExprPtr& a : e->args) check_names(a.get(), soft);
+  for (const auto& [name, a] : e->kwargs) check_names(a.get(), soft);
+}
+
+void check_names(const Body& body, bool soft);
+
+void check_names(const Node& n, bool soft) {
+  using K = Node::Kind;
+  switch (n.kind) {
+    case K::kIf:
+      for (const auto& [cond, body] : n.branches) {
+        check_names(cond.get(), true);
+        check_names(body, true);
+      }
+      check_names(n.else_body, true);
+      return;
+    case K::kFor:
+      check_names(n.expr.get(), soft);
+      check_names(n.filter.get(), false);
+      check_names(n.body, false);
+      check_names(n.else_body, false);
+      return;
+    case K::kCallBlock:
+      check_names(n.expr.get(), soft);
+      [[fallthrough]];
+    case K::kMacro:
+      for (const auto& [name, def] : n.params) check_names(def.get(), soft);
+      check_names(n.body, false);
+      return;
+    case K::kScope:
+      for (const auto& [name, x] : n.params) check_names(x.get(), soft);
+      check_names(n.body, false);
+      return;
+    case K::kSetBlock:
+      check_names(n.body, false);
+      return;
+    default:
+      check_names(n.expr.get(), soft);
+      return;
+  }
+}
+
+void check_names(const Body& body, bool soft) {
+  for (const auto& n : body) check_names(*n, soft);
+}
+
 }  // namespace
 
 std::unique_ptr<Template> parse(std::string_view source) {
-  return Parser(Lexer(source).run()).run();
+  std::unique_ptr<Template> t = Parser(Lexer(source).run()).run();
+  check_names(t->body, /*soft=*/false);
+  return t;
 }
 
 }  // namespace bs::jinja

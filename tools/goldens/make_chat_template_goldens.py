@@ -330,6 +330,15 @@ FEATURES = [
     ("filter_items_dict", "{{ d | items | list }} {{ d.keys() | list }} {{ d.values() | list }} "
                           "{{ d.get('a') }} {{ d.get('q') }} {{ d.get('q', 7) }}",
      {"d": {"a": 1, "b": [2]}}),
+    ("filter_dictsort", "{{ d | dictsort }} {{ d | dictsort(true) }} {{ d | dictsort(by='value') }} "
+                        "{{ d | dictsort(false, 'value', true) }}{% for k, v in d | dictsort %}{{ k }}{% endfor %}",
+     {"d": {"b": 1, "A": 3, "a": 2}}),
+    ("filter_select_map_none", "{{ none | selectattr('a') | list }} {{ none | map('upper') | list }} "
+                               "{{ none | rejectattr('type', 'equalto', 'x') | list | length }} "
+                               "{{ '' | select | list }}", {}),
+    ("unknown_filter_in_if", "{% if x is string %}{{ x | from_json }}{% endif %}"
+                             "{{ (1 | nosuch) if false else 'ok' }}{% if false %}{{ 1 is nosuchtest }}{% endif %}",
+     {"x": 1}),
     ("filter_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|"
                       "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("filter_sort_minmax", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1] | sort(reverse=true) }} "
@@ -382,6 +391,10 @@ FEATURES = [
     ("error_division_zero", "{{ 1 / 0 }}", {}),
     ("error_unknown_filter", "{{ 1 | nosuchfilter }}", {}),
     ("error_unknown_test", "{% if 1 is nosuchtest %}{% endif %}", {}),
+    ("error_unknown_filter_taken_if", "{% if true %}{{ 1 | nosuch }}{% endif %}", {}),
+    ("syntax_unknown_filter_loop_in_if", "{% if false %}\n{% for a in [1] %}{{ a | nosuch }}{% endfor %}{% endif %}",
+     {}),
+    ("syntax_unknown_test_in_set", "{% set x = 1 is nosuchtest %}", {}),
     ("error_set_attr_non_namespace", "{% set d = {} %}{% set d.x = 1 %}", {}),
     ("error_range_too_big", "{{ range(1000000) | length }}", {}),
     ("error_unsafe_method", "{{ l.append(1) }}", {"l": [1]}),
