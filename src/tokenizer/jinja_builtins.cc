@@ -843,6 +843,15 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     return Value::list(std::move(out));
   }
   if (name == "dictsort") return dictsort(in, v, a);
+  if (name == "format") {  // str(value) % (kwargs or args)
+    if (!a.pos.empty() && !a.kw.empty()) {
+      throw Error("can't handle positional and keyword arguments at the same time");
+    }
+    std::vector<std::pair<Value, Value>> kw;
+    for (const auto& [k, x] : a.kw) kw.emplace_back(Value(k), x);
+    return Value(percent_format(
+        in, v.to_str(), kw.empty() ? Value::list(a.pos, true) : Value::dict(std::move(kw))));
+  }
   if (name == "select") return select(in, v, a, false, true);
   if (name == "reject") return select(in, v, a, false, false);
   if (name == "selectattr") return select(in, v, a, true, true);
@@ -890,11 +899,11 @@ bool one_of(const char* const (&names)[N], const std::string& name) {
 
 bool has_filter(const std::string& name) {
   static const char* kFilters[] = {
-      "default",    "d",     "length",     "count",   "string", "safe",   "trim",   "upper",
-      "lower",      "title", "capitalize", "replace", "tojson", "join",   "first",  "last",
-      "list",       "items", "reverse",    "int",     "float",  "abs",    "round",  "unique",
-      "sort",       "min",   "max",        "sum",     "map",    "select", "reject", "selectattr",
-      "rejectattr", "attr",  "indent",     "dictsort"};
+      "default",    "d",     "length",     "count",    "string", "safe",   "trim",   "upper",
+      "lower",      "title", "capitalize", "replace",  "tojson", "join",   "first",  "last",
+      "list",       "items", "reverse",    "int",      "float",  "abs",    "round",  "unique",
+      "sort",       "min",   "max",        "sum",      "map",    "select", "reject", "selectattr",
+      "rejectattr", "attr",  "indent",     "dictsort", "format"};
   return one_of(kFilters, name);
 }
 

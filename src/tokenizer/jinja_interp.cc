@@ -238,7 +238,7 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     fail_operands(op, a, b);
   }
   if (!num) {
-    if (op == "%" && a.is_string()) throw Error("printf-style string formatting is not supported");
+    if (op == "%" && a.is_string()) return Value(percent_format(in, a.str(), b));
     fail_operands(op, a, b);
   }
   if (op == "/") {

@@ -98,6 +98,9 @@ Value get_attr(const Value& obj, const std::string& name);
 Value get_item(const Value& obj, const Value& key);
 // Items of an iterable (list, tuple, str by code point, dict keys); Undefined gives none.
 std::vector<Value> iterate(const Value& v);
+// Python's printf-style `fmt % values` (jinja_format.cc): a tuple gives the positional values, a
+// dict the %(name) ones, anything else is the one value.
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& values);
 // Code-point length of UTF-8 text.
 size_t utf8_length(std::string_view s);
 

@@ -373,6 +373,15 @@ FEATURES = [
                   "{{ 'a,b,c'.rsplit(',', 1) }} {{ '  x  y '.split() }} {{ 'a<s>b<s>c'.split('<s>')[-1] }} "
                   "{{ 'x'.split(',') }} {{ ''.split(',') }} {{ ''.split() }} {{ ' a b c '.split(none, 1) }} "
                   "{{ ' a b c '.rsplit(none, 1) }} {{ 'l1\\nl2\\r\\nl3'.splitlines() }}", {}),
+    ("percent_format", "{{ '%s-%d-%05.2f-%x-%r' % ('a', 3, 2.5, 255, 'q') }}|{{ '%s' % 1 }}|{{ '%s' % [1, 2] }}|"
+                       "{{ '%(a)s!%(b)5.1f' % {'a': 1, 'b': 2} }}|{{ '100%%' % () }}|{{ '%-5s|%5s|%.2s' % ('a', 'é', 'abc') }}|"
+                       "{{ '%+d % d %#x %#o %X %e %G %g %c%c' % (5, 5, 255, 8, 255, 12345.678, 0.00001, 1e20, 65, 'é') }}|"
+                       "{{ '%*d|%-*d|%.*f' % (5, 1, 4, 2, 2, 3.14159) }}|{{ '%d %d %a' % (3.9, true, 'é') }}|"
+                       "{{ 'no fields' % {'a': 1} }}|{{ '%.0f %.0f' % (0.5, 1.5) }}", {}),
+    ("filter_format", "{{ '%s and %s' | format('a', 'b') }}|{{ '%(x)s' | format(x=1) }}|{{ 'plain' | format }}", {}),
+    ("error_percent_not_enough", "{{ '%s %s' % ('a',) }}", {}),
+    ("error_percent_too_many", "{{ '%s' % ('a', 'b') }}", {}),
+    ("error_percent_type", "{{ '%d' % 'x' }}", {}),
     ("list_methods", "{{ l.index(2) }} {{ l.count(1) }} {{ l | length }}", {"l": [1, 2, 1]}),
     # globals
     ("globals", "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }} "
