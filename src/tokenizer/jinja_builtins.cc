@@ -656,7 +656,13 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   }
   if (name == "length" || name == "count") return length_of(v);
   if (name == "string") return Value(v.to_str());
-  if (name == "safe") return v;
+  // safe: Markup(str(value)); escape / e: Markup of the escaped text unless already Markup;
+  // forceescape: escapes even Markup.
+  if (name == "safe") return v.is_markup() ? v : Value::markup(v.to_str());
+  if (name == "escape" || name == "e") {
+    return v.is_markup() ? v : Value::markup(html_escape(v.to_str()));
+  }
+  if (name == "forceescape") return Value::markup(html_escape(v.to_str()));
   if (name == "trim") return Value(py_strip(v.to_str(), a.get(0, "chars"), true, true));
   if (name == "upper") return Value(map_chars(v.to_str(), upper));
   if (name == "lower") return Value(map_chars(v.to_str(), lower));
@@ -903,7 +909,7 @@ bool has_filter(const std::string& name) {
       "lower",      "title", "capitalize", "replace",  "tojson", "join",   "first",  "last",
       "list",       "items", "reverse",    "int",      "float",  "abs",    "round",  "unique",
       "sort",       "min",   "max",        "sum",      "map",    "select", "reject", "selectattr",
-      "rejectattr", "attr",  "indent",     "dictsort", "format"};
+      "rejectattr", "attr",  "indent",     "dictsort", "format", "escape", "e",      "forceescape"};
   return one_of(kFilters, name);
 }
 
@@ -914,7 +920,7 @@ bool has_test(const std::string& name) {
       "odd",     "divisibleby", "in",          "equalto",  "eq",     "==",       "ne",
       "!=",      "lt",          "<",           "le",       "<=",     "gt",       ">",
       "ge",      ">=",          "greaterthan", "lessthan", "sameas", "callable", "lower",
-      "upper",   "filter",      "test"};
+      "upper",   "filter",      "test",        "escaped"};
   return one_of(kTests, name);
 }
 
@@ -961,6 +967,7 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
     const std::string s = v.to_str();
     return (name == "lower" ? map_chars(s, lower) : map_chars(s, upper)) == s;
   }
+  if (name == "escaped") return v.is_markup();
   if (name == "filter") return v.is_string() && has_filter(v.str());
   if (name == "test") return v.is_string() && has_test(v.str());
   (void)in;

@@ -270,7 +270,8 @@ Spec parse_spec(const std::string& fmt, size_t& i, Args& args, const Value** key
 
 }  // namespace
 
-std::string percent_format(Interpreter& in, const std::string& fmt, const Value& values) {
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& values,
+                           bool escape) {
   Args args(values);
   std::string out;
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -285,7 +286,10 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
       out += '%';
       continue;
     }
-    out += format_one(in, keyed ? *keyed : args.next(), s);
+    std::string one = format_one(in, keyed ? *keyed : args.next(), s);
+    // Markup % values escapes what str() / repr() of a value gives, not numbers.
+    const bool text = s.conv == 's' || s.conv == 'r' || s.conv == 'a';
+    out += escape && text ? html_escape(one) : one;
     in.check_size(out.size());
   }
   args.finish();

@@ -193,6 +193,10 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     }
     if (a.is_string() && b.is_string()) {
       in.check_size(a.str().size() + b.str().size());
+      if (a.is_markup() || b.is_markup()) {  // Markup + str escapes the str, and vice versa
+        return Value::markup((a.is_markup() ? a.str() : html_escape(a.str())) +
+                             (b.is_markup() ? b.str() : html_escape(b.str())));
+      }
       return Value(a.str() + b.str());
     }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
@@ -225,7 +229,7 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
           in.check_size(seq->str().size() * std::min<int64_t>(n, 1LL << 40));
         std::string s;
         for (int64_t i = 0; i < n; ++i) s += seq->str();
-        return Value(std::move(s));
+        return seq->is_markup() ? Value::markup(std::move(s)) : Value(std::move(s));
       }
       in.check_list(n > 0 && !seq->items().empty()
                         ? static_cast<size_t>(std::min<int64_t>(n, 1LL << 40)) * seq->items().size()
@@ -238,7 +242,10 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     fail_operands(op, a, b);
   }
   if (!num) {
-    if (op == "%" && a.is_string()) return Value(percent_format(in, a.str(), b));
+    if (op == "%" && a.is_string()) {
+      std::string s = percent_format(in, a.str(), b, a.is_markup());
+      return a.is_markup() ? Value::markup(std::move(s)) : Value(std::move(s));
+    }
     fail_operands(op, a, b);
   }
   if (op == "/") {

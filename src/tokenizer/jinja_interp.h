@@ -99,8 +99,10 @@ Value get_item(const Value& obj, const Value& key);
 // Items of an iterable (list, tuple, str by code point, dict keys); Undefined gives none.
 std::vector<Value> iterate(const Value& v);
 // Python's printf-style `fmt % values` (jinja_format.cc): a tuple gives the positional values, a
-// dict the %(name) ones, anything else is the one value.
-std::string percent_format(Interpreter& in, const std::string& fmt, const Value& values);
+// dict the %(name) ones, anything else is the one value. `escape` (Markup % values) HTML-escapes
+// the text of %s / %r / %a conversions.
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& values,
+                           bool escape = false);
 // Code-point length of UTF-8 text.
 size_t utf8_length(std::string_view s);
 

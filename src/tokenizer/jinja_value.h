@@ -66,6 +66,13 @@ class Value {
   Value(double v) : kind_(Kind::kFloat), float_(v) {}                 // NOLINT
   Value(std::string s) : kind_(Kind::kString), str_(std::move(s)) {}  // NOLINT
   Value(const char* s) : kind_(Kind::kString), str_(s) {}             // NOLINT
+  // markupsafe's Markup: a str marked safe (the safe and escape filters). Concatenating plain text
+  // to it with + escapes that text (&, <, >, ", ' become entities), as Markup.__add__ does.
+  static Value markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
   static Value list(std::vector<Value> items, bool tuple = false);
   static Value dict(std::vector<std::pair<Value, Value>> items = {});
   static Value namespace_object(std::vector<std::pair<Value, Value>> items = {});
@@ -82,6 +89,7 @@ class Value {
   bool is_int() const { return kind_ == Kind::kInt; }  // bool excluded
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || is_bool(); }
   bool is_string() const { return kind_ == Kind::kString; }
+  bool is_markup() const { return markup_; }
   bool is_list() const { return kind_ == Kind::kList; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const;
@@ -114,6 +122,7 @@ class Value {
   void hand_over_sole_items(std::vector<Value>& out);
   static void destroy_flat(std::vector<Value>& doomed);
   Kind kind_ = Kind::kUndefined;
+  bool markup_ = false;  // kString: a Markup
   int64_t int_ = 0;
   double float_ = 0;
   std::string str_;
@@ -220,6 +229,9 @@ struct JsonOptions {
 };
 // Python json.dumps; throws Error for values JSON cannot hold (Undefined, functions).
 std::string to_json(const Value& v, const JsonOptions& opt);
+
+// markupsafe.escape of text: & < > " ' as &amp; &lt; &gt; &#34; &#39;.
+std::string html_escape(std::string_view s);
 
 // Python float repr ("1.0", "1e+20", "1.5e-07", "inf", "nan").
 std::string float_repr(double d);

@@ -378,6 +378,12 @@ FEATURES = [
                        "{{ '%+d % d %#x %#o %X %e %G %g %c%c' % (5, 5, 255, 8, 255, 12345.678, 0.00001, 1e20, 65, 'é') }}|"
                        "{{ '%*d|%-*d|%.*f' % (5, 1, 4, 2, 2, 3.14159) }}|{{ '%d %d %a' % (3.9, true, 'é') }}|"
                        "{{ 'no fields' % {'a': 1} }}|{{ '%.0f %.0f' % (0.5, 1.5) }}", {}),
+    ("markup_safe_escape", "{{ 'a<'|safe + '<b>\"' }}|{{ '<x>' + \"y&'\"|safe }}|{{ ('a'|safe + 'b') ~ '<' }}|"
+                           "{{ '<q>'|safe * 2 }}|{{ '<'|e }}|{{ '<'|escape|e }}|{{ ('<'|e + '<')|length }}|"
+                           "{{ ('%s'|safe) % '<' }}|{{ ('%d<'|safe) % 5 }}|{{ '<'|forceescape|forceescape }}|"
+                           "{{ 5|safe is string }}{{ 'a'|safe is escaped }}{{ 'a' is escaped }}|"
+                           "{{ \"Use '\"|safe + t.name + \"'\\n\"|safe + t|tojson }}",
+     {"t": {"name": "f<x>", "d": "say \"hi\""}}),
     ("filter_format", "{{ '%s and %s' | format('a', 'b') }}|{{ '%(x)s' | format(x=1) }}|{{ 'plain' | format }}", {}),
     ("error_percent_not_enough", "{{ '%s %s' % ('a',) }}", {}),
     ("error_percent_too_many", "{{ '%s' % ('a', 'b') }}", {}),
