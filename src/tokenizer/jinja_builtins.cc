@@ -254,6 +254,7 @@ Value length_of(const Value& v) {
     case Value::Kind::kString:
       return Value(static_cast<int64_t>(utf8_length(v.str())));
     case Value::Kind::kList:
+      if (v.is_iterator()) throw Error("object of type '" + v.type_name() + "' has no len()");
       return Value(static_cast<int64_t>(v.items().size()));
     case Value::Kind::kDict:
       if (!v.is_namespace()) return Value(static_cast<int64_t>(v.dict_data().items.size()));
@@ -360,7 +361,7 @@ Value dictsort(Interpreter& in, const Value& v, CallArgs& a) {
 // select / reject / selectattr / rejectattr.
 Value select(Interpreter& in, const Value& seq, CallArgs& a, bool by_attr, bool keep) {
   // Jinja2 reads the arguments and iterates only `if value:`, so None selects nothing.
-  if (!seq.truthy()) return Value::list({});
+  if (!seq.truthy()) return Value::iterator({});
   size_t i = 0;
   std::string attr;
   if (by_attr) {
@@ -383,7 +384,7 @@ Value select(Interpreter& in, const Value& seq, CallArgs& a, bool by_attr, bool 
     const bool ok = test_name.empty() ? v.truthy() : in.test(test_name, v, ta, 0);
     if (ok == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::iterator(std::move(out));
 }
 
 Value unsafe_method(const std::string& type, const std::string& name) {
@@ -713,15 +714,18 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     return Value(std::move(out));
   }
   if (name == "first" || name == "last") {
+    if (name == "last" && v.is_iterator()) {
+      throw Error("'" + v.type_name() + "' object is not reversible");
+    }
     std::vector<Value> items = iterate(v);
     if (items.empty()) return Value::undefined(name);
     return name == "first" ? items.front() : items.back();
   }
   if (name == "list") return Value::list(iterate(v));
   if (name == "items") {
-    if (v.is_undefined()) return Value::list({});
+    if (v.is_undefined()) return Value::iterator({});
     if (!v.is_dict() || v.is_namespace()) throw Error("Can only get item pairs from a mapping.");
-    return dict_items(v);
+    return Value::iterator(dict_items(v).items());
   }
   if (name == "reverse") {
     if (v.is_string()) {
@@ -729,9 +733,13 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
       std::reverse(u.begin(), u.end());
       return Value(encode(u));
     }
+    // reversed(value) where Python has it; a generator becomes a reversed list.
     std::vector<Value> items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return Value::list(std::move(items));
+    if (v.is_iterator() || v.is_undefined()) return Value::list(std::move(items));
+    return Value::iterator(std::move(items), v.is_dict()    ? "dict_reversekeyiterator"
+                                             : v.is_tuple() ? "reversed"
+                                                            : "list_reverseiterator");
   }
   if (name == "int") {
     const Value def = arg(a, 0, "default", Value(0));
@@ -790,7 +798,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
         out.push_back(item);
       }
     }
-    return Value::list(std::move(out));
+    return Value::iterator(std::move(out));
   }
   if (name == "sort") {
     const bool reverse = arg(a, 0, "reverse", Value(false)).truthy();
@@ -827,7 +835,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   }
   if (name == "map") {
     std::vector<Value> out;
-    if (!v.truthy()) return Value::list({});  // as select: nothing when the value is falsy
+    if (!v.truthy()) return Value::iterator({});  // as select: nothing when the value is falsy
     const Value* attribute = a.get(SIZE_MAX, "attribute");
     if (attribute) {
       const Value* def = a.get(SIZE_MAX, "default");
@@ -846,7 +854,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
         out.push_back(in.filter(filter_name, item, fa, 0));
       }
     }
-    return Value::list(std::move(out));
+    return Value::iterator(std::move(out));
   }
   if (name == "dictsort") return dictsort(in, v, a);
   if (name == "format") {  // str(value) % (kwargs or args)
@@ -943,7 +951,8 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
     return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace());
   }
   if (name == "sequence") {
-    return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace());
+    return v.is_undefined() || v.is_string() || (v.is_list() && !v.is_iterator()) ||
+           (v.is_dict() && !v.is_namespace());
   }
   if (name == "callable") return v.is_func();
   if (name == "even" || name == "odd") {

@@ -160,6 +160,7 @@ Value get_item(const Value& obj, const Value& key) {
     if (v) return *v;
     return key.is_string() ? get_attr(obj, key.str()) : Value::undefined();
   }
+  if (obj.is_iterator()) return Value::undefined();  // a generator is not subscriptable
   if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t i = key.as_int();
     if (obj.is_list()) {
@@ -199,7 +200,8 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
       }
       return Value(a.str() + b.str());
     }
-    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple() && !a.is_iterator() &&
+        !b.is_iterator()) {
       in.check_list(a.items().size() + b.items().size());
       std::vector<Value> items = a.items();
       items.insert(items.end(), b.items().begin(), b.items().end());
@@ -222,7 +224,8 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     }
     const Value* seq = a.is_string() || a.is_list() ? &a : &b;
     const Value* count = seq == &a ? &b : &a;
-    if ((seq->is_string() || seq->is_list()) && (count->is_int() || count->is_bool())) {
+    if ((seq->is_string() || (seq->is_list() && !seq->is_iterator())) &&
+        (count->is_int() || count->is_bool())) {
       const int64_t n = std::max<int64_t>(0, count->as_int());
       if (seq->is_string()) {
         if (n > 0 && seq->str().size() > 0)

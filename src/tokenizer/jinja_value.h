@@ -74,6 +74,10 @@ class Value {
     return v;
   }
   static Value list(std::vector<Value> items, bool tuple = false);
+  // What Jinja2's map / select / reject / selectattr / rejectattr / items / batch / slice
+  // filters return: a generator (reverse: a list_reverseiterator), held here as its items. Unlike
+  // a list it is always true, has no len(), cannot be indexed, added or turned into JSON.
+  static Value iterator(std::vector<Value> items, const char* type = "generator");
   static Value dict(std::vector<std::pair<Value, Value>> items = {});
   static Value namespace_object(std::vector<std::pair<Value, Value>> items = {});
   static Value function(std::string name, std::function<Value(Interpreter&, CallArgs&)> fn);
@@ -101,6 +105,7 @@ class Value {
   const std::string& str() const { return str_; }  // string value, or Undefined's name
   const std::vector<Value>& items() const;         // list
   bool is_tuple() const;
+  bool is_iterator() const;  // a generator / iterator (Value::iterator)
   DictData& dict_data() const;
   const Function& func() const { return *func_; }
 
@@ -160,6 +165,7 @@ struct ListData {
   ListData& operator=(const ListData&) = delete;
   std::vector<Value> items;
   bool tuple = false;
+  const char* iterator_type = nullptr;  // Value::iterator: "generator", ...
 };
 
 // Insertion-ordered dict (Python 3.7+); namespaces are dicts with is_namespace set.

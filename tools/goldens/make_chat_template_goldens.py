@@ -339,6 +339,19 @@ FEATURES = [
     ("unknown_filter_in_if", "{% if x is string %}{{ x | from_json }}{% endif %}"
                              "{{ (1 | nosuch) if false else 'ok' }}{% if false %}{{ 1 is nosuchtest }}{% endif %}",
      {"x": 1}),
+    ("generators", "{{ 'y' if [] | select else 'n' }} {{ 'y' if [] | map('upper') else 'n' }} "
+                   "{{ [3, 1] | select | sort }} {{ [1, 2] | select | join(',') }} {{ [1, 2] | select | sum }} "
+                   "{{ 1 in [1] | select }} {{ [1] | select is iterable }} {{ [1] | select is sequence }} "
+                   "[{{ ([1] | map('string'))[0] }}] {{ [1, 2] | select | first }} {{ [1, 2] | select | reverse | list }} "
+                   "{{ [1, 2] | reverse | list }} {{ (1, 2) | reverse | list }} {{ d | items | list }} "
+                   "{{ [1, 1, 2] | unique | list }} {{ [1] | select | list | length }} "
+                   "{% for x in [1, 2] | select %}{{ loop.length }}{% endfor %}", {"d": {"a": 1}}),
+    ("error_generator_length", "{{ [1, 2] | select | length }}", {}),
+    ("error_generator_tojson", "{{ tools | map(attribute='function') | tojson }}",
+     {"tools": [{"function": {"name": "f"}}]}),
+    ("error_reversed_tojson", "{{ [1] | reverse | tojson }}", {}),
+    ("error_generator_last", "{{ [1] | select | last }}", {}),
+    ("error_generator_plus", "{{ [1] | select + [2] }}", {}),
     ("filter_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|"
                       "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("filter_sort_minmax", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1] | sort(reverse=true) }} "
