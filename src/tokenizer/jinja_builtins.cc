@@ -1026,6 +1026,40 @@ std::vector<std::pair<std::string, Value>> builtin_globals() {
   g.emplace_back("dict", Value::function("dict", [kwargs_dict](Interpreter&, CallArgs& a) {
                    return kwargs_dict(a, false);
                  }));
+  // cycler(*items): .next() returns the current item and advances, .current, .reset().
+  g.emplace_back(
+      "cycler", Value::function("cycler", [](Interpreter&, CallArgs& a) {
+        if (a.pos.empty()) throw Error("at least one item has to be provided");
+        const std::vector<Value> items = a.pos;
+        auto pos = std::make_shared<size_t>(0);
+        Value c = Value::dict({{Value("current"), items[0]}});
+        // The functions hold the cycler to update .current (the render's container
+        // scope breaks that cycle).
+        c.dict_data().set(Value("next"),
+                          Value::function("next", [items, pos, c](Interpreter&, CallArgs&) {
+                            const Value rv = items[*pos];
+                            *pos = (*pos + 1) % items.size();
+                            c.dict_data().set(Value("current"), items[*pos]);
+                            return rv;
+                          }));
+        c.dict_data().set(Value("reset"),
+                          Value::function("reset", [items, pos, c](Interpreter&, CallArgs&) {
+                            *pos = 0;
+                            c.dict_data().set(Value("current"), items[0]);
+                            return Value::none();
+                          }));
+        return c;
+      }));
+  // joiner(sep=", "): a callable returning "" the first time, then sep.
+  g.emplace_back("joiner", Value::function("joiner", [](Interpreter&, CallArgs& a) {
+                   const std::string sep = arg(a, 0, "sep", Value(", ")).to_str();
+                   auto used = std::make_shared<bool>(false);
+                   return Value::function("joiner", [sep, used](Interpreter&, CallArgs&) {
+                     const bool first = !*used;
+                     *used = true;
+                     return Value(first ? std::string() : sep);
+                   });
+                 }));
   g.emplace_back("raise_exception",
                  Value::function("raise_exception", [](Interpreter&, CallArgs& a) -> Value {
                    const Value* msg = a.get(0, "message");

@@ -1,7 +1,10 @@
 #include "tokenizer/jinja_interp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "tokenizer/unicode.h"
 
@@ -380,10 +383,10 @@ Interpreter::Flow Interpreter::render_node(const Node& n, Frame& frame, std::str
         break;
       case Node::Kind::kCallBlock: {
         const Node* node = &n;
-        Frame* parent = &frame;
-        Value caller = Value::function("caller", [this, node, parent](Interpreter&, CallArgs& a) {
+        std::shared_ptr<Frame> scope = capture(frame);
+        Value caller = Value::function("caller", [this, node, scope](Interpreter&, CallArgs& a) {
           Frame f;
-          f.parent = parent;
+          f.parent = scope ? scope.get() : root_;
           for (size_t i = 0; i < node->params.size(); ++i) {
             const Value* v = a.get(i, node->params[i].first);
             f.vars[node->params[i].first] = v ? *v
@@ -406,6 +409,15 @@ Interpreter::Flow Interpreter::render_node(const Node& n, Frame& frame, std::str
         return Flow::kBreak;
       case Node::Kind::kContinue:
         return Flow::kContinue;
+      case Node::Kind::kFilterBlock: {  // the body rendered in its own scope, then filtered
+        Frame f;
+        f.parent = &frame;
+        std::string body;
+        render_body(n.body, f, body);
+        f.vars[kFilterBlockInput] = Value(std::move(body));
+        out += eval(*n.expr, f).to_str();
+        break;
+      }
       case Node::Kind::kScope: {
         if (!n.new_scope) return render_body(n.body, frame, out);
         Frame f;
@@ -457,6 +469,15 @@ Interpreter::Flow Interpreter::render_for(const Node& n, Frame& frame, std::stri
   }
   if (items.empty()) return render_body(n.else_body, frame, out);
   const int64_t len = static_cast<int64_t>(items.size());
+  // loop.changed(*values): whether the values differ from those of its previous call.
+  auto last_changed = std::make_shared<std::optional<std::vector<Value>>>();
+  const Value changed = Value::function("changed", [last_changed](Interpreter&, CallArgs& a) {
+    const auto& last = *last_changed;
+    const bool same = last && last->size() == a.pos.size() &&
+                      std::equal(a.pos.begin(), a.pos.end(), last->begin(), py_equal);
+    if (!same) *last_changed = a.pos;
+    return Value(!same);
+  });
   for (int64_t i = 0; i < len; ++i) {
     charge(4);  // an iteration builds a frame and the loop object
     Frame f;
@@ -474,10 +495,12 @@ Interpreter::Flow Interpreter::render_for(const Node& n, Frame& frame, std::stri
         {"depth0", Value(0)},
         {"previtem", i > 0 ? items[i - 1] : Value::undefined("previtem")},
         {"nextitem", i + 1 < len ? items[i + 1] : Value::undefined("nextitem")},
-        {"cycle", Value::function("cycle", [i](Interpreter&, CallArgs& a) {
-           if (a.pos.empty()) throw Error("no items for cycling given");
-           return a.pos[static_cast<size_t>(i) % a.pos.size()];
-         })}};
+        {"cycle", Value::function("cycle",
+                                  [i](Interpreter&, CallArgs& a) {
+                                    if (a.pos.empty()) throw Error("no items for cycling given");
+                                    return a.pos[static_cast<size_t>(i) % a.pos.size()];
+                                  })},
+        {"changed", changed}};
     f.vars["loop"] = Value::dict(std::move(loop));
     const Flow flow = render_body(n.body, f, out);
     if (flow == Flow::kBreak) break;
@@ -505,23 +528,86 @@ const Value* Interpreter::lookup(const std::string& name, Frame& frame) const {
   return nullptr;
 }
 
+// The variables a macro or caller body sees besides its arguments: those of the scope it was
+// defined in. Top-level variables are read when it runs (Jinja2 resolves them in the context);
+// those of enclosing loops and macros are copied now, so a macro that outlives its scope (stored
+// in a namespace) never reads a dead frame. nullptr at top level.
+std::shared_ptr<Interpreter::Frame> Interpreter::capture(Frame& frame) {
+  if (&frame == root_) return nullptr;
+  auto scope = std::make_shared<Frame>();
+  for (Frame* f = &frame; f != nullptr && f != root_; f = f->parent) {
+    charge(static_cast<int64_t>(f->vars.size()));
+    for (const auto& [k, v] : f->vars) scope->vars.emplace(k, v);  // inner scopes win
+  }
+  scope->parent = root_;
+  return scope;
+}
+
+namespace {
+
+bool uses_name(const Expr* e, std::string_view name) {
+  if (e == nullptr) return false;
+  if (e->kind == Expr::Kind::kName && e->name == name) return true;
+  for (const ExprPtr& a : e->args) {
+    if (uses_name(a.get(), name)) return true;
+  }
+  for (const auto& [k, a] : e->kwargs) {
+    if (uses_name(a.get(), name)) return true;
+  }
+  return false;
+}
+
+// Whether a macro body reads `name` (Jinja2 gives a macro varargs / kwargs only then).
+bool uses_name(const Body& body, std::string_view name) {
+  for (const auto& n : body) {
+    if (uses_name(n->expr.get(), name) || uses_name(n->filter.get(), name) ||
+        uses_name(n->body, name) || uses_name(n->else_body, name)) {
+      return true;
+    }
+    for (const auto& [cond, b] : n->branches) {
+      if (uses_name(cond.get(), name) || uses_name(b, name)) return true;
+    }
+    for (const auto& [k, x] : n->params) {
+      if (uses_name(x.get(), name)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+// A macro: positional and keyword arguments bind its parameters (defaults evaluated per call);
+// extra positional ones go to `varargs` and unknown keywords to `kwargs` when the body reads
+// them, else they are an error, as in Jinja2.
 Value Interpreter::make_macro(const Node& n, Frame& frame) {
   const Node* node = &n;
-  return Value::function(n.text, [this, node](Interpreter&, CallArgs& a) {
+  const bool varargs = uses_name(n.body, "varargs");
+  const bool kwargs = uses_name(n.body, "kwargs");
+  std::shared_ptr<Frame> scope = capture(frame);
+  return Value::function(n.text, [this, node, varargs, kwargs, scope](Interpreter&, CallArgs& a) {
     DepthGuard guard(*this, node->line);
-    if (a.pos.size() > node->params.size()) {
-      throw Error("macro '" + node->text + "' takes not more than " +
-                  std::to_string(node->params.size()) + " argument(s)");
+    const size_t n_params = node->params.size();
+    if (a.pos.size() > n_params && !varargs) {
+      throw Error("macro '" + node->text + "' takes not more than " + std::to_string(n_params) +
+                  " argument(s)");
     }
     Frame f;
-    f.parent = root_;
+    f.parent = scope ? scope.get() : root_;
+    std::vector<std::pair<Value, Value>> extra_kw;
     for (const auto& [k, v] : a.kw) {
+      // A parameter already given by position takes no keyword (Jinja2 reports it as unknown).
       bool known = k == "caller";
-      for (const auto& p : node->params) known = known || p.first == k;
-      if (!known) throw Error("macro '" + node->text + "' takes no keyword argument '" + k + "'");
-      f.vars[k] = v;
+      for (size_t i = a.pos.size(); i < n_params; ++i) known = known || node->params[i].first == k;
+      if (!known && !kwargs) {
+        throw Error("macro '" + node->text + "' takes no keyword argument '" + k + "'");
+      }
+      if (known) {
+        f.vars[k] = v;
+      } else {
+        extra_kw.emplace_back(Value(k), v);
+      }
     }
-    for (size_t i = 0; i < node->params.size(); ++i) {
+    for (size_t i = 0; i < n_params; ++i) {
       const auto& [name, def] = node->params[i];
       if (i < a.pos.size()) {
         f.vars[name] = a.pos[i];
@@ -529,6 +615,12 @@ Value Interpreter::make_macro(const Node& n, Frame& frame) {
         f.vars[name] = def ? eval(*def, f) : Value::undefined(name);
       }
     }
+    if (varargs) {
+      std::vector<Value> rest;
+      for (size_t i = n_params; i < a.pos.size(); ++i) rest.push_back(a.pos[i]);
+      f.vars["varargs"] = Value::list(std::move(rest), /*tuple=*/true);
+    }
+    if (kwargs) f.vars["kwargs"] = Value::dict(std::move(extra_kw));
     std::string s;
     render_body(node->body, f, s);
     return Value(std::move(s));

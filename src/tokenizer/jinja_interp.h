@@ -10,6 +10,7 @@
 
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -63,6 +64,7 @@ class Interpreter {
   Value eval_call(const Expr& e, Frame& frame);
   CallArgs eval_args(const Expr& e, size_t first, Frame& frame);
   Value make_macro(const Node& n, Frame& frame);
+  std::shared_ptr<Frame> capture(Frame& frame);
   const Value* lookup(const std::string& name, Frame& frame) const;
   void assign(const Node& n, Value v, Frame& frame);
 

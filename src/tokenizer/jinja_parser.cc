@@ -573,6 +573,18 @@ class Parser {
       expect_block_end();
       parse_body(n->body, {"endgeneration"});
       expect_block_end();
+    } else if (kw == "filter") {
+      n->kind = Node::Kind::kFilterBlock;
+      ExprPtr input = make(Expr::Kind::kName, line);
+      input->name = kFilterBlockInput;
+      ExprPtr f = make(Expr::Kind::kFilter, line);
+      f->name = expect_name();
+      f->args.push_back(std::move(input));
+      if (is_op("(")) parse_call_args(*f);
+      n->expr = parse_filters(std::move(f));
+      expect_block_end();
+      parse_body(n->body, {"endfilter"});
+      expect_block_end();
     } else if (kw == "with") {
       n->kind = Node::Kind::kScope;
       n->new_scope = true;
@@ -1009,6 +1021,10 @@ void check_names(const Node& n, bool soft) {
       check_names(n.body, false);
       return;
     case K::kSetBlock:
+      check_names(n.body, false);
+      return;
+    case K::kFilterBlock:
+      check_names(n.expr.get(), soft);
       check_names(n.body, false);
       return;
     default:

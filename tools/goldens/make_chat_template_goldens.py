@@ -256,6 +256,20 @@ FEATURES = [
                         "{% endmacro %}{{ count(5) }}", {}),
     ("macro_sees_globals", "{% set g = 'G' %}{% macro m() %}{{ g }}{{ top }}{% endmacro %}{{ m() }}",
      {"top": "T"}),
+    ("macro_varargs_kwargs", "{% macro m(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}"
+                             "{{ m(1) }}|{{ m(1, 3, 4, 5, q=1, b=7) }}|{{ m(b=0, a=9) }}", {}),
+    ("macro_closure", "{% macro outer(x) %}{% macro inner(y) %}{{ x }}{{ y }}{{ z }}{% endmacro %}"
+                      "{{ inner(2) }}{% endmacro %}{% set z = 'Z' %}{{ outer(1) }}", {}),
+    ("error_macro_extra_positional", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", {}),
+    ("error_macro_keyword_twice", "{% macro m(a, b=2) %}{{ a }}{% endmacro %}{{ m(1, a=7) }}", {}),
+    ("filter_block", "{% filter upper %}a{% set x = 1 %}{{ x }}{% endfilter %}[{{ x }}]"
+                     "{% filter replace('a', 'b') | trim %}  aaa {{ 'a' }}  {% endfilter %}", {}),
+    ("loop_changed_depth", "{% for x in 'aab' %}{{ loop.changed(x) }}{{ loop.changed(x, 1) }}"
+                           "{{ loop.depth }}{{ loop.depth0 }};{% endfor %}", {}),
+    ("cycler_joiner", "{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.current }}{{ c.next() }}"
+                      "{{ c.next() }}{{ c.reset() }}{{ c.current }}|{% set j = joiner(' | ') %}"
+                      "{% for x in [1, 2, 3] %}{{ j() }}{{ x }}{% endfor %}|{% set k = joiner() %}{{ k() }}{{ k() }}",
+     {}),
     ("call_block", "{% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}"
                    "{% call wrap('b') %}bold {{ 1 }}{% endcall %}", {}),
     ("generation_block", "{% for m in msgs %}{% generation %}[{{ m }}]{% endgeneration %}{% endfor %}",
