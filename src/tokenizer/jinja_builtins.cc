@@ -47,6 +47,10 @@ bool is_alpha(char32_t c) {
 bool is_digit(char32_t c) {
   return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_ND;
 }
+bool is_numeric(char32_t c) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  return cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO;
+}
 // Python str.isspace().
 bool is_py_space(char32_t c) { return unicode::is_whitespace(c) || (c >= 0x1C && c <= 0x1F); }
 
@@ -301,6 +305,22 @@ double py_round(double x, int64_t digits) {
   return std::nearbyint(y) / p;
 }
 
+// Python round(i, digits) of an int: unchanged for digits >= 0, else to a multiple of
+// 10^-digits, ties to even.
+int64_t round_int(int64_t i, int64_t digits) {
+  if (digits >= 0) return i;
+  if (digits < -18) return 0;
+  int64_t p = 1;
+  for (int64_t k = 0; k < -digits; ++k) p *= 10;
+  int64_t q = i / p, r = i % p;
+  if (r < 0) {
+    r += p;
+    --q;
+  }
+  if (2 * r > p || (2 * r == p && q % 2 != 0)) ++q;
+  return q * p;
+}
+
 // Python's int() of a string (Jinja's int filter falls back to float()).
 std::optional<int64_t> parse_int(const std::string& s, int64_t base) {
   std::string t = py_strip(s, nullptr, true, true);
@@ -449,6 +469,79 @@ size_t byte_offset(const std::string& s, int64_t i) {
   return pos;
 }
 
+// Python str.center / ljust / rjust: pads to `width` code points with a one-character fill.
+std::string py_justify(Interpreter& in, const std::string& s, const std::string& how, CallArgs& a) {
+  const int64_t width = need_int(arg(a, 0, "width", Value()), how.c_str());
+  const std::string fill = arg(a, 1, "fillchar", Value(" ")).to_str();
+  if (utf8_length(fill) != 1) throw Error("The fill character must be exactly one character long");
+  const int64_t n = static_cast<int64_t>(utf8_length(s));
+  if (width <= n) return s;
+  const int64_t marg = width - n;
+  in.check_size(static_cast<size_t>(marg) * fill.size() + s.size());
+  int64_t left = how == "ljust" ? 0 : how == "rjust" ? marg : marg / 2 + (marg & width & 1);
+  std::string out;
+  for (int64_t i = 0; i < left; ++i) out += fill;
+  out += s;
+  for (int64_t i = left; i < marg; ++i) out += fill;
+  return out;
+}
+
+// str.partition / rpartition: (head, sep, tail), or the whole string with two empty parts.
+Value py_partition(const std::string& s, const Value& sep_v, bool right) {
+  const std::string sep = need_string(sep_v, right ? "rpartition" : "partition");
+  if (sep.empty()) throw Error("empty separator");
+  const size_t at = right ? s.rfind(sep) : s.find(sep);
+  if (at == std::string::npos) {
+    return right ? Value::list({Value(""), Value(""), Value(s)}, true)
+                 : Value::list({Value(s), Value(""), Value("")}, true);
+  }
+  return Value::list({Value(s.substr(0, at)), Value(sep), Value(s.substr(at + sep.size()))}, true);
+}
+
+// The rarer str methods (string_method has the common ones).
+Value more_string_method(const std::string& s, const std::string& name) {
+  using F = std::function<Value(Interpreter&, CallArgs&)>;
+  auto method = [&](F f) { return Value::function(name, std::move(f)); };
+  if (name == "center" || name == "ljust" || name == "rjust") {
+    return method(
+        [s, name](Interpreter& in, CallArgs& a) { return Value(py_justify(in, s, name, a)); });
+  }
+  if (name == "partition" || name == "rpartition") {
+    const bool right = name == "rpartition";
+    return method([s, right](Interpreter&, CallArgs& a) {
+      return py_partition(s, arg(a, 0, "sep", Value()), right);
+    });
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    const bool prefix = name == "removeprefix";
+    return method([s, prefix](Interpreter&, CallArgs& a) {
+      const std::string x = need_string(arg(a, 0, "prefix", Value()), "removeprefix");
+      if (prefix && s.starts_with(x)) return Value(s.substr(x.size()));
+      if (!prefix && s.ends_with(x)) return Value(s.substr(0, s.size() - x.size()));
+      return Value(s);
+    });
+  }
+  if (name == "zfill") {  // zeros after a leading sign
+    return method([s](Interpreter& in, CallArgs& a) {
+      const int64_t width = need_int(arg(a, 0, "width", Value()), "zfill");
+      const int64_t n = static_cast<int64_t>(utf8_length(s));
+      if (width <= n) return Value(s);
+      in.check_size(static_cast<size_t>(width));
+      const size_t at = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+      return Value(s.substr(0, at) + std::string(static_cast<size_t>(width - n), '0') +
+                   s.substr(at));
+    });
+  }
+  if (name == "swapcase") {
+    return method([s](Interpreter&, CallArgs&) {
+      std::u32string u = decode(s);
+      for (char32_t& c : u) c = lower(c) != c ? lower(c) : upper(c);
+      return Value(encode(u));
+    });
+  }
+  return Value::undefined(name);
+}
+
 Value string_method(const std::string& s, const std::string& name) {
   using F = std::function<Value(Interpreter&, CallArgs&)>;
   auto method = [&](F f) { return Value::function(name, std::move(f)); };
@@ -458,10 +551,21 @@ Value string_method(const std::string& s, const std::string& name) {
     return method([s, start](Interpreter&, CallArgs& a) {
       const Value* p = a.get(0, "prefix");
       if (p == nullptr) throw Error("startswith/endswith: missing argument");
+      // Optional start / end code-point indexes: the test applies to s[start:end].
+      const Value from = arg(a, 1, "start", Value::none()), to = arg(a, 2, "end", Value::none());
+      std::string t = s;
+      if (!from.is_none() || !to.is_none()) {
+        const int64_t n = static_cast<int64_t>(utf8_length(s));
+        const int64_t b = from.is_none() ? 0 : need_int(from, "startswith");
+        const size_t lo = byte_offset(s, b),
+                     hi = to.is_none() ? s.size() : byte_offset(s, need_int(to, "startswith"));
+        if (b > n) return Value(false);  // Python: a start past the end never matches
+        t = lo <= hi ? s.substr(lo, hi - lo) : std::string();
+      }
       std::vector<Value> options = p->is_tuple() ? p->items() : std::vector<Value>{*p};
       for (const Value& o : options) {
         const std::string x = need_string(o, start ? "startswith" : "endswith");
-        if (start ? s.starts_with(x) : s.ends_with(x)) return Value(true);
+        if (start ? t.starts_with(x) : t.ends_with(x)) return Value(true);
       }
       return Value(false);
     });
@@ -569,7 +673,21 @@ Value string_method(const std::string& s, const std::string& name) {
       return Value(!u.empty() && std::all_of(u.begin(), u.end(), p));
     });
   };
-  if (name == "isdigit") return all_of(is_digit);
+  if (name == "isdigit" || name == "isdecimal") return all_of(is_digit);
+  if (name == "isnumeric") return all_of(is_numeric);
+  if (name == "istitle") {  // cased runs start with a title/upper case letter, then lowercase
+    return method([s](Interpreter&, CallArgs&) {
+      bool cased = false, prev_cased = false;
+      for (char32_t c : decode(s)) {
+        const bool up = is_cased(c) && lower(c) != c, low = is_cased(c) && !up;
+        if (up && prev_cased) return Value(false);
+        if (low && !prev_cased) return Value(false);
+        cased = cased || is_cased(c);
+        prev_cased = is_cased(c);
+      }
+      return Value(cased);
+    });
+  }
   if (name == "isalpha") return all_of(is_alpha);
   if (name == "isspace") return all_of(is_py_space);
   if (name == "isalnum") return all_of([](char32_t c) { return is_alpha(c) || is_digit(c); });
@@ -588,7 +706,7 @@ Value string_method(const std::string& s, const std::string& name) {
     });
   }
   (void)none;
-  return Value::undefined(name);
+  return more_string_method(s, name);
 }
 
 }  // namespace
@@ -621,7 +739,11 @@ Value get_method(const Value& obj, const std::string& name) {
       return unsafe_method("dict", name);
     }
   }
-  if (obj.is_list()) {
+  if (obj.is_list() && !obj.is_iterator()) {
+    if (name == "copy" && !obj.is_tuple()) {
+      return Value::function(name,
+                             [obj](Interpreter&, CallArgs&) { return Value::list(obj.items()); });
+    }
     if (name == "index" || name == "count") {
       const bool index = name == "index";
       return Value::function(name, [obj, index](Interpreter&, CallArgs& a) {
@@ -777,6 +899,9 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     const int64_t precision = need_int(arg(a, 0, "precision", Value(0)), "round");
     const std::string method = arg(a, 1, "method", Value("common")).to_str();
     if (!v.is_number()) throw Error("round: expected a number, got " + v.type_name());
+    if (method == "common" && v.kind() != Value::Kind::kFloat) {
+      return Value(round_int(v.as_int(), precision));  // Python's round(int, n) is an int
+    }
     const double x = v.as_double();
     if (method == "common") return Value(py_round(x, precision));
     const double p = std::pow(10.0, static_cast<double>(precision));
@@ -870,7 +995,11 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   if (name == "reject") return select(in, v, a, false, false);
   if (name == "selectattr") return select(in, v, a, true, true);
   if (name == "rejectattr") return select(in, v, a, true, false);
-  if (name == "attr") return get_attr(v, arg(a, 0, "name", undef).to_str());
+  if (name == "attr") {  // getattr(): a dict's keys are not attributes, its methods are
+    const std::string attr = arg(a, 0, "name", undef).to_str();
+    if ((v.is_dict() && !v.is_namespace()) || v.is_list()) return get_method(v, attr);
+    return get_attr(v, attr);
+  }
   if (name == "indent") {
     const Value width = arg(a, 0, "width", Value(4));
     const bool first = arg(a, 1, "first", Value(false)).truthy();

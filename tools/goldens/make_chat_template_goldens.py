@@ -415,7 +415,22 @@ FEATURES = [
     ("error_percent_not_enough", "{{ '%s %s' % ('a',) }}", {}),
     ("error_percent_too_many", "{{ '%s' % ('a', 'b') }}", {}),
     ("error_percent_type", "{{ '%d' % 'x' }}", {}),
-    ("list_methods", "{{ l.index(2) }} {{ l.count(1) }} {{ l | length }}", {"l": [1, 2, 1]}),
+    ("list_methods", "{{ l.index(2) }} {{ l.count(1) }} {{ l | length }} {{ l.copy() }} {{ (1, 2).copy is defined }}",
+     {"l": [1, 2, 1]}),
+    ("str_methods_more", "{{ 'a-b-c'.partition('-') }} {{ 'a-b-c'.rpartition('-') }} {{ 'abc'.partition('x') }} "
+                         "{{ 'abc'.rpartition('x') }} [{{ 'ab'.center(7) }}] [{{ 'ab'.center(6, '*') }}] "
+                         "[{{ 'abc'.center(6) }}] [{{ 'ab'.ljust(4, '.') }}] [{{ 'é'.rjust(3) }}] {{ '5'.zfill(3) }} "
+                         "{{ '-5'.zfill(4) }} {{ 'aBc Ü'.swapcase() }} {{ 'abc'.removeprefix('a') }} "
+                         "{{ 'abc'.removesuffix('c') }} {{ 'abc'.removeprefix('x') }} {{ '½3'.isnumeric() }} "
+                         "{{ '12'.isdecimal() }} {{ 'Ab Cd'.istitle() }} {{ 'AB'.istitle() }} {{ 'ab'.istitle() }} "
+                         "{{ 'abc'.startswith('b', 1) }} {{ 'abc'.startswith('a', 1) }} {{ 'abc'.endswith('b', 0, 2) }} "
+                         "{{ 'abc'.startswith('', 5) }} {{ 'héllo'.startswith('l', -3) }}", {}),
+    ("filter_round_attr", "{{ 2 | round }} {{ 25 | round(-1) }} {{ 15 | round(-1) }} {{ -15 | round(-1) }} "
+                          "{{ 2 | round(1, 'ceil') }} {{ true | round }} {{ 1234.5678 | round(-2) }} "
+                          "[{{ d | attr('a') }}] {{ d | attr('items') is callable }} "
+                          "{{ 'abc' | attr('upper') is callable }}",
+     {"d": {"a": 1}}),
+    ("list_methods_ns", "{% set ns = namespace(x=3) %}{{ ns | attr('x') }}", {}),
     # globals
     ("globals", "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }} "
                 "{{ dict(a=1, b='x') }} {{ strftime_now('%Y-%m-%d %H:%M:%S %d %b %Y %B %A') }} "
