@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "tokenizer/jinja_interp.h"
 #include "tokenizer/unicode.h"
@@ -709,6 +710,187 @@ Value string_method(const std::string& s, const std::string& name) {
   return more_string_method(s, name);
 }
 
+// ---- the rarer filters (Jinja2 3.1's definitions) ----
+
+// batch(linecount, fill_with=None): lists of linecount items, the last one padded.
+Value batch(Interpreter& in, const Value& v, CallArgs& a) {
+  const int64_t n = need_int(arg(a, 0, "linecount", Value()), "batch");
+  const Value fill = arg(a, 1, "fill_with", Value::none());
+  std::vector<Value> out, tmp;
+  for (const Value& item : iterate(v)) {
+    in.charge(1);
+    if (static_cast<int64_t>(tmp.size()) == n) {
+      out.push_back(Value::list(std::move(tmp)));
+      tmp.clear();
+    }
+    tmp.push_back(item);
+  }
+  if (!tmp.empty()) {
+    if (!fill.is_none() && static_cast<int64_t>(tmp.size()) < n) {
+      in.check_list(static_cast<size_t>(n));
+      tmp.resize(static_cast<size_t>(n), fill);
+    }
+    out.push_back(Value::list(std::move(tmp)));
+  }
+  return Value::iterator(std::move(out));
+}
+
+// slice(slices, fill_with=None): the items cut into `slices` columns, the first ones longer.
+Value slice(Interpreter& in, const Value& v, CallArgs& a) {
+  const int64_t slices = need_int(arg(a, 0, "slices", Value()), "slice");
+  const Value fill = arg(a, 1, "fill_with", Value::none());
+  if (slices <= 0) throw Error("slice: integer division or modulo by zero");
+  const std::vector<Value> seq = iterate(v);
+  const int64_t len = static_cast<int64_t>(seq.size());
+  const int64_t per = len / slices, with_extra = len % slices;
+  in.check_list(static_cast<size_t>(std::min<int64_t>(slices, 1 << 30)));
+  std::vector<Value> out;
+  int64_t offset = 0;
+  for (int64_t k = 0; k < slices; ++k) {
+    const int64_t start = offset + k * per;
+    if (k < with_extra) ++offset;
+    const int64_t end = offset + (k + 1) * per;
+    std::vector<Value> part(seq.begin() + start, seq.begin() + end);
+    if (!fill.is_none() && k >= with_extra) part.push_back(fill);
+    out.push_back(Value::list(std::move(part)));
+  }
+  return Value::iterator(std::move(out));
+}
+
+// truncate(length=255, killwords=False, end='...', leeway=5).
+Value truncate(const Value& v, CallArgs& a) {
+  const std::string s = v.to_str();
+  const int64_t length = need_int(arg(a, 0, "length", Value(255)), "truncate");
+  const bool killwords = arg(a, 1, "killwords", Value(false)).truthy();
+  const std::string end = arg(a, 2, "end", Value("...")).to_str();
+  const Value leeway_v = arg(a, 3, "leeway", Value::none());
+  const int64_t leeway = leeway_v.is_none() ? 5 : need_int(leeway_v, "truncate");
+  const int64_t end_len = static_cast<int64_t>(utf8_length(end));
+  if (length < end_len) {
+    throw Error("expected length >= " + std::to_string(end_len) + ", got " +
+                std::to_string(length));
+  }
+  if (leeway < 0) throw Error("expected leeway >= 0, got " + std::to_string(leeway));
+  if (static_cast<int64_t>(utf8_length(s)) <= length + leeway) return Value(s);
+  std::string head = s.substr(0, byte_offset(s, length - end_len));
+  if (!killwords) {
+    const size_t space = head.rfind(' ');
+    if (space != std::string::npos) head.resize(space);
+  }
+  return Value(head + end);
+}
+
+// wordcount: the number of \w+ runs (letters, digits, underscore).
+Value wordcount(const Value& v) {
+  int64_t n = 0;
+  bool in_word = false;
+  for (char32_t c : decode(v.to_str())) {
+    const bool w = is_alpha(c) || is_numeric(c) || c == U'_';
+    if (w && !in_word) ++n;
+    in_word = w;
+  }
+  return Value(n);
+}
+
+// Markup.striptags: comments and tags removed, whitespace runs collapsed to one space, then the
+// basic HTML entities unescaped.
+Value striptags(const Value& v) {
+  const std::string s = v.to_str();
+  std::string text;
+  for (size_t i = 0; i < s.size();) {
+    const bool comment = s.compare(i, 4, "<!--") == 0;
+    if (comment || s[i] == '<') {
+      const size_t e = comment ? s.find("-->", i + 4) : s.find('>', i + 1);
+      if (e != std::string::npos) {
+        i = e + (comment ? 3 : 1);
+        continue;
+      }
+    }
+    text += s[i++];
+  }
+  std::string words;
+  for (const Value& word : py_split(text, nullptr, nullptr, false).items()) {
+    if (!words.empty()) words += ' ';
+    words += word.str();
+  }
+  static const std::pair<std::string_view, std::string_view> kEntities[] = {
+      {"&lt;", "<"},  {"&gt;", ">"},   {"&quot;", "\""}, {"&#34;", "\""},
+      {"&#39;", "'"}, {"&apos;", "'"}, {"&amp;", "&"}};
+  std::string out;
+  for (size_t i = 0; i < words.size();) {
+    const auto* hit = std::find_if(std::begin(kEntities), std::end(kEntities), [&](const auto& e) {
+      return std::string_view(words).substr(i).starts_with(e.first);
+    });
+    if (hit == std::end(kEntities)) {
+      out += words[i++];
+    } else {
+      out += hit->second;
+      i += hit->first.size();
+    }
+  }
+  return Value(std::move(out));
+}
+
+// groupby(attribute, default=None, case_sensitive=False): the items sorted by the attribute and
+// grouped, as (grouper, list) tuples; when case-insensitive the grouper is the first item's value.
+Value groupby(Interpreter& in, const Value& v, CallArgs& a) {
+  const Value attribute = arg(a, 0, "attribute", Value());
+  const Value def = arg(a, 1, "default", Value::none());
+  const bool cs = arg(a, 2, "case_sensitive", Value(false)).truthy();
+  auto key_of = [&](const Value& item) {
+    Value k = attribute.is_int() ? get_item(item, attribute) : attr_path(item, attribute.to_str());
+    if (k.is_undefined() && !def.is_none()) k = def;
+    return k;
+  };
+  auto folded = [&](const Value& k) {
+    return !cs && k.is_string() ? Value(map_chars(k.str(), lower)) : k;
+  };
+  std::vector<Value> items = iterate(v);
+  in.charge(static_cast<int64_t>(items.size()) * 20);
+  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+    return py_less(folded(key_of(x)), folded(key_of(y)));
+  });
+  std::vector<Value> out, members;
+  Value current;
+  auto flush = [&] {
+    out.push_back(Value::group(cs ? current : key_of(members[0]), Value::list(members)));
+    members.clear();
+  };
+  for (const Value& item : items) {
+    const Value k = folded(key_of(item));
+    if (!members.empty() && !py_equal(k, current)) flush();
+    current = k;
+    members.push_back(item);
+  }
+  if (!members.empty()) flush();
+  return Value::list(std::move(out));
+}
+
+// The filters above by name; false when `name` is none of them.
+bool more_filter(Interpreter& in, const std::string& name, const Value& v, CallArgs& a,
+                 Value& out) {
+  if (name == "batch") {
+    out = batch(in, v, a);
+  } else if (name == "slice") {
+    out = slice(in, v, a);
+  } else if (name == "truncate") {
+    out = truncate(v, a);
+  } else if (name == "wordcount") {
+    out = wordcount(v);
+  } else if (name == "striptags") {
+    out = striptags(v);
+  } else if (name == "groupby") {
+    out = groupby(in, v, a);
+  } else if (name == "center") {
+    CallArgs ca;
+    ca.pos.push_back(arg(a, 0, "width", Value(80)));
+    out = Value(py_justify(in, v.to_str(), "center", ca));
+  } else {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 Value get_method(const Value& obj, const std::string& name) {
@@ -1030,6 +1212,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     if (first) out = pad + out;
     return Value(std::move(out));
   }
+  if (Value out; more_filter(in, name, v, a, out)) return out;
   throw Error("no filter named '" + name + "'");
 }
 
@@ -1042,11 +1225,13 @@ bool one_of(const char* const (&names)[N], const std::string& name) {
 
 bool has_filter(const std::string& name) {
   static const char* kFilters[] = {
-      "default",    "d",     "length",     "count",    "string", "safe",   "trim",   "upper",
-      "lower",      "title", "capitalize", "replace",  "tojson", "join",   "first",  "last",
-      "list",       "items", "reverse",    "int",      "float",  "abs",    "round",  "unique",
-      "sort",       "min",   "max",        "sum",      "map",    "select", "reject", "selectattr",
-      "rejectattr", "attr",  "indent",     "dictsort", "format", "escape", "e",      "forceescape"};
+      "default",  "d",         "length",    "count",      "string",      "safe",   "trim",
+      "upper",    "lower",     "title",     "capitalize", "replace",     "tojson", "join",
+      "first",    "last",      "list",      "items",      "reverse",     "int",    "float",
+      "abs",      "round",     "unique",    "sort",       "min",         "max",    "sum",
+      "map",      "select",    "reject",    "selectattr", "rejectattr",  "attr",   "indent",
+      "dictsort", "format",    "escape",    "e",          "forceescape", "batch",  "slice",
+      "truncate", "wordcount", "striptags", "groupby",    "center"};
   return one_of(kFilters, name);
 }
 

@@ -152,6 +152,9 @@ Value get_attr(const Value& obj, const std::string& name) {
     const Value* v = obj.dict_data().find(Value(name));
     return v ? *v : Value::undefined(name);
   }
+  if (obj.is_group() && (name == "grouper" || name == "list")) {
+    return obj.items()[name == "grouper" ? 0 : 1];
+  }
   if (obj.is_string() || obj.is_list()) return get_method(obj, name);
   return Value::undefined(name);
 }

@@ -186,6 +186,12 @@ Value Value::function(std::string name, std::function<Value(Interpreter&, CallAr
 bool Value::is_namespace() const { return kind_ == Kind::kDict && dict_->is_namespace; }
 const std::vector<Value>& Value::items() const { return list_->items; }
 bool Value::is_tuple() const { return kind_ == Kind::kList && list_->tuple; }
+Value Value::group(Value grouper, Value list) {
+  Value v = Value::list({std::move(grouper), std::move(list)}, /*tuple=*/true);
+  v.list_->group = true;
+  return v;
+}
+bool Value::is_group() const { return kind_ == Kind::kList && list_->group; }
 bool Value::is_iterator() const { return kind_ == Kind::kList && list_->iterator_type; }
 DictData& Value::dict_data() const { return *dict_; }
 

@@ -106,6 +106,9 @@ class Value {
   const std::vector<Value>& items() const;         // list
   bool is_tuple() const;
   bool is_iterator() const;  // a generator / iterator (Value::iterator)
+  bool is_group() const;     // a tuple made by group()
+  // groupby's result item: the tuple (grouper, list) whose attributes .grouper / .list are those.
+  static Value group(Value grouper, Value list);
   DictData& dict_data() const;
   const Function& func() const { return *func_; }
 
@@ -166,6 +169,7 @@ struct ListData {
   std::vector<Value> items;
   bool tuple = false;
   const char* iterator_type = nullptr;  // Value::iterator: "generator", ...
+  bool group = false;  // groupby's (grouper, list) tuple, with those two attributes
 };
 
 // Insertion-ordered dict (Python 3.7+); namespaces are dicts with is_namespace set.

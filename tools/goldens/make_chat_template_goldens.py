@@ -366,6 +366,21 @@ FEATURES = [
     ("error_reversed_tojson", "{{ [1] | reverse | tojson }}", {}),
     ("error_generator_last", "{{ [1] | select | last }}", {}),
     ("error_generator_plus", "{{ [1] | select + [2] }}", {}),
+    ("filter_batch_slice", "{{ [1, 2, 3, 4, 5] | batch(2) | list }} {{ [1, 2, 3, 4, 5] | batch(2, 'x') | list }} "
+                           "{{ [1, 2] | batch(0) | list }} {{ [1, 2, 3, 4, 5] | slice(2) | list }} "
+                           "{{ [1, 2, 3, 4, 5] | slice(3, 0) | list }} {{ [] | slice(2) | list }} "
+                           "{% for row in 'abcde' | batch(3, '-') %}{{ row | join }};{% endfor %}", {}),
+    ("filter_text_misc", "[{{ 'ab' | center(7) }}] [{{ 'ab' | center }}] {{ 'a b  c_d, é1' | wordcount }} "
+                         "{{ 'hello world foo' | truncate(9) }}|{{ 'hello world foo' | truncate(9, true, '..') }}|"
+                         "{{ 'abc' | truncate(10) }}|{{ 'hello world foo bar' | truncate(12, leeway=0) }}|"
+                         "{{ 'helloworldfoo' | truncate(8) }}|{{ '<b>a</b>  <i>b</i>\n c <!-- x -->d' | striptags }}|"
+                         "{{ '<p>x &amp; y &lt;z&gt;</p>' | striptags }}", {}),
+    ("filter_groupby", "{% for g in users | groupby('role') %}{{ g.grouper }}:{{ g.list | map(attribute='n') | join(',') }};"
+                       "{% endfor %}|{% for k, items in users | groupby('role', case_sensitive=true) %}{{ k }}{{ items | length }}"
+                       "{% endfor %}|{{ users | groupby('x', default='d') | map(attribute='grouper') | list }}|"
+                       "{{ [{'a': 1}, {'a': 1}] | groupby('a') }}",
+     {"users": [{"n": "a", "role": "Admin"}, {"n": "b", "role": "user"}, {"n": "c", "role": "admin"}]}),
+    ("error_truncate_short", "{{ 'abcdef' | truncate(2) }}", {}),
     ("filter_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|"
                       "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("filter_sort_minmax", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1] | sort(reverse=true) }} "
