@@ -353,6 +353,15 @@ bool compare_key_less(const Value& a, const Value& b, bool case_sensitive) {
   return py_less(a, b);
 }
 
+// The sort filter's order: Jinja2 sorts by one-item lists of the keys, so equal keys (None and
+// None) compare equal before any '<' that Python would refuse.
+bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
+  if (!case_sensitive && a.is_string() && b.is_string()) {
+    return map_chars(a.str(), lower) < map_chars(b.str(), lower);
+  }
+  return !py_equal(a, b) && py_less(a, b);
+}
+
 Value sort_key(const Value& item, const Value& attribute) {
   return attribute.is_string() ? attr_path(item, attribute.str()) : item;
 }
@@ -585,6 +594,7 @@ Value string_method(const std::string& s, const std::string& name) {
   }
   if (name == "replace") {
     return method([s](Interpreter& in, CallArgs& a) {
+      if (!a.kw.empty()) throw Error("str.replace() takes no keyword arguments");
       const Value none;
       const Value count = arg(a, 2, "count", Value(int64_t{-1}));
       return Value(py_replace(in, s, need_string(arg(a, 0, "old", none), "replace"),
@@ -1115,7 +1125,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     in.charge(static_cast<int64_t>(items.size()) * 20);
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
       const Value kx = sort_key(x, attribute), ky = sort_key(y, attribute);
-      return reverse ? compare_key_less(ky, kx, cs) : compare_key_less(kx, ky, cs);
+      return reverse ? sort_less(ky, kx, cs) : sort_less(kx, ky, cs);
     });
     return Value::list(std::move(items));
   }
@@ -1268,7 +1278,7 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
     return v.is_undefined() || v.is_string() || (v.is_list() && !v.is_iterator()) ||
            (v.is_dict() && !v.is_namespace());
   }
-  if (name == "callable") return v.is_func();
+  if (name == "callable") return v.is_func() || v.is_undefined();  // Undefined has __call__
   if (name == "even" || name == "odd") {
     const int64_t i = need_int(v, name.c_str());
     return (i % 2 == 0) == (name == "even");

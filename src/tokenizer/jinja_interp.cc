@@ -695,6 +695,7 @@ Value Interpreter::eval(const Expr& e, Frame& frame) {
       for (int k = 0; k < 3; ++k) {
         if (e.args[k + 1]) parts[k] = eval(*e.args[k + 1], frame);
       }
+      if (obj.is_iterator()) throw Error("'" + obj.type_name() + "' object is not subscriptable");
       if (obj.is_list()) {
         std::vector<Value> items;
         for (int64_t i : slice_indices(static_cast<int64_t>(obj.items().size()), parts[0], parts[1],

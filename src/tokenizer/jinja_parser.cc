@@ -359,13 +359,19 @@ class Lexer {
     };
     digits();
     bool is_float = false;
-    if (n + 1 < rest.size() && rest[n] == '.' &&
-        std::isdigit(static_cast<unsigned char>(rest[n + 1]))) {
+    // Right after a '.' a number is an integer (Jinja2's float pattern has (?<!\.)), so
+    // `matrix.0.1` reads items 0 and 1.
+    const bool after_dot =
+        !tokens_.empty() && tokens_.back().type == Tok::kOp && tokens_.back().text == ".";
+    if (after_dot) {
+      // no fraction, no exponent
+    } else if (n + 1 < rest.size() && rest[n] == '.' &&
+               std::isdigit(static_cast<unsigned char>(rest[n + 1]))) {
       is_float = true;
       ++n;
       digits();
     }
-    if (n < rest.size() && (rest[n] == 'e' || rest[n] == 'E')) {
+    if (!after_dot && n < rest.size() && (rest[n] == 'e' || rest[n] == 'E')) {
       size_t m = n + 1;
       if (m < rest.size() && (rest[m] == '+' || rest[m] == '-')) ++m;
       if (m < rest.size() && std::isdigit(static_cast<unsigned char>(rest[m]))) {

@@ -326,7 +326,7 @@ std::string Value::to_str() const {
 std::string Value::repr() const {
   switch (kind_) {
     case Kind::kUndefined:
-      return "";
+      return "Undefined";  // repr(jinja2.Undefined()), e.g. inside a printed list
     case Kind::kNone:
       return "None";
     case Kind::kBool:

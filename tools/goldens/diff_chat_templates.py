@@ -7,7 +7,8 @@ calls without ids, enable_thinking with reasoning, ...) with add_generation_prom
 once with Jinja2 in transformers' environment (make_chat_template_goldens.make_env) and once with
 build/render_chat_template (tools/chat_template/render_chat_template.cc), and reports mismatches:
 texts that differ, or one side failing where the other renders. Both failing is a match (a
-template that raises on purpose, or inputs it does not support).
+template that raises on purpose, or inputs it does not support). A template with a NAME.json
+beside it renders with those variables instead (e.g. feature tests with their own context).
 
   ninja -C build render_chat_template
   python3 tools/goldens/diff_chat_templates.py /tmp/difft/templates [--bin build/render_chat_template]
@@ -91,8 +92,14 @@ def main():
         path = os.path.join(args.folder, name)
         with open(path, encoding="utf-8") as f:
             source = f.read()
-        for conv, (messages, extra) in conversations().items():
-            if args.convs and conv not in args.convs.split(","):
+        convs = conversations()
+        ctx_path = path[:-len(".jinja")] + ".json"
+        if os.path.exists(ctx_path):  # a template with its own variables renders with those only
+            with open(ctx_path, encoding="utf-8") as f:
+                ctx = json.load(f)
+            convs = {"own_context": (ctx.pop("messages", []), ctx)}
+        for conv, (messages, extra) in convs.items():
+            if args.convs and conv not in args.convs.split(",") and conv != "own_context":
                 continue
             for agp in (True, False):
                 expected.append(jinja_render(env, source, messages, agp, bos, eos, extra))

@@ -291,6 +291,8 @@ FEATURES = [
                    "{{ not missing }} {{ (not true) == false }}", {}),
     ("conditional_expr", "{{ 'y' if x else 'n' }} {{ 'y' if not x else 'n' }} [{{ 'only' if false }}] "
                          "{{ 1 if false else 2 if true else 3 }}", {"x": True}),
+    ("attr_numbers", "{{ m.0 }}|{{ m.0.1 }}|{{ m.0.1.1 }}|{{ m[0].1 }}|{{ 1.5 }}|{{ missing is callable }}",
+     {"m": [[["a", "b"], ["c", "d"]]]}),
     ("attr_and_item", "{{ d.a }} {{ d['a'] }} {{ d.b.c }} {{ d['b']['c'] }} {{ l[0] }} {{ l[-1] }} "
                       "{{ l.1 }} [{{ d.missing }}] [{{ l[10] }}] {{ d.missing is defined }} "
                       "{{ d.b is defined }} {{ s[1] }} {{ s[-1] }}",
@@ -381,6 +383,11 @@ FEATURES = [
                        "{{ [{'a': 1}, {'a': 1}] | groupby('a') }}",
      {"users": [{"n": "a", "role": "Admin"}, {"n": "b", "role": "user"}, {"n": "c", "role": "admin"}]}),
     ("error_truncate_short", "{{ 'abcdef' | truncate(2) }}", {}),
+    ("sort_equal_keys", "{{ [none, none] | sort }} {{ [a, b] | sort }} {{ [x, 1] | first }} {{ [missing] }} "
+                        "{{ [{'k': none}, {'k': none}] | sort(attribute='k') | length }}", {"x": None}),
+    ("error_sort_unorderable", "{{ [none, 1] | sort }}", {}),
+    ("error_generator_slice", "{{ (d | items)[1:] }}", {"d": {"a": 1, "b": 2}}),
+    ("error_str_replace_keyword", "{{ 'abc'.replace('a', 'x', count=1) }}", {}),
     ("filter_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|"
                       "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("filter_sort_minmax", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1] | sort(reverse=true) }} "
