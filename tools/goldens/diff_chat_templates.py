@@ -39,7 +39,54 @@ ASSISTANT_NONE = {"role": "assistant", "content": None,
                                                "arguments": {"query": "x", "tags": []}}}]}
 REASONING = {"role": "assistant", "content": "Paris.", "reasoning_content": "Capital of France."}
 
+RICH_TOOL = {  # nested schema: enum, defaults, arrays of objects, anyOf, numbers
+    "type": "function",
+    "function": {
+        "name": "book_flight",
+        "description": "Book a flight.\nReturns a confirmation id.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "passengers": {"type": "array", "items": {
+                    "type": "object", "properties": {"name": {"type": "string"},
+                                                     "age": {"type": "integer", "minimum": 0}},
+                    "required": ["name"]}},
+                "class": {"type": "string", "enum": ["economy", "business"], "default": "economy"},
+                "max_price": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None},
+                "flexible": {"type": "boolean", "default": False},
+            },
+            "required": ["passengers"],
+        },
+    },
+}
+RICH_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call99999", "type": "function",
+     "function": {"name": "book_flight",
+                  "arguments": {"passengers": [{"name": "Zoë", "age": 7}], "class": "business",
+                                "max_price": 1234.5, "flexible": True, "note": None,
+                                "ratio": 1e-07, "big": 10000000000000000.0}}}]}
+BARE_FUNCTION = {"name": "ping", "description": "Ping a host.",
+                 "parameters": {"type": "object", "properties": {"host": {"type": "string"}}}}
+
 EXTRA_CONVERSATIONS = {
+    "rich_tool_call": ([goldens.SYSTEM, {"role": "user", "content": "Book it."}, RICH_CALL,
+                        {"role": "tool", "tool_call_id": "call99999", "name": "book_flight",
+                         "content": [{"type": "text", "text": "{\"id\": \"X1\"}"}]}],
+                       {"tools": [RICH_TOOL, BARE_FUNCTION]}),
+    "prefill_last_assistant": ([goldens.USER1, {"role": "assistant", "content": "The capital is"}],
+                               {"continue_final_message": True}),
+    "documents": ([goldens.USER1], {"documents": [{"title": "Paris", "text": "Paris is the capital."},
+                                                  {"text": "No title here."}]}),
+    "thinking_keys": ([goldens.SYSTEM, goldens.USER1,
+                       {"role": "assistant", "content": "Paris.", "thinking": "France -> Paris.",
+                        "reasoning": "France -> Paris."}, goldens.USER2],
+                      {"reasoning_effort": "low", "model_identity": "You are a test model.",
+                       "thinking": True, "tools_in_user_message": True}),
+    "user_none_content": ([{"role": "user", "content": None}], {}),
+    "named_messages": ([{"role": "system", "content": "Sys", "name": "root"},
+                        {"role": "user", "content": "Hi", "name": "alice"},
+                        {"role": "assistant", "content": "Hello alice", "name": "bot"},
+                        {"role": "user", "content": "Bye", "name": "alice"}], {}),
     "content_parts": ([SYSTEM_PARTS, USER_PARTS], {}),
     "content_parts_multi": ([USER_PARTS, {"role": "assistant", "content": [
         {"type": "text", "text": "A cat."}]}, goldens.USER2], {}),
