@@ -125,6 +125,49 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
 }
 
 // Python str.split / rsplit.
+// Python str.splitlines: breaks at \n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029.
+std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;  // bytes of the line break at i
+    if (c == '\r') {
+      n = i + 1 < s.size() && s[i + 1] == '\n' ? 2 : 1;
+    } else if (c == '\n' || c == 0x0B || c == 0x0C || (c >= 0x1C && c <= 0x1E)) {
+      n = 1;
+    } else if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) {
+      n = 2;
+    } else if (c == 0xE2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
+               (static_cast<unsigned char>(s[i + 2]) == 0xA8 ||
+                static_cast<unsigned char>(s[i + 2]) == 0xA9)) {
+      n = 3;
+    }
+    if (n == 0) {
+      ++i;
+      continue;
+    }
+    lines.push_back(s.substr(start, (keepends ? i + n : i) - start));
+    i += n;
+    start = i;
+  }
+  if (start < s.size()) lines.push_back(s.substr(start));
+  return lines;
+}
+
+// Python str.islower / isupper: some cased character, and none of the other case.
+bool py_is_case(const std::string& s, bool want_lower) {
+  bool cased = false;
+  for (char32_t c : decode(s)) {
+    if (!is_cased(c)) continue;
+    cased = true;
+    if ((want_lower ? upper(c) : lower(c)) == c && (want_lower ? lower(c) : upper(c)) != c) {
+      return false;
+    }
+  }
+  return cased;
+}
+
 Value py_split(const std::string& s, const Value* sep_v, const Value* max_v, bool from_right) {
   int64_t maxsplit = -1;
   if (max_v && !max_v->is_none()) {
@@ -276,7 +319,9 @@ Value dict_items(const Value& v) {
 }
 
 // Attribute path "a.b" / "0" of Jinja's make_attrgetter.
-Value attr_path(const Value& item, const std::string& path) {
+// With a default (map, groupby), an Undefined step becomes the default before the next one, as
+// Jinja2's make_attrgetter does, so a missing "tool_calls.0.name" yields the default.
+Value attr_path(const Value& item, const std::string& path, const Value* def = nullptr) {
   Value v = item;
   size_t start = 0;
   while (true) {
@@ -287,6 +332,7 @@ Value attr_path(const Value& item, const std::string& path) {
     const long long idx = std::strtoll(part.c_str(), &end, 10);
     v = !part.empty() && *end == '\0' ? get_item(v, Value(static_cast<int64_t>(idx)))
                                       : get_item(v, Value(part));
+    if (def != nullptr && !def->is_none() && v.is_undefined()) v = *def;
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -319,7 +365,9 @@ int64_t round_int(int64_t i, int64_t digits) {
     --q;
   }
   if (2 * r > p || (2 * r == p && q % 2 != 0)) ++q;
-  return q * p;
+  int64_t out = 0;
+  if (__builtin_mul_overflow(q, p, &out)) throw Error("integer overflow");
+  return out;
 }
 
 // Python's int() of a string (Jinja's int filter falls back to float()).
@@ -487,7 +535,8 @@ std::string py_justify(Interpreter& in, const std::string& s, const std::string&
   const int64_t n = static_cast<int64_t>(utf8_length(s));
   if (width <= n) return s;
   const int64_t marg = width - n;
-  in.check_size(static_cast<size_t>(marg) * fill.size() + s.size());
+  in.check_size(static_cast<size_t>(std::min<int64_t>(marg, int64_t{1} << 40)) * fill.size() +
+                s.size());
   int64_t left = how == "ljust" ? 0 : how == "rjust" ? marg : marg / 2 + (marg & width & 1);
   std::string out;
   for (int64_t i = 0; i < left; ++i) out += fill;
@@ -664,16 +713,7 @@ Value string_method(const std::string& s, const std::string& name) {
     return method([s](Interpreter&, CallArgs& a) {
       const bool keep = arg(a, 0, "keepends", Value(false)).truthy();
       std::vector<Value> lines;
-      size_t start = 0;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] != '\n' && s[i] != '\r') continue;
-        size_t end = i + 1;
-        if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++end;
-        lines.emplace_back(s.substr(start, (keep ? end : i) - start));
-        start = end;
-        i = end - 1;
-      }
-      if (start < s.size()) lines.emplace_back(s.substr(start));
+      for (std::string& line : py_splitlines(s, keep)) lines.emplace_back(std::move(line));
       return Value::list(std::move(lines));
     });
   }
@@ -704,17 +744,8 @@ Value string_method(const std::string& s, const std::string& name) {
   if (name == "isalnum") return all_of([](char32_t c) { return is_alpha(c) || is_digit(c); });
   if (name == "islower" || name == "isupper") {
     const bool want_lower = name == "islower";
-    return method([s, want_lower](Interpreter&, CallArgs&) {
-      bool cased = false;
-      for (char32_t c : decode(s)) {
-        if (!is_cased(c)) continue;
-        cased = true;
-        if ((want_lower ? upper(c) : lower(c)) == c && (want_lower ? lower(c) : upper(c)) != c) {
-          return Value(false);
-        }
-      }
-      return Value(cased);
-    });
+    return method(
+        [s, want_lower](Interpreter&, CallArgs&) { return Value(py_is_case(s, want_lower)); });
   }
   (void)none;
   return more_string_method(s, name);
@@ -781,7 +812,8 @@ Value truncate(const Value& v, CallArgs& a) {
                 std::to_string(length));
   }
   if (leeway < 0) throw Error("expected leeway >= 0, got " + std::to_string(leeway));
-  if (static_cast<int64_t>(utf8_length(s)) <= length + leeway) return Value(s);
+  const int64_t n = static_cast<int64_t>(utf8_length(s));
+  if (n <= length || n - length <= leeway) return Value(s);  // (no overflow: length >= 0)
   std::string head = s.substr(0, byte_offset(s, length - end_len));
   if (!killwords) {
     const size_t space = head.rfind(' ');
@@ -802,22 +834,26 @@ Value wordcount(const Value& v) {
   return Value(n);
 }
 
-// Markup.striptags: comments and tags removed, whitespace runs collapsed to one space, then the
+// Removes every non-overlapping `open`...`close` span, leftmost first (the regex open.*?close).
+// Once a close is not found no later one is either, which keeps "<<<<..." linear.
+std::string remove_spans(const std::string& s, std::string_view open, std::string_view close) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t b = s.find(open, i);
+    const size_t e = b == std::string::npos ? b : s.find(close, b + open.size());
+    if (e == std::string::npos) break;
+    out.append(s, i, b - i);
+    i = e + close.size();
+  }
+  out.append(s, std::min(i, s.size()), std::string::npos);
+  return out;
+}
+
+// Markup.striptags: comments, then tags removed, whitespace runs collapsed to one space, then the
 // basic HTML entities unescaped.
 Value striptags(const Value& v) {
-  const std::string s = v.to_str();
-  std::string text;
-  for (size_t i = 0; i < s.size();) {
-    const bool comment = s.compare(i, 4, "<!--") == 0;
-    if (comment || s[i] == '<') {
-      const size_t e = comment ? s.find("-->", i + 4) : s.find('>', i + 1);
-      if (e != std::string::npos) {
-        i = e + (comment ? 3 : 1);
-        continue;
-      }
-    }
-    text += s[i++];
-  }
+  const std::string text = remove_spans(remove_spans(v.to_str(), "<!--", "-->"), "<", ">");
   std::string words;
   for (const Value& word : py_split(text, nullptr, nullptr, false).items()) {
     if (!words.empty()) words += ' ';
@@ -848,7 +884,8 @@ Value groupby(Interpreter& in, const Value& v, CallArgs& a) {
   const Value def = arg(a, 1, "default", Value::none());
   const bool cs = arg(a, 2, "case_sensitive", Value(false)).truthy();
   auto key_of = [&](const Value& item) {
-    Value k = attribute.is_int() ? get_item(item, attribute) : attr_path(item, attribute.to_str());
+    Value k =
+        attribute.is_int() ? get_item(item, attribute) : attr_path(item, attribute.to_str(), &def);
     if (k.is_undefined() && !def.is_none()) k = def;
     return k;
   };
@@ -1158,8 +1195,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
       const Value* def = a.get(SIZE_MAX, "default");
       for (const Value& item : iterate(v)) {
         in.charge(1);
-        Value x = attr_path(item, attribute->to_str());
-        out.push_back(x.is_undefined() && def ? *def : x);
+        out.push_back(attr_path(item, attribute->to_str(), def));
       }
     } else {
       if (a.pos.empty()) throw Error("map: missing filter name or attribute");
@@ -1201,17 +1237,9 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
             ? width.str()
             : std::string(
                   static_cast<size_t>(std::clamp<int64_t>(need_int(width, "indent"), 0, 256)), ' ');
-    std::vector<std::string> lines;
-    {
-      const std::string s = v.to_str() + "\n";
-      size_t start = 0;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] != '\n' && s[i] != '\r') continue;
-        lines.push_back(s.substr(start, i - start));
-        if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
-        start = i + 1;
-      }
-    }
+    // Jinja2: (s + "\n").splitlines(), joined again with "\n".
+    std::vector<std::string> lines = py_splitlines(v.to_str() + "\n", false);
+    if (lines.empty()) lines.emplace_back();
     std::string out;
     for (size_t i = 0; i < lines.size(); ++i) {
       if (i > 0) out += "\n";
@@ -1296,10 +1324,7 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
   if (name == "le" || name == "<=") return py_less(v, x) || py_equal(v, x);
   if (name == "ge" || name == ">=") return py_less(x, v) || py_equal(v, x);
   if (name == "sameas") return v.kind() == x.kind() && py_equal(v, x);
-  if (name == "lower" || name == "upper") {
-    const std::string s = v.to_str();
-    return (name == "lower" ? map_chars(s, lower) : map_chars(s, upper)) == s;
-  }
+  if (name == "lower" || name == "upper") return py_is_case(v.to_str(), name == "lower");
   if (name == "escaped") return v.is_markup();
   if (name == "filter") return v.is_string() && has_filter(v.str());
   if (name == "test") return v.is_string() && has_test(v.str());

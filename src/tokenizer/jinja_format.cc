@@ -1,6 +1,7 @@
 // Python's printf-style string formatting (`"%s: %d" % (a, b)`, and Jinja's format filter), as
 // CPython's str.__mod__ does it: conversions s r a d i u o x X e E f F g G c %, flags - + space #
 // 0, width and precision (numbers or *), %(name)s keys into a dict argument.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -58,7 +59,7 @@ class Args {
 int64_t star_arg(Args& args) {
   const Value& v = args.next();
   if (!v.is_int() && !v.is_bool()) throw Error("* wants int");
-  return v.as_int();
+  return std::clamp<int64_t>(v.as_int(), -(int64_t{1} << 24), int64_t{1} << 24);
 }
 
 std::string pad(std::string body, const Spec& s, bool numeric) {
@@ -124,9 +125,10 @@ std::string format_float(const Value& v, const Spec& s) {
   if (s.alt) f += '#';
   f += ".*";
   f += s.conv;
-  char buf[512];
-  std::snprintf(buf, sizeof(buf), f.c_str(), precision, std::fabs(d));
-  std::string body = buf;
+  const int len = std::snprintf(nullptr, 0, f.c_str(), precision, std::fabs(d));
+  std::string body(static_cast<size_t>(std::max(len, 0)) + 1, '\0');
+  std::snprintf(body.data(), body.size(), f.c_str(), precision, std::fabs(d));
+  body.resize(static_cast<size_t>(std::max(len, 0)));
   if (std::isinf(d)) body = (s.conv >= 'a') ? "inf" : "INF";
   if (std::isnan(d)) body = (s.conv >= 'a') ? "nan" : "NAN";
   return pad(sign_prefix(std::signbit(d) && !std::isnan(d), s) + body, s, std::isfinite(d));

@@ -201,8 +201,10 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     if (a.is_string() && b.is_string()) {
       in.check_size(a.str().size() + b.str().size());
       if (a.is_markup() || b.is_markup()) {  // Markup + str escapes the str, and vice versa
-        return Value::markup((a.is_markup() ? a.str() : html_escape(a.str())) +
-                             (b.is_markup() ? b.str() : html_escape(b.str())));
+        std::string s = (a.is_markup() ? a.str() : html_escape(a.str())) +
+                        (b.is_markup() ? b.str() : html_escape(b.str()));
+        in.check_size(s.size());
+        return Value::markup(std::move(s));
       }
       return Value(a.str() + b.str());
     }

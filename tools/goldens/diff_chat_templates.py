@@ -161,7 +161,7 @@ def main():
         proc = subprocess.run([args.bin, "--batch", batch], capture_output=True, timeout=600)
     finally:
         os.unlink(batch)
-    lines = proc.stdout.decode("utf-8", "replace").splitlines()
+    lines = proc.stdout.decode("utf-8", "replace").split("\n")[:-1]  # not splitlines: U+2028
     if proc.returncode != 0 or len(lines) != len(cases):
         print(f"render_chat_template failed (rc {proc.returncode}, {len(lines)} of {len(cases)} "
               f"results): {proc.stderr.decode()[-2000:]}")

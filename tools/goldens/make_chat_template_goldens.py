@@ -382,12 +382,23 @@ FEATURES = [
                        "{% endfor %}|{{ users | groupby('x', default='d') | map(attribute='grouper') | list }}|"
                        "{{ [{'a': 1}, {'a': 1}] | groupby('a') }}",
      {"users": [{"n": "a", "role": "Admin"}, {"n": "b", "role": "user"}, {"n": "c", "role": "admin"}]}),
+    ("filter_striptags_edges", "[{{ '<a <!-- x --> b>c' | striptags }}] [{{ '<<<a' | striptags }}] "
+                               "[{{ 'a<!-- b' | striptags }}] [{{ 'x <!-- y -->> z' | striptags }}] "
+                               "{{ ('%.300f' % 1e300) | length }} {{ 'abc' | truncate(3, leeway=0) }}", {}),
     ("error_truncate_short", "{{ 'abcdef' | truncate(2) }}", {}),
     ("sort_equal_keys", "{{ [none, none] | sort }} {{ [a, b] | sort }} {{ [x, 1] | first }} {{ [missing] }} "
                         "{{ [{'k': none}, {'k': none}] | sort(attribute='k') | length }}", {"x": None}),
     ("error_sort_unorderable", "{{ [none, 1] | sort }}", {}),
     ("error_generator_slice", "{{ (d | items)[1:] }}", {"d": {"a": 1, "b": 2}}),
     ("error_str_replace_keyword", "{{ 'abc'.replace('a', 'x', count=1) }}", {}),
+    ("map_attribute_default_path", "{{ ms | map(attribute='t.0.n', default='none') | list }} "
+                                   "{{ ms | map(attribute='a', default=none) | list }} "
+                                   "{{ ms | groupby('t.0.n', default='z') | map(attribute='grouper') | list }}",
+     {"ms": [{"a": 1}, {"t": [{"n": "N"}]}]}),
+    ("error_map_attribute_path", "{{ ms | map(attribute='t.0.n') | list }}", {"ms": [{"a": 1}]}),
+    ("splitlines_unicode", "{{ 'a\u2028b\x0bc\x1cd\u0085e\r\nf'.splitlines() }} {{ 'a\u2029b'.splitlines(true) | map('length') | list }} "
+                           "{{ 'x\u2028y' | indent(2) }}|{{ '' | indent(2, true) }}|{{ '' is lower }}{{ 'a1' is lower }}"
+                           "{{ 'A1' is upper }}{{ '1' is upper }}", {}),
     ("filter_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|"
                       "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("filter_sort_minmax", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1] | sort(reverse=true) }} "
