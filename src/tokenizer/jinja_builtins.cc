@@ -855,7 +855,8 @@ std::string remove_spans(const std::string& s, std::string_view open, std::strin
 Value striptags(const Value& v) {
   const std::string text = remove_spans(remove_spans(v.to_str(), "<!--", "-->"), "<", ">");
   std::string words;
-  for (const Value& word : py_split(text, nullptr, nullptr, false).items()) {
+  const Value split = py_split(text, nullptr, nullptr, false);  // outlives the loop
+  for (const Value& word : split.items()) {
     if (!words.empty()) words += ' ';
     words += word.str();
   }
