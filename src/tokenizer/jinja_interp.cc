@@ -441,12 +441,26 @@ Interpreter::Flow Interpreter::render_node(const Node& n, Frame& frame, std::str
 
 namespace {
 
-void bind_targets(const std::vector<std::string>& targets, const Value& item,
-                  std::unordered_map<std::string, Value>& vars) {
-  if (targets.size() == 1) {
-    vars[targets[0]] = item;
-    return;
+// The targets of a parenthesized group "(a,(b,c))" or "(a,)" (jinja_parser.cc's expect_target).
+std::vector<std::string> group_targets(const std::string& group) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (size_t i = 1; i + 1 < group.size(); ++i) {
+    const char c = group[i];
+    if (c == ',' && depth == 0) {
+      out.emplace_back();
+      continue;
+    }
+    depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+    out.back() += c;
   }
+  if (out.size() > 1 && out.back().empty()) out.pop_back();  // "(a,)"
+  return out;
+}
+
+// Unpacks `item` into `targets` (Python's `a, (b, c) = item`).
+void unpack_targets(const std::vector<std::string>& targets, const Value& item,
+                    std::unordered_map<std::string, Value>& vars) {
   const std::vector<Value> parts = iterate(item);
   if (parts.size() != targets.size()) {
     throw Error(parts.size() > targets.size()
@@ -454,7 +468,24 @@ void bind_targets(const std::vector<std::string>& targets, const Value& item,
                     : "not enough values to unpack (expected " + std::to_string(targets.size()) +
                           ", got " + std::to_string(parts.size()) + ")");
   }
-  for (size_t i = 0; i < targets.size(); ++i) vars[targets[i]] = parts[i];
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i][0] == '(') {
+      unpack_targets(group_targets(targets[i]), parts[i], vars);
+    } else {
+      vars[targets[i]] = parts[i];
+    }
+  }
+}
+
+void bind_targets(const std::vector<std::string>& targets, const Value& item,
+                  std::unordered_map<std::string, Value>& vars) {
+  if (targets.size() == 1 && targets[0][0] != '(') {
+    vars[targets[0]] = item;
+  } else if (targets.size() == 1) {
+    unpack_targets(group_targets(targets[0]), item, vars);
+  } else {
+    unpack_targets(targets, item, vars);
+  }
 }
 
 }  // namespace

@@ -514,10 +514,10 @@ class Parser {
       }
     } else if (kw == "for") {
       n->kind = Node::Kind::kFor;
-      n->targets.push_back(expect_name());
+      n->targets.push_back(expect_target());
       while (is_op(",")) {
         ++i_;
-        n->targets.push_back(expect_name());
+        n->targets.push_back(expect_target());
       }
       if (!is_name("in")) fail("expected 'in' in for loop");
       ++i_;
@@ -536,17 +536,18 @@ class Parser {
       expect_block_end();
     } else if (kw == "set") {
       n->kind = Node::Kind::kSet;
-      n->targets.push_back(expect_name());
-      if (is_op(".")) {
+      n->targets.push_back(expect_target());
+      if (is_op(".") && n->targets[0][0] != '(') {
         ++i_;
         n->attr = expect_name();
       } else {
         while (is_op(",")) {
           ++i_;
-          n->targets.push_back(expect_name());
+          n->targets.push_back(expect_target());
         }
       }
-      if (cur().type == Tok::kBlockEnd && n->targets.size() == 1 && n->attr.empty()) {
+      if (cur().type == Tok::kBlockEnd && n->targets.size() == 1 && n->attr.empty() &&
+          n->targets[0][0] != '(') {
         n->kind = Node::Kind::kSetBlock;
         ++i_;
         parse_body(n->body, {"endset"});
@@ -607,6 +608,21 @@ class Parser {
       fail("unknown tag '" + kw + "'");
     }
     return n;
+  }
+
+  // An assignment target: a name, or a parenthesized group of targets (`for a, (b, c) in ...`),
+  // which Node::targets holds as the text "(b,c)" (no name starts with '('); `(x)` is just x.
+  std::string expect_target() {
+    if (!is_op("(")) return expect_name();
+    Depth depth(*this);
+    ++i_;
+    std::vector<std::string> parts;
+    const bool comma = comma_list(")", [&] { parts.push_back(expect_target()); });
+    if (parts.empty()) fail("expected a name, got ')'");
+    if (parts.size() == 1 && !comma) return parts[0];
+    std::string group = "(";
+    for (size_t k = 0; k < parts.size(); ++k) group += (k ? "," : "") + parts[k];
+    return group + (parts.size() == 1 ? ",)" : ")");
   }
 
   void parse_params(std::vector<std::pair<std::string, ExprPtr>>& params) {

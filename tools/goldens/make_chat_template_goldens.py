@@ -235,6 +235,11 @@ FEATURES = [
                   "{% for k in d %}{{ k }}{% endfor %}{% for k, v in d|items %}{{ v }}{% endfor %}",
      {"d": {"b": 1, "a": 2}}),
     ("for_unpack_tuples", "{% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("unpack_nested_targets", "{% for a, (b, c) in [(1, (2, 3)), [4, [5, 6]]] %}{{ a }}{{ b }}{{ c }};{% endfor %}"
+                              "{% set (x, y) = [7, 8] %}{{ x }}{{ y }}{% set p, (q, r) = 1, 'ab' %}{{ p }}{{ q }}{{ r }}"
+                              "{% for (z,) in [[9]] %}{{ z }}{% endfor %}{% for (w) in [[0]] %}{{ w }}{% endfor %}"
+                              "{% for ((d, e), f) in [((1, 2), 3)] %}{{ d }}{{ e }}{{ f }}{% endfor %}", {}),
+    ("error_unpack_nested", "{% for a, (b, c) in [(1, (2, 3, 4))] %}{% endfor %}", {}),
     ("nested_loops", "{% for i in [1, 2] %}{% for j in 'ab' %}{{ loop.index }}{{ j }}{% endfor %}"
                      "{{ loop.index }}|{% endfor %}", {}),
     ("break_continue", "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}"
