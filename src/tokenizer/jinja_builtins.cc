@@ -465,10 +465,11 @@ Value select(Interpreter& in, const Value& seq, CallArgs& a, bool by_attr, bool 
   return Value::iterator(std::move(out));
 }
 
+// The sandbox makes a mutating method an Undefined (`l.append is defined` is false) whose call
+// fails with this message.
 Value unsafe_method(const std::string& type, const std::string& name) {
-  return Value::function(name, [type, name](Interpreter&, CallArgs&) -> Value {
-    throw Error("access to attribute '" + name + "' of '" + type + "' object is unsafe.");
-  });
+  return Value::undefined_because("access to attribute '" + name + "' of '" + type +
+                                  "' object is unsafe.");
 }
 
 // Python str.format with positional / named fields and no format specs.

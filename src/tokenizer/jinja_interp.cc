@@ -12,6 +12,7 @@ namespace bs::jinja {
 namespace {
 
 [[noreturn]] void fail_undefined(const Value& v) {
+  if (!v.str().empty() && v.str()[0] == '\x01') throw Error(v.str().substr(1));  // because
   throw Error(v.str().empty() ? std::string("value is undefined")
                               : "'" + v.str() + "' is undefined");
 }

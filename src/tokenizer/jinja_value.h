@@ -59,6 +59,9 @@ class Value {
     v.str_ = std::move(name);
     return v;
   }
+  // An Undefined that stands for `message` when used (the sandbox's unsafe attributes: not
+  // defined, and calling one fails with why), held as the name with a leading '\x01'.
+  static Value undefined_because(const std::string& message) { return undefined("\x01" + message); }
   static Value none() { return Value(Kind::kNone); }
   Value(bool b) : kind_(Kind::kBool), int_(b) {}                      // NOLINT: implicit by design
   Value(int v) : kind_(Kind::kInt), int_(v) {}                        // NOLINT

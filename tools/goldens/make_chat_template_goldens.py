@@ -493,6 +493,9 @@ FEATURES = [
     ("error_set_attr_non_namespace", "{% set d = {} %}{% set d.x = 1 %}", {}),
     ("error_range_too_big", "{{ range(1000000) | length }}", {}),
     ("error_unsafe_method", "{{ l.append(1) }}", {"l": [1]}),
+    ("unsafe_method_undefined", "{{ l.append is defined }}{{ d.update is defined }}[{{ l.append }}]"
+                                "{{ l.append ~ 'a' }}", {"l": [1], "d": {}}),
+    ("error_unsafe_method_attr", "{% set x = d.update %}{{ x.a }}", {"d": {}}),
     ("syntax_unclosed_if", "line 1\n{% if true %}\nno end", {}),
     ("syntax_unknown_tag", "a\nb\n{% frobnicate %}", {}),
     ("syntax_bad_expr", "x\n{{ 1 + }}", {}),
