@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "tokenizer/jinja_interp.h"
 #include "tokenizer/unicode.h"
@@ -46,6 +47,10 @@ bool is_alpha(char32_t c) {
 }
 bool is_digit(char32_t c) {
   return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_ND;
+}
+bool is_numeric(char32_t c) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  return cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO;
 }
 // Python str.isspace().
 bool is_py_space(char32_t c) { return unicode::is_whitespace(c) || (c >= 0x1C && c <= 0x1F); }
@@ -120,6 +125,49 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
 }
 
 // Python str.split / rsplit.
+// Python str.splitlines: breaks at \n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029.
+std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;  // bytes of the line break at i
+    if (c == '\r') {
+      n = i + 1 < s.size() && s[i + 1] == '\n' ? 2 : 1;
+    } else if (c == '\n' || c == 0x0B || c == 0x0C || (c >= 0x1C && c <= 0x1E)) {
+      n = 1;
+    } else if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) {
+      n = 2;
+    } else if (c == 0xE2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
+               (static_cast<unsigned char>(s[i + 2]) == 0xA8 ||
+                static_cast<unsigned char>(s[i + 2]) == 0xA9)) {
+      n = 3;
+    }
+    if (n == 0) {
+      ++i;
+      continue;
+    }
+    lines.push_back(s.substr(start, (keepends ? i + n : i) - start));
+    i += n;
+    start = i;
+  }
+  if (start < s.size()) lines.push_back(s.substr(start));
+  return lines;
+}
+
+// Python str.islower / isupper: some cased character, and none of the other case.
+bool py_is_case(const std::string& s, bool want_lower) {
+  bool cased = false;
+  for (char32_t c : decode(s)) {
+    if (!is_cased(c)) continue;
+    cased = true;
+    if ((want_lower ? upper(c) : lower(c)) == c && (want_lower ? lower(c) : upper(c)) != c) {
+      return false;
+    }
+  }
+  return cased;
+}
+
 Value py_split(const std::string& s, const Value* sep_v, const Value* max_v, bool from_right) {
   int64_t maxsplit = -1;
   if (max_v && !max_v->is_none()) {
@@ -254,6 +302,7 @@ Value length_of(const Value& v) {
     case Value::Kind::kString:
       return Value(static_cast<int64_t>(utf8_length(v.str())));
     case Value::Kind::kList:
+      if (v.is_iterator()) throw Error("object of type '" + v.type_name() + "' has no len()");
       return Value(static_cast<int64_t>(v.items().size()));
     case Value::Kind::kDict:
       if (!v.is_namespace()) return Value(static_cast<int64_t>(v.dict_data().items.size()));
@@ -270,7 +319,9 @@ Value dict_items(const Value& v) {
 }
 
 // Attribute path "a.b" / "0" of Jinja's make_attrgetter.
-Value attr_path(const Value& item, const std::string& path) {
+// With a default (map, groupby), an Undefined step becomes the default before the next one, as
+// Jinja2's make_attrgetter does, so a missing "tool_calls.0.name" yields the default.
+Value attr_path(const Value& item, const std::string& path, const Value* def = nullptr) {
   Value v = item;
   size_t start = 0;
   while (true) {
@@ -281,6 +332,7 @@ Value attr_path(const Value& item, const std::string& path) {
     const long long idx = std::strtoll(part.c_str(), &end, 10);
     v = !part.empty() && *end == '\0' ? get_item(v, Value(static_cast<int64_t>(idx)))
                                       : get_item(v, Value(part));
+    if (def != nullptr && !def->is_none() && v.is_undefined()) v = *def;
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -298,6 +350,24 @@ double py_round(double x, int64_t digits) {
   const double y = x * p;
   if (!std::isfinite(y)) return x;
   return std::nearbyint(y) / p;
+}
+
+// Python round(i, digits) of an int: unchanged for digits >= 0, else to a multiple of
+// 10^-digits, ties to even.
+int64_t round_int(int64_t i, int64_t digits) {
+  if (digits >= 0) return i;
+  if (digits < -18) return 0;
+  int64_t p = 1;
+  for (int64_t k = 0; k < -digits; ++k) p *= 10;
+  int64_t q = i / p, r = i % p;
+  if (r < 0) {
+    r += p;
+    --q;
+  }
+  if (2 * r > p || (2 * r == p && q % 2 != 0)) ++q;
+  int64_t out = 0;
+  if (__builtin_mul_overflow(q, p, &out)) throw Error("integer overflow");
+  return out;
 }
 
 // Python's int() of a string (Jinja's int filter falls back to float()).
@@ -331,12 +401,45 @@ bool compare_key_less(const Value& a, const Value& b, bool case_sensitive) {
   return py_less(a, b);
 }
 
+// The sort filter's order: Jinja2 sorts by one-item lists of the keys, so equal keys (None and
+// None) compare equal before any '<' that Python would refuse.
+bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
+  if (!case_sensitive && a.is_string() && b.is_string()) {
+    return map_chars(a.str(), lower) < map_chars(b.str(), lower);
+  }
+  return !py_equal(a, b) && py_less(a, b);
+}
+
 Value sort_key(const Value& item, const Value& attribute) {
   return attribute.is_string() ? attr_path(item, attribute.str()) : item;
 }
 
+// dictsort(case_sensitive=False, by="key", reverse=False): the dict's (key, value) pairs sorted
+// by key or value; strings compare lowercased unless case_sensitive (Python's stable sorted()).
+Value dictsort(Interpreter& in, const Value& v, CallArgs& a) {
+  const bool cs = arg(a, 0, "case_sensitive", Value(false)).truthy();
+  const Value by = arg(a, 1, "by", Value("key"));
+  const bool reverse = arg(a, 2, "reverse", Value(false)).truthy();
+  if (!by.is_string() || (by.str() != "key" && by.str() != "value")) {
+    throw Error("You can only sort by either 'key' or 'value'");
+  }
+  if (!v.is_dict() || v.is_namespace()) {
+    throw Error("dictsort: '" + v.type_name() + "' object has no attribute 'items'");
+  }
+  const size_t at = by.str() == "key" ? 0 : 1;
+  std::vector<Value> pairs = dict_items(v).items();
+  in.charge(static_cast<int64_t>(pairs.size()) * 20);
+  std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& x, const Value& y) {
+    const Value &kx = x.items()[at], &ky = y.items()[at];
+    return reverse ? compare_key_less(ky, kx, cs) : compare_key_less(kx, ky, cs);
+  });
+  return Value::list(std::move(pairs));
+}
+
 // select / reject / selectattr / rejectattr.
 Value select(Interpreter& in, const Value& seq, CallArgs& a, bool by_attr, bool keep) {
+  // Jinja2 reads the arguments and iterates only `if value:`, so None selects nothing.
+  if (!seq.truthy()) return Value::iterator({});
   size_t i = 0;
   std::string attr;
   if (by_attr) {
@@ -359,13 +462,14 @@ Value select(Interpreter& in, const Value& seq, CallArgs& a, bool by_attr, bool 
     const bool ok = test_name.empty() ? v.truthy() : in.test(test_name, v, ta, 0);
     if (ok == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::iterator(std::move(out));
 }
 
+// The sandbox makes a mutating method an Undefined (`l.append is defined` is false) whose call
+// fails with this message.
 Value unsafe_method(const std::string& type, const std::string& name) {
-  return Value::function(name, [type, name](Interpreter&, CallArgs&) -> Value {
-    throw Error("access to attribute '" + name + "' of '" + type + "' object is unsafe.");
-  });
+  return Value::undefined_because("access to attribute '" + name + "' of '" + type +
+                                  "' object is unsafe.");
 }
 
 // Python str.format with positional / named fields and no format specs.
@@ -424,6 +528,80 @@ size_t byte_offset(const std::string& s, int64_t i) {
   return pos;
 }
 
+// Python str.center / ljust / rjust: pads to `width` code points with a one-character fill.
+std::string py_justify(Interpreter& in, const std::string& s, const std::string& how, CallArgs& a) {
+  const int64_t width = need_int(arg(a, 0, "width", Value()), how.c_str());
+  const std::string fill = arg(a, 1, "fillchar", Value(" ")).to_str();
+  if (utf8_length(fill) != 1) throw Error("The fill character must be exactly one character long");
+  const int64_t n = static_cast<int64_t>(utf8_length(s));
+  if (width <= n) return s;
+  const int64_t marg = width - n;
+  in.check_size(static_cast<size_t>(std::min<int64_t>(marg, int64_t{1} << 40)) * fill.size() +
+                s.size());
+  int64_t left = how == "ljust" ? 0 : how == "rjust" ? marg : marg / 2 + (marg & width & 1);
+  std::string out;
+  for (int64_t i = 0; i < left; ++i) out += fill;
+  out += s;
+  for (int64_t i = left; i < marg; ++i) out += fill;
+  return out;
+}
+
+// str.partition / rpartition: (head, sep, tail), or the whole string with two empty parts.
+Value py_partition(const std::string& s, const Value& sep_v, bool right) {
+  const std::string sep = need_string(sep_v, right ? "rpartition" : "partition");
+  if (sep.empty()) throw Error("empty separator");
+  const size_t at = right ? s.rfind(sep) : s.find(sep);
+  if (at == std::string::npos) {
+    return right ? Value::list({Value(""), Value(""), Value(s)}, true)
+                 : Value::list({Value(s), Value(""), Value("")}, true);
+  }
+  return Value::list({Value(s.substr(0, at)), Value(sep), Value(s.substr(at + sep.size()))}, true);
+}
+
+// The rarer str methods (string_method has the common ones).
+Value more_string_method(const std::string& s, const std::string& name) {
+  using F = std::function<Value(Interpreter&, CallArgs&)>;
+  auto method = [&](F f) { return Value::function(name, std::move(f)); };
+  if (name == "center" || name == "ljust" || name == "rjust") {
+    return method(
+        [s, name](Interpreter& in, CallArgs& a) { return Value(py_justify(in, s, name, a)); });
+  }
+  if (name == "partition" || name == "rpartition") {
+    const bool right = name == "rpartition";
+    return method([s, right](Interpreter&, CallArgs& a) {
+      return py_partition(s, arg(a, 0, "sep", Value()), right);
+    });
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    const bool prefix = name == "removeprefix";
+    return method([s, prefix](Interpreter&, CallArgs& a) {
+      const std::string x = need_string(arg(a, 0, "prefix", Value()), "removeprefix");
+      if (prefix && s.starts_with(x)) return Value(s.substr(x.size()));
+      if (!prefix && s.ends_with(x)) return Value(s.substr(0, s.size() - x.size()));
+      return Value(s);
+    });
+  }
+  if (name == "zfill") {  // zeros after a leading sign
+    return method([s](Interpreter& in, CallArgs& a) {
+      const int64_t width = need_int(arg(a, 0, "width", Value()), "zfill");
+      const int64_t n = static_cast<int64_t>(utf8_length(s));
+      if (width <= n) return Value(s);
+      in.check_size(static_cast<size_t>(width));
+      const size_t at = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+      return Value(s.substr(0, at) + std::string(static_cast<size_t>(width - n), '0') +
+                   s.substr(at));
+    });
+  }
+  if (name == "swapcase") {
+    return method([s](Interpreter&, CallArgs&) {
+      std::u32string u = decode(s);
+      for (char32_t& c : u) c = lower(c) != c ? lower(c) : upper(c);
+      return Value(encode(u));
+    });
+  }
+  return Value::undefined(name);
+}
+
 Value string_method(const std::string& s, const std::string& name) {
   using F = std::function<Value(Interpreter&, CallArgs&)>;
   auto method = [&](F f) { return Value::function(name, std::move(f)); };
@@ -433,10 +611,21 @@ Value string_method(const std::string& s, const std::string& name) {
     return method([s, start](Interpreter&, CallArgs& a) {
       const Value* p = a.get(0, "prefix");
       if (p == nullptr) throw Error("startswith/endswith: missing argument");
+      // Optional start / end code-point indexes: the test applies to s[start:end].
+      const Value from = arg(a, 1, "start", Value::none()), to = arg(a, 2, "end", Value::none());
+      std::string t = s;
+      if (!from.is_none() || !to.is_none()) {
+        const int64_t n = static_cast<int64_t>(utf8_length(s));
+        const int64_t b = from.is_none() ? 0 : need_int(from, "startswith");
+        const size_t lo = byte_offset(s, b),
+                     hi = to.is_none() ? s.size() : byte_offset(s, need_int(to, "startswith"));
+        if (b > n) return Value(false);  // Python: a start past the end never matches
+        t = lo <= hi ? s.substr(lo, hi - lo) : std::string();
+      }
       std::vector<Value> options = p->is_tuple() ? p->items() : std::vector<Value>{*p};
       for (const Value& o : options) {
         const std::string x = need_string(o, start ? "startswith" : "endswith");
-        if (start ? s.starts_with(x) : s.ends_with(x)) return Value(true);
+        if (start ? t.starts_with(x) : t.ends_with(x)) return Value(true);
       }
       return Value(false);
     });
@@ -455,6 +644,7 @@ Value string_method(const std::string& s, const std::string& name) {
   }
   if (name == "replace") {
     return method([s](Interpreter& in, CallArgs& a) {
+      if (!a.kw.empty()) throw Error("str.replace() takes no keyword arguments");
       const Value none;
       const Value count = arg(a, 2, "count", Value(int64_t{-1}));
       return Value(py_replace(in, s, need_string(arg(a, 0, "old", none), "replace"),
@@ -524,16 +714,7 @@ Value string_method(const std::string& s, const std::string& name) {
     return method([s](Interpreter&, CallArgs& a) {
       const bool keep = arg(a, 0, "keepends", Value(false)).truthy();
       std::vector<Value> lines;
-      size_t start = 0;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] != '\n' && s[i] != '\r') continue;
-        size_t end = i + 1;
-        if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++end;
-        lines.emplace_back(s.substr(start, (keep ? end : i) - start));
-        start = end;
-        i = end - 1;
-      }
-      if (start < s.size()) lines.emplace_back(s.substr(start));
+      for (std::string& line : py_splitlines(s, keep)) lines.emplace_back(std::move(line));
       return Value::list(std::move(lines));
     });
   }
@@ -544,26 +725,219 @@ Value string_method(const std::string& s, const std::string& name) {
       return Value(!u.empty() && std::all_of(u.begin(), u.end(), p));
     });
   };
-  if (name == "isdigit") return all_of(is_digit);
+  if (name == "isdigit" || name == "isdecimal") return all_of(is_digit);
+  if (name == "isnumeric") return all_of(is_numeric);
+  if (name == "istitle") {  // cased runs start with a title/upper case letter, then lowercase
+    return method([s](Interpreter&, CallArgs&) {
+      bool cased = false, prev_cased = false;
+      for (char32_t c : decode(s)) {
+        const bool up = is_cased(c) && lower(c) != c, low = is_cased(c) && !up;
+        if (up && prev_cased) return Value(false);
+        if (low && !prev_cased) return Value(false);
+        cased = cased || is_cased(c);
+        prev_cased = is_cased(c);
+      }
+      return Value(cased);
+    });
+  }
   if (name == "isalpha") return all_of(is_alpha);
   if (name == "isspace") return all_of(is_py_space);
   if (name == "isalnum") return all_of([](char32_t c) { return is_alpha(c) || is_digit(c); });
   if (name == "islower" || name == "isupper") {
     const bool want_lower = name == "islower";
-    return method([s, want_lower](Interpreter&, CallArgs&) {
-      bool cased = false;
-      for (char32_t c : decode(s)) {
-        if (!is_cased(c)) continue;
-        cased = true;
-        if ((want_lower ? upper(c) : lower(c)) == c && (want_lower ? lower(c) : upper(c)) != c) {
-          return Value(false);
-        }
-      }
-      return Value(cased);
-    });
+    return method(
+        [s, want_lower](Interpreter&, CallArgs&) { return Value(py_is_case(s, want_lower)); });
   }
   (void)none;
-  return Value::undefined(name);
+  return more_string_method(s, name);
+}
+
+// ---- the rarer filters (Jinja2 3.1's definitions) ----
+
+// batch(linecount, fill_with=None): lists of linecount items, the last one padded.
+Value batch(Interpreter& in, const Value& v, CallArgs& a) {
+  const int64_t n = need_int(arg(a, 0, "linecount", Value()), "batch");
+  const Value fill = arg(a, 1, "fill_with", Value::none());
+  std::vector<Value> out, tmp;
+  for (const Value& item : iterate(v)) {
+    in.charge(1);
+    if (static_cast<int64_t>(tmp.size()) == n) {
+      out.push_back(Value::list(std::move(tmp)));
+      tmp.clear();
+    }
+    tmp.push_back(item);
+  }
+  if (!tmp.empty()) {
+    if (!fill.is_none() && static_cast<int64_t>(tmp.size()) < n) {
+      in.check_list(static_cast<size_t>(n));
+      tmp.resize(static_cast<size_t>(n), fill);
+    }
+    out.push_back(Value::list(std::move(tmp)));
+  }
+  return Value::iterator(std::move(out));
+}
+
+// slice(slices, fill_with=None): the items cut into `slices` columns, the first ones longer.
+Value slice(Interpreter& in, const Value& v, CallArgs& a) {
+  const int64_t slices = need_int(arg(a, 0, "slices", Value()), "slice");
+  const Value fill = arg(a, 1, "fill_with", Value::none());
+  if (slices <= 0) throw Error("slice: integer division or modulo by zero");
+  const std::vector<Value> seq = iterate(v);
+  const int64_t len = static_cast<int64_t>(seq.size());
+  const int64_t per = len / slices, with_extra = len % slices;
+  in.check_list(static_cast<size_t>(std::min<int64_t>(slices, 1 << 30)));
+  std::vector<Value> out;
+  int64_t offset = 0;
+  for (int64_t k = 0; k < slices; ++k) {
+    const int64_t start = offset + k * per;
+    if (k < with_extra) ++offset;
+    const int64_t end = offset + (k + 1) * per;
+    std::vector<Value> part(seq.begin() + start, seq.begin() + end);
+    if (!fill.is_none() && k >= with_extra) part.push_back(fill);
+    out.push_back(Value::list(std::move(part)));
+  }
+  return Value::iterator(std::move(out));
+}
+
+// truncate(length=255, killwords=False, end='...', leeway=5).
+Value truncate(const Value& v, CallArgs& a) {
+  const std::string s = v.to_str();
+  const int64_t length = need_int(arg(a, 0, "length", Value(255)), "truncate");
+  const bool killwords = arg(a, 1, "killwords", Value(false)).truthy();
+  const std::string end = arg(a, 2, "end", Value("...")).to_str();
+  const Value leeway_v = arg(a, 3, "leeway", Value::none());
+  const int64_t leeway = leeway_v.is_none() ? 5 : need_int(leeway_v, "truncate");
+  const int64_t end_len = static_cast<int64_t>(utf8_length(end));
+  if (length < end_len) {
+    throw Error("expected length >= " + std::to_string(end_len) + ", got " +
+                std::to_string(length));
+  }
+  if (leeway < 0) throw Error("expected leeway >= 0, got " + std::to_string(leeway));
+  const int64_t n = static_cast<int64_t>(utf8_length(s));
+  if (n <= length || n - length <= leeway) return Value(s);  // (no overflow: length >= 0)
+  std::string head = s.substr(0, byte_offset(s, length - end_len));
+  if (!killwords) {
+    const size_t space = head.rfind(' ');
+    if (space != std::string::npos) head.resize(space);
+  }
+  return Value(head + end);
+}
+
+// wordcount: the number of \w+ runs (letters, digits, underscore).
+Value wordcount(const Value& v) {
+  int64_t n = 0;
+  bool in_word = false;
+  for (char32_t c : decode(v.to_str())) {
+    const bool w = is_alpha(c) || is_numeric(c) || c == U'_';
+    if (w && !in_word) ++n;
+    in_word = w;
+  }
+  return Value(n);
+}
+
+// Removes every non-overlapping `open`...`close` span, leftmost first (the regex open.*?close).
+// Once a close is not found no later one is either, which keeps "<<<<..." linear.
+std::string remove_spans(const std::string& s, std::string_view open, std::string_view close) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t b = s.find(open, i);
+    const size_t e = b == std::string::npos ? b : s.find(close, b + open.size());
+    if (e == std::string::npos) break;
+    out.append(s, i, b - i);
+    i = e + close.size();
+  }
+  out.append(s, std::min(i, s.size()), std::string::npos);
+  return out;
+}
+
+// Markup.striptags: comments, then tags removed, whitespace runs collapsed to one space, then the
+// basic HTML entities unescaped.
+Value striptags(const Value& v) {
+  const std::string text = remove_spans(remove_spans(v.to_str(), "<!--", "-->"), "<", ">");
+  std::string words;
+  const Value split = py_split(text, nullptr, nullptr, false);  // outlives the loop
+  for (const Value& word : split.items()) {
+    if (!words.empty()) words += ' ';
+    words += word.str();
+  }
+  static const std::pair<std::string_view, std::string_view> kEntities[] = {
+      {"&lt;", "<"},  {"&gt;", ">"},   {"&quot;", "\""}, {"&#34;", "\""},
+      {"&#39;", "'"}, {"&apos;", "'"}, {"&amp;", "&"}};
+  std::string out;
+  for (size_t i = 0; i < words.size();) {
+    const auto* hit = std::find_if(std::begin(kEntities), std::end(kEntities), [&](const auto& e) {
+      return std::string_view(words).substr(i).starts_with(e.first);
+    });
+    if (hit == std::end(kEntities)) {
+      out += words[i++];
+    } else {
+      out += hit->second;
+      i += hit->first.size();
+    }
+  }
+  return Value(std::move(out));
+}
+
+// groupby(attribute, default=None, case_sensitive=False): the items sorted by the attribute and
+// grouped, as (grouper, list) tuples; when case-insensitive the grouper is the first item's value.
+Value groupby(Interpreter& in, const Value& v, CallArgs& a) {
+  const Value attribute = arg(a, 0, "attribute", Value());
+  const Value def = arg(a, 1, "default", Value::none());
+  const bool cs = arg(a, 2, "case_sensitive", Value(false)).truthy();
+  auto key_of = [&](const Value& item) {
+    Value k =
+        attribute.is_int() ? get_item(item, attribute) : attr_path(item, attribute.to_str(), &def);
+    if (k.is_undefined() && !def.is_none()) k = def;
+    return k;
+  };
+  auto folded = [&](const Value& k) {
+    return !cs && k.is_string() ? Value(map_chars(k.str(), lower)) : k;
+  };
+  std::vector<Value> items = iterate(v);
+  in.charge(static_cast<int64_t>(items.size()) * 20);
+  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+    return py_less(folded(key_of(x)), folded(key_of(y)));
+  });
+  std::vector<Value> out, members;
+  Value current;
+  auto flush = [&] {
+    out.push_back(Value::group(cs ? current : key_of(members[0]), Value::list(members)));
+    members.clear();
+  };
+  for (const Value& item : items) {
+    const Value k = folded(key_of(item));
+    if (!members.empty() && !py_equal(k, current)) flush();
+    current = k;
+    members.push_back(item);
+  }
+  if (!members.empty()) flush();
+  return Value::list(std::move(out));
+}
+
+// The filters above by name; false when `name` is none of them.
+bool more_filter(Interpreter& in, const std::string& name, const Value& v, CallArgs& a,
+                 Value& out) {
+  if (name == "batch") {
+    out = batch(in, v, a);
+  } else if (name == "slice") {
+    out = slice(in, v, a);
+  } else if (name == "truncate") {
+    out = truncate(v, a);
+  } else if (name == "wordcount") {
+    out = wordcount(v);
+  } else if (name == "striptags") {
+    out = striptags(v);
+  } else if (name == "groupby") {
+    out = groupby(in, v, a);
+  } else if (name == "center") {
+    CallArgs ca;
+    ca.pos.push_back(arg(a, 0, "width", Value(80)));
+    out = Value(py_justify(in, v.to_str(), "center", ca));
+  } else {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -596,7 +970,11 @@ Value get_method(const Value& obj, const std::string& name) {
       return unsafe_method("dict", name);
     }
   }
-  if (obj.is_list()) {
+  if (obj.is_list() && !obj.is_iterator()) {
+    if (name == "copy" && !obj.is_tuple()) {
+      return Value::function(name,
+                             [obj](Interpreter&, CallArgs&) { return Value::list(obj.items()); });
+    }
     if (name == "index" || name == "count") {
       const bool index = name == "index";
       return Value::function(name, [obj, index](Interpreter&, CallArgs& a) {
@@ -632,7 +1010,13 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   }
   if (name == "length" || name == "count") return length_of(v);
   if (name == "string") return Value(v.to_str());
-  if (name == "safe") return v;
+  // safe: Markup(str(value)); escape / e: Markup of the escaped text unless already Markup;
+  // forceescape: escapes even Markup.
+  if (name == "safe") return v.is_markup() ? v : Value::markup(v.to_str());
+  if (name == "escape" || name == "e") {
+    return v.is_markup() ? v : Value::markup(html_escape(v.to_str()));
+  }
+  if (name == "forceescape") return Value::markup(html_escape(v.to_str()));
   if (name == "trim") return Value(py_strip(v.to_str(), a.get(0, "chars"), true, true));
   if (name == "upper") return Value(map_chars(v.to_str(), upper));
   if (name == "lower") return Value(map_chars(v.to_str(), lower));
@@ -683,15 +1067,18 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     return Value(std::move(out));
   }
   if (name == "first" || name == "last") {
+    if (name == "last" && v.is_iterator()) {
+      throw Error("'" + v.type_name() + "' object is not reversible");
+    }
     std::vector<Value> items = iterate(v);
     if (items.empty()) return Value::undefined(name);
     return name == "first" ? items.front() : items.back();
   }
   if (name == "list") return Value::list(iterate(v));
   if (name == "items") {
-    if (v.is_undefined()) return Value::list({});
+    if (v.is_undefined()) return Value::iterator({});
     if (!v.is_dict() || v.is_namespace()) throw Error("Can only get item pairs from a mapping.");
-    return dict_items(v);
+    return Value::iterator(dict_items(v).items());
   }
   if (name == "reverse") {
     if (v.is_string()) {
@@ -699,9 +1086,13 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
       std::reverse(u.begin(), u.end());
       return Value(encode(u));
     }
+    // reversed(value) where Python has it; a generator becomes a reversed list.
     std::vector<Value> items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return Value::list(std::move(items));
+    if (v.is_iterator() || v.is_undefined()) return Value::list(std::move(items));
+    return Value::iterator(std::move(items), v.is_dict()    ? "dict_reversekeyiterator"
+                                             : v.is_tuple() ? "reversed"
+                                                            : "list_reverseiterator");
   }
   if (name == "int") {
     const Value def = arg(a, 0, "default", Value(0));
@@ -739,6 +1130,9 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     const int64_t precision = need_int(arg(a, 0, "precision", Value(0)), "round");
     const std::string method = arg(a, 1, "method", Value("common")).to_str();
     if (!v.is_number()) throw Error("round: expected a number, got " + v.type_name());
+    if (method == "common" && v.kind() != Value::Kind::kFloat) {
+      return Value(round_int(v.as_int(), precision));  // Python's round(int, n) is an int
+    }
     const double x = v.as_double();
     if (method == "common") return Value(py_round(x, precision));
     const double p = std::pow(10.0, static_cast<double>(precision));
@@ -760,7 +1154,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
         out.push_back(item);
       }
     }
-    return Value::list(std::move(out));
+    return Value::iterator(std::move(out));
   }
   if (name == "sort") {
     const bool reverse = arg(a, 0, "reverse", Value(false)).truthy();
@@ -770,7 +1164,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     in.charge(static_cast<int64_t>(items.size()) * 20);
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
       const Value kx = sort_key(x, attribute), ky = sort_key(y, attribute);
-      return reverse ? compare_key_less(ky, kx, cs) : compare_key_less(kx, ky, cs);
+      return reverse ? sort_less(ky, kx, cs) : sort_less(kx, ky, cs);
     });
     return Value::list(std::move(items));
   }
@@ -797,13 +1191,13 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
   }
   if (name == "map") {
     std::vector<Value> out;
+    if (!v.truthy()) return Value::iterator({});  // as select: nothing when the value is falsy
     const Value* attribute = a.get(SIZE_MAX, "attribute");
     if (attribute) {
       const Value* def = a.get(SIZE_MAX, "default");
       for (const Value& item : iterate(v)) {
         in.charge(1);
-        Value x = attr_path(item, attribute->to_str());
-        out.push_back(x.is_undefined() && def ? *def : x);
+        out.push_back(attr_path(item, attribute->to_str(), def));
       }
     } else {
       if (a.pos.empty()) throw Error("map: missing filter name or attribute");
@@ -815,13 +1209,27 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
         out.push_back(in.filter(filter_name, item, fa, 0));
       }
     }
-    return Value::list(std::move(out));
+    return Value::iterator(std::move(out));
+  }
+  if (name == "dictsort") return dictsort(in, v, a);
+  if (name == "format") {  // str(value) % (kwargs or args)
+    if (!a.pos.empty() && !a.kw.empty()) {
+      throw Error("can't handle positional and keyword arguments at the same time");
+    }
+    std::vector<std::pair<Value, Value>> kw;
+    for (const auto& [k, x] : a.kw) kw.emplace_back(Value(k), x);
+    return Value(percent_format(
+        in, v.to_str(), kw.empty() ? Value::list(a.pos, true) : Value::dict(std::move(kw))));
   }
   if (name == "select") return select(in, v, a, false, true);
   if (name == "reject") return select(in, v, a, false, false);
   if (name == "selectattr") return select(in, v, a, true, true);
   if (name == "rejectattr") return select(in, v, a, true, false);
-  if (name == "attr") return get_attr(v, arg(a, 0, "name", undef).to_str());
+  if (name == "attr") {  // getattr(): a dict's keys are not attributes, its methods are
+    const std::string attr = arg(a, 0, "name", undef).to_str();
+    if ((v.is_dict() && !v.is_namespace()) || v.is_list()) return get_method(v, attr);
+    return get_attr(v, attr);
+  }
   if (name == "indent") {
     const Value width = arg(a, 0, "width", Value(4));
     const bool first = arg(a, 1, "first", Value(false)).truthy();
@@ -831,17 +1239,9 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
             ? width.str()
             : std::string(
                   static_cast<size_t>(std::clamp<int64_t>(need_int(width, "indent"), 0, 256)), ' ');
-    std::vector<std::string> lines;
-    {
-      const std::string s = v.to_str() + "\n";
-      size_t start = 0;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] != '\n' && s[i] != '\r') continue;
-        lines.push_back(s.substr(start, i - start));
-        if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
-        start = i + 1;
-      }
-    }
+    // Jinja2: (s + "\n").splitlines(), joined again with "\n".
+    std::vector<std::string> lines = py_splitlines(v.to_str() + "\n", false);
+    if (lines.empty()) lines.emplace_back();
     std::string out;
     for (size_t i = 0; i < lines.size(); ++i) {
       if (i > 0) out += "\n";
@@ -852,6 +1252,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, Cal
     if (first) out = pad + out;
     return Value(std::move(out));
   }
+  if (Value out; more_filter(in, name, v, a, out)) return out;
   throw Error("no filter named '" + name + "'");
 }
 
@@ -864,11 +1265,13 @@ bool one_of(const char* const (&names)[N], const std::string& name) {
 
 bool has_filter(const std::string& name) {
   static const char* kFilters[] = {
-      "default", "d",      "length", "count",      "string",     "safe",   "trim",
-      "upper",   "lower",  "title",  "capitalize", "replace",    "tojson", "join",
-      "first",   "last",   "list",   "items",      "reverse",    "int",    "float",
-      "abs",     "round",  "unique", "sort",       "min",        "max",    "sum",
-      "map",     "select", "reject", "selectattr", "rejectattr", "attr",   "indent"};
+      "default",  "d",         "length",    "count",      "string",      "safe",   "trim",
+      "upper",    "lower",     "title",     "capitalize", "replace",     "tojson", "join",
+      "first",    "last",      "list",      "items",      "reverse",     "int",    "float",
+      "abs",      "round",     "unique",    "sort",       "min",         "max",    "sum",
+      "map",      "select",    "reject",    "selectattr", "rejectattr",  "attr",   "indent",
+      "dictsort", "format",    "escape",    "e",          "forceescape", "batch",  "slice",
+      "truncate", "wordcount", "striptags", "groupby",    "center"};
   return one_of(kFilters, name);
 }
 
@@ -879,7 +1282,7 @@ bool has_test(const std::string& name) {
       "odd",     "divisibleby", "in",          "equalto",  "eq",     "==",       "ne",
       "!=",      "lt",          "<",           "le",       "<=",     "gt",       ">",
       "ge",      ">=",          "greaterthan", "lessthan", "sameas", "callable", "lower",
-      "upper",   "filter",      "test"};
+      "upper",   "filter",      "test",        "escaped"};
   return one_of(kTests, name);
 }
 
@@ -902,9 +1305,10 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
     return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace());
   }
   if (name == "sequence") {
-    return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace());
+    return v.is_undefined() || v.is_string() || (v.is_list() && !v.is_iterator()) ||
+           (v.is_dict() && !v.is_namespace());
   }
-  if (name == "callable") return v.is_func();
+  if (name == "callable") return v.is_func() || v.is_undefined();  // Undefined has __call__
   if (name == "even" || name == "odd") {
     const int64_t i = need_int(v, name.c_str());
     return (i % 2 == 0) == (name == "even");
@@ -922,10 +1326,8 @@ bool apply_test(Interpreter& in, const std::string& name, const Value& v, CallAr
   if (name == "le" || name == "<=") return py_less(v, x) || py_equal(v, x);
   if (name == "ge" || name == ">=") return py_less(x, v) || py_equal(v, x);
   if (name == "sameas") return v.kind() == x.kind() && py_equal(v, x);
-  if (name == "lower" || name == "upper") {
-    const std::string s = v.to_str();
-    return (name == "lower" ? map_chars(s, lower) : map_chars(s, upper)) == s;
-  }
+  if (name == "lower" || name == "upper") return py_is_case(v.to_str(), name == "lower");
+  if (name == "escaped") return v.is_markup();
   if (name == "filter") return v.is_string() && has_filter(v.str());
   if (name == "test") return v.is_string() && has_test(v.str());
   (void)in;
@@ -974,6 +1376,40 @@ std::vector<std::pair<std::string, Value>> builtin_globals() {
                  }));
   g.emplace_back("dict", Value::function("dict", [kwargs_dict](Interpreter&, CallArgs& a) {
                    return kwargs_dict(a, false);
+                 }));
+  // cycler(*items): .next() returns the current item and advances, .current, .reset().
+  g.emplace_back(
+      "cycler", Value::function("cycler", [](Interpreter&, CallArgs& a) {
+        if (a.pos.empty()) throw Error("at least one item has to be provided");
+        const std::vector<Value> items = a.pos;
+        auto pos = std::make_shared<size_t>(0);
+        Value c = Value::dict({{Value("current"), items[0]}});
+        // The functions hold the cycler to update .current (the render's container
+        // scope breaks that cycle).
+        c.dict_data().set(Value("next"),
+                          Value::function("next", [items, pos, c](Interpreter&, CallArgs&) {
+                            const Value rv = items[*pos];
+                            *pos = (*pos + 1) % items.size();
+                            c.dict_data().set(Value("current"), items[*pos]);
+                            return rv;
+                          }));
+        c.dict_data().set(Value("reset"),
+                          Value::function("reset", [items, pos, c](Interpreter&, CallArgs&) {
+                            *pos = 0;
+                            c.dict_data().set(Value("current"), items[0]);
+                            return Value::none();
+                          }));
+        return c;
+      }));
+  // joiner(sep=", "): a callable returning "" the first time, then sep.
+  g.emplace_back("joiner", Value::function("joiner", [](Interpreter&, CallArgs& a) {
+                   const std::string sep = arg(a, 0, "sep", Value(", ")).to_str();
+                   auto used = std::make_shared<bool>(false);
+                   return Value::function("joiner", [sep, used](Interpreter&, CallArgs&) {
+                     const bool first = !*used;
+                     *used = true;
+                     return Value(first ? std::string() : sep);
+                   });
                  }));
   g.emplace_back("raise_exception",
                  Value::function("raise_exception", [](Interpreter&, CallArgs& a) -> Value {

@@ -1,7 +1,10 @@
 #include "tokenizer/jinja_interp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "tokenizer/unicode.h"
 
@@ -9,6 +12,7 @@ namespace bs::jinja {
 namespace {
 
 [[noreturn]] void fail_undefined(const Value& v) {
+  if (!v.str().empty() && v.str()[0] == '\x01') throw Error(v.str().substr(1));  // because
   throw Error(v.str().empty() ? std::string("value is undefined")
                               : "'" + v.str() + "' is undefined");
 }
@@ -149,6 +153,9 @@ Value get_attr(const Value& obj, const std::string& name) {
     const Value* v = obj.dict_data().find(Value(name));
     return v ? *v : Value::undefined(name);
   }
+  if (obj.is_group() && (name == "grouper" || name == "list")) {
+    return obj.items()[name == "grouper" ? 0 : 1];
+  }
   if (obj.is_string() || obj.is_list()) return get_method(obj, name);
   return Value::undefined(name);
 }
@@ -160,6 +167,7 @@ Value get_item(const Value& obj, const Value& key) {
     if (v) return *v;
     return key.is_string() ? get_attr(obj, key.str()) : Value::undefined();
   }
+  if (obj.is_iterator()) return Value::undefined();  // a generator is not subscriptable
   if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t i = key.as_int();
     if (obj.is_list()) {
@@ -193,9 +201,16 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     }
     if (a.is_string() && b.is_string()) {
       in.check_size(a.str().size() + b.str().size());
+      if (a.is_markup() || b.is_markup()) {  // Markup + str escapes the str, and vice versa
+        std::string s = (a.is_markup() ? a.str() : html_escape(a.str())) +
+                        (b.is_markup() ? b.str() : html_escape(b.str()));
+        in.check_size(s.size());
+        return Value::markup(std::move(s));
+      }
       return Value(a.str() + b.str());
     }
-    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+    if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple() && !a.is_iterator() &&
+        !b.is_iterator()) {
       in.check_list(a.items().size() + b.items().size());
       std::vector<Value> items = a.items();
       items.insert(items.end(), b.items().begin(), b.items().end());
@@ -218,14 +233,15 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     }
     const Value* seq = a.is_string() || a.is_list() ? &a : &b;
     const Value* count = seq == &a ? &b : &a;
-    if ((seq->is_string() || seq->is_list()) && (count->is_int() || count->is_bool())) {
+    if ((seq->is_string() || (seq->is_list() && !seq->is_iterator())) &&
+        (count->is_int() || count->is_bool())) {
       const int64_t n = std::max<int64_t>(0, count->as_int());
       if (seq->is_string()) {
         if (n > 0 && seq->str().size() > 0)
           in.check_size(seq->str().size() * std::min<int64_t>(n, 1LL << 40));
         std::string s;
         for (int64_t i = 0; i < n; ++i) s += seq->str();
-        return Value(std::move(s));
+        return seq->is_markup() ? Value::markup(std::move(s)) : Value(std::move(s));
       }
       in.check_list(n > 0 && !seq->items().empty()
                         ? static_cast<size_t>(std::min<int64_t>(n, 1LL << 40)) * seq->items().size()
@@ -238,7 +254,10 @@ Value binary_op(Interpreter& in, const std::string& op, const Value& a, const Va
     fail_operands(op, a, b);
   }
   if (!num) {
-    if (op == "%" && a.is_string()) throw Error("printf-style string formatting is not supported");
+    if (op == "%" && a.is_string()) {
+      std::string s = percent_format(in, a.str(), b, a.is_markup());
+      return a.is_markup() ? Value::markup(std::move(s)) : Value(std::move(s));
+    }
     fail_operands(op, a, b);
   }
   if (op == "/") {
@@ -370,10 +389,10 @@ Interpreter::Flow Interpreter::render_node(const Node& n, Frame& frame, std::str
         break;
       case Node::Kind::kCallBlock: {
         const Node* node = &n;
-        Frame* parent = &frame;
-        Value caller = Value::function("caller", [this, node, parent](Interpreter&, CallArgs& a) {
+        std::shared_ptr<Frame> scope = capture(frame);
+        Value caller = Value::function("caller", [this, node, scope](Interpreter&, CallArgs& a) {
           Frame f;
-          f.parent = parent;
+          f.parent = scope ? scope.get() : root_;
           for (size_t i = 0; i < node->params.size(); ++i) {
             const Value* v = a.get(i, node->params[i].first);
             f.vars[node->params[i].first] = v ? *v
@@ -396,6 +415,15 @@ Interpreter::Flow Interpreter::render_node(const Node& n, Frame& frame, std::str
         return Flow::kBreak;
       case Node::Kind::kContinue:
         return Flow::kContinue;
+      case Node::Kind::kFilterBlock: {  // the body rendered in its own scope, then filtered
+        Frame f;
+        f.parent = &frame;
+        std::string body;
+        render_body(n.body, f, body);
+        f.vars[kFilterBlockInput] = Value(std::move(body));
+        out += eval(*n.expr, f).to_str();
+        break;
+      }
       case Node::Kind::kScope: {
         if (!n.new_scope) return render_body(n.body, frame, out);
         Frame f;
@@ -414,12 +442,26 @@ Interpreter::Flow Interpreter::render_node(const Node& n, Frame& frame, std::str
 
 namespace {
 
-void bind_targets(const std::vector<std::string>& targets, const Value& item,
-                  std::unordered_map<std::string, Value>& vars) {
-  if (targets.size() == 1) {
-    vars[targets[0]] = item;
-    return;
+// The targets of a parenthesized group "(a,(b,c))" or "(a,)" (jinja_parser.cc's expect_target).
+std::vector<std::string> group_targets(const std::string& group) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (size_t i = 1; i + 1 < group.size(); ++i) {
+    const char c = group[i];
+    if (c == ',' && depth == 0) {
+      out.emplace_back();
+      continue;
+    }
+    depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+    out.back() += c;
   }
+  if (out.size() > 1 && out.back().empty()) out.pop_back();  // "(a,)"
+  return out;
+}
+
+// Unpacks `item` into `targets` (Python's `a, (b, c) = item`).
+void unpack_targets(const std::vector<std::string>& targets, const Value& item,
+                    std::unordered_map<std::string, Value>& vars) {
   const std::vector<Value> parts = iterate(item);
   if (parts.size() != targets.size()) {
     throw Error(parts.size() > targets.size()
@@ -427,7 +469,24 @@ void bind_targets(const std::vector<std::string>& targets, const Value& item,
                     : "not enough values to unpack (expected " + std::to_string(targets.size()) +
                           ", got " + std::to_string(parts.size()) + ")");
   }
-  for (size_t i = 0; i < targets.size(); ++i) vars[targets[i]] = parts[i];
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i][0] == '(') {
+      unpack_targets(group_targets(targets[i]), parts[i], vars);
+    } else {
+      vars[targets[i]] = parts[i];
+    }
+  }
+}
+
+void bind_targets(const std::vector<std::string>& targets, const Value& item,
+                  std::unordered_map<std::string, Value>& vars) {
+  if (targets.size() == 1 && targets[0][0] != '(') {
+    vars[targets[0]] = item;
+  } else if (targets.size() == 1) {
+    unpack_targets(group_targets(targets[0]), item, vars);
+  } else {
+    unpack_targets(targets, item, vars);
+  }
 }
 
 }  // namespace
@@ -447,6 +506,15 @@ Interpreter::Flow Interpreter::render_for(const Node& n, Frame& frame, std::stri
   }
   if (items.empty()) return render_body(n.else_body, frame, out);
   const int64_t len = static_cast<int64_t>(items.size());
+  // loop.changed(*values): whether the values differ from those of its previous call.
+  auto last_changed = std::make_shared<std::optional<std::vector<Value>>>();
+  const Value changed = Value::function("changed", [last_changed](Interpreter&, CallArgs& a) {
+    const auto& last = *last_changed;
+    const bool same = last && last->size() == a.pos.size() &&
+                      std::equal(a.pos.begin(), a.pos.end(), last->begin(), py_equal);
+    if (!same) *last_changed = a.pos;
+    return Value(!same);
+  });
   for (int64_t i = 0; i < len; ++i) {
     charge(4);  // an iteration builds a frame and the loop object
     Frame f;
@@ -464,10 +532,12 @@ Interpreter::Flow Interpreter::render_for(const Node& n, Frame& frame, std::stri
         {"depth0", Value(0)},
         {"previtem", i > 0 ? items[i - 1] : Value::undefined("previtem")},
         {"nextitem", i + 1 < len ? items[i + 1] : Value::undefined("nextitem")},
-        {"cycle", Value::function("cycle", [i](Interpreter&, CallArgs& a) {
-           if (a.pos.empty()) throw Error("no items for cycling given");
-           return a.pos[static_cast<size_t>(i) % a.pos.size()];
-         })}};
+        {"cycle", Value::function("cycle",
+                                  [i](Interpreter&, CallArgs& a) {
+                                    if (a.pos.empty()) throw Error("no items for cycling given");
+                                    return a.pos[static_cast<size_t>(i) % a.pos.size()];
+                                  })},
+        {"changed", changed}};
     f.vars["loop"] = Value::dict(std::move(loop));
     const Flow flow = render_body(n.body, f, out);
     if (flow == Flow::kBreak) break;
@@ -495,23 +565,86 @@ const Value* Interpreter::lookup(const std::string& name, Frame& frame) const {
   return nullptr;
 }
 
+// The variables a macro or caller body sees besides its arguments: those of the scope it was
+// defined in. Top-level variables are read when it runs (Jinja2 resolves them in the context);
+// those of enclosing loops and macros are copied now, so a macro that outlives its scope (stored
+// in a namespace) never reads a dead frame. nullptr at top level.
+std::shared_ptr<Interpreter::Frame> Interpreter::capture(Frame& frame) {
+  if (&frame == root_) return nullptr;
+  auto scope = std::make_shared<Frame>();
+  for (Frame* f = &frame; f != nullptr && f != root_; f = f->parent) {
+    charge(static_cast<int64_t>(f->vars.size()));
+    for (const auto& [k, v] : f->vars) scope->vars.emplace(k, v);  // inner scopes win
+  }
+  scope->parent = root_;
+  return scope;
+}
+
+namespace {
+
+bool uses_name(const Expr* e, std::string_view name) {
+  if (e == nullptr) return false;
+  if (e->kind == Expr::Kind::kName && e->name == name) return true;
+  for (const ExprPtr& a : e->args) {
+    if (uses_name(a.get(), name)) return true;
+  }
+  for (const auto& [k, a] : e->kwargs) {
+    if (uses_name(a.get(), name)) return true;
+  }
+  return false;
+}
+
+// Whether a macro body reads `name` (Jinja2 gives a macro varargs / kwargs only then).
+bool uses_name(const Body& body, std::string_view name) {
+  for (const auto& n : body) {
+    if (uses_name(n->expr.get(), name) || uses_name(n->filter.get(), name) ||
+        uses_name(n->body, name) || uses_name(n->else_body, name)) {
+      return true;
+    }
+    for (const auto& [cond, b] : n->branches) {
+      if (uses_name(cond.get(), name) || uses_name(b, name)) return true;
+    }
+    for (const auto& [k, x] : n->params) {
+      if (uses_name(x.get(), name)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+// A macro: positional and keyword arguments bind its parameters (defaults evaluated per call);
+// extra positional ones go to `varargs` and unknown keywords to `kwargs` when the body reads
+// them, else they are an error, as in Jinja2.
 Value Interpreter::make_macro(const Node& n, Frame& frame) {
   const Node* node = &n;
-  return Value::function(n.text, [this, node](Interpreter&, CallArgs& a) {
+  const bool varargs = uses_name(n.body, "varargs");
+  const bool kwargs = uses_name(n.body, "kwargs");
+  std::shared_ptr<Frame> scope = capture(frame);
+  return Value::function(n.text, [this, node, varargs, kwargs, scope](Interpreter&, CallArgs& a) {
     DepthGuard guard(*this, node->line);
-    if (a.pos.size() > node->params.size()) {
-      throw Error("macro '" + node->text + "' takes not more than " +
-                  std::to_string(node->params.size()) + " argument(s)");
+    const size_t n_params = node->params.size();
+    if (a.pos.size() > n_params && !varargs) {
+      throw Error("macro '" + node->text + "' takes not more than " + std::to_string(n_params) +
+                  " argument(s)");
     }
     Frame f;
-    f.parent = root_;
+    f.parent = scope ? scope.get() : root_;
+    std::vector<std::pair<Value, Value>> extra_kw;
     for (const auto& [k, v] : a.kw) {
+      // A parameter already given by position takes no keyword (Jinja2 reports it as unknown).
       bool known = k == "caller";
-      for (const auto& p : node->params) known = known || p.first == k;
-      if (!known) throw Error("macro '" + node->text + "' takes no keyword argument '" + k + "'");
-      f.vars[k] = v;
+      for (size_t i = a.pos.size(); i < n_params; ++i) known = known || node->params[i].first == k;
+      if (!known && !kwargs) {
+        throw Error("macro '" + node->text + "' takes no keyword argument '" + k + "'");
+      }
+      if (known) {
+        f.vars[k] = v;
+      } else {
+        extra_kw.emplace_back(Value(k), v);
+      }
     }
-    for (size_t i = 0; i < node->params.size(); ++i) {
+    for (size_t i = 0; i < n_params; ++i) {
       const auto& [name, def] = node->params[i];
       if (i < a.pos.size()) {
         f.vars[name] = a.pos[i];
@@ -519,6 +652,12 @@ Value Interpreter::make_macro(const Node& n, Frame& frame) {
         f.vars[name] = def ? eval(*def, f) : Value::undefined(name);
       }
     }
+    if (varargs) {
+      std::vector<Value> rest;
+      for (size_t i = n_params; i < a.pos.size(); ++i) rest.push_back(a.pos[i]);
+      f.vars["varargs"] = Value::list(std::move(rest), /*tuple=*/true);
+    }
+    if (kwargs) f.vars["kwargs"] = Value::dict(std::move(extra_kw));
     std::string s;
     render_body(node->body, f, s);
     return Value(std::move(s));
@@ -590,6 +729,7 @@ Value Interpreter::eval(const Expr& e, Frame& frame) {
       for (int k = 0; k < 3; ++k) {
         if (e.args[k + 1]) parts[k] = eval(*e.args[k + 1], frame);
       }
+      if (obj.is_iterator()) throw Error("'" + obj.type_name() + "' object is not subscriptable");
       if (obj.is_list()) {
         std::vector<Value> items;
         for (int64_t i : slice_indices(static_cast<int64_t>(obj.items().size()), parts[0], parts[1],

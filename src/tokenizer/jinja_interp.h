@@ -10,6 +10,7 @@
 
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -63,6 +64,7 @@ class Interpreter {
   Value eval_call(const Expr& e, Frame& frame);
   CallArgs eval_args(const Expr& e, size_t first, Frame& frame);
   Value make_macro(const Node& n, Frame& frame);
+  std::shared_ptr<Frame> capture(Frame& frame);
   const Value* lookup(const std::string& name, Frame& frame) const;
   void assign(const Node& n, Value v, Frame& frame);
 
@@ -98,6 +100,11 @@ Value get_attr(const Value& obj, const std::string& name);
 Value get_item(const Value& obj, const Value& key);
 // Items of an iterable (list, tuple, str by code point, dict keys); Undefined gives none.
 std::vector<Value> iterate(const Value& v);
+// Python's printf-style `fmt % values` (jinja_format.cc): a tuple gives the positional values, a
+// dict the %(name) ones, anything else is the one value. `escape` (Markup % values) HTML-escapes
+// the text of %s / %r / %a conversions.
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& values,
+                           bool escape = false);
 // Code-point length of UTF-8 text.
 size_t utf8_length(std::string_view s);
 

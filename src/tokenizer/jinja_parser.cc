@@ -359,13 +359,19 @@ class Lexer {
     };
     digits();
     bool is_float = false;
-    if (n + 1 < rest.size() && rest[n] == '.' &&
-        std::isdigit(static_cast<unsigned char>(rest[n + 1]))) {
+    // Right after a '.' a number is an integer (Jinja2's float pattern has (?<!\.)), so
+    // `matrix.0.1` reads items 0 and 1.
+    const bool after_dot =
+        !tokens_.empty() && tokens_.back().type == Tok::kOp && tokens_.back().text == ".";
+    if (after_dot) {
+      // no fraction, no exponent
+    } else if (n + 1 < rest.size() && rest[n] == '.' &&
+               std::isdigit(static_cast<unsigned char>(rest[n + 1]))) {
       is_float = true;
       ++n;
       digits();
     }
-    if (n < rest.size() && (rest[n] == 'e' || rest[n] == 'E')) {
+    if (!after_dot && n < rest.size() && (rest[n] == 'e' || rest[n] == 'E')) {
       size_t m = n + 1;
       if (m < rest.size() && (rest[m] == '+' || rest[m] == '-')) ++m;
       if (m < rest.size() && std::isdigit(static_cast<unsigned char>(rest[m]))) {
@@ -508,10 +514,10 @@ class Parser {
       }
     } else if (kw == "for") {
       n->kind = Node::Kind::kFor;
-      n->targets.push_back(expect_name());
+      n->targets.push_back(expect_target());
       while (is_op(",")) {
         ++i_;
-        n->targets.push_back(expect_name());
+        n->targets.push_back(expect_target());
       }
       if (!is_name("in")) fail("expected 'in' in for loop");
       ++i_;
@@ -530,17 +536,18 @@ class Parser {
       expect_block_end();
     } else if (kw == "set") {
       n->kind = Node::Kind::kSet;
-      n->targets.push_back(expect_name());
-      if (is_op(".")) {
+      n->targets.push_back(expect_target());
+      if (is_op(".") && n->targets[0][0] != '(') {
         ++i_;
         n->attr = expect_name();
       } else {
         while (is_op(",")) {
           ++i_;
-          n->targets.push_back(expect_name());
+          n->targets.push_back(expect_target());
         }
       }
-      if (cur().type == Tok::kBlockEnd && n->targets.size() == 1 && n->attr.empty()) {
+      if (cur().type == Tok::kBlockEnd && n->targets.size() == 1 && n->attr.empty() &&
+          n->targets[0][0] != '(') {
         n->kind = Node::Kind::kSetBlock;
         ++i_;
         parse_body(n->body, {"endset"});
@@ -573,6 +580,18 @@ class Parser {
       expect_block_end();
       parse_body(n->body, {"endgeneration"});
       expect_block_end();
+    } else if (kw == "filter") {
+      n->kind = Node::Kind::kFilterBlock;
+      ExprPtr input = make(Expr::Kind::kName, line);
+      input->name = kFilterBlockInput;
+      ExprPtr f = make(Expr::Kind::kFilter, line);
+      f->name = expect_name();
+      f->args.push_back(std::move(input));
+      if (is_op("(")) parse_call_args(*f);
+      n->expr = parse_filters(std::move(f));
+      expect_block_end();
+      parse_body(n->body, {"endfilter"});
+      expect_block_end();
     } else if (kw == "with") {
       n->kind = Node::Kind::kScope;
       n->new_scope = true;
@@ -589,6 +608,21 @@ class Parser {
       fail("unknown tag '" + kw + "'");
     }
     return n;
+  }
+
+  // An assignment target: a name, or a parenthesized group of targets (`for a, (b, c) in ...`),
+  // which Node::targets holds as the text "(b,c)" (no name starts with '('); `(x)` is just x.
+  std::string expect_target() {
+    if (!is_op("(")) return expect_name();
+    Depth depth(*this);
+    ++i_;
+    std::vector<std::string> parts;
+    const bool comma = comma_list(")", [&] { parts.push_back(expect_target()); });
+    if (parts.empty()) fail("expected a name, got ')'");
+    if (parts.size() == 1 && !comma) return parts[0];
+    std::string group = "(";
+    for (size_t k = 0; k < parts.size(); ++k) group += (k ? "," : "") + parts[k];
+    return group + (parts.size() == 1 ? ",)" : ")");
   }
 
   void parse_params(std::vector<std::pair<std::string, ExprPtr>>& params) {
@@ -924,7 +958,6 @@ class Parser {
         ++i_;
         ExprPtr f = make(Expr::Kind::kFilter, line);
         f->name = expect_name();
-        if (!has_filter(f->name)) throw Error("no filter named '" + f->name + "'", line);
         f->args.push_back(std::move(e));
         if (is_op("(")) parse_call_args(*f);
         e = std::move(f);
@@ -959,10 +992,79 @@ class Parser {
   int depth_ = 0;
 };
 
+// ---- Unknown filters and tests ----
+//
+// Jinja2 rejects a filter or test it does not know when it compiles the template, except inside
+// an `if` statement (its conditions and bodies) or a conditional expression: there the name is
+// looked up when it runs, so `{% if x is string %}{{ x | from_json }}{% endif %}` renders while the
+// branch is not taken. A new scope (a for loop's body, a macro, a call block, a set block, with,
+// generation) is checked strictly again, as Jinja2's inner frames are not "soft".
+
+void check_names(const Expr* e, bool soft) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kCond) soft = true;
+  if (!soft && e->kind == Expr::Kind::kFilter && !has_filter(e->name)) {
+    throw Error("no filter named '" + e->name + "'", e->line);
+  }
+  if (!soft && e->kind == Expr::Kind::kTest && !has_test(e->name)) {
+    throw Error("no test named '" + e->name + "'", e->line);
+  }
+  for (const ExprPtr& a : e->args) check_names(a.get(), soft);
+  for (const auto& [name, a] : e->kwargs) check_names(a.get(), soft);
+}
+
+void check_names(const Body& body, bool soft);
+
+void check_names(const Node& n, bool soft) {
+  using K = Node::Kind;
+  switch (n.kind) {
+    case K::kIf:
+      for (const auto& [cond, body] : n.branches) {
+        check_names(cond.get(), true);
+        check_names(body, true);
+      }
+      check_names(n.else_body, true);
+      return;
+    case K::kFor:
+      check_names(n.expr.get(), soft);
+      check_names(n.filter.get(), false);
+      check_names(n.body, false);
+      check_names(n.else_body, false);
+      return;
+    case K::kCallBlock:
+      check_names(n.expr.get(), soft);
+      [[fallthrough]];
+    case K::kMacro:
+      for (const auto& [name, def] : n.params) check_names(def.get(), soft);
+      check_names(n.body, false);
+      return;
+    case K::kScope:
+      for (const auto& [name, x] : n.params) check_names(x.get(), soft);
+      check_names(n.body, false);
+      return;
+    case K::kSetBlock:
+      check_names(n.body, false);
+      return;
+    case K::kFilterBlock:
+      check_names(n.expr.get(), soft);
+      check_names(n.body, false);
+      return;
+    default:
+      check_names(n.expr.get(), soft);
+      return;
+  }
+}
+
+void check_names(const Body& body, bool soft) {
+  for (const auto& n : body) check_names(*n, soft);
+}
+
 }  // namespace
 
 std::unique_ptr<Template> parse(std::string_view source) {
-  return Parser(Lexer(source).run()).run();
+  std::unique_ptr<Template> t = Parser(Lexer(source).run()).run();
+  check_names(t->body, /*soft=*/false);
+  return t;
 }
 
 }  // namespace bs::jinja

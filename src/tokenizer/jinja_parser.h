@@ -63,7 +63,9 @@ struct Node {
     kCallBlock,  // {% call expr %} body {% endcall %}: body becomes caller()
     kBreak,
     kContinue,
-    kScope,  // {% generation %} / {% with %}: body (with: assignments in sets)
+    kScope,        // {% generation %} / {% with %}: body (with: assignments in sets)
+    kFilterBlock,  // {% filter f(args) | g %} body: expr is the filter chain applied to the
+                   // name kFilterBlockInput, which holds the rendered body
   };
   Kind kind;
   int line = 0;
@@ -77,6 +79,9 @@ struct Node {
   std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro (default may be null); kScope
   bool new_scope = false;                               // kScope: {% with %}
 };
+
+// The name the filter chain of a {% filter %} block reads its body from (not an identifier).
+inline constexpr const char* kFilterBlockInput = "(filter block)";
 
 struct Template {
   Body body;

@@ -157,6 +157,12 @@ Value Value::list(std::vector<Value> items, bool tuple) {
   return v;
 }
 
+Value Value::iterator(std::vector<Value> items, const char* type) {
+  Value v = list(std::move(items));
+  v.list_->iterator_type = type;
+  return v;
+}
+
 Value Value::dict(std::vector<std::pair<Value, Value>> items) {
   Value v(Kind::kDict);
   v.dict_ = std::make_shared<DictData>();
@@ -180,6 +186,13 @@ Value Value::function(std::string name, std::function<Value(Interpreter&, CallAr
 bool Value::is_namespace() const { return kind_ == Kind::kDict && dict_->is_namespace; }
 const std::vector<Value>& Value::items() const { return list_->items; }
 bool Value::is_tuple() const { return kind_ == Kind::kList && list_->tuple; }
+Value Value::group(Value grouper, Value list) {
+  Value v = Value::list({std::move(grouper), std::move(list)}, /*tuple=*/true);
+  v.list_->group = true;
+  return v;
+}
+bool Value::is_group() const { return kind_ == Kind::kList && list_->group; }
+bool Value::is_iterator() const { return kind_ == Kind::kList && list_->iterator_type; }
 DictData& Value::dict_data() const { return *dict_; }
 
 bool Value::truthy() const {
@@ -195,7 +208,7 @@ bool Value::truthy() const {
     case Kind::kString:
       return !str_.empty();
     case Kind::kList:
-      return !list_->items.empty();
+      return list_->iterator_type || !list_->items.empty();
     case Kind::kDict:
       return dict_->is_namespace || !dict_->items.empty();
     case Kind::kFunc:
@@ -219,6 +232,7 @@ std::string Value::type_name() const {
     case Kind::kString:
       return "str";
     case Kind::kList:
+      if (list_->iterator_type) return list_->iterator_type;
       return list_->tuple ? "tuple" : "list";
     case Kind::kDict:
       return dict_->is_namespace ? "Namespace" : "dict";
@@ -312,7 +326,7 @@ std::string Value::to_str() const {
 std::string Value::repr() const {
   switch (kind_) {
     case Kind::kUndefined:
-      return "";
+      return "Undefined";  // repr(jinja2.Undefined()), e.g. inside a printed list
     case Kind::kNone:
       return "None";
     case Kind::kBool:
@@ -541,6 +555,7 @@ void json_value(const Value& v, const JsonOptions& opt, int depth, std::string& 
       json_string(v.str(), opt.ensure_ascii, out);
       return;
     case Value::Kind::kList: {
+      if (v.is_iterator()) break;
       const auto& items = v.items();
       container('[', ']', items.size(),
                 [&](size_t i) { json_value(items[i], opt, depth + 1, out); });
@@ -572,6 +587,33 @@ void json_value(const Value& v, const JsonOptions& opt, int depth, std::string& 
 std::string to_json(const Value& v, const JsonOptions& opt) {
   std::string out;
   json_value(v, opt, 0, out);
+  return out;
+}
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
   return out;
 }
 

@@ -59,6 +59,9 @@ class Value {
     v.str_ = std::move(name);
     return v;
   }
+  // An Undefined that stands for `message` when used (the sandbox's unsafe attributes: not
+  // defined, and calling one fails with why), held as the name with a leading '\x01'.
+  static Value undefined_because(const std::string& message) { return undefined("\x01" + message); }
   static Value none() { return Value(Kind::kNone); }
   Value(bool b) : kind_(Kind::kBool), int_(b) {}                      // NOLINT: implicit by design
   Value(int v) : kind_(Kind::kInt), int_(v) {}                        // NOLINT
@@ -66,7 +69,18 @@ class Value {
   Value(double v) : kind_(Kind::kFloat), float_(v) {}                 // NOLINT
   Value(std::string s) : kind_(Kind::kString), str_(std::move(s)) {}  // NOLINT
   Value(const char* s) : kind_(Kind::kString), str_(s) {}             // NOLINT
+  // markupsafe's Markup: a str marked safe (the safe and escape filters). Concatenating plain text
+  // to it with + escapes that text (&, <, >, ", ' become entities), as Markup.__add__ does.
+  static Value markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
   static Value list(std::vector<Value> items, bool tuple = false);
+  // What Jinja2's map / select / reject / selectattr / rejectattr / items / batch / slice
+  // filters return: a generator (reverse: a list_reverseiterator), held here as its items. Unlike
+  // a list it is always true, has no len(), cannot be indexed, added or turned into JSON.
+  static Value iterator(std::vector<Value> items, const char* type = "generator");
   static Value dict(std::vector<std::pair<Value, Value>> items = {});
   static Value namespace_object(std::vector<std::pair<Value, Value>> items = {});
   static Value function(std::string name, std::function<Value(Interpreter&, CallArgs&)> fn);
@@ -82,6 +96,7 @@ class Value {
   bool is_int() const { return kind_ == Kind::kInt; }  // bool excluded
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || is_bool(); }
   bool is_string() const { return kind_ == Kind::kString; }
+  bool is_markup() const { return markup_; }
   bool is_list() const { return kind_ == Kind::kList; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const;
@@ -93,6 +108,10 @@ class Value {
   const std::string& str() const { return str_; }  // string value, or Undefined's name
   const std::vector<Value>& items() const;         // list
   bool is_tuple() const;
+  bool is_iterator() const;  // a generator / iterator (Value::iterator)
+  bool is_group() const;     // a tuple made by group()
+  // groupby's result item: the tuple (grouper, list) whose attributes .grouper / .list are those.
+  static Value group(Value grouper, Value list);
   DictData& dict_data() const;
   const Function& func() const { return *func_; }
 
@@ -114,6 +133,7 @@ class Value {
   void hand_over_sole_items(std::vector<Value>& out);
   static void destroy_flat(std::vector<Value>& doomed);
   Kind kind_ = Kind::kUndefined;
+  bool markup_ = false;  // kString: a Markup
   int64_t int_ = 0;
   double float_ = 0;
   std::string str_;
@@ -151,6 +171,8 @@ struct ListData {
   ListData& operator=(const ListData&) = delete;
   std::vector<Value> items;
   bool tuple = false;
+  const char* iterator_type = nullptr;  // Value::iterator: "generator", ...
+  bool group = false;  // groupby's (grouper, list) tuple, with those two attributes
 };
 
 // Insertion-ordered dict (Python 3.7+); namespaces are dicts with is_namespace set.
@@ -220,6 +242,9 @@ struct JsonOptions {
 };
 // Python json.dumps; throws Error for values JSON cannot hold (Undefined, functions).
 std::string to_json(const Value& v, const JsonOptions& opt);
+
+// markupsafe.escape of text: & < > " ' as &amp; &lt; &gt; &#34; &#39;.
+std::string html_escape(std::string_view s);
 
 // Python float repr ("1.0", "1e+20", "1.5e-07", "inf", "nan").
 std::string float_repr(double d);

@@ -235,6 +235,11 @@ FEATURES = [
                   "{% for k in d %}{{ k }}{% endfor %}{% for k, v in d|items %}{{ v }}{% endfor %}",
      {"d": {"b": 1, "a": 2}}),
     ("for_unpack_tuples", "{% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("unpack_nested_targets", "{% for a, (b, c) in [(1, (2, 3)), [4, [5, 6]]] %}{{ a }}{{ b }}{{ c }};{% endfor %}"
+                              "{% set (x, y) = [7, 8] %}{{ x }}{{ y }}{% set p, (q, r) = 1, 'ab' %}{{ p }}{{ q }}{{ r }}"
+                              "{% for (z,) in [[9]] %}{{ z }}{% endfor %}{% for (w) in [[0]] %}{{ w }}{% endfor %}"
+                              "{% for ((d, e), f) in [((1, 2), 3)] %}{{ d }}{{ e }}{{ f }}{% endfor %}", {}),
+    ("error_unpack_nested", "{% for a, (b, c) in [(1, (2, 3, 4))] %}{% endfor %}", {}),
     ("nested_loops", "{% for i in [1, 2] %}{% for j in 'ab' %}{{ loop.index }}{{ j }}{% endfor %}"
                      "{{ loop.index }}|{% endfor %}", {}),
     ("break_continue", "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}"
@@ -256,6 +261,20 @@ FEATURES = [
                         "{% endmacro %}{{ count(5) }}", {}),
     ("macro_sees_globals", "{% set g = 'G' %}{% macro m() %}{{ g }}{{ top }}{% endmacro %}{{ m() }}",
      {"top": "T"}),
+    ("macro_varargs_kwargs", "{% macro m(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}"
+                             "{{ m(1) }}|{{ m(1, 3, 4, 5, q=1, b=7) }}|{{ m(b=0, a=9) }}", {}),
+    ("macro_closure", "{% macro outer(x) %}{% macro inner(y) %}{{ x }}{{ y }}{{ z }}{% endmacro %}"
+                      "{{ inner(2) }}{% endmacro %}{% set z = 'Z' %}{{ outer(1) }}", {}),
+    ("error_macro_extra_positional", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", {}),
+    ("error_macro_keyword_twice", "{% macro m(a, b=2) %}{{ a }}{% endmacro %}{{ m(1, a=7) }}", {}),
+    ("filter_block", "{% filter upper %}a{% set x = 1 %}{{ x }}{% endfilter %}[{{ x }}]"
+                     "{% filter replace('a', 'b') | trim %}  aaa {{ 'a' }}  {% endfilter %}", {}),
+    ("loop_changed_depth", "{% for x in 'aab' %}{{ loop.changed(x) }}{{ loop.changed(x, 1) }}"
+                           "{{ loop.depth }}{{ loop.depth0 }};{% endfor %}", {}),
+    ("cycler_joiner", "{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.current }}{{ c.next() }}"
+                      "{{ c.next() }}{{ c.reset() }}{{ c.current }}|{% set j = joiner(' | ') %}"
+                      "{% for x in [1, 2, 3] %}{{ j() }}{{ x }}{% endfor %}|{% set k = joiner() %}{{ k() }}{{ k() }}",
+     {}),
     ("call_block", "{% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}"
                    "{% call wrap('b') %}bold {{ 1 }}{% endcall %}", {}),
     ("generation_block", "{% for m in msgs %}{% generation %}[{{ m }}]{% endgeneration %}{% endfor %}",
@@ -277,6 +296,8 @@ FEATURES = [
                    "{{ not missing }} {{ (not true) == false }}", {}),
     ("conditional_expr", "{{ 'y' if x else 'n' }} {{ 'y' if not x else 'n' }} [{{ 'only' if false }}] "
                          "{{ 1 if false else 2 if true else 3 }}", {"x": True}),
+    ("attr_numbers", "{{ m.0 }}|{{ m.0.1 }}|{{ m.0.1.1 }}|{{ m[0].1 }}|{{ 1.5 }}|{{ missing is callable }}",
+     {"m": [[["a", "b"], ["c", "d"]]]}),
     ("attr_and_item", "{{ d.a }} {{ d['a'] }} {{ d.b.c }} {{ d['b']['c'] }} {{ l[0] }} {{ l[-1] }} "
                       "{{ l.1 }} [{{ d.missing }}] [{{ l[10] }}] {{ d.missing is defined }} "
                       "{{ d.b is defined }} {{ s[1] }} {{ s[-1] }}",
@@ -330,6 +351,59 @@ FEATURES = [
     ("filter_items_dict", "{{ d | items | list }} {{ d.keys() | list }} {{ d.values() | list }} "
                           "{{ d.get('a') }} {{ d.get('q') }} {{ d.get('q', 7) }}",
      {"d": {"a": 1, "b": [2]}}),
+    ("filter_dictsort", "{{ d | dictsort }} {{ d | dictsort(true) }} {{ d | dictsort(by='value') }} "
+                        "{{ d | dictsort(false, 'value', true) }}{% for k, v in d | dictsort %}{{ k }}{% endfor %}",
+     {"d": {"b": 1, "A": 3, "a": 2}}),
+    ("filter_select_map_none", "{{ none | selectattr('a') | list }} {{ none | map('upper') | list }} "
+                               "{{ none | rejectattr('type', 'equalto', 'x') | list | length }} "
+                               "{{ '' | select | list }}", {}),
+    ("unknown_filter_in_if", "{% if x is string %}{{ x | from_json }}{% endif %}"
+                             "{{ (1 | nosuch) if false else 'ok' }}{% if false %}{{ 1 is nosuchtest }}{% endif %}",
+     {"x": 1}),
+    ("generators", "{{ 'y' if [] | select else 'n' }} {{ 'y' if [] | map('upper') else 'n' }} "
+                   "{{ [3, 1] | select | sort }} {{ [1, 2] | select | join(',') }} {{ [1, 2] | select | sum }} "
+                   "{{ 1 in [1] | select }} {{ [1] | select is iterable }} {{ [1] | select is sequence }} "
+                   "[{{ ([1] | map('string'))[0] }}] {{ [1, 2] | select | first }} {{ [1, 2] | select | reverse | list }} "
+                   "{{ [1, 2] | reverse | list }} {{ (1, 2) | reverse | list }} {{ d | items | list }} "
+                   "{{ [1, 1, 2] | unique | list }} {{ [1] | select | list | length }} "
+                   "{% for x in [1, 2] | select %}{{ loop.length }}{% endfor %}", {"d": {"a": 1}}),
+    ("error_generator_length", "{{ [1, 2] | select | length }}", {}),
+    ("error_generator_tojson", "{{ tools | map(attribute='function') | tojson }}",
+     {"tools": [{"function": {"name": "f"}}]}),
+    ("error_reversed_tojson", "{{ [1] | reverse | tojson }}", {}),
+    ("error_generator_last", "{{ [1] | select | last }}", {}),
+    ("error_generator_plus", "{{ [1] | select + [2] }}", {}),
+    ("filter_batch_slice", "{{ [1, 2, 3, 4, 5] | batch(2) | list }} {{ [1, 2, 3, 4, 5] | batch(2, 'x') | list }} "
+                           "{{ [1, 2] | batch(0) | list }} {{ [1, 2, 3, 4, 5] | slice(2) | list }} "
+                           "{{ [1, 2, 3, 4, 5] | slice(3, 0) | list }} {{ [] | slice(2) | list }} "
+                           "{% for row in 'abcde' | batch(3, '-') %}{{ row | join }};{% endfor %}", {}),
+    ("filter_text_misc", "[{{ 'ab' | center(7) }}] [{{ 'ab' | center }}] {{ 'a b  c_d, é1' | wordcount }} "
+                         "{{ 'hello world foo' | truncate(9) }}|{{ 'hello world foo' | truncate(9, true, '..') }}|"
+                         "{{ 'abc' | truncate(10) }}|{{ 'hello world foo bar' | truncate(12, leeway=0) }}|"
+                         "{{ 'helloworldfoo' | truncate(8) }}|{{ '<b>a</b>  <i>b</i>\n c <!-- x -->d' | striptags }}|"
+                         "{{ '<p>x &amp; y &lt;z&gt;</p>' | striptags }}", {}),
+    ("filter_groupby", "{% for g in users | groupby('role') %}{{ g.grouper }}:{{ g.list | map(attribute='n') | join(',') }};"
+                       "{% endfor %}|{% for k, items in users | groupby('role', case_sensitive=true) %}{{ k }}{{ items | length }}"
+                       "{% endfor %}|{{ users | groupby('x', default='d') | map(attribute='grouper') | list }}|"
+                       "{{ [{'a': 1}, {'a': 1}] | groupby('a') }}",
+     {"users": [{"n": "a", "role": "Admin"}, {"n": "b", "role": "user"}, {"n": "c", "role": "admin"}]}),
+    ("filter_striptags_edges", "[{{ '<a <!-- x --> b>c' | striptags }}] [{{ '<<<a' | striptags }}] "
+                               "[{{ 'a<!-- b' | striptags }}] [{{ 'x <!-- y -->> z' | striptags }}] "
+                               "{{ ('%.300f' % 1e300) | length }} {{ 'abc' | truncate(3, leeway=0) }}", {}),
+    ("error_truncate_short", "{{ 'abcdef' | truncate(2) }}", {}),
+    ("sort_equal_keys", "{{ [none, none] | sort }} {{ [a, b] | sort }} {{ [x, 1] | first }} {{ [missing] }} "
+                        "{{ [{'k': none}, {'k': none}] | sort(attribute='k') | length }}", {"x": None}),
+    ("error_sort_unorderable", "{{ [none, 1] | sort }}", {}),
+    ("error_generator_slice", "{{ (d | items)[1:] }}", {"d": {"a": 1, "b": 2}}),
+    ("error_str_replace_keyword", "{{ 'abc'.replace('a', 'x', count=1) }}", {}),
+    ("map_attribute_default_path", "{{ ms | map(attribute='t.0.n', default='none') | list }} "
+                                   "{{ ms | map(attribute='a', default=none) | list }} "
+                                   "{{ ms | groupby('t.0.n', default='z') | map(attribute='grouper') | list }}",
+     {"ms": [{"a": 1}, {"t": [{"n": "N"}]}]}),
+    ("error_map_attribute_path", "{{ ms | map(attribute='t.0.n') | list }}", {"ms": [{"a": 1}]}),
+    ("splitlines_unicode", "{{ 'a\u2028b\x0bc\x1cd\u0085e\r\nf'.splitlines() }} {{ 'a\u2029b'.splitlines(true) | map('length') | list }} "
+                           "{{ 'x\u2028y' | indent(2) }}|{{ '' | indent(2, true) }}|{{ '' is lower }}{{ 'a1' is lower }}"
+                           "{{ 'A1' is upper }}{{ '1' is upper }}", {}),
     ("filter_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|"
                       "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("filter_sort_minmax", "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [3, 1] | sort(reverse=true) }} "
@@ -364,7 +438,37 @@ FEATURES = [
                   "{{ 'a,b,c'.rsplit(',', 1) }} {{ '  x  y '.split() }} {{ 'a<s>b<s>c'.split('<s>')[-1] }} "
                   "{{ 'x'.split(',') }} {{ ''.split(',') }} {{ ''.split() }} {{ ' a b c '.split(none, 1) }} "
                   "{{ ' a b c '.rsplit(none, 1) }} {{ 'l1\\nl2\\r\\nl3'.splitlines() }}", {}),
-    ("list_methods", "{{ l.index(2) }} {{ l.count(1) }} {{ l | length }}", {"l": [1, 2, 1]}),
+    ("percent_format", "{{ '%s-%d-%05.2f-%x-%r' % ('a', 3, 2.5, 255, 'q') }}|{{ '%s' % 1 }}|{{ '%s' % [1, 2] }}|"
+                       "{{ '%(a)s!%(b)5.1f' % {'a': 1, 'b': 2} }}|{{ '100%%' % () }}|{{ '%-5s|%5s|%.2s' % ('a', 'é', 'abc') }}|"
+                       "{{ '%+d % d %#x %#o %X %e %G %g %c%c' % (5, 5, 255, 8, 255, 12345.678, 0.00001, 1e20, 65, 'é') }}|"
+                       "{{ '%*d|%-*d|%.*f' % (5, 1, 4, 2, 2, 3.14159) }}|{{ '%d %d %a' % (3.9, true, 'é') }}|"
+                       "{{ 'no fields' % {'a': 1} }}|{{ '%.0f %.0f' % (0.5, 1.5) }}", {}),
+    ("markup_safe_escape", "{{ 'a<'|safe + '<b>\"' }}|{{ '<x>' + \"y&'\"|safe }}|{{ ('a'|safe + 'b') ~ '<' }}|"
+                           "{{ '<q>'|safe * 2 }}|{{ '<'|e }}|{{ '<'|escape|e }}|{{ ('<'|e + '<')|length }}|"
+                           "{{ ('%s'|safe) % '<' }}|{{ ('%d<'|safe) % 5 }}|{{ '<'|forceescape|forceescape }}|"
+                           "{{ 5|safe is string }}{{ 'a'|safe is escaped }}{{ 'a' is escaped }}|"
+                           "{{ \"Use '\"|safe + t.name + \"'\\n\"|safe + t|tojson }}",
+     {"t": {"name": "f<x>", "d": "say \"hi\""}}),
+    ("filter_format", "{{ '%s and %s' | format('a', 'b') }}|{{ '%(x)s' | format(x=1) }}|{{ 'plain' | format }}", {}),
+    ("error_percent_not_enough", "{{ '%s %s' % ('a',) }}", {}),
+    ("error_percent_too_many", "{{ '%s' % ('a', 'b') }}", {}),
+    ("error_percent_type", "{{ '%d' % 'x' }}", {}),
+    ("list_methods", "{{ l.index(2) }} {{ l.count(1) }} {{ l | length }} {{ l.copy() }} {{ (1, 2).copy is defined }}",
+     {"l": [1, 2, 1]}),
+    ("str_methods_more", "{{ 'a-b-c'.partition('-') }} {{ 'a-b-c'.rpartition('-') }} {{ 'abc'.partition('x') }} "
+                         "{{ 'abc'.rpartition('x') }} [{{ 'ab'.center(7) }}] [{{ 'ab'.center(6, '*') }}] "
+                         "[{{ 'abc'.center(6) }}] [{{ 'ab'.ljust(4, '.') }}] [{{ 'é'.rjust(3) }}] {{ '5'.zfill(3) }} "
+                         "{{ '-5'.zfill(4) }} {{ 'aBc Ü'.swapcase() }} {{ 'abc'.removeprefix('a') }} "
+                         "{{ 'abc'.removesuffix('c') }} {{ 'abc'.removeprefix('x') }} {{ '½3'.isnumeric() }} "
+                         "{{ '12'.isdecimal() }} {{ 'Ab Cd'.istitle() }} {{ 'AB'.istitle() }} {{ 'ab'.istitle() }} "
+                         "{{ 'abc'.startswith('b', 1) }} {{ 'abc'.startswith('a', 1) }} {{ 'abc'.endswith('b', 0, 2) }} "
+                         "{{ 'abc'.startswith('', 5) }} {{ 'héllo'.startswith('l', -3) }}", {}),
+    ("filter_round_attr", "{{ 2 | round }} {{ 25 | round(-1) }} {{ 15 | round(-1) }} {{ -15 | round(-1) }} "
+                          "{{ 2 | round(1, 'ceil') }} {{ true | round }} {{ 1234.5678 | round(-2) }} "
+                          "[{{ d | attr('a') }}] {{ d | attr('items') is callable }} "
+                          "{{ 'abc' | attr('upper') is callable }}",
+     {"d": {"a": 1}}),
+    ("list_methods_ns", "{% set ns = namespace(x=3) %}{{ ns | attr('x') }}", {}),
     # globals
     ("globals", "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(5, 0, -2) | list }} "
                 "{{ dict(a=1, b='x') }} {{ strftime_now('%Y-%m-%d %H:%M:%S %d %b %Y %B %A') }} "
@@ -382,9 +486,16 @@ FEATURES = [
     ("error_division_zero", "{{ 1 / 0 }}", {}),
     ("error_unknown_filter", "{{ 1 | nosuchfilter }}", {}),
     ("error_unknown_test", "{% if 1 is nosuchtest %}{% endif %}", {}),
+    ("error_unknown_filter_taken_if", "{% if true %}{{ 1 | nosuch }}{% endif %}", {}),
+    ("syntax_unknown_filter_loop_in_if", "{% if false %}\n{% for a in [1] %}{{ a | nosuch }}{% endfor %}{% endif %}",
+     {}),
+    ("syntax_unknown_test_in_set", "{% set x = 1 is nosuchtest %}", {}),
     ("error_set_attr_non_namespace", "{% set d = {} %}{% set d.x = 1 %}", {}),
     ("error_range_too_big", "{{ range(1000000) | length }}", {}),
     ("error_unsafe_method", "{{ l.append(1) }}", {"l": [1]}),
+    ("unsafe_method_undefined", "{{ l.append is defined }}{{ d.update is defined }}[{{ l.append }}]"
+                                "{{ l.append ~ 'a' }}", {"l": [1], "d": {}}),
+    ("error_unsafe_method_attr", "{% set x = d.update %}{{ x.a }}", {"d": {}}),
     ("syntax_unclosed_if", "line 1\n{% if true %}\nno end", {}),
     ("syntax_unknown_tag", "a\nb\n{% frobnicate %}", {}),
     ("syntax_bad_expr", "x\n{{ 1 + }}", {}),
