@@ -411,6 +411,46 @@ TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
   fs::remove_all(dir, ec);
 }
 
+// The same drafters on the GPU, where the tiny preset's hidden size (256) takes DFlash2's fused
+// convolution kernels (the projection resident in shared memory, the convolution + RMSNorm in one
+// launch; test drafters of hidden 64 run the ops apart): bench's speculative output equals its
+// plain one, every draft accepted at 100 % and none at 0 %.
+TEST(SynthRelatives, ForcedAcceptanceOnGpuWhenPresent) {
+  auto be = make_backend("cuda");
+  if (!be.ok()) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
+  be->reset();
+  const std::string dir =
+      (fs::temp_directory_path() / ("bs_synth_relgpu_" + std::to_string(getpid()))).string();
+  const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
+  for (const char* drafter : {"dspark-b7", "dflash2-b16"}) {
+    for (int acc : {100, 0}) {
+      SCOPED_TRACE(std::string(drafter) + " " + std::to_string(acc));
+      std::string out;
+      ASSERT_EQ(run(bin + " synth --preset tiny --out " + dir + " --drafter " + drafter +
+                        " --acceptance " + std::to_string(acc),
+                    &out),
+                0)
+          << out;
+      const std::string ddir = dir + "-" + drafter + "-acc" + std::to_string(acc);
+      ASSERT_EQ(run(bin + " bench --model " + dir + " --drafter " + ddir +
+                        " --device cuda --context 48 --iters 3 --warmup 1 --gen-tokens 40 "
+                        "--copy-mb 64 --gemv auto",
+                    &out),
+                0)
+          << out;
+      if (acc == 100) {
+        expect_forced_acceptance(out);
+      } else {
+        expect_zero_acceptance(out);
+      }
+      std::error_code ec;
+      fs::remove_all(ddir, ec);
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 // synth --draft-vocab N: the DFlash drafter ships d2t (N distinct sorted target ids holding both
 // forced tokens) and draft_vocab_size N, and keeps its forced 100 % / 0 % acceptance with plain
 // decoding's output; other drafters and out-of-range N are refused.
