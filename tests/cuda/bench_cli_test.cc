@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -64,6 +65,15 @@ void expect_zero_acceptance(const std::string& out) {
   EXPECT_GT(std::stoi(m[2].str()), 0) << out;
   EXPECT_NE(out.find("acceptance length 1.00 "), std::string::npos) << out;
   EXPECT_NE(out.find("output == plain"), std::string::npos) << out;
+}
+
+// A forced drafter's bench output: every draft accepted (acc 100) or none (acc 0).
+void expect_forced(const std::string& out, int acc) {
+  if (acc == 100) {
+    expect_forced_acceptance(out);
+  } else {
+    expect_zero_acceptance(out);
+  }
 }
 
 // `generate` of the synthetic target `dir` with the forced drafter `ddir` (acceptance `acc`, 100
@@ -328,11 +338,7 @@ TEST_F(SynthFlashMap, FullAndZeroAcceptanceOnGpuWhenPresent) {
                   &out),
               0)
         << out;
-    if (acc == 100) {
-      expect_forced_acceptance(out);
-    } else {
-      expect_zero_acceptance(out);
-    }
+    expect_forced(out, acc);
   }
 }
 
@@ -378,13 +384,15 @@ TEST_F(SynthFlashMap, UnknownDrafterNamesTheKnownOnes) {
   EXPECT_NE(out.find("dflash-b16, dspark-b7, dflash2-b16, flashmap-b16"), std::string::npos) << out;
 }
 
-// synth's DSpark (7 drafts per step) and DFlash2 (15) drafters force 100 % / 0 % acceptance too,
-// and generate's output equals the plain one.
-TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
+// Writes the tiny synthetic target into a temporary `dir` with each of synth's DSpark (7 drafts
+// per step) and DFlash2 (15) drafters at forced 100 % and 0 % acceptance, and calls
+// check(dir, drafter dir, acceptance) for each; removes them afterwards.
+void for_each_synth_relative(
+    const std::string& tag,
+    const std::function<void(const std::string&, const std::string&, int)>& check) {
   const std::string dir =
-      (fs::temp_directory_path() / ("bs_synth_rel_" + std::to_string(getpid()))).string();
+      (fs::temp_directory_path() / ("bs_synth_" + tag + "_" + std::to_string(getpid()))).string();
   const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
-  std::string plain;
   for (const char* drafter : {"dspark-b7", "dflash2-b16"}) {
     for (int acc : {100, 0}) {
       SCOPED_TRACE(std::string(drafter) + " " + std::to_string(acc));
@@ -394,15 +402,8 @@ TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
                     &out),
                 0)
           << out;
-      if (plain.empty()) {
-        ASSERT_EQ(run(bin + " generate --model " + dir +
-                          " --no-drafter --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
-                      &plain),
-                  0)
-            << plain;
-      }
       const std::string ddir = dir + "-" + drafter + "-acc" + std::to_string(acc);
-      expect_forced_generate(dir, ddir, acc, plain);
+      check(dir, ddir, acc);
       std::error_code ec;
       fs::remove_all(ddir, ec);
     }
@@ -411,44 +412,42 @@ TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
   fs::remove_all(dir, ec);
 }
 
+// synth's DSpark and DFlash2 drafters force 100 % / 0 % acceptance too, and generate's output
+// equals the plain one.
+TEST(SynthRelatives, ForcedAcceptanceAndPlainOutput) {
+  std::string plain;
+  for_each_synth_relative("rel", [&](const std::string& dir, const std::string& ddir, int acc) {
+    if (plain.empty()) {
+      ASSERT_EQ(run(std::string(BS_BINARY_DIR) + "/blockspec generate --model " + dir +
+                        " --no-drafter --device cpu --threads 2 --prompt 'Hello' --max-tokens 40",
+                    &plain),
+                0)
+          << plain;
+    }
+    expect_forced_generate(dir, ddir, acc, plain);
+  });
+}
+
 // The same drafters on the GPU, where the tiny preset's hidden size (256) takes DFlash2's fused
-// convolution kernels (the projection resident in shared memory, the convolution + RMSNorm in one
-// launch; test drafters of hidden 64 run the ops apart): bench's speculative output equals its
-// plain one, every draft accepted at 100 % and none at 0 %.
+// convolution kernels (the projection's K-slice partials summed by the prepare convolution, the
+// finish convolution and the RMSNorm after it in one launch; the test drafters of hidden 64 run
+// the ops apart): bench's speculative output equals its plain one, every draft accepted at 100 %
+// and none at 0 %.
 TEST(SynthRelatives, ForcedAcceptanceOnGpuWhenPresent) {
   auto be = make_backend("cuda");
   if (!be.ok()) GTEST_SKIP() << "no CUDA backend: " << be.status().message();
   be->reset();
-  const std::string dir =
-      (fs::temp_directory_path() / ("bs_synth_relgpu_" + std::to_string(getpid()))).string();
-  const std::string bin = std::string(BS_BINARY_DIR) + "/blockspec";
-  for (const char* drafter : {"dspark-b7", "dflash2-b16"}) {
-    for (int acc : {100, 0}) {
-      SCOPED_TRACE(std::string(drafter) + " " + std::to_string(acc));
-      std::string out;
-      ASSERT_EQ(run(bin + " synth --preset tiny --out " + dir + " --drafter " + drafter +
-                        " --acceptance " + std::to_string(acc),
-                    &out),
-                0)
-          << out;
-      const std::string ddir = dir + "-" + drafter + "-acc" + std::to_string(acc);
-      ASSERT_EQ(run(bin + " bench --model " + dir + " --drafter " + ddir +
-                        " --device cuda --context 48 --iters 3 --warmup 1 --gen-tokens 40 "
-                        "--copy-mb 64 --gemv auto",
-                    &out),
-                0)
-          << out;
-      if (acc == 100) {
-        expect_forced_acceptance(out);
-      } else {
-        expect_zero_acceptance(out);
-      }
-      std::error_code ec;
-      fs::remove_all(ddir, ec);
-    }
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+  for_each_synth_relative("relgpu", [](const std::string& dir, const std::string& ddir, int acc) {
+    std::string out;
+    ASSERT_EQ(
+        run(std::string(BS_BINARY_DIR) + "/blockspec bench --model " + dir + " --drafter " + ddir +
+                " --device cuda --context 48 --iters 3 --warmup 1 --gen-tokens 40 "
+                "--copy-mb 64 --gemv auto",
+            &out),
+        0)
+        << out;
+    expect_forced(out, acc);
+  });
 }
 
 // synth --draft-vocab N: the DFlash drafter ships d2t (N distinct sorted target ids holding both
