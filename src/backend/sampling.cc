@@ -54,12 +54,14 @@ void filtered_probs(std::span<const float> logits, const FilterParams& params,
       }
     }
   }
+  const float min_p = params.min_p > 0.0f ? params.min_p : 0.0f;
+  auto kept = [&](size_t i) { return logits[i] >= t && probs[i] >= min_p; };
   double z = 0;
   for (size_t i = 0; i < v; ++i) {
-    if (logits[i] >= t) z += probs[i];
+    if (kept(i)) z += probs[i];
   }
   const float inv = static_cast<float>(1.0 / z);
-  for (size_t i = 0; i < v; ++i) probs[i] = logits[i] >= t ? probs[i] * inv : 0.0f;
+  for (size_t i = 0; i < v; ++i) probs[i] = kept(i) ? probs[i] * inv : 0.0f;
 }
 
 int32_t draw_index(std::span<const float> weights, float u) {

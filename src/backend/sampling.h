@@ -1,7 +1,8 @@
 // The definition of token sampling, on the host: the filtered distribution (temperature, top-k,
-// top-p), the inverse-CDF draw and speculative rejection sampling. The CPU backend's sampling ops
-// (backend.h, "Sampling") run these functions, the engine's Sampler uses them for its host path,
-// and the CUDA kernels implement the same rules; so host and device sampling are one rule.
+// top-p, min-p), the inverse-CDF draw and speculative rejection sampling. The CPU backend's
+// sampling ops (backend.h, "Sampling") run these functions, the engine's Sampler uses them for its
+// host path, and the CUDA kernels implement the same rules; so host and device sampling are one
+// rule.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@ struct FilterParams {
   float temperature = 1.0f;  // <= 0: one-hot at the argmax (first index on ties)
   int32_t top_k = 0;         // <= 0 or >= vocab: off
   float top_p = 1.0f;        // >= 1: off; else in (0, 1)
+  float min_p = 0.0f;        // <= 0: off; else in (0, 1]
 };
 
 // probs = the filtered distribution of one row of logits (same length), defined on the logit
@@ -25,7 +27,11 @@ struct FilterParams {
 //   top-p (p < 1): Z_k = sum of w over the kept x_i >= t_k; t_p = the largest logit value v with
 //     sum_{kept x_i >= v} w_i >= p * Z_k (the smallest set of whole tie groups, taken from the
 //     largest logit down, whose mass reaches p; at least the maximum's group). Else t_p = t_k.
-//   probs_i = w_i * float(1 / Z) for x_i >= t_p, exactly 0 otherwise, Z = sum_{x_i >= t_p} w_i.
+//   min-p (p > 0, after top-k and top-p, as transformers' MinPLogitsWarper follows them): keep
+//     only the kept x_i with w_i >= min_p, i.e. probability at least min_p times the maximum's
+//     (w of the maximum is 1, so it always stays). Off: every w_i >= 0 passes.
+//   probs_i = w_i * float(1 / Z) for the kept x_i (x_i >= t_p and w_i >= min_p), exactly 0
+//     otherwise, Z = sum of the kept w_i.
 // Sums are in double on the host. Logits must not be NaN or +inf; -inf logits get weight 0.
 // -0 and +0 are the same value.
 void filtered_probs(std::span<const float> logits, const FilterParams& params,

@@ -39,6 +39,7 @@ struct GenerateArgs {
   bool max_tokens_given = false;  // --max-tokens on the command line
   float temperature = 0.0f;
   float top_p = 1.0f;
+  float min_p = 0.0f;
   int top_k = 0;
   std::optional<uint64_t> seed;
   int64_t draft_tokens = 0;
@@ -143,7 +144,11 @@ int run_generate(const GenerateArgs& a) {
 
   bs::GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
-  opt.sampling = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
+  opt.sampling = {.temperature = a.temperature,
+                  .top_k = a.top_k,
+                  .top_p = a.top_p,
+                  .min_p = a.min_p,
+                  .seed = a.seed};
   if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
   opt.draft_tokens = a.draft_tokens;
   opt.draft_confidence_min = a.draft_confidence_min;
@@ -291,6 +296,9 @@ int main(int argc, char** argv) {
       ->check(number_in(0, 100));
   gen->add_option("--top-p", g.top_p, "Nucleus sampling mass")->check(number_in(0, 1));
   gen->add_option("--top-k", g.top_k, "Keep the k most likely tokens; 0 = off")->check(at_least(0));
+  gen->add_option("--min-p", g.min_p,
+                  "Keep tokens at least this fraction as likely as the most likely; 0 = off")
+      ->check(number_in(0, 1));
   gen->add_option("--seed", g.seed, "Random seed (sampling and drafter noise)");
   gen->add_option("--draft-tokens", g.draft_tokens, "Drafts verified per step (default: block-1)")
       ->check(at_least(1));

@@ -43,6 +43,10 @@ DraftDraw DeviceSampling::draw_for_drafter(Sampler& sampler, int64_t n, int64_t 
                                            const Tensor& out) {
   BS_CHECK(out.dtype() == DType::kI32 && out.numel() == n);
   DraftDraw d{.filter = sampler.filter(), .ids = out};
+  // The drafters' own draws (DSpark's chain, DFlash2's candidate walk) propose under temperature,
+  // top-k and top-p; min-p shapes the target's distribution only (any proposal q is lossless: the
+  // acceptance test uses the q handed over with the drafts).
+  d.filter.min_p = 0.0f;
   if (sampler.params().greedy()) {
     d.filter.temperature = 0.0f;
     return d;

@@ -13,6 +13,9 @@ Status SamplingParams::validate() const {
   if (!(top_p > 0.0f && top_p <= 1.0f)) {
     return InvalidArgument("top_p must be in (0, 1], got {}", top_p);
   }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return InvalidArgument("min_p must be in [0, 1], got {}", min_p);
+  }
   return Status::Ok();
 }
 

@@ -19,6 +19,7 @@ struct SamplingParams {
   float temperature = 0.0f;      // 0: greedy (argmax, first index on ties)
   int top_k = 0;                 // 0: off
   float top_p = 1.0f;            // 1: off
+  float min_p = 0.0f;            // 0: off; else keep tokens >= min_p x the most likely one's
   std::optional<uint64_t> seed;  // none: fresh randomness
 
   bool greedy() const { return temperature <= 0.0f; }
@@ -38,11 +39,14 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
   // The parameters of the filtered distribution (Backend::filtered_probs takes them).
   sampling::FilterParams filter() const {
-    return {.temperature = params_.temperature, .top_k = params_.top_k, .top_p = params_.top_p};
+    return {.temperature = params_.temperature,
+            .top_k = params_.top_k,
+            .top_p = params_.top_p,
+            .min_p = params_.min_p};
   }
-  // Distribution after temperature, then top-k, then top-p (HF order), renormalised; entries
-  // outside the kept set are exactly 0; ties at a cut are kept together (sampling::filtered_probs
-  // has the exact rule). Greedy: one-hot at the argmax.
+  // Distribution after temperature, then top-k, then top-p, then min-p (HF order), renormalised;
+  // entries outside the kept set are exactly 0; ties at a cut are kept together
+  // (sampling::filtered_probs has the exact rule). Greedy: one-hot at the argmax.
   void probs(std::span<const float> logits, std::vector<float>* out) const;
   // Draws from `logits` (argmax when greedy, consuming no uniform; else one uniform).
   int32_t sample(std::span<const float> logits);

@@ -291,7 +291,6 @@ std::optional<ApiError> refuse_unsupported(const json& req) {
   for (const auto& [key, neutral] : {std::pair{"presence_penalty", 0.0},
                                      {"frequency_penalty", 0.0},
                                      {"repetition_penalty", 1.0},
-                                     {"min_p", 0.0},
                                      {"min_tokens", 0.0}}) {
     if (auto e = number_other_than(key, neutral)) return e;
   }
@@ -344,23 +343,26 @@ std::optional<ApiError> parse_logprobs(const json& req, bool chat, CompletionReq
 }
 
 std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) {
-  double temperature = 1.0, top_p = 1.0;
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
   int64_t top_k = 0, seed = 0;
   if (auto e = get_number(req, "temperature", &temperature)) return e;
   if (auto e = get_number(req, "top_p", &top_p)) return e;
+  if (auto e = get_number(req, "min_p", &min_p)) return e;
   if (auto e = get_integer(req, "top_k", &top_k)) return e;
   if (top_k == -1) top_k = 0;  // vLLM's "off"
   if (top_k < 0 || top_k > std::numeric_limits<int>::max()) {
     return bad("top_k", fmt::format("top_k must be -1, 0 (off) or positive, got {}", top_k));
   }
   // Sampling runs in float: a double beyond float range would become inf.
-  for (const auto& [key, v] : {std::pair{"temperature", temperature}, {"top_p", top_p}}) {
+  for (const auto& [key, v] :
+       {std::pair{"temperature", temperature}, {"top_p", top_p}, {"min_p", min_p}}) {
     if (!std::isfinite(static_cast<float>(v))) {
       return bad(key, fmt::format("{} = {} is out of range", key, v));
     }
   }
   out->sampling.temperature = static_cast<float>(temperature);
   out->sampling.top_p = static_cast<float>(top_p);
+  out->sampling.min_p = static_cast<float>(min_p);
   out->sampling.top_k = static_cast<int>(top_k);
   if (present(req, "seed")) {  // any int64 (negative ones as their two's complement bits)
     if (auto e = get_integer(req, "seed", &seed)) return e;

@@ -1815,6 +1815,8 @@ TEST_F(CudaOps, FilteredProbsMatchCpu) {
       {.temperature = 1.3f, .top_k = -1},  // -1: V - 1
       {.temperature = 0.8f, .top_p = 0.01f},
       {.temperature = 2.0f, .top_k = 20, .top_p = 0.999f},
+      {.temperature = 1.0f, .min_p = 0.05f},
+      {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f, .min_p = 0.1f},
       {.temperature = 1.0f, .top_k = 3},                  // on the all-equal row below
       {.temperature = 0.9f, .top_p = 0.8f},               // on the row with -inf entries
       {.temperature = 1.1f, .top_k = 7, .top_p = 0.7f}};  // on the few-values row

@@ -437,6 +437,16 @@ TEST(Server, MaxTokensEndsWithLength) {
       {"seed", 5}}.dump();
   EXPECT_EQ(post(server.port(), "/v1/completions", sampled).body["choices"][0]["text"],
             post(server.port(), "/v1/completions", sampled).body["choices"][0]["text"]);
+  // min_p 1 keeps only the most likely token: sampling at temperature 1 is greedy decoding.
+  const json greedy = json{{"prompt", "The dog"}, {"max_tokens", 30}, {"temperature", 0}};
+  json min_p_1 = greedy;
+  min_p_1["temperature"] = 1;
+  min_p_1["min_p"] = 1;
+  min_p_1["seed"] = 9;
+  const Reply g = post(server.port(), "/v1/completions", greedy.dump());
+  const Reply m = post(server.port(), "/v1/completions", min_p_1.dump());
+  ASSERT_EQ(m.status, 200) << m.raw;
+  EXPECT_EQ(m.body["choices"][0]["text"], g.body["choices"][0]["text"]);
 }
 
 // ignore_eos: generation runs to max_tokens through EOS; stop_token_ids end it at the first of
@@ -604,6 +614,8 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
        "temperature must be a number"},
       {"/v1/completions", R"({"prompt": "hi", "temperature": -1})", 400, "temperature"},
       {"/v1/completions", R"({"prompt": "hi", "top_p": 1.5})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt": "hi", "min_p": 1.5})", 400, "min_p must be in [0, 1]"},
+      {"/v1/completions", R"({"prompt": "hi", "min_p": "low"})", 400, "min_p must be a number"},
       {"/v1/completions", R"({"prompt": "hi", "stop": 3})", 400, "stop must be a string"},
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "n": 0})", 400, "n must be at least 1"},

@@ -78,8 +78,16 @@ std::vector<double> naive_probs(const std::vector<float>& x, const FilterParams&
       }
     }
   }
-  const double z = sum_ge(t, false);
-  for (size_t i = 0; i < v; ++i) out[i] = x[i] >= t ? w[i] / z : 0.0;
+  // min-p after top-k / top-p: the kept entries whose weight (the maximum's is 1) is >= min_p.
+  const auto kept = [&](size_t i) { return x[i] >= t && !(f.min_p > 0 && w[i] < f.min_p); };
+  double z = 0;
+  for (size_t i = 0; i < v; ++i) {
+    if (kept(i)) z += w[i];
+    if (ambiguous && f.min_p > 0 && x[i] >= t && std::abs(w[i] - f.min_p) <= 1e-6 * f.min_p) {
+      *ambiguous = true;
+    }
+  }
+  for (size_t i = 0; i < v; ++i) out[i] = kept(i) ? w[i] / z : 0.0;
   return out;
 }
 
@@ -133,31 +141,65 @@ TEST_F(SamplingOps, FilteredProbsFollowTheRuleOnTiesAndExtremes) {
       for (float t : temperatures) {
         for (int k : top_ks) {
           for (float p : top_ps) {
-            const FilterParams f{.temperature = t, .top_k = k, .top_p = p};
-            bool ambiguous = false;
-            const std::vector<double> want = naive_probs(x, f, &ambiguous);
-            be_->filtered_probs(probs, logits, {&f, 1});
-            const std::vector<float> got = be_->to_host_f32(probs);
-            ++cases;
-            if (ambiguous) {
-              ++ambiguous_cases;
-              continue;
+            for (float min_p : {0.0f, 0.05f, 0.6f}) {
+              const FilterParams f{.temperature = t, .top_k = k, .top_p = p, .min_p = min_p};
+              bool ambiguous = false;
+              const std::vector<double> want = naive_probs(x, f, &ambiguous);
+              be_->filtered_probs(probs, logits, {&f, 1});
+              const std::vector<float> got = be_->to_host_f32(probs);
+              ++cases;
+              if (ambiguous) {
+                ++ambiguous_cases;
+                continue;
+              }
+              double sum = 0;
+              for (size_t i = 0; i < v; ++i) {
+                SCOPED_TRACE(::testing::Message() << "v " << v << " kind " << kind << " T " << t
+                                                  << " k " << k << " p " << p << " i " << i);
+                ASSERT_EQ(got[i] == 0.0f, want[i] == 0.0) << got[i] << " vs " << want[i];
+                ASSERT_NEAR(got[i], want[i], 1e-6 * want[i] + 1e-30);
+                sum += got[i];
+              }
+              EXPECT_NEAR(sum, 1.0, 1e-5);
             }
-            double sum = 0;
-            for (size_t i = 0; i < v; ++i) {
-              SCOPED_TRACE(::testing::Message() << "v " << v << " kind " << kind << " T " << t
-                                                << " k " << k << " p " << p << " i " << i);
-              ASSERT_EQ(got[i] == 0.0f, want[i] == 0.0) << got[i] << " vs " << want[i];
-              ASSERT_NEAR(got[i], want[i], 1e-6 * want[i] + 1e-30);
-              sum += got[i];
-            }
-            EXPECT_NEAR(sum, 1.0, 1e-5);
           }
         }
       }
     }
   }
   EXPECT_LT(ambiguous_cases, cases / 100) << ambiguous_cases << " of " << cases;
+}
+
+// min-p on hand values: weights 1, 1/2, 1/4, 1/10, 1/20 at temperature 1 (sqrt of them at 2).
+TEST_F(SamplingOps, MinPKeepsTokensAtLeastThatFractionOfTheMostLikely) {
+  const std::vector<float> x = {std::log(0.25f), 0.0f, std::log(0.05f), std::log(0.5f),
+                                std::log(0.1f)};
+  const Tensor logits = upload(*be_, x, 1);
+  const Tensor probs = be_->empty({1, 5}, DType::kF32);
+  auto run = [&](const FilterParams& f) {
+    be_->filtered_probs(probs, logits, {&f, 1});
+    return be_->to_host_f32(probs);
+  };
+  auto near = [](const std::vector<float>& got, const std::vector<double>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i] == 0.0f, want[i] == 0.0) << i;
+      EXPECT_NEAR(got[i], want[i], 1e-6) << i;
+    }
+  };
+  // 0.2: keeps 1, 1/2, 1/4 (Z = 1.75).
+  near(run({.temperature = 1.0f, .min_p = 0.2f}), {0.25 / 1.75, 1 / 1.75, 0, 0.5 / 1.75, 0});
+  // 1: the maximum alone; 0: off.
+  near(run({.temperature = 1.0f, .min_p = 1.0f}), {0, 1, 0, 0, 0});
+  near(run({.temperature = 1.0f, .min_p = 0.0f}),
+       {0.25 / 1.9, 1 / 1.9, 0.05 / 1.9, 0.5 / 1.9, 0.1 / 1.9});
+  // Temperature 2: weights 1, 0.707, 0.5, 0.316, 0.224; 0.3 keeps four.
+  const double z2 = 1 + std::sqrt(0.5) + 0.5 + std::sqrt(0.1);
+  near(run({.temperature = 2.0f, .min_p = 0.3f}),
+       {0.5 / z2, 1 / z2, 0, std::sqrt(0.5) / z2, std::sqrt(0.1) / z2});
+  // After top-k: top-k 4 drops 1/20, min-p 0.15 then drops 1/10.
+  near(run({.temperature = 1.0f, .top_k = 4, .min_p = 0.15f}),
+       {0.25 / 1.75, 1 / 1.75, 0, 0.5 / 1.75, 0});
 }
 
 TEST_F(SamplingOps, TiesAtACutAreKeptTogether) {

@@ -340,6 +340,30 @@ TEST_F(StoriesSampling, RandomDSparkAndDFlash2DraftersLeaveDistributionUnchanged
   }
 }
 
+// min-p shapes the target's distribution (top-k 8, then min-p 0.1 of the most likely token):
+// plain sampling draws it, and speculative sampling keeps it with a drafter near the target (many
+// drafts accepted), the random DFlash drafter (drafts drawn from its logits under the same filter)
+// and the random DFlash2 drafter (whose candidate walk proposes without min-p:
+// device_sampling.cc).
+TEST_F(StoriesSampling, MinPDistributionIsKeptBySpeculativeSampling) {
+  params_.min_p = 0.1f;
+  const size_t cells_top_k = exact_.size();
+  after1_.clear();
+  after2_.clear();
+  exact_.clear();
+  compute_exact();
+  ASSERT_LT(exact_.size(), cells_top_k) << "min-p 0.1 should drop some of top-k 8's tokens";
+  check(nullptr, 2000, 0, "plain_min_p");
+  NearTargetDrafter near(*backend_, static_cast<int64_t>(prompt_.size()), after1_, after2_);
+  check(&near, 5000, 3, "near_target_min_p");
+  EXPECT_GT(accepted_, 5000 / 5) << "the drafter should get many drafts accepted";
+  for (const std::string& dir : {kDrafter, std::string(BS_TEST_DATA) + "/dflash2-stories260K"}) {
+    auto drafter = load_drafter(dir, *target_, {});
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    check(drafter->get(), 2500, 0, (*drafter)->family() + "_min_p");
+  }
+}
+
 TEST_F(StoriesSampling, DSparkConfidenceCutLeavesDistributionUnchanged) {
   auto drafter = load_drafter(std::string(BS_TEST_DATA) + "/dspark-stories260K", *target_, {});
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();

@@ -1128,7 +1128,7 @@ class CudaBackend final : public Backend {
     BS_CHECK(params.size() == 1 || std::ssize(params) == n);
     std::vector<FilterArg> args(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      args[i] = {params[i].temperature, params[i].top_k, params[i].top_p};
+      args[i] = {params[i].temperature, params[i].top_k, params[i].top_p, params[i].min_p};
     }
     CUDA_CHECK(bs::cuda::filtered_probs(probs.as<float>(), in(logits), n, v, args.data(),
                                         std::ssize(args), stream_));

@@ -285,6 +285,7 @@ struct FilterArg {
   float temperature = 1.0f;  // <= 0: one-hot at the argmax
   int32_t top_k = 0;         // <= 0 or >= v: off
   float top_p = 1.0f;        // >= 1: off
+  float min_p = 0.0f;        // <= 0: off (filtered_probs only; the candidate walk ignores it)
 };
 // probs[r, :] (F32 [rows, v]) = the filtered distribution of logits[r, :] (F32, BF16 or F16) with
 // params[r], or params[0] for every row when num_params == 1 (host array).

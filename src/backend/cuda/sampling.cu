@@ -347,11 +347,12 @@ __global__ void __launch_bounds__(kFilterThreads)
   if (a.top_p < 1.0f) {
     t = select_threshold<true>(h, r, t, t > -INFINITY ? t : lo, 0, a.top_p);
   }
+  const float min_p = a.min_p > 0.0f ? a.min_p : 0.0f;  // after top-k / top-p (sampling.h)
   double z = 0;
   for_each_group<T, kVec>(r.x, v, [&](int64_t, const float(&xs)[4], int count) {
     for (int e = 0; e < count; ++e) {
       const float x = canon(xs[e]);
-      if (x >= t) z += r.weight(x);
+      if (x >= t && r.weight(x) >= min_p) z += r.weight(x);
     }
   });
   z = block_all_reduce<double>(z, 0.0, SumOp());
@@ -361,7 +362,8 @@ __global__ void __launch_bounds__(kFilterThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float x = canon(xs[e]);
-      p[e] = x >= t ? r.weight(x) * inv : 0.0f;
+      const float w = r.weight(x);
+      p[e] = x >= t && w >= min_p ? w * inv : 0.0f;
     }
     if constexpr (kVec) {
       *reinterpret_cast<float4*>(out + i0) = make_float4(p[0], p[1], p[2], p[3]);
