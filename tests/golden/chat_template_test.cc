@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include "golden/golden_clock.h"
 #include "tokenizer/chat_template_context.h"
 #include "tokenizer/jinja_interp.h"
 #include "tokenizer/jinja_parser.h"
@@ -33,20 +34,6 @@ std::string read_text(const std::string& path) {
 const json& goldens() {
   static const json j = json::parse(read_text(kDir + "/goldens.json"));
   return j;
-}
-
-// The script's strftime_now date: 2024-07-26 14:05:09.
-std::tm fixed_now() {
-  std::tm t{};
-  t.tm_year = 2024 - 1900;
-  t.tm_mon = 6;
-  t.tm_mday = 26;
-  t.tm_hour = 14;
-  t.tm_min = 5;
-  t.tm_sec = 9;
-  const std::time_t x = timegm(&t);
-  gmtime_r(&x, &t);
-  return t;
 }
 
 class ChatTemplateGolden : public ::testing::TestWithParam<size_t> {};
@@ -80,7 +67,7 @@ TEST_P(ChatTemplateGolden, MatchesJinja2) {
   }
   ASSERT_NE(kind, "syntax") << "Jinja2 rejects this template: " << (*error)["message"];
   jinja::RenderOptions opt;
-  opt.now = fixed_now;
+  opt.now = golden::golden_now;
   try {
     const std::string text = jinja::render(*tmpl, vars, opt);
     ASSERT_EQ(error, nullptr) << "expected " << kind << ": " << (*error)["message"]

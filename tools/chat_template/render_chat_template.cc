@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 
+#include "golden/golden_clock.h"
 #include "tokenizer/chat_template_context.h"
 #include "tokenizer/jinja_interp.h"
 #include "tokenizer/jinja_parser.h"
@@ -34,20 +35,6 @@ bool read_text(const std::string& path, std::string& out) {
   ss << f.rdbuf();
   out = ss.str();
   return true;
-}
-
-// make_chat_template_goldens.py's NOW.
-std::tm fixed_now() {
-  std::tm t{};
-  t.tm_year = 2024 - 1900;
-  t.tm_mon = 6;
-  t.tm_mday = 26;
-  t.tm_hour = 14;
-  t.tm_min = 5;
-  t.tm_sec = 9;
-  const std::time_t x = timegm(&t);
-  gmtime_r(&x, &t);
-  return t;
 }
 
 std::string string_or_empty(const json& c, const char* key) {
@@ -68,7 +55,7 @@ json render_case(const std::string& source, const json& c) {
   const json& extra = c.contains("extra") ? c["extra"] : empty_object;
   const bool agp = c.value("add_generation_prompt", false);
   bs::jinja::RenderOptions opt;
-  opt.now = fixed_now;
+  opt.now = bs::golden::golden_now;
   try {
     const auto vars = bs::chat_template_variables(messages, agp, string_or_empty(c, "bos_token"),
                                                   string_or_empty(c, "eos_token"), extra);
