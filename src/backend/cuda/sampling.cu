@@ -352,7 +352,9 @@ __global__ void __launch_bounds__(kFilterThreads)
   for_each_group<T, kVec>(r.x, v, [&](int64_t, const float(&xs)[4], int count) {
     for (int e = 0; e < count; ++e) {
       const float x = canon(xs[e]);
-      if (x >= t && r.weight(x) >= min_p) z += r.weight(x);
+      if (x < t) continue;
+      const float w = r.weight(x);
+      if (w >= min_p) z += w;
     }
   });
   z = block_all_reduce<double>(z, 0.0, SumOp());
@@ -362,7 +364,7 @@ __global__ void __launch_bounds__(kFilterThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float x = canon(xs[e]);
-      const float w = r.weight(x);
+      const float w = x >= t ? r.weight(x) : 0.0f;  // no expf for the dropped entries
       p[e] = x >= t && w >= min_p ? w * inv : 0.0f;
     }
     if constexpr (kVec) {
