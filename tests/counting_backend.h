@@ -230,6 +230,10 @@ class CountingBackend : public Backend {
                       std::span<const sampling::FilterParams> params) override {
     b_.filtered_probs(probs, logits, params);
   }
+  void apply_logit_rules(const Tensor& logits, const Tensor& row_tokens,
+                         std::span<const sampling::LogitRules> requests) override {
+    b_.apply_logit_rules(logits, row_tokens, requests);
+  }
   void sample_from_probs(const Tensor& out, const Tensor& weights,
                          const Tensor& uniforms) override {
     b_.sample_from_probs(out, weights, uniforms);

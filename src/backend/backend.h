@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/logit_rules.h"
 #include "backend/sampling.h"
 #include "backend/tensor.h"
 #include "core/status.h"
@@ -366,6 +367,15 @@ class Backend {
   // with params[r] for row r, or params[0] for every row when params has one entry.
   virtual void filtered_probs(const Tensor& probs, const Tensor& logits,
                               std::span<const sampling::FilterParams> params) = 0;
+  // Logits processing (backend/logit_rules.h: logit_bias, min_tokens, presence / frequency /
+  // repetition penalties) in place, before a token is chosen from logits [n, V] (F32; on CUDA
+  // also BF16 or F16, rounded back after the float rule). Each entry of `requests` owns rows
+  // [first_row, first_row + rows) (disjoint, within n); its row r sees e_1 .. e_r =
+  // row_tokens[first_row + 1 .. first_row + r] (I32 [n] on the backend: the verify blocks' input
+  // tokens), which may be undefined when every entry has one row. Rows of no entry are left as
+  // they are.
+  virtual void apply_logit_rules(const Tensor& logits, const Tensor& row_tokens,
+                                 std::span<const sampling::LogitRules> requests) = 0;
   // out[r] (I32 [n]) = sampling::draw_index(weights[r, :], uniforms[r]) for non-negative
   // weights[n, V] (F32; probs from filtered_probs, or any unnormalised weights) and uniforms F32
   // [n] in [0, 1).

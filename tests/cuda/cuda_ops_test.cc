@@ -1802,6 +1802,72 @@ int check_filtered_row(std::span<const float> x, const sampling::FilterParams& f
   return bad;
 }
 
+// apply_logit_rules: three requests over one set of rows (a 5-row verify block whose drafts
+// repeat tokens, a 1-row one, a 3-row one with a stop token forbidden in its first row), rules
+// drawn at random, on F32 and BF16 logits: the GPU's rows equal the CPU's (BF16: the CPU's on the
+// same BF16 values, rounded to BF16 after the rule), including the -inf of a forbidden token.
+TEST_F(CudaOps, LogitRulesMatchCpu) {
+  const int64_t v = 4099, rows = 10;
+  const std::vector<int32_t> row_tokens = {11, 5, 5, 4098, 5, 8, 0, 7, 7, 3};
+  std::vector<std::vector<sampling::TokenRule>> rules(3);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(v - 1));
+  for (auto& list : rules) {
+    std::vector<int32_t> ids = {5, 7, 3};
+    for (int i = 0; i < 40; ++i) ids.push_back(tok(rng_));
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (int32_t t : ids) {
+      list.push_back({.token = t,
+                      .count = static_cast<int32_t>(rng_() % 3),
+                      .bias = static_cast<float>(static_cast<int>(rng_() % 7) - 3) * 0.5f,
+                      .in_prompt = static_cast<uint8_t>(rng_() % 2),
+                      .stop = static_cast<uint8_t>(t == 3 || t == 7)});
+    }
+  }
+  const std::vector<sampling::LogitRules> reqs = {
+      {.first_row = 0,
+       .rows = 5,
+       .repetition = 1.3f,
+       .frequency = 0.4f,
+       .presence = 0.2f,
+       .stop_rows = 0,
+       .tokens = rules[0]},
+      {.first_row = 5,
+       .rows = 1,
+       .repetition = 1.0f,
+       .frequency = 0.0f,
+       .presence = 0.7f,
+       .stop_rows = 1,
+       .tokens = rules[1]},
+      {.first_row = 6,
+       .rows = 3,
+       .repetition = 0.8f,
+       .frequency = -0.5f,
+       .presence = 0.0f,
+       .stop_rows = 1,
+       .tokens = rules[2]}};  // row 9 belongs to no request
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    const std::vector<float> x = rnd(rows * v, 3.0f);  // BF16-representable values
+    const Tensor g = gpu_act({rows, v}, x, dt), c = cpu_act({rows, v}, x);
+    gpu_->apply_logit_rules(g, gpu_ints(row_tokens), reqs);
+    cpu_->apply_logit_rules(c, cpu_ints(row_tokens), reqs);
+    const std::vector<float> got = gpu_->to_host_f32(g);
+    std::vector<float> want = cpu_->to_host_f32(c);
+    if (dt == DType::kBF16) {
+      for (float& e : want) e = bf16_to_f32(f32_to_bf16(e));
+    }
+    int differ = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!(got[i] == want[i]) && differ++ < 5) {
+        ADD_FAILURE() << dtype_name(dt) << " row " << i / v << " token " << i % v << ": gpu "
+                      << got[i] << ", cpu " << want[i] << " (logit " << x[i] << ")";
+      }
+    }
+    EXPECT_EQ(differ, 0) << dtype_name(dt);
+    EXPECT_EQ(got[static_cast<size_t>(5 * v + 3)], -INFINITY);  // request 1's stop token
+  }
+}
+
 TEST_F(CudaOps, FilteredProbsMatchCpu) {
   const std::vector<sampling::FilterParams> kinds = {
       {.temperature = 1.0f},

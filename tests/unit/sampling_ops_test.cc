@@ -202,6 +202,41 @@ TEST_F(SamplingOps, MinPKeepsTokensAtLeastThatFractionOfTheMostLikely) {
        {0.25 / 1.75, 1 / 1.75, 0, 0.5 / 1.75, 0});
 }
 
+// Backend::apply_logit_rules on hand values: a verify block of 3 rows [anchor, d_1 = 4, d_2 = 4]
+// (row r counts d_1 .. d_r as output), rules: token 1 generated twice and in the prompt, token 2
+// in the prompt only, token 3 a stop token forbidden for the first 2 rows, token 0 biased;
+// repetition 2, frequency 0.5, presence 0.25. From row 2 on the stop token keeps its logit; rows
+// of no request (row 3) stay as they are.
+TEST_F(SamplingOps, LogitRulesCountTheBlocksDraftsRowByRow) {
+  const std::vector<float> x = {1.0f, 3.0f, -1.0f, 0.5f, 2.0f, 1.0f,   // row 0
+                                1.0f, 3.0f, -1.0f, 0.5f, 2.0f, 1.0f,   // row 1
+                                1.0f, 3.0f, -1.0f, 0.5f, 2.0f, 1.0f,   // row 2
+                                1.0f, 3.0f, -1.0f, 0.5f, 2.0f, 1.0f};  // row 3 (no rules)
+  const Tensor logits = upload(*be_, x, 4);
+  const Tensor row_tokens = upload_ints(*be_, {7, 4, 4, 9});
+  const std::vector<sampling::TokenRule> rules = {{.token = 0, .count = 0, .bias = 1.5f},
+                                                  {.token = 1, .count = 2, .in_prompt = 1},
+                                                  {.token = 2, .count = 0, .in_prompt = 1},
+                                                  {.token = 3, .count = 0, .stop = 1}};
+  const sampling::LogitRules req{.first_row = 0,
+                                 .rows = 3,
+                                 .repetition = 2.0f,
+                                 .frequency = 0.5f,
+                                 .presence = 0.25f,
+                                 .stop_rows = 2,
+                                 .tokens = rules};
+  be_->apply_logit_rules(logits, row_tokens, {&req, 1});
+  const std::vector<float> got = be_->to_host_f32(logits);
+  const float inf = std::numeric_limits<float>::infinity();
+  // token 0: 1 + 1.5; token 1: 3 / 2 - 0.5 * 2 - 0.25; token 2: -1 * 2; token 5: untouched.
+  // token 4: row 0 untouched; row 1 count 1: 2 / 2 - 0.5 - 0.25; row 2 count 2: 1 - 1 - 0.25.
+  const std::vector<float> want = {2.5f, 0.25f, -2.0f, -inf, 2.0f,   1.0f,   // row 0
+                                   2.5f, 0.25f, -2.0f, -inf, 0.25f,  1.0f,   // row 1
+                                   2.5f, 0.25f, -2.0f, 0.5f, -0.25f, 1.0f,   // row 2
+                                   1.0f, 3.0f,  -1.0f, 0.5f, 2.0f,   1.0f};  // row 3
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(SamplingOps, TiesAtACutAreKeptTogether) {
   // Three logits tie at 3: top-k 2 keeps all three (HF's rule), top-k 4 adds the 2.
   const std::vector<float> x = {1, 3, 3, 2, 3};

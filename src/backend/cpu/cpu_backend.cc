@@ -701,6 +701,23 @@ class CpuBackend final : public Backend {
       }
     });
   }
+  void apply_logit_rules(const Tensor& logits, const Tensor& row_tokens,
+                         std::span<const sampling::LogitRules> requests) override {
+    check_f32(logits);
+    const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
+    BS_CHECK(!row_tokens.defined() ||
+             (row_tokens.dtype() == DType::kI32 && row_tokens.numel() >= n));
+    for (const sampling::LogitRules& req : requests) {
+      BS_CHECK(req.first_row >= 0 && req.rows >= 0 && req.first_row + req.rows <= n);
+      BS_CHECK(req.rows <= 1 || row_tokens.defined());
+      for (int64_t r = 0; r < req.rows; ++r) {
+        const int64_t row = req.first_row + r;
+        const int32_t* extra = r > 0 ? row_tokens.as<int32_t>() + req.first_row + 1 : nullptr;
+        sampling::apply_logit_rules({logits.as<float>() + row * v, static_cast<size_t>(v)}, r, req,
+                                    {extra, static_cast<size_t>(r)});
+      }
+    }
+  }
   void sample_from_probs(const Tensor& out, const Tensor& weights,
                          const Tensor& uniforms) override {
     check_f32(weights), check_f32(uniforms);

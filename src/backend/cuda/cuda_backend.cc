@@ -1133,6 +1133,48 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(bs::cuda::filtered_probs(probs.as<float>(), in(logits), n, v, args.data(),
                                         std::ssize(args), stream_));
   }
+  // The rules go up in one copy (the tokens, then the requests' arguments) through the pinned ring.
+  void apply_logit_rules(const Tensor& logits, const Tensor& row_tokens,
+                         std::span<const sampling::LogitRules> requests) override {
+    const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
+    BS_CHECK(!row_tokens.defined() ||
+             (row_tokens.dtype() == DType::kI32 && row_tokens.numel() >= n));
+    if (requests.empty()) return;
+    std::vector<LogitRulesArg> args;
+    std::vector<sampling::TokenRule> tokens;
+    int64_t max_rows = 0;
+    for (const sampling::LogitRules& req : requests) {
+      BS_CHECK(req.first_row >= 0 && req.rows >= 0 && req.first_row + req.rows <= n);
+      BS_CHECK(req.rows <= 1 || row_tokens.defined());
+      args.push_back({.first_row = req.first_row,
+                      .rows = req.rows,
+                      .stop_rows = req.stop_rows,
+                      .token_offset = std::ssize(tokens),
+                      .token_count = std::ssize(req.tokens),
+                      .repetition = req.repetition,
+                      .frequency = req.frequency,
+                      .presence = req.presence});
+      tokens.insert(tokens.end(), req.tokens.begin(), req.tokens.end());
+      max_rows = std::max(max_rows, req.rows);
+    }
+    static_assert(sizeof(sampling::TokenRule) % 8 == 0 && sizeof(LogitRulesArg) % 8 == 0);
+    const size_t token_bytes = tokens.size() * sizeof(sampling::TokenRule);
+    const size_t bytes = token_bytes + args.size() * sizeof(LogitRulesArg);
+    std::vector<uint64_t> packed((bytes + 7) / 8);
+    std::memcpy(packed.data(), tokens.data(), token_bytes);
+    std::memcpy(reinterpret_cast<char*>(packed.data()) + token_bytes, args.data(),
+                args.size() * sizeof(LogitRulesArg));
+    const int64_t words = std::ssize(packed) * 2;  // I32 elements
+    if (!rules_dev_.defined() || rules_dev_.numel() < words) {
+      rules_dev_ = empty({std::max<int64_t>(words * 2, 4096)}, DType::kI32);
+    }
+    copy_from_host(rules_dev_.rows(0, words), packed.data());
+    const char* dev = static_cast<const char*>(rules_dev_.data());
+    CUDA_CHECK(bs::cuda::apply_logit_rules(
+        out(logits), v, row_tokens.defined() ? row_tokens.as<int32_t>() : nullptr,
+        reinterpret_cast<const LogitRulesArg*>(dev + token_bytes), std::ssize(args), max_rows,
+        reinterpret_cast<const sampling::TokenRule*>(dev), stream_));
+  }
   void sample_from_probs(const Tensor& o, const Tensor& weights, const Tensor& uniforms) override {
     const int64_t v = weights.dim(-1), n = v ? weights.numel() / v : 0;
     BS_CHECK(weights.dtype() == DType::kF32 && uniforms.dtype() == DType::kF32);
@@ -1557,6 +1599,7 @@ class CudaBackend final : public Backend {
   uint32_t lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
   void* draw_ws_ = nullptr;  // the draws' per-chunk sums
+  Tensor rules_dev_;         // apply_logit_rules' rules and arguments (I32 words)
   size_t draw_ws_bytes_ = 0;
   uint64_t capture_generation_ = 0;
   struct Captured {

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "backend/token_rule.h"
+
 namespace bs::cuda {
 
 enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3 };
@@ -291,6 +293,18 @@ struct FilterArg {
 // params[r], or params[0] for every row when num_params == 1 (host array).
 cudaError_t filtered_probs(float* probs, In logits, int64_t rows, int64_t v,
                            const FilterArg* params, int64_t num_params, cudaStream_t s);
+// Logits processing (backend/logit_rules.h) in place: request q (reqs[q], device) owns rows
+// [first_row, first_row + rows) of logits [.., v]; its rules are tokens[token_offset ..
+// token_offset + token_count) (device, sorted by token); row r's extra tokens e_1 .. e_r are
+// row_tokens[first_row + 1 ..] (device; null when every request has one row). max_rows >= every
+// request's rows.
+struct LogitRulesArg {
+  int64_t first_row = 0, rows = 0, stop_rows = 0, token_offset = 0, token_count = 0;
+  float repetition = 1.0f, frequency = 0.0f, presence = 0.0f, pad = 0.0f;
+};
+cudaError_t apply_logit_rules(Out logits, int64_t v, const int32_t* row_tokens,
+                              const LogitRulesArg* reqs, int64_t num_reqs, int64_t max_rows,
+                              const sampling::TokenRule* tokens, cudaStream_t s);
 // Bytes of device workspace sample_from_probs / rejection_sample need for `rows` rows of v.
 size_t draw_workspace_bytes(int64_t rows, int64_t v);
 // out[r] = the inverse-CDF draw from weights[r, :] (F32 [rows, v], >= 0) at uniforms[r].

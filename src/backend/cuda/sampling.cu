@@ -546,6 +546,92 @@ cudaError_t launch_draw(int32_t* out, DrawSource src, int64_t slots, void* works
 
 }  // namespace
 
+// ---- Logits processing (backend/logit_rules.h) ----
+//
+// One block per (row of a block, request): the threads take the request's rule tokens in turn
+// (c adds the row's matching extras), then the row's extras that no rule names (the first
+// occurrence of each). Every token is written by one thread only.
+namespace {
+
+constexpr int kRuleThreads = 128;
+
+__device__ __forceinline__ void store_f32(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_f32(__nv_bfloat16* p, float x) { *p = __float2bfloat16(x); }
+__device__ __forceinline__ void store_f32(__half* p, float x) { *p = __float2half(x); }
+
+template <typename T>
+__global__ void __launch_bounds__(kRuleThreads)
+    logit_rules_kernel(T* logits, int64_t v, const int32_t* row_tokens, const LogitRulesArg* reqs,
+                       const sampling::TokenRule* tokens) {
+  const LogitRulesArg q = reqs[blockIdx.y];
+  const int64_t r = blockIdx.x;
+  if (r >= q.rows) return;
+  T* row = logits + (q.first_row + r) * v;
+  const int32_t* extra = row_tokens + q.first_row + 1;  // e_1 .. e_r (read only when r > 0)
+  const sampling::TokenRule* rules = tokens + q.token_offset;
+  const bool blocking = r < q.stop_rows;
+  for (int64_t i = threadIdx.x; i < q.token_count; i += blockDim.x) {
+    const sampling::TokenRule e = rules[i];
+    if (e.token < 0 || e.token >= v) continue;
+    int32_t c = e.count;
+    for (int64_t j = 0; j < r; ++j) c += extra[j] == e.token ? 1 : 0;
+    T* x = row + e.token;
+    store_f32(x,
+              sampling::rule_logit(to_f32(*x), c, e.bias, e.in_prompt != 0, blocking && e.stop != 0,
+                                   q.repetition, q.frequency, q.presence));
+  }
+  for (int64_t j = threadIdx.x; j < r; j += blockDim.x) {
+    const int32_t t = extra[j];
+    if (t < 0 || t >= v) continue;
+    bool named = false;
+    for (int64_t i = 0; i < j && !named; ++i) named = extra[i] == t;  // not its first occurrence
+    int64_t lo = 0, hi = q.token_count;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (rules[mid].token < t)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (named || (lo < q.token_count && rules[lo].token == t)) continue;
+    int32_t c = 0;
+    for (int64_t i = 0; i < r; ++i) c += extra[i] == t ? 1 : 0;
+    T* x = row + t;
+    store_f32(x, sampling::rule_logit(to_f32(*x), c, 0.0f, false, false, q.repetition, q.frequency,
+                                      q.presence));
+  }
+}
+
+template <typename T>
+cudaError_t launch_logit_rules(T* logits, int64_t v, const int32_t* row_tokens,
+                               const LogitRulesArg* reqs, int64_t num_reqs, int64_t max_rows,
+                               const sampling::TokenRule* tokens, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(max_rows), static_cast<unsigned>(num_reqs));
+  logit_rules_kernel<T><<<grid, kRuleThreads, 0, s>>>(logits, v, row_tokens, reqs, tokens);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t apply_logit_rules(Out logits, int64_t v, const int32_t* row_tokens,
+                              const LogitRulesArg* reqs, int64_t num_reqs, int64_t max_rows,
+                              const sampling::TokenRule* tokens, cudaStream_t s) {
+  if (num_reqs <= 0 || max_rows <= 0 || v <= 0) return cudaSuccess;
+  switch (logits.t) {
+    case Elem::kF32:
+      return launch_logit_rules(static_cast<float*>(logits.p), v, row_tokens, reqs, num_reqs,
+                                max_rows, tokens, s);
+    case Elem::kBF16:
+      return launch_logit_rules(static_cast<__nv_bfloat16*>(logits.p), v, row_tokens, reqs,
+                                num_reqs, max_rows, tokens, s);
+    case Elem::kF16:
+      return launch_logit_rules(static_cast<__half*>(logits.p), v, row_tokens, reqs, num_reqs,
+                                max_rows, tokens, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 cudaError_t filtered_probs(float* probs, In logits, int64_t rows, int64_t v,
                            const FilterArg* params, int64_t num_params, cudaStream_t s) {
   if (rows <= 0 || v <= 0) return cudaSuccess;
