@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +43,11 @@ struct GenerateArgs {
   float top_p = 1.0f;
   float min_p = 0.0f;
   int top_k = 0;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int64_t min_tokens = 0;
+  std::vector<std::string> logit_bias;  // "ID:BIAS"
   std::optional<uint64_t> seed;
   int64_t draft_tokens = 0;
   double draft_confidence_min = 0;
@@ -148,7 +155,30 @@ int run_generate(const GenerateArgs& a) {
                   .top_k = a.top_k,
                   .top_p = a.top_p,
                   .min_p = a.min_p,
-                  .seed = a.seed};
+                  .seed = a.seed,
+                  .presence_penalty = a.presence_penalty,
+                  .frequency_penalty = a.frequency_penalty,
+                  .repetition_penalty = a.repetition_penalty,
+                  .min_tokens = a.min_tokens};
+  for (const std::string& entry : a.logit_bias) {
+    const size_t colon = entry.find(':');
+    int64_t id = -1;
+    float bias = 0;
+    try {
+      size_t used = 0;
+      if (colon != std::string::npos) id = std::stoll(entry.substr(0, colon), &used);
+      if (colon == std::string::npos || used != colon) throw std::invalid_argument(entry);
+      bias = std::stof(entry.substr(colon + 1), &used);
+      if (used != entry.size() - colon - 1) throw std::invalid_argument(entry);
+    } catch (const std::exception&) {
+      return fail(
+          bs::InvalidArgument("--logit-bias '{}': expected TOKEN_ID:BIAS, e.g. 2:-100", entry));
+    }
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      return fail(bs::InvalidArgument("--logit-bias '{}': token id out of range", entry));
+    }
+    opt.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+  }
   if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
   opt.draft_tokens = a.draft_tokens;
   opt.draft_confidence_min = a.draft_confidence_min;
@@ -299,6 +329,19 @@ int main(int argc, char** argv) {
   gen->add_option("--min-p", g.min_p,
                   "Keep tokens at least this fraction as likely as the most likely; 0 = off")
       ->check(number_in(0, 1));
+  gen->add_option("--presence-penalty", g.presence_penalty,
+                  "Subtract P from the logit of every token generated so far (OpenAI's)")
+      ->check(number_in(-2, 2));
+  gen->add_option("--frequency-penalty", g.frequency_penalty,
+                  "Subtract F x its count from the logit of every generated token (OpenAI's)")
+      ->check(number_in(-2, 2));
+  gen->add_option("--repetition-penalty", g.repetition_penalty,
+                  "Divide positive / multiply negative logits of prompt and generated tokens by "
+                  "R (transformers' / vLLM's); 1 = off");
+  gen->add_option("--min-tokens", g.min_tokens, "No end-of-sequence token before this many tokens")
+      ->check(at_least(0));
+  gen->add_option("--logit-bias", g.logit_bias,
+                  "TOKEN_ID:BIAS added to that token's logit (repeatable; -100 bans it)");
   gen->add_option("--seed", g.seed, "Random seed (sampling and drafter noise)");
   gen->add_option("--draft-tokens", g.draft_tokens, "Drafts verified per step (default: block-1)")
       ->check(at_least(1));

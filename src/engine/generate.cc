@@ -27,6 +27,17 @@ Status begin_generation(const CausalLM& target, std::span<const int32_t> prompt,
                            options.logprobs);
   }
   BS_RETURN_IF_ERROR(validate_prompt(target, prompt, max_context));
+  for (const auto& entry : options.sampling.logit_bias) {
+    if (entry.first >= target.config().vocab_size) {
+      return InvalidArgument("logit_bias token id {} out of range [0, {})", entry.first,
+                             target.config().vocab_size);
+    }
+  }
+  if (options.generated_prefix < 0 ||
+      options.generated_prefix >= static_cast<int64_t>(prompt.size())) {
+    return InvalidArgument("generated_prefix {} must be in [0, prompt length {})",
+                           options.generated_prefix, prompt.size());
+  }
   stats = GenerateStats{};
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   stats.finish = FinishReason::kLength;

@@ -16,7 +16,8 @@ PlainSequence::PlainSequence(BlockAllocator& allocator, const GenerateOptions& o
       kv_(allocator, kKvBlockSize),
       sampler_(options.sampling),
       out_(options, on_token, on_logprobs, stats),
-      step_tokens_(prompt.begin(), prompt.end()) {}
+      step_tokens_(prompt.begin(), prompt.end()),
+      rules_(options, prompt) {}
 
 Result<bool> PlainSequence::begin_step() {
   if (done_) return false;
@@ -83,7 +84,9 @@ void PlainSequence::end_chunk(int64_t n) {
 }
 
 bool PlainSequence::can_run_ahead() const {
-  return !done_ && prefilled() && !wants_logits() && out_.size() + 1 < options_.max_tokens &&
+  // (Logits processing needs this step's token on the host for the next step's rules.)
+  return !done_ && prefilled() && !wants_logits() && !rules_.active() &&
+         out_.size() + 1 < options_.max_tokens &&
          kv_.length() + static_cast<int64_t>(step_tokens_.size()) + 1 <= max_context_;
 }
 
@@ -105,6 +108,9 @@ void choose_tokens(Backend& backend, std::span<PlainSequence* const> seqs, const
   const int64_t n = static_cast<int64_t>(seqs.size());
   BS_CHECK(logits.dim(0) == n);
   const Tensor ids = ids_scratch.rows(0, n);
+  std::vector<sampling::LogitRules> rules;
+  for (int64_t i = 0; i < n; ++i) seqs[i]->add_logit_rules(i, &rules);
+  if (!rules.empty()) backend.apply_logit_rules(logits, Tensor(), rules);
   const bool any_greedy =
       std::any_of(seqs.begin(), seqs.end(), [](auto* s) { return s->greedy(); });
   if (any_greedy) backend.argmax(ids, logits);  // the sampled rows' draws overwrite theirs

@@ -22,6 +22,7 @@
 #include "engine/generate.h"
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
+#include "engine/logit_processing.h"
 
 namespace bs::detail {
 
@@ -47,6 +48,10 @@ class PlainSequence {
   // Ends the step with its token: `logits` [vocab] is its logits row on the host when
   // wants_logits() (logprobs), else empty. Commits the token.
   void take(int32_t token, std::span<const float> logits);
+  // The step's logits processing rules (its logits row at `row`), appended when it has some.
+  void add_logit_rules(int64_t row, std::vector<sampling::LogitRules>* out) {
+    rules_.add_rules(out_.tokens(), row, 1, out);
+  }
 
   bool greedy() const { return options_.sampling.greedy(); }
   // The step's logits row is read back: logprobs are on.
@@ -71,10 +76,11 @@ class PlainSequence {
   // token is read back, its input the token still on the device. can_run_ahead: the sequence
   // is decoding (its prompt cached), wants no logprobs, and a next step will follow this one
   // unless its token ends the sequence (EOS, stop string, on_token's false): max_tokens and the
-  // context window leave room for it. reserve_ahead reserves the cache for that step's token;
-  // ahead_request(token) (I32 [1] on the device: this step's token) is its forward, what
-  // request() gives after take(). After take(), the step is begun (no begin_step); when take()
-  // ended the sequence, the queued row is dropped and its reserved blocks go with the sequence.
+  // context window leave room for it, and it processes no logits (their rules need the token).
+  // reserve_ahead reserves the cache for that step's token; ahead_request(token) (I32 [1] on the
+  // device: this step's token) is its forward, what request() gives after take(). After take(), the
+  // step is begun (no begin_step); when take() ended the sequence, the queued row is dropped and
+  // its reserved blocks go with the sequence.
   bool can_run_ahead() const;
   Status reserve_ahead();
   ForwardRequest ahead_request(const Tensor& token) const;
@@ -94,6 +100,7 @@ class PlainSequence {
   CommittedTokens out_;
   std::vector<int32_t> step_tokens_;  // what the next forward feeds: the prompt, then 1 token
   bool done_ = false;
+  LogitProcessing rules_;  // after step_tokens_ (built from the prompt)
 };
 
 // Ends a step of `seqs` from their logits rows [n, vocab] (row i: seqs[i]'s): every token is

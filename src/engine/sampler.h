@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend/sampling.h"
@@ -21,8 +22,20 @@ struct SamplingParams {
   float top_p = 1.0f;            // 1: off
   float min_p = 0.0f;            // 0: off; else keep tokens >= min_p x the most likely one's
   std::optional<uint64_t> seed;  // none: fresh randomness
+  // Logits processing before the choice, greedy or sampled (the rule: backend/logit_rules.h;
+  // engine/logit_processing.h keeps each sequence's state).
+  float presence_penalty = 0.0f;    // [-2, 2]; 0: off (generated tokens)
+  float frequency_penalty = 0.0f;   // [-2, 2]; 0: off (generated tokens, per occurrence)
+  float repetition_penalty = 1.0f;  // > 0; 1: off (prompt and generated tokens)
+  int64_t min_tokens = 0;           // the stop ids are forbidden before this many tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id, added to its logit [-100, 100]
 
   bool greedy() const { return temperature <= 0.0f; }
+  // Any of the logits processing above is on.
+  bool processes_logits() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f ||
+           min_tokens > 0 || !logit_bias.empty();
+  }
   // InvalidArgument naming the field for out-of-range values.
   Status validate() const;
 };

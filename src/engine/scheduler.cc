@@ -432,6 +432,7 @@ void Scheduler::Impl::preempt(std::unique_ptr<Request> r) {
   r->seq_prompt = r->prompt;
   r->seq_prompt.insert(r->seq_prompt.end(), r->resumed.begin(), r->resumed.end());
   r->seq_options.max_tokens = r->options.max_tokens - static_cast<int64_t>(r->resumed.size());
+  r->seq_options.generated_prefix = static_cast<int64_t>(r->resumed.size());  // still output
   ++num_preemptions;
   // Before every request that arrived after it (the queue is in arrival order).
   auto at = std::find_if(waiting.begin(), waiting.end(),

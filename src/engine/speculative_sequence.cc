@@ -79,7 +79,8 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
       kv_(run.allocator, kKvBlockSize),
       sampler_(options.sampling),
       draft_sampling_(run.target.backend()),
-      out_(options, on_token, on_logprobs, stats) {}
+      out_(options, on_token, on_logprobs, stats),
+      rules_(options, prompt) {}
 
 Result<ForwardRequest> SpeculativeSequence::prefill_request(int64_t max_tokens) {
   const int64_t start = kv_.length();
@@ -133,6 +134,9 @@ Status SpeculativeSequence::prefill(int64_t max_tokens) {
     return Status::Ok();
   }
   const Tensor out = run_.first_tokens.rows(0, 1);
+  std::vector<sampling::LogitRules> rules;
+  add_logit_rules(0, 1, &rules);
+  if (!rules.empty()) backend.apply_logit_rules(res.logits, Tensor(), rules);
   choose_first_token(res.logits, out);
   int32_t token = 0;
   backend.copy_to_host(&token, out);
@@ -479,6 +483,11 @@ Status SpeculativeStep::accept() {
   const int64_t width = result.dim(1);
   // Every block's [a, next, drafts] into its row of `result`: one greedy_accept for all (rows of
   // sampled blocks are then overwritten), a rejection sampling per sampled block.
+  std::vector<sampling::LogitRules> rules;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    seqs_[i]->add_logit_rules(offsets[i], seqs_[i]->verify_rows(), &rules);
+  }
+  if (!rules.empty()) backend.apply_logit_rules(logits, run_.verify_tokens.rows(0, rows_), rules);
   if (any_greedy_) {
     const Tensor target_ids = run_.target_ids.rows(0, rows_);
     backend.argmax(target_ids, logits);
@@ -509,9 +518,12 @@ void SpeculativeStep::read_first_tokens() {
   const Tensor first_logits = run_.res.logits.rows(rows_, firsts);
   const Tensor first_ids = run_.first_tokens.rows(0, firsts);
   bool any_greedy = false;
+  std::vector<sampling::LogitRules> rules;
   for (size_t j = 0; j < prompts_.size(); ++j) {
     any_greedy |= first_rows_[j] >= 0 && prompts_[j]->greedy();
+    if (first_rows_[j] >= 0) prompts_[j]->add_logit_rules(first_rows_[j], 1, &rules);
   }
+  if (!rules.empty()) backend.apply_logit_rules(first_logits, Tensor(), rules);
   if (any_greedy) backend.argmax(first_ids, first_logits);
   for (size_t j = 0; j < prompts_.size(); ++j) {
     const int64_t row = first_rows_[j];
@@ -609,6 +621,9 @@ Status prefill_batch(SpeculativeRun& run, std::span<SpeculativeSequence* const> 
   Backend& backend = run.target.backend();
   const Tensor& logits = run.res.logits;
   const Tensor ids = run.first_tokens.rows(0, n);
+  std::vector<sampling::LogitRules> rules;
+  for (int64_t i = 0; i < n; ++i) seqs[i]->add_logit_rules(i, 1, &rules);
+  if (!rules.empty()) backend.apply_logit_rules(logits, Tensor(), rules);
   if (std::any_of(seqs.begin(), seqs.end(), [](const auto* s) { return s->greedy(); })) {
     backend.argmax(ids, logits);
   }

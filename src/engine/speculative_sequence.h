@@ -21,6 +21,7 @@
 #include "engine/generate.h"
 #include "engine/generation_common.h"
 #include "engine/kv_cache.h"
+#include "engine/logit_processing.h"
 #include "engine/speculative_accept.h"
 #include "engine/verify_budget.h"
 
@@ -133,6 +134,12 @@ class SpeculativeSequence {
   // The first token from the prompt's last logits row [1, vocab], into `out` (I32 [1] on the
   // device): the argmax, or a draw with the sequence's sampler (one uniform).
   void choose_first_token(const Tensor& logits, const Tensor& out);
+  // The logits processing rules of `rows` logits rows at `first_row` that follow what the
+  // sequence committed (the first token's row, or a verify block whose row r also follows its
+  // drafts 1..r), appended when it has some; Backend::apply_logit_rules takes them.
+  void add_logit_rules(int64_t first_row, int64_t rows, std::vector<sampling::LogitRules>* out) {
+    rules_.add_rules(out_.tokens(), first_row, rows, out);
+  }
   // The first token, read back, is committed (with its logits row [1, vocab] when logprobs are
   // on).
   void take_first_token(int32_t token, const Tensor& logits);
@@ -229,6 +236,7 @@ class SpeculativeSequence {
   std::vector<int32_t> drafts_;  // [k]: the drafts, from the read-back (for the record)
   StepRecord step_;
   std::optional<ObserveRequest> pending_observe_;
+  LogitProcessing rules_;
 };
 
 // One speculative step of `seqs` (each begun by begin_step, at most run.max_seqs), greedy and

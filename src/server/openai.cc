@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -281,23 +282,6 @@ std::optional<ApiError> parse_choices(const json& req, CompletionRequest* out) {
 // Fields that would change the output but are not implemented: refused unless they hold their
 // neutral value (clients often send those), rather than silently ignored.
 std::optional<ApiError> refuse_unsupported(const json& req) {
-  const auto number_other_than = [&](const char* key, double neutral) -> std::optional<ApiError> {
-    if (!present(req, key) || req.at(key).is_null()) return std::nullopt;
-    double v = neutral;
-    if (auto e = get_number(req, key, &v)) return e;
-    if (v == neutral) return std::nullopt;
-    return bad(key, fmt::format("{} is not supported (only {}); got {}", key, neutral, v));
-  };
-  for (const auto& [key, neutral] : {std::pair{"presence_penalty", 0.0},
-                                     {"frequency_penalty", 0.0},
-                                     {"repetition_penalty", 1.0},
-                                     {"min_tokens", 0.0}}) {
-    if (auto e = number_other_than(key, neutral)) return e;
-  }
-  if (present(req, "logit_bias") && !req.at("logit_bias").is_null() &&
-      !(req.at("logit_bias").is_object() && req.at("logit_bias").empty())) {
-    return bad("logit_bias", "logit_bias is not supported");
-  }
   if (present(req, "response_format") && !req.at("response_format").is_null()) {
     const json& f = req.at("response_format");
     if (!f.is_object() || f.value("type", "") != "text") {
@@ -342,6 +326,44 @@ std::optional<ApiError> parse_logprobs(const json& req, bool chat, CompletionReq
   return std::nullopt;
 }
 
+// presence_penalty, frequency_penalty (OpenAI), repetition_penalty, min_tokens (vLLM) and
+// logit_bias (OpenAI: {"token id": bias}; null or {} is none). Ranges: SamplingParams::validate.
+std::optional<ApiError> parse_logit_processing(const json& req, SamplingParams* out) {
+  double presence = 0.0, frequency = 0.0, repetition = 1.0;
+  int64_t min_tokens = 0;
+  if (auto e = get_number(req, "presence_penalty", &presence)) return e;
+  if (auto e = get_number(req, "frequency_penalty", &frequency)) return e;
+  if (auto e = get_number(req, "repetition_penalty", &repetition)) return e;
+  if (auto e = get_integer(req, "min_tokens", &min_tokens)) return e;
+  out->presence_penalty = static_cast<float>(presence);
+  out->frequency_penalty = static_cast<float>(frequency);
+  out->repetition_penalty = static_cast<float>(repetition);
+  out->min_tokens = min_tokens;
+  if (!present(req, "logit_bias") || req.at("logit_bias").is_null()) return std::nullopt;
+  const json& bias = req.at("logit_bias");
+  if (!bias.is_object()) {
+    return bad("logit_bias",
+               fmt::format("logit_bias must be an object {{\"token id\": bias}}, got {}",
+                           type_name(bias)));
+  }
+  for (const auto& [key, value] : bias.items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 ||
+        id > std::numeric_limits<int32_t>::max()) {
+      return bad(
+          "logit_bias",
+          fmt::format("logit_bias keys must be token ids (non-negative integers), got '{}'", key));
+    }
+    if (!value.is_number()) {
+      return bad("logit_bias", fmt::format("logit_bias value of token {} must be a number, got {}",
+                                           id, type_name(value)));
+    }
+    out->logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) {
   double temperature = 1.0, top_p = 1.0, min_p = 0.0;
   int64_t top_k = 0, seed = 0;
@@ -364,6 +386,7 @@ std::optional<ApiError> parse_sampling(const json& req, CompletionRequest* out) 
   out->sampling.top_p = static_cast<float>(top_p);
   out->sampling.min_p = static_cast<float>(min_p);
   out->sampling.top_k = static_cast<int>(top_k);
+  if (auto e = parse_logit_processing(req, &out->sampling)) return e;
   if (present(req, "seed")) {  // any int64 (negative ones as their two's complement bits)
     if (auto e = get_integer(req, "seed", &seed)) return e;
     out->sampling.seed = static_cast<uint64_t>(seed);

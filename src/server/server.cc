@@ -414,6 +414,14 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     }
     stop_ids.push_back(token);
   }
+  for (const auto& [token, bias] : r.sampling.logit_bias) {
+    if (token >= model.target->config().vocab_size) {
+      return send_error(res, {.message = fmt::format("logit_bias: token id {} out of range "
+                                                     "(vocabulary of {})",
+                                                     token, model.target->config().vocab_size),
+                              .param = "logit_bias"});
+    }
+  }
   const std::string id =
       fmt::format("{}-{}{:06x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
   Jobs jobs;

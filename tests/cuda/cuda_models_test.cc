@@ -315,6 +315,49 @@ TEST_F(CudaModels, BatchedSpeculativeMatchesPerPromptOnGpu) {
   }
 }
 
+// Logits processing on the GPU (Backend::apply_logit_rules' kernel on the BF16 verify logits):
+// greedy speculative decoding with penalties, a bias and min_tokens equals plain decoding on the
+// GPU, single and batched, with the shipped trained drafters (multi-draft blocks accepted, so a
+// verify row's counts include the drafts before it); and the processing changes the output.
+TEST_F(CudaModels, LogitProcessingIsLosslessOnGpu) {
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1}, {1, 403, 407, 261, 378}, {1, 291, 376, 400, 428, 261, 297}};
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.stop_ids = {2};
+  o.draft_tokens = 4;
+  o.sampling.presence_penalty = 1.0f;
+  o.sampling.frequency_penalty = 1.5f;
+  o.sampling.repetition_penalty = 1.8f;
+  o.sampling.logit_bias = {{261, 1.5f}, {400, -2.0f}};
+  o.sampling.min_tokens = 12;
+  GenerateOptions off = o;
+  off.sampling = {};
+  int changed = 0;
+  for (const char* name : {"stories260K-dflash", "stories260K-dspark", "stories260K-dflash2"}) {
+    auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/" + name, **g, {});
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    auto batch = generate_speculative_batch(**g, **d, prompts, o, nullptr);
+    ASSERT_TRUE(batch.ok()) << batch.status().message();
+    int64_t accepted = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerateStats st;
+      auto alone = generate_speculative(**g, **d, prompts[i], o, nullptr, &st);
+      auto plain = generate_plain(**g, prompts[i], o, nullptr, nullptr);
+      auto unprocessed = generate_plain(**g, prompts[i], off, nullptr, nullptr);
+      ASSERT_TRUE(alone.ok() && plain.ok() && unprocessed.ok());
+      EXPECT_EQ(*alone, *plain) << name << " prompt " << i;
+      EXPECT_EQ((*batch)[i], *plain) << name << " prompt " << i << " (batched)";
+      changed += *plain != *unprocessed ? 1 : 0;
+      accepted += st.accepted;
+    }
+    EXPECT_GT(accepted, 10) << name;
+  }
+  EXPECT_GT(changed, 0);
+}
+
 // Overlapped steps (SchedulerOptions::overlap) on the GPU: step n + 1 queued from step n's ids on
 // the device (device_tokens, CUDA graphs replaying) before step n is read back through a pinned
 // buffer and an event. Greedy and seeded sampled requests, stop ids met mid-way and short

@@ -528,6 +528,12 @@ TEST_P(SchedulerTest, PreemptionLosesNothingAndKeepsOutputs) {
                                    {2, kPrompts[3], greedy},
                                    {3, kPrompts[0], stopping}};
   if (!drafter_) arrivals.push_back({4, kPrompts[2], sampled});
+  // Penalties count the output generated before a preemption as output, not as prompt.
+  GenerateOptions penalized = greedy;
+  penalized.sampling.frequency_penalty = 0.6f;
+  penalized.sampling.presence_penalty = 0.3f;
+  penalized.sampling.repetition_penalty = 1.2f;
+  arrivals.push_back({5, kPrompts[1], penalized});
   std::vector<Expected> want;
   for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
   // The largest worst case: p60 + 80 tokens (+ the drafter's block).

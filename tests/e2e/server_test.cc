@@ -447,6 +447,24 @@ TEST(Server, MaxTokensEndsWithLength) {
   const Reply m = post(server.port(), "/v1/completions", min_p_1.dump());
   ASSERT_EQ(m.status, 200) << m.raw;
   EXPECT_EQ(m.body["choices"][0]["text"], g.body["choices"][0]["text"]);
+  // logit_bias +100 on one token: every token is that one (tests/e2e/logit_processing_test.cc
+  // checks the penalties' rule); a frequency penalty changes the greedy text.
+  const int32_t forced = 300;
+  json biased = greedy;
+  biased["max_tokens"] = 5;
+  biased["logit_bias"] = {{std::to_string(forced), 100}};
+  biased["logprobs"] = 0;
+  const Reply b = post(server.port(), "/v1/completions", biased.dump());
+  ASSERT_EQ(b.status, 200) << b.raw;
+  EXPECT_EQ(b.body["usage"]["completion_tokens"], 5);
+  const std::string piece = b.body["choices"][0]["logprobs"]["tokens"][0].get<std::string>();
+  for (const auto& t : b.body["choices"][0]["logprobs"]["tokens"]) EXPECT_EQ(t, piece);
+  json penalized = greedy;
+  penalized["frequency_penalty"] = 2;
+  penalized["presence_penalty"] = 1;
+  const Reply f = post(server.port(), "/v1/completions", penalized.dump());
+  ASSERT_EQ(f.status, 200) << f.raw;
+  EXPECT_NE(f.body["choices"][0]["text"], g.body["choices"][0]["text"]);
 }
 
 // ignore_eos: generation runs to max_tokens through EOS; stop_token_ids end it at the first of
@@ -619,14 +637,27 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
       {"/v1/completions", R"({"prompt": "hi", "stop": 3})", 400, "stop must be a string"},
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream must be a boolean"},
       {"/v1/completions", R"({"prompt": "hi", "n": 0})", 400, "n must be at least 1"},
-      {"/v1/completions", R"({"prompt": "hi", "presence_penalty": 0.5})", 400,
-       "presence_penalty is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "presence_penalty": 2.5})", 400,
+       "presence_penalty must be in [-2, 2]"},
       {"/v1/completions", R"({"prompt": "hi", "frequency_penalty": "x"})", 400,
        "frequency_penalty must be a number"},
-      {"/v1/completions", R"({"prompt": "hi", "repetition_penalty": 1.2})", 400,
-       "repetition_penalty is not supported"},
-      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"5": 10}})", 400,
-       "logit_bias is not supported"},
+      {"/v1/completions", R"({"prompt": "hi", "frequency_penalty": -3})", 400,
+       "frequency_penalty must be in [-2, 2]"},
+      {"/v1/completions", R"({"prompt": "hi", "repetition_penalty": 0})", 400,
+       "repetition_penalty must be a finite number > 0"},
+      {"/v1/completions", R"({"prompt": "hi", "min_tokens": -1})", 400, "min_tokens must be >= 0"},
+      {"/v1/completions", R"({"prompt": "hi", "min_tokens": 1.5})", 400,
+       "min_tokens must be an integer"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": [5]})", 400,
+       "logit_bias must be an object"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"five": 10}})", 400,
+       "logit_bias keys must be token ids"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"5": "up"}})", 400,
+       "logit_bias value of token 5 must be a number"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"5": 101}})", 400,
+       "logit_bias value of token 5 must be in [-100, 100]"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"99999": 1}})", 400,
+       "logit_bias: token id 99999 out of range"},
       {"/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})",
        400, "response_format is not supported"},
@@ -684,7 +715,7 @@ TEST(Server, BadRequestsAreClearErrorsAndTheServerSurvives) {
   EXPECT_EQ(get(server.port(), "/health").status, 200);
   EXPECT_EQ(post(server.port(), "/v1/completions", R"({"prompt": "hi", "max_tokens": 3})").status,
             200);
-  // The neutral values of the unsupported fields, as clients often send them, are fine.
+  // Neutral values, as clients often send them, are fine.
   EXPECT_EQ(post(server.port(), "/v1/completions",
                  R"({"prompt": "hi", "max_tokens": 3, "presence_penalty": 0, "frequency_penalty": 0,
                      "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "logit_bias": {},

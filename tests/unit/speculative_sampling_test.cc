@@ -31,6 +31,7 @@
 #include "io/safetensors.h"
 #include "models/drafter.h"
 #include "models/registry.h"
+#include "naive_logit_rules.h"
 #include "test_util.h"
 
 namespace bs {
@@ -169,18 +170,25 @@ class StoriesSampling : public ::testing::Test {
   void compute_exact() {
     Sampler s(params_);
     std::vector<float> p1, p2, p3;
-    s.probs(last_logits(prompt_), &p1);
+    // The distribution at each position: the logits processed (params_' penalties and bias,
+    // written out naively) given the tokens drawn before it.
+    const auto probs = [&](std::vector<float> logits, const std::vector<int32_t>& output,
+                           std::vector<float>* p) {
+      test_util::naive_penalize(logits, prompt_, output, params_);
+      s.probs(logits, p);
+    };
+    probs(last_logits(prompt_), {}, &p1);
     for (int32_t a = 0; a < 512; ++a) {
       if (p1[a] == 0) continue;
       std::vector<int32_t> ctx = prompt_;
       ctx.push_back(a);
       after1_[a] = last_logits(ctx);
-      s.probs(after1_[a], &p2);
+      probs(after1_[a], {a}, &p2);
       for (int32_t b = 0; b < 512; ++b) {
         if (p2[b] == 0) continue;
         ctx.push_back(b);
         after2_[{a, b}] = last_logits(ctx);
-        s.probs(after2_[{a, b}], &p3);
+        probs(after2_[{a, b}], {a, b}, &p3);
         for (int32_t c = 0; c < 512; ++c) {
           if (p3[c] > 0) exact_[{a, b, c}] = static_cast<double>(p1[a]) * p2[b] * p3[c];
         }
@@ -361,6 +369,42 @@ TEST_F(StoriesSampling, MinPDistributionIsKeptBySpeculativeSampling) {
     auto drafter = load_drafter(dir, *target_, {});
     ASSERT_TRUE(drafter.ok()) << drafter.status().message();
     check(drafter->get(), 2500, 0, (*drafter)->family() + "_min_p");
+  }
+}
+
+// Logits processing (presence / frequency / repetition penalties, a logit bias) shapes each
+// position's distribution from the tokens drawn before it: a verify row must count the drafts
+// before it as output. Plain sampling draws the processed joint law, and speculative sampling
+// keeps it with the near-target drafter (many multi-draft acceptances) and the random drafters
+// of every DFlash family (the relatives draw their own drafts), single and batched.
+TEST_F(StoriesSampling, PenalizedDistributionIsKeptBySpeculativeSampling) {
+  const std::map<std::array<int32_t, 3>, double> unpenalized = exact_;
+  // Penalties that reward repeats (negative; a repetition penalty below 1), so that repeats
+  // become likely and the counts matter: a random context rarely repeats a token otherwise.
+  params_.presence_penalty = -2.0f;
+  params_.frequency_penalty = -2.0f;
+  params_.repetition_penalty = 0.5f;
+  params_.logit_bias = {{273, 1.0f}};
+  after1_.clear();
+  after2_.clear();
+  exact_.clear();
+  compute_exact();
+  double moved = 0;  // total variation distance from the unpenalized law
+  for (const auto& [cell, p] : exact_) {
+    const auto it = unpenalized.find(cell);
+    moved += std::abs(p - (it == unpenalized.end() ? 0.0 : it->second)) / 2;
+  }
+  ASSERT_GT(moved, 0.05) << "the penalties should change the joint law";
+  std::printf("penalized joint law: total variation %.3f from the unpenalized one\n", moved);
+  check(nullptr, 2000, 0, "plain_penalized");
+  NearTargetDrafter near(*backend_, static_cast<int64_t>(prompt_.size()), after1_, after2_);
+  check(&near, 5000, 3, "near_target_penalized");
+  EXPECT_GT(accepted_, 5000 / 5) << "the drafter should get many drafts accepted";
+  check(&near, 5000, 3, "near_target_penalized_batched", /*batched=*/true);
+  for (const char* name : {"dspark-stories260K", "dflash2-stories260K"}) {
+    auto drafter = load_drafter(std::string(BS_TEST_DATA) + "/" + name, *target_, {});
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    check(drafter->get(), 2500, 0, std::string(name) + "_penalized");
   }
 }
 

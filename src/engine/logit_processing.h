@@ -1,0 +1,44 @@
+// One sequence's logits processing (SamplingParams' presence / frequency / repetition
+// penalties, min_tokens and logit_bias; the rule is backend/logit_rules.h): the rules of each
+// block of logits rows the sequence chooses tokens from, built from what it has generated. The
+// sequences hand them to one Backend::apply_logit_rules per step, before the argmax or the
+// filtered distribution, in plain decoding and in the speculative verify alike, so that a greedy
+// speculative run stays token for token the plain one and a sampled one keeps its distribution.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/logit_rules.h"
+#include "engine/generate.h"
+
+namespace bs::detail {
+
+class LogitProcessing {
+ public:
+  // `prompt` is the sequence's whole input (options.generated_prefix of its last tokens being
+  // output generated before a preemption); `options` validated by begin_generation. Both are
+  // copied from as needed.
+  LogitProcessing(const GenerateOptions& options, std::span<const int32_t> prompt);
+
+  bool active() const { return active_; }
+  // The rules of a block of `rows` logits rows at `first_row` whose row 0 follows `committed`
+  // (the tokens generated since the sequence began; row r also follows the block's r input
+  // tokens after its first). Valid until the next call. Appended to *out when active().
+  void add_rules(std::span<const int32_t> committed, int64_t first_row, int64_t rows,
+                 std::vector<sampling::LogitRules>* out);
+
+ private:
+  bool active_ = false;
+  float repetition_ = 1.0f, frequency_ = 0.0f, presence_ = 0.0f;
+  int64_t min_tokens_ = 0;
+  std::vector<int32_t> prompt_tokens_;           // sorted, unique (repetition != 1 only)
+  std::vector<int32_t> earlier_;                 // output generated before a preemption
+  std::vector<std::pair<int32_t, float>> bias_;  // sorted by token
+  std::vector<int32_t> stops_;                   // sorted, unique
+  std::vector<sampling::TokenRule> tokens_;      // the last add_rules' rules
+  std::vector<int32_t> scratch_;
+};
+
+}  // namespace bs::detail
