@@ -7,12 +7,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -1213,39 +1215,52 @@ class CudaBackend final : public Backend {
     std::fprintf(stderr, "blockspec: ignoring %s=%s (expected %s)\n", name, env, known.c_str());
     return -1;
   }
+  // The numeric switches: an integer in [lo, hi], the whole value; anything else is reported and
+  // ignored (nullopt, as when unset or empty).
+  static std::optional<int64_t> env_int(const char* name, int64_t lo, int64_t hi) {
+    const char* env = std::getenv(name);
+    if (!env || !*env) return std::nullopt;
+    int64_t v = 0;
+    const char* end = env + std::strlen(env);
+    const auto [stop, ec] = std::from_chars(env, end, v);
+    if (ec == std::errc() && stop == end && v >= lo && v <= hi) return v;
+    std::fprintf(stderr, "blockspec: ignoring %s=%s (expected an integer in [%lld, %lld])\n", name,
+                 env, static_cast<long long>(lo), static_cast<long long>(hi));
+    return std::nullopt;
+  }
   void read_switches() {
     constexpr GemvMode kGemv[] = {GemvMode::kCublasLt, GemvMode::kSimt, GemvMode::kMma,
                                   GemvMode::kStream};
     if (const int c = env_choice("BLOCKSPEC_GEMV", {"cublaslt", "simt", "mma", "stream"}); c >= 0) {
       gemv_mode_ = kGemv[c];
     }
-    if (const char* env = std::getenv("BLOCKSPEC_STREAM_VARIANT")) {
-      stream_variant_ = std::clamp(std::atoi(env), 0, kStreamVariants - 1);
+    if (const auto v = env_int("BLOCKSPEC_STREAM_VARIANT", 0, kStreamVariants - 1)) {
+      stream_variant_ = static_cast<int>(*v);
     }
-    if (const char* env = std::getenv("BLOCKSPEC_STREAM_MAX_MIB")) {
-      stream_max_bytes_ = std::atoll(env) << 20;
+    if (const auto v = env_int("BLOCKSPEC_STREAM_MAX_MIB", 0, int64_t{1} << 20)) {
+      stream_max_bytes_ = *v << 20;
     }
     if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
       graphs_enabled_ = c == 1;
     }
-    if (const char* env = std::getenv("BLOCKSPEC_PINNED_ROWS")) {
-      pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, std::atoll(env));
+    if (const auto v = env_int("BLOCKSPEC_PINNED_ROWS", kSkinnyMaxRows, int64_t{1} << 20)) {
+      pinned_rows_ = *v;
     }
     if (const int c = env_choice("BLOCKSPEC_ATTN_KERNEL", {"v1", "v2", "v3", "v4"}); c >= 0) {
       set_split_kernel(c + 1);
     }
-    if (const char* env = std::getenv("BLOCKSPEC_ATTN_DIAG"); env && std::atoi(env) != 0) {
+    if (const auto v = env_int("BLOCKSPEC_ATTN_DIAG", 0, 7); v && *v != 0) {
       std::fprintf(stderr,
-                   "blockspec: BLOCKSPEC_ATTN_DIAG=%s leaves parts of the attention out: its "
+                   "blockspec: BLOCKSPEC_ATTN_DIAG=%lld leaves parts of the attention out: its "
                    "results are meaningless (a profiling switch, docs/CUDA.md)\n",
-                   env);
-      set_split_diag(std::atoi(env));
+                   static_cast<long long>(*v));
+      set_split_diag(static_cast<int>(*v));
     }
     if (const int c = env_choice("BLOCKSPEC_WALK_TABLE", {"0", "1"}); c >= 0) walk_table_ = c == 1;
     if (const int c = env_choice("BLOCKSPEC_CONV_KERNEL", {"generic", "fast"}); c >= 0) {
       conv_fast_ = c == 1;
     }
-    if (const char* env = std::getenv("BLOCKSPEC_CONV_SPLITS")) conv_splits_ = std::atoi(env);
+    if (const auto v = env_int("BLOCKSPEC_CONV_SPLITS", 0, 64)) conv_splits_ = *v;
     // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
     // "inplace" leaves out the schemes that reduce in a separate kernel launch.
     if (const int c = env_choice("BLOCKSPEC_LT_REDUCTION", {"inplace", "none"}); c >= 0) {
