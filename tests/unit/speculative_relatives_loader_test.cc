@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,15 @@ const std::string kData = BS_TEST_DATA;
 const std::string kStories = std::string(BS_SOURCE_DIR) + "/models/stories260K";
 const std::string kDSpark = kData + "/dspark-stories260K";
 const std::string kDFlash2 = kData + "/dflash2-stories260K";
+const std::string kDFlash = kData + "/dflash-stories260K";
+
+// What a drafter proposes from fixed context features: the rows of its greedy chain (propose), the
+// greedy drafts and the confidences (propose_draw).
+struct Outputs {
+  std::vector<float> rows;
+  std::vector<int32_t> drafts;
+  std::vector<float> survival;
+};
 
 class RelativesLoader : public ::testing::Test {
  protected:
@@ -79,10 +89,76 @@ class RelativesLoader : public ::testing::Test {
     }
   }
 
+  // Observes 12 positions of deterministic features, proposes every draft at s = 12.
+  Outputs run(Drafter& d) {
+    Outputs o;
+    const int64_t n = 12, k = d.max_drafts();
+    const int64_t width =
+        static_cast<int64_t>(d.target_layers().size()) * target_->config().hidden_size;
+    std::vector<float> feats(static_cast<size_t>(n * width));
+    for (size_t i = 0; i < feats.size(); ++i) feats[i] = std::sin(0.37f * static_cast<float>(i));
+    Tensor taps = backend_->empty({n, width});
+    backend_->copy_from_host(taps, feats.data());
+    const std::vector<int32_t> table = {5, 2, 7, 0, 3};
+    KvPool pool = d.make_kv_pool(8);
+    const Status obs = d.observe(pool, table, taps, 0);
+    EXPECT_TRUE(obs.ok()) << obs.message();
+    const ProposeRequest req{.anchor = 17, .anchor_pos = n, .block_table = table, .num_drafts = k};
+    Tensor logits;
+    const Status prop = d.propose(pool, req, &logits);
+    EXPECT_TRUE(prop.ok()) << prop.message();
+    if (prop.ok()) o.rows = backend_->to_host_f32(logits);
+    if (!d.draws_drafts()) return o;
+    const DraftDraw draw{.ids = backend_->empty({k}, DType::kI32)};
+    std::vector<std::vector<float>> conf;
+    const Status s =
+        d.propose_draw(pool, {&req, 1}, {&draw, 1}, d.has_confidence() ? &conf : nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    o.drafts.resize(static_cast<size_t>(k));
+    backend_->copy_to_host(o.drafts.data(), draw.ids);
+    if (!conf.empty()) o.survival = conf[0];
+    return o;
+  }
+
+  // Loads (src, config, edit) and runs it; the drafter is gone before the next load rewrites the
+  // folder.
+  Outputs outputs_of(const std::string& src, const json& config,
+                     const std::function<void(io::TensorToWrite&)>& edit = nullptr,
+                     const std::string& family = "") {
+    auto r = load(src, config, edit);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok()) return {};
+    if (!family.empty()) {
+      EXPECT_EQ((*r)->family(), family);
+    }
+    return run(**r);
+  }
+
+  static void expect_same(const Outputs& got, const Outputs& want, const std::string& what) {
+    ASSERT_FALSE(want.rows.empty()) << what;
+    EXPECT_EQ(got.rows, want.rows) << what;
+    EXPECT_EQ(got.drafts, want.drafts) << what;
+    EXPECT_EQ(got.survival, want.survival) << what;
+  }
+
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CausalLM> target_;
   fs::path dir_;
 };
+
+// DeepSpec's layout of a config c in the SpecForge layout: every dflash_config field at the top
+// level, no projector_type, architectures ["Qwen3DSparkModel"] (deepspec/modeling/dspark/qwen3).
+json deepspec_layout(json c) {
+  for (const auto& [k, v] : c["dflash_config"].items()) {
+    if (k != "projector_type" && k != "attention_mode" && k != "confidence_head_alpha") c[k] = v;
+  }
+  c.erase("dflash_config");
+  c["architectures"] = {"Qwen3DSparkModel"};
+  c["num_anchors"] = 512;
+  return c;
+}
+
+bool is_markov(const io::TensorToWrite& t) { return t.name.rfind("markov_head.", 0) == 0; }
 
 TEST_F(RelativesLoader, GoldenCheckpointsLoad) {
   for (const auto& [src, family, drafts] :
@@ -132,9 +208,15 @@ TEST_F(RelativesLoader, DSparkRefusalsAndBadInput) {
   c = config_of(kDSpark);
   c["dflash_config"]["sample_from_anchor"] = false;
   expect_error(load(kDSpark, c), StatusCode::kUnimplemented, {"sample_from_anchor"});
+  // No projector_type and nothing else naming DSpark (the registry picked it by markov_rank).
   c = config_of(kDSpark);
   c["dflash_config"].erase("projector_type");
+  c.erase("architectures");
   expect_error(load(kDSpark, c), StatusCode::kInvalidArgument, {"projector_type"});
+  c = config_of(kDSpark);
+  c["dflash_config"].erase("projector_type");
+  c["projector_type"] = "dflash";
+  expect_error(load(kDSpark, c), StatusCode::kUnimplemented, {"projector_type", "dflash"});
   // A rank that disagrees with the tensors.
   c = config_of(kDSpark);
   c["dflash_config"]["markov_rank"] = 8;
@@ -204,6 +286,56 @@ TEST_F(RelativesLoader, DFlash2SpellingsAndBadInput) {
   c = config_of(kDFlash2);
   c["dflash_config"]["selector_top_k"] = 0;
   expect_error(load(kDFlash2, c), StatusCode::kInvalidArgument, {"selector_top_k"});
+}
+
+// DeepSpec's official DSpark checkpoints (deepseek-ai/dspark_qwen3_*_block7): all fields at the
+// top level, architectures ["Qwen3DSparkModel"], no dflash_config / projector_type. They load and
+// draft exactly as the same checkpoint in the SpecForge layout.
+TEST_F(RelativesLoader, DeepSpecDSparkLayout) {
+  const json golden = config_of(kDSpark);
+  const Outputs want = outputs_of(kDSpark, golden);
+  ASSERT_EQ(want.drafts.size(), 7u);
+  ASSERT_EQ(want.survival.size(), 7u);
+  const json deepspec = deepspec_layout(golden);
+  ASSERT_FALSE(deepspec.contains("dflash_config"));
+  expect_same(outputs_of(kDSpark, deepspec, nullptr, "dspark"), want, "DeepSpec layout");
+  // The class name in any case, or model_type "dspark" with no architectures.
+  json c = deepspec;
+  c["architectures"] = {"qwen3_dspark"};
+  expect_same(outputs_of(kDSpark, c, nullptr, "dspark"), want, "lower-case architecture");
+  c = deepspec;
+  c.erase("architectures");
+  c["model_type"] = "dspark";
+  expect_same(outputs_of(kDSpark, c, nullptr, "dspark"), want, "model_type dspark");
+  // A top-level key that is read, not defaulted: another rank disagrees with the tensors.
+  c = deepspec;
+  c["markov_rank"] = 8;
+  expect_error(load(kDSpark, c), StatusCode::kInvalidArgument, {"markov_rank"});
+}
+
+// DeepSpec's DFlash baselines: the same class with markov_rank 0 and no confidence head (and so
+// neither markov_head_type nor confidence_head_with_markov): a DSpark without heads, as the
+// SpecForge layout with markov_rank 0 gives.
+TEST_F(RelativesLoader, DeepSpecDFlashBaseline) {
+  json specforge = config_of(kDSpark);
+  specforge["dflash_config"]["markov_rank"] = 0;
+  specforge["dflash_config"]["enable_confidence_head"] = false;
+  specforge["dflash_config"].erase("markov_head_type");
+  specforge["dflash_config"].erase("confidence_head_with_markov");
+  auto heads = [](io::TensorToWrite& t) {
+    if (is_markov(t) || t.name.rfind("confidence_head.", 0) == 0) t.name.clear();
+  };
+  const Outputs want = outputs_of(kDSpark, specforge, heads, "dspark");
+  EXPECT_TRUE(want.survival.empty());
+  const json deepspec = deepspec_layout(specforge);
+  {
+    auto r = load(kDSpark, deepspec, heads);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ((*r)->family(), "dspark");
+    EXPECT_FALSE((*r)->has_confidence());
+    EXPECT_EQ((*r)->max_drafts(), 7);
+  }
+  expect_same(outputs_of(kDSpark, deepspec, heads), want, "DeepSpec DFlash baseline");
 }
 
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).

@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -180,9 +182,32 @@ Result<DSparkConfig> parse_dspark_fields(const json& j, const json& d, const std
                                          int64_t vocab) {
   const std::string dfile = file + " (dflash_config)";
   DSparkConfig c;
-  if (!io::has_field(d, "projector_type")) {
-    return InvalidArgument("{}: a DSpark drafter needs dflash_config.projector_type 'dspark'",
-                           file);
+  // What marks the config as DSpark's: projector_type "dspark" (SpecForge: dflash_config, checked
+  // by parse_dflash_config; or the top level), else, with no projector_type anywhere, the class
+  // name (DeepSpec's Qwen3DSparkModel writes every field at the top level and no projector_type)
+  // or model_type "dspark".
+  const json& proj_src = field_source(d, j, "projector_type");
+  if (io::has_field(proj_src, "projector_type")) {
+    BS_ASSIGN_OR_RETURN(std::string proj, io::get_string(proj_src, "projector_type", file));
+    if (proj != "dspark") {
+      return Unimplemented("{}: projector_type '{}' is not supported (DSpark: 'dspark')", file,
+                           proj);
+    }
+  } else {
+    BS_ASSIGN_OR_RETURN(std::vector<std::string> archs,
+                        io::get_string_list_or_empty(j, "architectures", file));
+    const bool named = std::any_of(archs.begin(), archs.end(), [](std::string a) {
+      std::transform(a.begin(), a.end(), a.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+      return a.find("dspark") != std::string::npos;
+    });
+    const bool dspark_type = j.contains("model_type") && j["model_type"] == "dspark";
+    if (!named && !dspark_type) {
+      return InvalidArgument(
+          "{}: a DSpark drafter needs projector_type 'dspark' (dflash_config or top level), an "
+          "architectures entry naming DSpark, or model_type 'dspark'",
+          file);
+    }
   }
   for (const char* key : {"dspark_bonus_anchor", "attention_sink_bias"}) {
     BS_ASSIGN_OR_RETURN(bool on, io::get_bool_or(field_source(d, j, key), key, file, false));

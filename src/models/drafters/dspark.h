@@ -2,10 +2,11 @@
 // (the block [anchor, MASK x (B-1)] gives B drafts, row k predicting s+k+1), a rank-r Markov logit
 // bias chained left to right, an optional top-k restricted bias and a confidence head.
 //
-// Checkpoint format: SpecForge / DeepSpec (config dflash_config.projector_type "dspark",
-// markov_rank, markov_head_type, enable_confidence_head, confidence_head_with_markov,
-// dspark_draft_topk; tensors markov_head.markov_w{1,2}[.weight],
-// confidence_head.proj.{weight,bias}, with or without "model."). docs/DFLASH.md lists what is
+// Checkpoint format: SpecForge (config dflash_config.projector_type "dspark", markov_rank,
+// markov_head_type, enable_confidence_head, confidence_head_with_markov, dspark_draft_topk) and
+// DeepSpec (architectures ["Qwen3DSparkModel"], the same keys at the top level, no projector_type);
+// tensors markov_head.markov_w{1,2}[.weight],
+// confidence_head.proj.{weight,bias}, with or without "model.". docs/DFLASH.md lists what is
 // accepted and refused.
 #pragma once
 
