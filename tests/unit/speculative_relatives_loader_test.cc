@@ -338,6 +338,27 @@ TEST_F(RelativesLoader, DeepSpecDFlashBaseline) {
   expect_same(outputs_of(kDSpark, deepspec, heads), want, "DeepSpec DFlash baseline");
 }
 
+// sample_from_anchor: dflash_config first, then the top level (vLLM reads it there).
+TEST_F(RelativesLoader, SampleFromAnchorAtTopLevel) {
+  json c = config_of(kDSpark);
+  c["sample_from_anchor"] = false;
+  expect_error(load(kDSpark, c), StatusCode::kUnimplemented, {"sample_from_anchor"});
+  c = config_of(kDSpark);
+  c["sample_from_anchor"] = true;
+  expect_same(outputs_of(kDSpark, c), outputs_of(kDSpark, config_of(kDSpark)),
+              "DSpark, top-level sample_from_anchor true");
+  c = config_of(kDSpark);
+  c["sample_from_anchor"] = false;
+  c["dflash_config"]["sample_from_anchor"] = true;  // dflash_config wins
+  EXPECT_TRUE(load(kDSpark, c).ok());
+  c = config_of(kDFlash);
+  c["sample_from_anchor"] = true;
+  expect_error(load(kDFlash, c), StatusCode::kUnimplemented, {"sample_from_anchor"});
+  c = config_of(kDFlash);
+  c["sample_from_anchor"] = false;
+  EXPECT_TRUE(load(kDFlash, c).ok());
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

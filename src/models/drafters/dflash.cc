@@ -469,18 +469,21 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
                          file);
   }
   const bool dspark = family == DFlashFamily::kDSpark, dflash2 = family == DFlashFamily::kDFlash2;
-  BS_ASSIGN_OR_RETURN(bool from_anchor, io::get_bool_or(d, "sample_from_anchor", dfile, dspark));
+  // sample_from_anchor: dflash_config first, then the top level (vLLM's speculator reads it there).
+  const bool anchor_in_d = io::has_field(d, "sample_from_anchor");
+  BS_ASSIGN_OR_RETURN(bool from_anchor, io::get_bool_or(anchor_in_d ? d : j, "sample_from_anchor",
+                                                        anchor_in_d ? dfile : file, dspark));
   if (dspark && !from_anchor) {
     return Unimplemented(
         "{}: sample_from_anchor=false with projector_type 'dspark' (an unshifted DSpark layout) is "
         "not supported",
-        dfile);
+        anchor_in_d ? dfile : file);
   }
   if (from_anchor && !dspark) {
     return Unimplemented(
         "{}: sample_from_anchor=true (shifted DSpark layout, row k predicts s+k+1) is not "
         "supported by the DFlash drafter",
-        dfile);
+        anchor_in_d ? dfile : file);
   }
   BS_ASSIGN_OR_RETURN(bool use_aux, io::get_bool_or(d, "use_aux_hidden_state", dfile, true));
   if (!use_aux) {
