@@ -359,6 +359,33 @@ TEST_F(RelativesLoader, SampleFromAnchorAtTopLevel) {
   EXPECT_TRUE(load(kDFlash, c).ok());
 }
 
+// DFlash2's conv_kernel_size, conv_group_size, selector_rank and selector_top_k: dflash_config
+// first, then the top level (z-lab's reference). selector_top_k 8 (not the default 16) so that a
+// key left unread changes the chain's rows.
+TEST_F(RelativesLoader, DFlash2KeysAtTopLevel) {
+  json golden = config_of(kDFlash2);
+  golden["dflash_config"]["selector_top_k"] = 8;
+  const Outputs want = outputs_of(kDFlash2, golden);
+  json c = golden;
+  for (const char* key :
+       {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"}) {
+    c[key] = c["dflash_config"][key];
+    c["dflash_config"].erase(key);
+  }
+  expect_same(outputs_of(kDFlash2, c, nullptr, "dflash2"), want, "DFlash2 keys at the top level");
+  // Read, not defaulted: the default top-k gives other rows.
+  json d16 = c;
+  d16.erase("selector_top_k");
+  EXPECT_NE(outputs_of(kDFlash2, d16).rows, want.rows);
+  // dflash_config wins over the top level.
+  c["dflash_config"]["selector_rank"] = 8;
+  c["selector_rank"] = 4;
+  EXPECT_TRUE(load(kDFlash2, c).ok());
+  // Absent in both: the error names the key.
+  c.erase("conv_group_size");
+  expect_error(load(kDFlash2, c), StatusCode::kInvalidArgument, {"conv_group_size"});
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

@@ -165,15 +165,27 @@ Result<DFlash2Config> parse_dflash2_fields(const json& j, const json& d, const s
                                            int64_t hidden, int64_t vocab) {
   const std::string dfile = file + " (dflash_config)";
   DFlash2Config c;
+  // dflash_config first, then the top level (z-lab's reference reads both, in that order).
+  auto src = [&](const char* key) -> const json& { return io::has_field(d, key) ? d : j; };
+  auto where = [&](const char* key) -> const std::string& {
+    return io::has_field(d, key) ? dfile : file;
+  };
   for (const char* key : {"conv_kernel_size", "conv_group_size", "selector_rank"}) {
-    if (!io::has_field(d, key)) {
-      return InvalidArgument("{}: missing field 'dflash_config.{}' (a DFlash2 drafter)", file, key);
+    if (!io::has_field(src(key), key)) {
+      return InvalidArgument(
+          "{}: missing field '{}' (a DFlash2 drafter; looked in dflash_config and at the top "
+          "level)",
+          file, key);
     }
   }
-  BS_ASSIGN_OR_RETURN(c.taps, io::get_int(d, "conv_kernel_size", dfile));
-  BS_ASSIGN_OR_RETURN(c.group, io::get_int(d, "conv_group_size", dfile));
-  BS_ASSIGN_OR_RETURN(c.rank, io::get_int(d, "selector_rank", dfile));
-  BS_ASSIGN_OR_RETURN(c.top_k, io::get_int_or(d, "selector_top_k", dfile, 16));
+  BS_ASSIGN_OR_RETURN(
+      c.taps, io::get_int(src("conv_kernel_size"), "conv_kernel_size", where("conv_kernel_size")));
+  BS_ASSIGN_OR_RETURN(
+      c.group, io::get_int(src("conv_group_size"), "conv_group_size", where("conv_group_size")));
+  BS_ASSIGN_OR_RETURN(c.rank,
+                      io::get_int(src("selector_rank"), "selector_rank", where("selector_rank")));
+  BS_ASSIGN_OR_RETURN(c.top_k, io::get_int_or(src("selector_top_k"), "selector_top_k",
+                                              where("selector_top_k"), 16));
   if (c.taps < 1)
     return InvalidArgument("{}: conv_kernel_size must be >= 1, got {}", dfile, c.taps);
   if (c.group < 1 || hidden % c.group != 0) {
