@@ -386,6 +386,40 @@ TEST_F(RelativesLoader, DFlash2KeysAtTopLevel) {
   expect_error(load(kDFlash2, c), StatusCode::kInvalidArgument, {"conv_group_size"});
 }
 
+// confidence_head_with_markov absent (SpecForge / vLLM / speculators default it to false): the
+// width of confidence_head.proj.weight decides, [1, H + r] -> true, [1, H] -> false.
+TEST_F(RelativesLoader, ConfidenceWithMarkovFromShape) {
+  const json golden = config_of(kDSpark);
+  json c = golden;
+  c["dflash_config"].erase("confidence_head_with_markov");
+  expect_same(outputs_of(kDSpark, c), outputs_of(kDSpark, golden), "absent, [1, H + r]");
+
+  const int64_t H = target_->config().hidden_size;
+  auto narrow = [H](io::TensorToWrite& t) {  // the first H columns of the [1, H + r] row
+    if (t.name == "confidence_head.proj.weight") t.shape = {1, H};
+  };
+  json explicit_false = golden;
+  explicit_false["dflash_config"]["confidence_head_with_markov"] = false;
+  const Outputs want = outputs_of(kDSpark, explicit_false, narrow);
+  ASSERT_EQ(want.survival.size(), 7u);
+  expect_same(outputs_of(kDSpark, c, narrow), want, "absent, [1, H]");
+  // The other width's survival differs, so the inference is what the test sees.
+  EXPECT_NE(outputs_of(kDSpark, golden).survival, want.survival);
+
+  // Neither width: an error naming the tensor.
+  std::vector<float> wide(static_cast<size_t>(H + 3), 0.5f);
+  expect_error(load(kDSpark, c,
+                    [&](io::TensorToWrite& t) {
+                      if (t.name == "confidence_head.proj.weight") {
+                        t.dtype = DType::kF32;
+                        t.shape = {1, H + 3};
+                        t.data = wide.data();
+                      }
+                    }),
+               StatusCode::kInvalidArgument,
+               {"confidence_head.proj.weight", "confidence_head_with_markov"});
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

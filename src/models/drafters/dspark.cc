@@ -15,14 +15,17 @@
 #include "models/drafters/dspark.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "io/json_file.h"
+#include "models/blocks/weights.h"
 #include "models/drafters/dflash.h"
 #include "models/drafters/draft_draws.h"
 
@@ -35,7 +38,9 @@ struct DSparkConfig {
   int64_t markov_rank = 0;
   int64_t draft_topk = 0;  // 0: the bias covers the whole vocabulary
   bool confidence = false;
-  bool confidence_with_markov = true;
+  // confidence_head_with_markov; nullopt when the config leaves it out: then the width of
+  // confidence_head.proj.weight decides ([1, H + r]: true, [1, H]: false) at load.
+  std::optional<bool> confidence_with_markov;
 };
 
 class DSparkModules final : public DFlashModules {
@@ -77,17 +82,20 @@ class DSparkModules final : public DFlashModules {
           ckpt.dir());
     }
     if (c_.confidence) {
-      const int64_t width = hidden_ + (c_.confidence_with_markov ? r : 0);
+      if (!c_.confidence_with_markov) {
+        BS_ASSIGN_OR_RETURN(c_.confidence_with_markov, infer_confidence_with_markov(ckpt));
+      }
+      const bool with_markov = *c_.confidence_with_markov;
+      const int64_t width = hidden_ + (with_markov ? r : 0);
       const std::string why =
           fmt::format("enable_confidence_head, confidence_head_with_markov = {}: [1, hidden {}{}]",
-                      c_.confidence_with_markov, hidden_,
-                      c_.confidence_with_markov ? fmt::format(" + markov_rank {}", r) : "");
+                      with_markov, hidden_, with_markov ? fmt::format(" + markov_rank {}", r) : "");
       BS_ASSIGN_OR_RETURN(
           Tensor proj,
           load_module_tensor(ckpt, backend, {"confidence_head.proj.weight"}, {1, width}, why));
       proj_h_ = backend.empty({1, hidden_}, proj.dtype());
       backend.slice_columns(proj_h_, proj, 0);
-      if (c_.confidence_with_markov) {
+      if (with_markov && r > 0) {
         proj_e_ = backend.empty({1, r}, proj.dtype());
         backend.slice_columns(proj_e_, proj, hidden_);
       }
@@ -160,6 +168,23 @@ class DSparkModules final : public DFlashModules {
   }
 
  private:
+  // confidence_head_with_markov left out of the config (SpecForge, vLLM and speculators default
+  // it to false; DeepSpec writes it whenever the head exists): the projection's width says which
+  // it was trained as, [1, H + markov_rank] or [1, H].
+  Result<bool> infer_confidence_with_markov(const io::Checkpoint& ckpt) const {
+    const int64_t r = c_.markov_rank;
+    BS_ASSIGN_OR_RETURN(
+        const std::string name,
+        resolve_tensor_name(ckpt, {"confidence_head.proj.weight"}, "enable_confidence_head"));
+    BS_ASSIGN_OR_RETURN(const io::TensorInfo* t, ckpt.get(name));
+    if (t->shape == std::vector<int64_t>{1, hidden_}) return false;
+    if (r > 0 && t->shape == std::vector<int64_t>{1, hidden_ + r}) return true;
+    return InvalidArgument(
+        "{}: tensor '{}' has shape [{}], expected [1, hidden {}] or [1, hidden {} + markov_rank "
+        "{}] (confidence_head_with_markov is absent, so the width decides it)",
+        ckpt.dir(), name, fmt::join(t->shape, ", "), hidden_, hidden_, r);
+  }
+
   DSparkConfig c_;
   int64_t hidden_, vocab_, block_;
   Backend* backend_ = nullptr;
@@ -240,10 +265,15 @@ Result<DSparkConfig> parse_dspark_fields(const json& j, const json& d, const std
   }
   BS_ASSIGN_OR_RETURN(c.confidence, io::get_bool_or(field_source(d, j, "enable_confidence_head"),
                                                     "enable_confidence_head", file, false));
-  BS_ASSIGN_OR_RETURN(c.confidence_with_markov,
-                      io::get_bool_or(field_source(d, j, "confidence_head_with_markov"),
-                                      "confidence_head_with_markov", file, c.markov_rank > 0));
-  if (c.confidence && c.confidence_with_markov && c.markov_rank == 0) {
+  if (io::has_field(field_source(d, j, "confidence_head_with_markov"),
+                    "confidence_head_with_markov")) {
+    BS_ASSIGN_OR_RETURN(c.confidence_with_markov,
+                        io::get_bool(field_source(d, j, "confidence_head_with_markov"),
+                                     "confidence_head_with_markov", file));
+  } else if (c.markov_rank == 0) {
+    c.confidence_with_markov = false;  // nothing to feed: no need to look at the tensor
+  }
+  if (c.confidence && c.confidence_with_markov.value_or(false) && c.markov_rank == 0) {
     return InvalidArgument(
         "{}: confidence_head_with_markov is true but markov_rank is 0 (no Markov embedding to "
         "feed the confidence head)",
