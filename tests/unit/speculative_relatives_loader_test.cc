@@ -420,6 +420,21 @@ TEST_F(RelativesLoader, ConfidenceWithMarkovFromShape) {
                {"confidence_head.proj.weight", "confidence_head_with_markov"});
 }
 
+// logit_scale != 1 is refused by every DFlash-format family (never silently ignored); 1 loads.
+TEST_F(RelativesLoader, LogitScaleRefused) {
+  for (const std::string& src : {kDSpark, kDFlash2, kDFlash}) {
+    json c = config_of(src);
+    c["logit_scale"] = 2.0;
+    expect_error(load(src, c), StatusCode::kUnimplemented, {"logit_scale"});
+    c = config_of(src);
+    c["dflash_config"]["logit_scale"] = 0.5;
+    expect_error(load(src, c), StatusCode::kUnimplemented, {"logit_scale"});
+    c = config_of(src);
+    c["logit_scale"] = 1.0;
+    EXPECT_TRUE(load(src, c).ok()) << src;
+  }
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

@@ -513,6 +513,17 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
       if (v != 1.0) return Unimplemented("{}: field '{}' = {} is not supported", file, key, v);
     }
   }
+  // logit_scale (vLLM: LogitsProcessor(scale=logit_scale) for qwen3_dflash / qwen3_dspark, DSpark's
+  // Markov bias added after it): not applied by any family here. Refused rather than ignored,
+  // since the drafts would silently differ.
+  for (const json* src : std::initializer_list<const json*>{&d, &j}) {
+    BS_ASSIGN_OR_RETURN(double v,
+                        io::get_float_or(*src, "logit_scale", src == &d ? dfile : file, 1.0));
+    if (v != 1.0) {
+      return Unimplemented("{}: field 'logit_scale' = {} is not supported (only 1)",
+                           src == &d ? dfile : file, v);
+    }
+  }
   for (const json* src : std::initializer_list<const json*>{&d, &j}) {
     if (dflash2) break;
     if (io::has_field(*src, "final_logit_softcapping")) {
