@@ -435,6 +435,19 @@ TEST_F(RelativesLoader, LogitScaleRefused) {
   }
 }
 
+// mask_embedding.pt (a torch pickle replacing embed_tokens[mask_token_id] in vLLM's qwen3_dflash)
+// cannot be read: DFlash and DFlash2 refuse it naming the file; DSpark ignores it, as vLLM's
+// qwen3_dspark does, and drafts exactly as without it.
+TEST_F(RelativesLoader, MaskEmbeddingFile) {
+  const Outputs plain = outputs_of(kDSpark, config_of(kDSpark));
+  std::ofstream(dir_ / "mask_embedding.pt") << "not a real pickle";
+  for (const std::string& src : {kDFlash, kDFlash2}) {
+    expect_error(load(src, config_of(src)), StatusCode::kUnimplemented,
+                 {"mask_embedding.pt", "mask_token_id"});
+  }
+  expect_same(outputs_of(kDSpark, config_of(kDSpark)), plain, "dspark with mask_embedding.pt");
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

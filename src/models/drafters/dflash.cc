@@ -677,9 +677,21 @@ Result<std::unique_ptr<Drafter>> load_dflash_family(const std::string& dir, DFla
     return InvalidArgument("{}: mask_token_id {} is outside the target vocabulary [0, {})", file,
                            c.mask_token_id, t.vocab_size);
   }
+  const std::string family = modules ? modules->family() : "dflash";
+  // mask_embedding.pt (MiMo's DFlash checkpoints): vLLM's qwen3_dflash replaces
+  // embed_tokens[mask_token_id] with it, for DFlash and DFlash2. It is a torch pickle, which
+  // blockspec cannot read, and no safetensors form of it is published, so those families refuse
+  // it rather than draft from a different mask row. DSpark ignores it, as vLLM's qwen3_dspark does.
+  const std::filesystem::path mask_file = std::filesystem::path(dir) / "mask_embedding.pt";
+  if (family != "dspark" && std::filesystem::exists(mask_file)) {
+    return Unimplemented(
+        "{}: a {} drafter with mask_embedding.pt is not supported: it replaces the embedding row "
+        "of mask_token_id {}, so without it the mask rows would differ from training, and "
+        "blockspec cannot read torch pickles (.pt)",
+        mask_file.string(), family, c.mask_token_id);
+  }
   BS_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(dir));
   BS_RETURN_IF_ERROR(check_checkpoint_fits("drafter " + dir, ckpt, target.backend()));
-  const std::string family = modules ? modules->family() : "dflash";
   auto drafter = std::make_unique<DFlashDrafter>(std::move(c), target.backend(), t.hidden_size,
                                                  t.vocab_size, std::move(modules));
   BS_RETURN_IF_ERROR(drafter->load(ckpt, target, options.fp8_weights)
