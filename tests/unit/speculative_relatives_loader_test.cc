@@ -448,6 +448,25 @@ TEST_F(RelativesLoader, MaskEmbeddingFile) {
   expect_same(outputs_of(kDSpark, config_of(kDSpark)), plain, "dspark with mask_embedding.pt");
 }
 
+// add_swa_attention_sink_bias (vLLM: attention_sink_bias when that is absent) and
+// attention_sink_bias are refused when true, in dflash_config or at the top level; false loads.
+TEST_F(RelativesLoader, AttentionSinkKeysRefused) {
+  for (const std::string& src : {kDFlash, kDFlash2, kDSpark}) {
+    for (const char* key : {"add_swa_attention_sink_bias", "attention_sink_bias"}) {
+      json c = config_of(src);
+      c[key] = true;
+      expect_error(load(src, c), StatusCode::kUnimplemented, {key});
+      c = config_of(src);
+      c["dflash_config"][key] = true;
+      expect_error(load(src, c), StatusCode::kUnimplemented, {key});
+      c = config_of(src);
+      c[key] = false;
+      c["dflash_config"][key] = false;
+      EXPECT_TRUE(load(src, c).ok()) << src << " " << key;
+    }
+  }
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

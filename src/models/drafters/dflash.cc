@@ -492,8 +492,20 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
         "supported",
         dfile);
   }
-  BS_ASSIGN_OR_RETURN(bool sink, io::get_bool_or(d, "attention_sink_bias", dfile, false));
-  if (sink) return Unimplemented("{}: attention_sink_bias is not supported", dfile);
+  // A field from dflash_config first, then the top level, and the file it was read from.
+  auto src = [&](const char* key) -> const json& { return io::has_field(d, key) ? d : j; };
+  auto where = [&](const char* key) -> const std::string& {
+    return io::has_field(d, key) ? dfile : file;
+  };
+  // Attention sinks (a learned per-head bias in the softmax) are not implemented. vLLM reads
+  // add_swa_attention_sink_bias as attention_sink_bias when the latter is absent; trainers differ
+  // on whether it adds sinks to the sliding-window layers only, so true is refused either way.
+  for (const char* key : {"attention_sink_bias", "add_swa_attention_sink_bias"}) {
+    BS_ASSIGN_OR_RETURN(bool sink, io::get_bool_or(src(key), key, where(key), false));
+    if (sink) {
+      return Unimplemented("{}: {} = true (attention sinks) is not supported", where(key), key);
+    }
+  }
   if (io::has_field(d, "projector_type")) {
     BS_ASSIGN_OR_RETURN(std::string proj, io::get_string(d, "projector_type", dfile));
     if (proj != (dspark ? "dspark" : "dflash")) {
