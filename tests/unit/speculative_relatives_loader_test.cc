@@ -467,6 +467,24 @@ TEST_F(RelativesLoader, AttentionSinkKeysRefused) {
   }
 }
 
+// is_neox_style false (vLLM: interleaved GPT-J RoPE) is refused in either place; true (blockspec's
+// rotate-half RoPE) gives the same drafts as the key absent.
+TEST_F(RelativesLoader, NeoxStyleFalseRefused) {
+  for (const std::string& src : {kDFlash, kDFlash2, kDSpark}) {
+    json c = config_of(src);
+    c["is_neox_style"] = false;
+    expect_error(load(src, c), StatusCode::kUnimplemented, {"is_neox_style"});
+    c = config_of(src);
+    c["dflash_config"]["is_neox_style"] = false;
+    expect_error(load(src, c), StatusCode::kUnimplemented, {"is_neox_style"});
+    const Outputs plain = outputs_of(src, config_of(src));
+    c = config_of(src);
+    c["is_neox_style"] = true;
+    c["dflash_config"]["is_neox_style"] = true;
+    expect_same(outputs_of(src, c), plain, src + " with is_neox_style true");
+  }
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

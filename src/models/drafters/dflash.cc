@@ -506,6 +506,18 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
       return Unimplemented("{}: {} = true (attention sinks) is not supported", where(key), key);
     }
   }
+  // RoPE: blockspec rotates halves (neox style). vLLM applies interleaved (GPT-J) RoPE when
+  // is_neox_style is false, which would give different drafts, so false is refused (either place).
+  for (const json* s : std::initializer_list<const json*>{&d, &j}) {
+    const std::string& at = s == &d ? dfile : file;
+    BS_ASSIGN_OR_RETURN(bool neox, io::get_bool_or(*s, "is_neox_style", at, true));
+    if (!neox) {
+      return Unimplemented(
+          "{}: is_neox_style = false (interleaved GPT-J RoPE) is not supported (blockspec applies "
+          "rotate-half / neox RoPE)",
+          at);
+    }
+  }
   if (io::has_field(d, "projector_type")) {
     BS_ASSIGN_OR_RETURN(std::string proj, io::get_string(d, "projector_type", dfile));
     if (proj != (dspark ? "dspark" : "dflash")) {
