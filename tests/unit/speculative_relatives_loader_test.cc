@@ -485,6 +485,28 @@ TEST_F(RelativesLoader, NeoxStyleFalseRefused) {
   }
 }
 
+// Without target_layer_ids, the other trainers' tap keys are refused naming the alias (their
+// index conventions differ, so the taps are not guessed); with target_layer_ids they are ignored.
+TEST_F(RelativesLoader, LayerTapAliasesNeedTargetLayerIds) {
+  for (const std::string& src : {kDFlash, kDFlash2, kDSpark}) {
+    for (const char* alias : {"dspark_target_layer_ids", "eagle_aux_hidden_state_layer_ids"}) {
+      json c = config_of(src);
+      c["dflash_config"][alias] = c["dflash_config"]["target_layer_ids"];
+      c["dflash_config"].erase("target_layer_ids");
+      expect_error(load(src, c), StatusCode::kInvalidArgument, {alias, "target_layer_ids"});
+      c = config_of(src);
+      c[alias] = c["dflash_config"]["target_layer_ids"];
+      c["dflash_config"].erase("target_layer_ids");
+      expect_error(load(src, c), StatusCode::kInvalidArgument, {alias, "target_layer_ids"});
+      const Outputs plain = outputs_of(src, config_of(src));
+      c = config_of(src);
+      c[alias] = json::array({0, 4, 2});
+      c["dflash_config"][alias] = json::array({0, 4, 2});
+      expect_same(outputs_of(src, c), plain, src + " with " + alias + " beside target_layer_ids");
+    }
+  }
+}
+
 // The CLI turns a bad drafter into a message and exit code 1 (no crash).
 TEST_F(RelativesLoader, CliExitsWithOne) {
   json c = config_of(kDFlash2);

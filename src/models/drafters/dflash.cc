@@ -605,6 +605,16 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
   } else if (io::has_field(j, "target_layer_ids")) {
     BS_ASSIGN_OR_RETURN(ids, io::get_int_list(j, "target_layer_ids", file));
   } else {
+    // Other trainers' names for the taps: their index conventions differ (0-based or not, with or
+    // without the embedding output), so they are not guessed from.
+    for (const char* alias : {"dspark_target_layer_ids", "eagle_aux_hidden_state_layer_ids"}) {
+      if (io::has_field(src(alias), alias)) {
+        return InvalidArgument(
+            "{}: field '{}' is set but 'target_layer_ids' is absent; target_layer_ids is required "
+            "(the alias's layer index convention differs between trainers, so it is not used)",
+            where(alias), alias);
+      }
+    }
     const int64_t n = c.num_target_layers > 0 ? c.num_target_layers : num_target_layers;
     for (int id : dflash_default_target_layers(n, m.num_layers)) ids.push_back(id);
   }
