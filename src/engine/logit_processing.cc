@@ -70,4 +70,14 @@ void LogitProcessing::add_rules(std::span<const int32_t> committed, int64_t firs
                   .tokens = tokens_});
 }
 
+Tensor logits_to_choose_from(Backend& backend, const Tensor& logits, const Tensor& row_tokens,
+                             std::span<const sampling::LogitRules> rules) {
+  if (rules.empty()) return logits;
+  const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
+  const Tensor processed = backend.empty({n, v}, logits.dtype());
+  backend.copy(processed, logits.view({n, v}));
+  backend.apply_logit_rules(processed, row_tokens, rules);
+  return processed;
+}
+
 }  // namespace bs::detail

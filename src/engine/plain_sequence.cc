@@ -110,12 +110,12 @@ void choose_tokens(Backend& backend, std::span<PlainSequence* const> seqs, const
   const Tensor ids = ids_scratch.rows(0, n);
   std::vector<sampling::LogitRules> rules;
   for (int64_t i = 0; i < n; ++i) seqs[i]->add_logit_rules(i, &rules);
-  if (!rules.empty()) backend.apply_logit_rules(logits, Tensor(), rules);
+  const Tensor choice = logits_to_choose_from(backend, logits, Tensor(), rules);
   const bool any_greedy =
       std::any_of(seqs.begin(), seqs.end(), [](auto* s) { return s->greedy(); });
-  if (any_greedy) backend.argmax(ids, logits);  // the sampled rows' draws overwrite theirs
+  if (any_greedy) backend.argmax(ids, choice);  // the sampled rows' draws overwrite theirs
   for (int64_t i = 0; i < n; ++i) {
-    if (!seqs[i]->greedy()) seqs[i]->draw(backend, logits.rows(i, 1), ids.rows(i, 1));
+    if (!seqs[i]->greedy()) seqs[i]->draw(backend, choice.rows(i, 1), ids.rows(i, 1));
   }
 }
 

@@ -136,8 +136,7 @@ Status SpeculativeSequence::prefill(int64_t max_tokens) {
   const Tensor out = run_.first_tokens.rows(0, 1);
   std::vector<sampling::LogitRules> rules;
   add_logit_rules(0, 1, &rules);
-  if (!rules.empty()) backend.apply_logit_rules(res.logits, Tensor(), rules);
-  choose_first_token(res.logits, out);
+  choose_first_token(logits_to_choose_from(backend, res.logits, Tensor(), rules), out);
   int32_t token = 0;
   backend.copy_to_host(&token, out);
   take_first_token(token, res.logits);
@@ -487,17 +486,18 @@ Status SpeculativeStep::accept() {
   for (int64_t i = 0; i < num_seqs; ++i) {
     seqs_[i]->add_logit_rules(offsets[i], seqs_[i]->verify_rows(), &rules);
   }
-  if (!rules.empty()) backend.apply_logit_rules(logits, run_.verify_tokens.rows(0, rows_), rules);
+  const Tensor choice =
+      logits_to_choose_from(backend, logits, run_.verify_tokens.rows(0, rows_), rules);
   if (any_greedy_) {
     const Tensor target_ids = run_.target_ids.rows(0, rows_);
-    backend.argmax(target_ids, logits);
+    backend.argmax(target_ids, choice);
     backend.greedy_accept(result, run_.verify_tokens.rows(0, rows_), target_ids,
                           run_.offsets.rows(0, num_seqs + 1));
   }
   for (int64_t i = 0; i < num_seqs; ++i) {
     SpeculativeSequence& seq = *seqs_[i];
     if (seq.greedy()) continue;
-    seq.accept_on_device(logits.rows(offsets[i], seq.verify_rows()),
+    seq.accept_on_device(choice.rows(offsets[i], seq.verify_rows()),
                          result.rows(i, 1).view({width}).rows(0, seq.verify_rows() + 1));
   }
   // The step's one read-back (a mixed step's first tokens have their own).
@@ -523,12 +523,12 @@ void SpeculativeStep::read_first_tokens() {
     any_greedy |= first_rows_[j] >= 0 && prompts_[j]->greedy();
     if (first_rows_[j] >= 0) prompts_[j]->add_logit_rules(first_rows_[j], 1, &rules);
   }
-  if (!rules.empty()) backend.apply_logit_rules(first_logits, Tensor(), rules);
-  if (any_greedy) backend.argmax(first_ids, first_logits);
+  const Tensor choice = logits_to_choose_from(backend, first_logits, Tensor(), rules);
+  if (any_greedy) backend.argmax(first_ids, choice);
   for (size_t j = 0; j < prompts_.size(); ++j) {
     const int64_t row = first_rows_[j];
     if (row >= 0 && !prompts_[j]->greedy()) {
-      prompts_[j]->choose_first_token(first_logits.rows(row, 1), first_ids.rows(row, 1));
+      prompts_[j]->choose_first_token(choice.rows(row, 1), first_ids.rows(row, 1));
     }
   }
   backend.copy_to_host(first_tokens_.data(), first_ids);
@@ -623,12 +623,12 @@ Status prefill_batch(SpeculativeRun& run, std::span<SpeculativeSequence* const> 
   const Tensor ids = run.first_tokens.rows(0, n);
   std::vector<sampling::LogitRules> rules;
   for (int64_t i = 0; i < n; ++i) seqs[i]->add_logit_rules(i, 1, &rules);
-  if (!rules.empty()) backend.apply_logit_rules(logits, Tensor(), rules);
+  const Tensor choice = logits_to_choose_from(backend, logits, Tensor(), rules);
   if (std::any_of(seqs.begin(), seqs.end(), [](const auto* s) { return s->greedy(); })) {
-    backend.argmax(ids, logits);
+    backend.argmax(ids, choice);
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (!seqs[i]->greedy()) seqs[i]->choose_first_token(logits.rows(i, 1), ids.rows(i, 1));
+    if (!seqs[i]->greedy()) seqs[i]->choose_first_token(choice.rows(i, 1), ids.rows(i, 1));
   }
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   backend.copy_to_host(tokens.data(), ids);

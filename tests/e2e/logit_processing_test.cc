@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -90,6 +91,45 @@ TEST_F(LogitProcessing, LogitBiasAndMinTokens) {
   o.max_tokens = 60;
   const std::vector<int32_t> banned = plain({1, 403, 407, 261, 378}, o);
   EXPECT_EQ(std::count(banned.begin(), banned.end(), 300), 0);
+}
+
+// Logprobs report the model's own distribution (vLLM's default): a +100 bias makes token 300 the
+// choice every time, yet its logprob is the raw log-softmax at that position, computed here from
+// a plain forward; speculative decoding reports the same values.
+TEST_F(LogitProcessing, LogprobsAreTheRawModels) {
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  GenerateOptions o;
+  o.max_tokens = 6;
+  o.logprobs = 0;
+  o.sampling.logit_bias = {{300, 100.0f}};
+  o.sampling.frequency_penalty = 1.0f;
+  std::vector<float> want;
+  std::vector<int32_t> ctx = prompt;
+  for (int i = 0; i < o.max_tokens; ++i) {
+    const std::vector<float> x = test_util::forward_logits(*target_, ctx, 1);
+    const float m = *std::max_element(x.begin(), x.end());
+    double z = 0;
+    for (float e : x) z += std::exp(static_cast<double>(e) - m);
+    want.push_back(static_cast<float>(x[300] - m - std::log(z)));
+    ctx.push_back(300);
+  }
+  ASSERT_LT(want[0], -1.0f) << "token 300 should be unlikely without the bias";
+  auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash", *target_, {});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  for (const bool speculative : {false, true}) {
+    std::vector<TokenLogprobs> got;
+    const LogprobsCallback keep = [&](const TokenLogprobs& lp) { got.push_back(lp); };
+    auto out = speculative ? generate_speculative(*target_, **d, prompt, o, nullptr, nullptr, keep)
+                           : generate_plain(*target_, prompt, o, nullptr, nullptr, keep);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    EXPECT_EQ(*out, std::vector<int32_t>(6, 300));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].token, 300);
+      EXPECT_NEAR(got[i].logprob, want[i], 1e-4)
+          << "token " << i << ", speculative " << speculative;
+    }
+  }
 }
 
 TEST_F(LogitProcessing, OutOfRangeParametersAreRefused) {
