@@ -317,7 +317,10 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   // The generated tokens' text continues the prompt's (echoed or not), as a decode of the
   // whole sequence reads: e.g. " ball" after "Tom had a red", where a decode of the reply alone
   // would strip its leading space.
-  a.text = std::make_unique<TextStream>(*model_.tokenizer, job->stop, job->prompt);
+  a.text = std::make_unique<TextStream>(
+      *model_.tokenizer, job->stop, job->prompt,
+      TextStreamOptions{.include_stop = job->include_stop,
+                        .skip_special_tokens = job->skip_special_tokens});
   if (job->options.logprobs >= 0) {
     a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer, job->prompt);
   }

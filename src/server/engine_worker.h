@@ -53,6 +53,8 @@ class Job {
   std::vector<int32_t> prompt;
   GenerateOptions options;
   std::vector<std::string> stop;
+  bool include_stop = false;  // the matched stop string stays in the text
+  bool skip_special_tokens = true;
   // Echo (completions): the reply starts with `echo_text` (the prompt) and, with logprobs, the
   // prompt tokens' logprobs (engine/prompt_logprobs.h); options.max_tokens may then be 0.
   bool echo = false;

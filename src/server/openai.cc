@@ -463,6 +463,19 @@ std::optional<ApiError> parse_completion_request(const std::string& body, bool c
   if (auto e = parse_sampling(req, out)) return e;
   if (auto e = parse_stop(req, out)) return e;
   if (auto e = get_bool(req, "ignore_eos", &out->ignore_eos)) return e;
+  if (auto e = get_bool(req, "include_stop_str_in_output", &out->include_stop_str_in_output)) {
+    return e;
+  }
+  if (auto e = get_bool(req, "skip_special_tokens", &out->skip_special_tokens)) return e;
+  if (present(req, "truncate_prompt_tokens")) {
+    int64_t n = 0;
+    if (auto e = get_integer(req, "truncate_prompt_tokens", &n)) return e;
+    if (n < 1 && n != -1) {
+      return bad("truncate_prompt_tokens",
+                 fmt::format("truncate_prompt_tokens must be -1 or at least 1, got {}", n));
+    }
+    out->truncate_prompt_tokens = n;
+  }
   if (present(req, "stop_token_ids") && !req.at("stop_token_ids").is_null()) {
     if (!req.at("stop_token_ids").is_array()) {
       return bad("stop_token_ids", "stop_token_ids must be a list of token ids");

@@ -64,6 +64,12 @@ struct CompletionRequest {
   // it for fixed output lengths); these ids end it too (the token is kept, as an EOS is).
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
+  // More of vLLM's: the matched stop string ends the text with it (default: cut before it);
+  // special tokens' text is kept in the reply (default: dropped); only the prompt's last N tokens
+  // are fed (-1: as many as the context window takes, leaving one token of room).
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+  std::optional<int64_t> truncate_prompt_tokens;
   bool stream = false;
   bool include_usage = false;
   // GenerateOptions::logprobs: -1 off, else the top alternatives per token. Completions:

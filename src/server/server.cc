@@ -396,6 +396,15 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
                                : model.tokenizer->encode(p.text, /*add_special_tokens=*/true));
     if (r.echo) echo_texts.push_back(p.is_ids ? model.tokenizer->decode(prompts.back()) : p.text);
   }
+  if (r.truncate_prompt_tokens) {  // vLLM's: keep the last N tokens (-1: what the window takes)
+    const int64_t keep =
+        *r.truncate_prompt_tokens == -1 ? model.max_model_len - 1 : *r.truncate_prompt_tokens;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (std::ssize(prompts[i]) <= keep) continue;
+      prompts[i].erase(prompts[i].begin(), prompts[i].end() - keep);
+      if (r.echo) echo_texts[i] = model.tokenizer->decode(prompts[i]);
+    }
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (Status s = validate_prompt(*model.target, prompts[i], model.max_model_len); !s.ok()) {
       const std::string which = prompts.size() > 1 ? fmt::format("prompt {}: ", i) : "";
@@ -446,6 +455,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       job->options.verify_budget = model.verify_budget;
       job->options.logprobs = r.logprobs;
       job->stop = r.stop;
+      job->include_stop = r.include_stop_str_in_output;
+      job->skip_special_tokens = r.skip_special_tokens;
       job->echo = r.echo;
       if (r.echo) job->echo_text = echo_texts[p];
       jobs.push_back(std::move(job));

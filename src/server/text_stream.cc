@@ -6,8 +6,9 @@
 namespace bs::server {
 
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
-                       std::span<const int32_t> context)
-    : decoder_(tokenizer, /*skip_special_tokens=*/true, context) {
+                       std::span<const int32_t> context, TextStreamOptions options)
+    : decoder_(tokenizer, options.skip_special_tokens, context),
+      include_stop_(options.include_stop) {
   for (auto& s : stop) {
     if (!s.empty()) stop_.push_back(std::move(s));
   }
@@ -30,11 +31,14 @@ std::string TextStream::finish() {
 std::string TextStream::release() {
   // Earliest stop string occurrence in the pending text (held-back text never contains a
   // whole stop string, so no match is missed across pushes).
-  size_t cut = std::string::npos;
-  for (const auto& s : stop_) cut = std::min(cut, pending_.find(s));
+  size_t cut = std::string::npos, matched = 0;
+  for (const auto& s : stop_) {
+    const size_t at = pending_.find(s);
+    if (at < cut) cut = at, matched = s.size();  // the earliest; the first listed on a tie
+  }
   if (cut != std::string::npos) {
     stopped_ = true;
-    std::string out = pending_.substr(0, cut);
+    std::string out = pending_.substr(0, include_stop_ ? cut + matched : cut);
     pending_.clear();
     return out;
   }

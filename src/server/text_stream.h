@@ -4,9 +4,12 @@
 //   for (id : committed) { out += text.push(id); if (text.stopped()) break; }
 //   out += text.finish();
 //
-// Text that could still turn into a stop string is held back until it cannot; a matched stop
-// string and everything after it is dropped. Chunks never split a UTF-8 character (the
-// StreamDecoder holds incomplete bytes; held-back text starts where a stop string starts).
+// Text that could still turn into a stop string is held back until it cannot; everything after
+// a matched stop string is dropped, and the stop string too unless options.include_stop (vLLM's
+// include_stop_str_in_output). Special tokens read as nothing unless options.skip_special_tokens
+// is false (vLLM's field; e.g. "</s>" then ends the text with its content). Chunks never split a
+// UTF-8 character (the StreamDecoder holds incomplete bytes; held-back text starts where a stop
+// string starts).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,11 @@
 
 namespace bs::server {
 
+struct TextStreamOptions {
+  bool include_stop = false;
+  bool skip_special_tokens = true;
+};
+
 class TextStream {
  public:
   // Empty stop strings are ignored. `tokenizer` must outlive this. `context`: the tokens before
@@ -25,7 +33,7 @@ class TextStream {
   // (e.g. a word's leading space kept where a decode from the start would strip it; see
   // StreamDecoder).
   TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
-             std::span<const int32_t> context = {});
+             std::span<const int32_t> context = {}, TextStreamOptions options = {});
 
   // The text that is final after token `id` (possibly empty). Nothing after stopped().
   std::string push(int32_t id);
@@ -41,6 +49,7 @@ class TextStream {
 
   StreamDecoder decoder_;
   std::vector<std::string> stop_;
+  bool include_stop_ = false;
   std::string pending_;  // decoded, not yet released
   bool stopped_ = false;
 };

@@ -367,6 +367,53 @@ TEST(Server, StopStringsCutTheText) {
     if (e != "[DONE]") text += json::parse(e)["choices"][0]["text"].get<std::string>();
   }
   EXPECT_EQ(text, cut);
+  // vLLM's include_stop_str_in_output: the text ends with the stop string (the earliest match).
+  const Reply with = post(server.port(), "/v1/completions",
+                          json{{"prompt", "Once upon a time"},
+                               {"max_tokens", 60},
+                               {"temperature", 0},
+                               {"stop", {"park", "Lily"}},
+                               {"include_stop_str_in_output", true}}
+                              .dump());
+  ASSERT_EQ(with.status, 200) << with.raw;
+  EXPECT_EQ(with.body["choices"][0]["text"], cut + "Lily");
+  EXPECT_EQ(with.body["choices"][0]["finish_reason"], "stop");
+}
+
+// vLLM's skip_special_tokens: false keeps special tokens' text (here "</s>", forced by a bias
+// past ignore_eos); truncate_prompt_tokens feeds only the prompt's last N tokens.
+TEST(Server, SkipSpecialTokensAndTruncatePromptTokens) {
+  RunningServer server;
+  json forced = {{"prompt", "Once upon a time"},
+                 {"max_tokens", 3},
+                 {"temperature", 0},
+                 {"ignore_eos", true},
+                 {"logit_bias", {{"2", 100}}}};
+  Reply r = post(server.port(), "/v1/completions", forced.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], "");
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 3);
+  forced["skip_special_tokens"] = false;
+  r = post(server.port(), "/v1/completions", forced.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["text"], "</s></s></s>");
+
+  const json tail = {{"prompt", json::array({261, 378})}, {"max_tokens", 12}, {"temperature", 0}};
+  json truncated = tail;
+  truncated["prompt"] = json::array({1, 403, 407, 261, 378});
+  truncated["truncate_prompt_tokens"] = 2;
+  const Reply want = post(server.port(), "/v1/completions", tail.dump());
+  const Reply got = post(server.port(), "/v1/completions", truncated.dump());
+  ASSERT_EQ(got.status, 200) << got.raw;
+  EXPECT_EQ(got.body["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(got.body["choices"][0]["text"], want.body["choices"][0]["text"]);
+  truncated["truncate_prompt_tokens"] = -1;  // a short prompt fits: nothing is cut
+  EXPECT_EQ(post(server.port(), "/v1/completions", truncated.dump()).body["usage"]["prompt_tokens"],
+            5);
+  truncated["truncate_prompt_tokens"] = 0;
+  const Reply bad = post(server.port(), "/v1/completions", truncated.dump());
+  EXPECT_EQ(bad.status, 400) << bad.raw;
+  EXPECT_EQ(bad.body["error"]["param"], "truncate_prompt_tokens");
 }
 
 // Overlapped steps (BLOCKSPEC_OVERLAP, SchedulerOptions::overlap): the plain server gives the
