@@ -60,6 +60,7 @@ enum class FinishReason { kStop, kLength, kContext, kCancelled };
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache (Scheduler)
   int64_t generated_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;  // after prefill until the end

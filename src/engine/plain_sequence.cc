@@ -17,7 +17,15 @@ PlainSequence::PlainSequence(BlockAllocator& allocator, const GenerateOptions& o
       sampler_(options.sampling),
       out_(options, on_token, on_logprobs, stats),
       step_tokens_(prompt.begin(), prompt.end()),
-      rules_(options, prompt) {}
+      rules_(options, prompt) {
+  if (!allocator.prefix_caching()) return;
+  // The prompt's head from the prefix cache (at least its last token is computed: its logits
+  // choose the first token); the rest prefills as usual.
+  prompt_.assign(prompt.begin(), prompt.end());
+  const int64_t n = take_cached_prefix(kv_, prompt);
+  step_tokens_.erase(step_tokens_.begin(), step_tokens_.begin() + n);
+  st_.cached_tokens = n;
+}
 
 Result<bool> PlainSequence::begin_step() {
   if (done_) return false;
@@ -51,6 +59,10 @@ void PlainSequence::draw(Backend& backend, const Tensor& logits, const Tensor& o
 
 void PlainSequence::take(int32_t token, std::span<const float> logits) {
   kv_.set_length(kv_.length() + static_cast<int64_t>(step_tokens_.size()));
+  if (out_.size() == 0 && !prompt_.empty()) {  // the prompt is cached: offer its full blocks
+    kv_.allocator().cache_prefix(prompt_, kv_.block_table(), kKvBlockSize);
+    prompt_ = {};
+  }
   if (out_.commit(token, logits)) {
     done_ = true;
   } else {

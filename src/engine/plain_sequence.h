@@ -100,7 +100,8 @@ class PlainSequence {
   CommittedTokens out_;
   std::vector<int32_t> step_tokens_;  // what the next forward feeds: the prompt, then 1 token
   bool done_ = false;
-  LogitProcessing rules_;  // after step_tokens_ (built from the prompt)
+  LogitProcessing rules_;        // after step_tokens_ (built from the prompt)
+  std::vector<int32_t> prompt_;  // prefix caching: the prompt, until its blocks are offered
 };
 
 // Ends a step of `seqs` from their logits rows [n, vocab] (row i: seqs[i]'s): every token is

@@ -244,14 +244,14 @@ Scheduler::Impl::Impl(CausalLM& target, Drafter* drafter, SchedulerOptions optio
                    ? options.kv_blocks
                    : default_kv_blocks(target, drafter, max_num_seqs, options.max_context);
   if (drafter) {
-    spec.emplace(target, *drafter, num_blocks, max_num_seqs);
+    spec.emplace(target, *drafter, num_blocks, max_num_seqs, options.prefix_caching);
     spec->step_time = options.step_time;
     spec->step_time_given = !options.step_time.empty();
   } else {
     ids = target.backend().empty({max_num_seqs}, DType::kI32);
     if (overlap) ids_next = target.backend().empty({max_num_seqs}, DType::kI32);
     pool = target.make_kv_pool(num_blocks);
-    allocator.emplace(num_blocks);
+    allocator.emplace(num_blocks, options.prefix_caching);
   }
 }
 

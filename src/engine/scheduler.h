@@ -86,6 +86,12 @@ struct SchedulerOptions {
   // synchronous step (the queued step is read back first). Outputs are the same either way.
   // false: every step synchronous (BLOCKSPEC_OVERLAP=0 serve).
   bool overlap = true;
+  // Prefix caching (vLLM's automatic prefix caching; engine/kv_cache.h): a prompt's full blocks,
+  // once prefilled (and observed by the drafter), stay in the pool until their blocks are needed,
+  // and a later prompt that starts with the same blocks takes them instead of computing them
+  // (GenerateStats::cached_tokens). Outputs are unchanged on the CPU (bit for bit: its rows do not
+  // depend on how a prompt was split); on the GPU as with chunked prefill.
+  bool prefix_caching = false;
   // Verify-length scheduling (GenerateOptions::verify_budget): the step-time model t(B_v). Empty
   // (the default): measured at the first step that needs it (engine/verify_budget.h).
   StepTimeModel step_time;

@@ -48,12 +48,12 @@ int64_t rows_per_sequence(const Drafter& drafter) {
 }  // namespace
 
 SpeculativeRun::SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks,
-                               int64_t max_seqs)
+                               int64_t max_seqs, bool prefix_caching)
     : target(target),
       drafter(drafter),
       target_kv(target.make_kv_pool(num_blocks)),
       draft_kv(drafter.make_kv_pool(num_blocks)),
-      allocator(num_blocks),
+      allocator(num_blocks, prefix_caching),
       max_seqs(max_seqs),
       target_sampling(target.backend()) {
   BS_CHECK(max_seqs >= 1);
@@ -80,7 +80,12 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
       sampler_(options.sampling),
       draft_sampling_(run.target.backend()),
       out_(options, on_token, on_logprobs, stats),
-      rules_(options, prompt) {}
+      rules_(options, prompt) {
+  // The prompt's head from the prefix cache: both caches' blocks (one table serves the target's
+  // K/V and the drafter's context K/V), so neither computes it again; the drafter has observed
+  // those positions when the blocks were cached.
+  st_.cached_tokens = take_cached_prefix(kv_, prompt);
+}
 
 Result<ForwardRequest> SpeculativeSequence::prefill_request(int64_t max_tokens) {
   const int64_t start = kv_.length();
@@ -112,6 +117,9 @@ void SpeculativeSequence::choose_first_token(const Tensor& logits, const Tensor&
 }
 
 void SpeculativeSequence::take_first_token(int32_t token, const Tensor& logits) {
+  // The prompt is in both caches (its forward and the drafter's observe are queued before any
+  // later use of the blocks): offer its full blocks to the prefix cache.
+  kv_.allocator().cache_prefix(prompt_, kv_.block_table(), kKvBlockSize);
   std::vector<float> row;
   if (wants_logits()) row = run_.target.backend().to_host_f32(logits);
   done_ = out_.commit(token, row);

@@ -38,7 +38,8 @@ Result<int64_t> begin_speculative(const CausalLM& target, const Drafter& drafter
 // block table, one table serving both) with their block allocator, and the device buffers and
 // host staging of a step of up to `max_seqs` sequences. Each sequence has its own options.
 struct SpeculativeRun {
-  SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks, int64_t max_seqs = 1);
+  SpeculativeRun(CausalLM& target, Drafter& drafter, int64_t num_blocks, int64_t max_seqs = 1,
+                 bool prefix_caching = false);
   SpeculativeRun(const SpeculativeRun&) = delete;
   SpeculativeRun& operator=(const SpeculativeRun&) = delete;
 

@@ -155,6 +155,7 @@ void Metrics::record(const RequestRecord& r) {
   }
   const GenerateStats& st = *r.stats;
   prompt_tokens_ += st.prompt_tokens;
+  cached_prompt_tokens_ += st.cached_tokens;
   generation_tokens_ += st.generated_tokens;
   if (r.finished_reason == "stop") ++success_stop_;
   if (r.finished_reason == "length") ++success_length_;
@@ -202,6 +203,12 @@ std::string Metrics::render() const {
          prompt_tokens_);
   series(&out, "vllm:generation_tokens_total", "counter", "Generated tokens of finished requests.",
          l, generation_tokens_);
+  series(&out, "vllm:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache (those of finished requests).", l,
+         prompt_tokens_);
+  series(&out, "vllm:prefix_cache_hits_total", "counter",
+         "Prompt tokens found in the prefix cache (0 without --enable-prefix-caching).", l,
+         cached_prompt_tokens_);
   header(&out, "vllm:request_success_total", "counter",
          "Finished requests by finish reason (abort: the client went away).");
   for (const auto& [reason, n] : {std::pair<const char*, int64_t>{"stop", success_stop_},

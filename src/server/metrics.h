@@ -68,6 +68,7 @@ class Metrics {
   int64_t running_ = 0, waiting_ = 0;
   double kv_usage_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  int64_t cached_prompt_tokens_ = 0;  // prompt tokens served from the prefix cache
   int64_t success_stop_ = 0, success_length_ = 0, success_abort_ = 0, failures_ = 0;
   int64_t drafts_ = 0, draft_tokens_ = 0, accepted_tokens_ = 0;
   std::vector<int64_t> accepted_per_pos_;  // [k]: accepted drafts at offset k

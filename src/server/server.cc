@@ -87,7 +87,8 @@ struct Server::Impl {
                 .kv_blocks = (options.kv_cache_tokens + kKvBlockSize - 1) / kKvBlockSize,
                 .max_context = model.max_model_len,
                 .max_prefill_tokens = options.max_prefill_tokens,
-                .preemption = options.preemption},
+                .preemption = options.preemption,
+                .prefix_caching = options.prefix_caching},
                options.log_requests),
         http({.core_threads = core_handler_threads(options.max_num_seqs),
               .request_deadline_s = options.request_deadline_s,
@@ -137,15 +138,18 @@ struct Server::Impl {
 };
 
 json Server::Impl::usage(const Jobs& jobs, int n) const {
-  int64_t prompt = 0, completion = 0;
+  int64_t prompt = 0, completion = 0, cached = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const GenerateStats& st = jobs[i]->stats();
-    if (i % n == 0) prompt += st.prompt_tokens;
+    if (i % n == 0) prompt += st.prompt_tokens, cached += st.cached_tokens;
     completion += st.generated_tokens;
   }
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion}};
+  json u = {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion}};
+  // OpenAI's and vLLM's field (vLLM adds it with prefix caching on).
+  if (options.prefix_caching) u["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  return u;
 }
 
 json Server::Impl::speculative(const Jobs& jobs) const {

@@ -42,6 +42,9 @@ struct ServerOptions {
   // Admit requests when their prompt fits and preempt the newest when the KV cache runs full
   // (SchedulerOptions::preemption); false: reserve each request's worst case at admission.
   bool preemption = false;
+  // Prefix caching (SchedulerOptions::prefix_caching): prompts that start like an earlier one
+  // reuse its cached K/V (usage.prompt_tokens_details.cached_tokens).
+  bool prefix_caching = false;
 };
 
 class Server {

@@ -151,6 +151,18 @@ class SchedulerTest : public ::testing::TestWithParam<std::string> {
     test_util::expect_same_counts(c.stats, want.stats, where);
   }
 
+  // The KV blocks of the largest worst case (prompt + max_tokens, + the drafter's block) of
+  // `arrivals`.
+  int64_t largest_worst_case(const std::vector<Arrival>& arrivals) {
+    int64_t blocks = 0;
+    for (const Arrival& a : arrivals) {
+      auto need = kv_blocks_needed(*target_, drafter_.get(), a.prompt, a.options);
+      EXPECT_TRUE(need.ok());
+      blocks = std::max(blocks, need.ok() ? *need : 0);
+    }
+    return blocks;
+  }
+
   // Adds arrival i (as request i) before its step and steps `s` until it is idle, calling
   // `after_step` after each step.
   void run(Scheduler& s, const std::vector<Arrival>& arrivals,
@@ -536,13 +548,7 @@ TEST_P(SchedulerTest, PreemptionLosesNothingAndKeepsOutputs) {
   arrivals.push_back({5, kPrompts[1], penalized});
   std::vector<Expected> want;
   for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
-  // The largest worst case: p60 + 80 tokens (+ the drafter's block).
-  int64_t blocks = 0;
-  for (const Arrival& a : arrivals) {
-    auto need = kv_blocks_needed(*target_, drafter_.get(), a.prompt, a.options);
-    ASSERT_TRUE(need.ok());
-    blocks = std::max(blocks, *need);
-  }
+  const int64_t blocks = largest_worst_case(arrivals);  // p60 + 80 tokens
   for (const int64_t chunk : {int64_t{0}, int64_t{16}}) {
     seen_.clear();
     Scheduler s(
@@ -565,6 +571,71 @@ TEST_P(SchedulerTest, PreemptionLosesNothingAndKeepsOutputs) {
       EXPECT_EQ(seen.completion.stats.prompt_tokens, want[i].stats.prompt_tokens) << where;
       EXPECT_EQ(seen.completion.stats.finish, want[i].stats.finish) << where;
     }
+  }
+}
+
+// Prefix caching: prompts that share a 60-token head (3 whole blocks), arriving after the first
+// has prefilled, take those blocks from the cache; an identical prompt takes all but the block of
+// its last token; a prompt with another head of the same length takes none. Every output and count
+// (drafts and acceptances too: the drafter's context K/V comes from the same blocks) equals the
+// single run's, greedy and sampled, with chunked prefill, with a pool small enough that cached
+// blocks are evicted, and with preemption.
+TEST_P(SchedulerTest, PrefixCachingReusesBlocksAndKeepsOutputs) {
+  const std::vector<int32_t> head = long_prompt(*target_, 60, 5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const int32_t tail : {300, 301, 302}) {
+    prompts.push_back(head);
+    prompts.back().insert(prompts.back().end(), {tail, 262, tail});
+  }
+  prompts.push_back(prompts[0]);                         // identical: 63 tokens, 48 cached
+  prompts.push_back({head.begin(), head.begin() + 40});  // shorter: 2 blocks cached
+  prompts.push_back(long_prompt(*target_, 63, 6));       // another head: nothing cached
+  prompts.back()[1] = head[1] + 1;
+  const GenerateOptions greedy{.max_tokens = 30, .stop_ids = {2}};
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 29};
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    arrivals.push_back({static_cast<int>(8 * i), prompts[i], i % 2 ? sampled : greedy});
+  }
+  std::vector<Expected> want;
+  for (const Arrival& a : arrivals) want.push_back(alone(a.prompt, a.options));
+  const int64_t worst = largest_worst_case(arrivals);
+  struct Setup {
+    int64_t chunk, kv_blocks;
+    bool preemption;
+  };
+  for (const Setup& setup : {Setup{0, 0, false}, Setup{16, 0, false}, Setup{0, worst + 2, false},
+                             Setup{16, worst, true}}) {
+    const std::string where = fmt::format("chunk {}, kv_blocks {}, preemption {}", setup.chunk,
+                                          setup.kv_blocks, setup.preemption);
+    seen_.clear();
+    Scheduler s(*target_, drafter_.get(),
+                {.max_num_seqs = 4,
+                 .kv_blocks = setup.kv_blocks,
+                 .max_prefill_tokens = setup.chunk,
+                 .preemption = setup.preemption,
+                 .prefix_caching = true});
+    ASSERT_NO_FATAL_FAILURE(run(s, arrivals, [] {}));
+    for (size_t i = 0; i < arrivals.size(); ++i) {
+      expect_equal(i, want[i], fmt::format("{}, request {}", where, i));
+    }
+    // The first prompt computes its head; the others find it (unless evicted by then).
+    EXPECT_EQ(seen_[0].completion.stats.cached_tokens, 0) << where;
+    if (setup.kv_blocks == 0) {
+      for (size_t i = 1; i < 4; ++i) {
+        EXPECT_EQ(seen_[i].completion.stats.cached_tokens, 48) << where << ", request " << i;
+      }
+      EXPECT_EQ(seen_[4].completion.stats.cached_tokens, 32) << where;
+      EXPECT_EQ(seen_[5].completion.stats.cached_tokens, 0) << where;
+    }
+  }
+  // Without prefix caching nothing is cached.
+  seen_.clear();
+  Scheduler off(*target_, drafter_.get(), {.max_num_seqs = 4});
+  ASSERT_NO_FATAL_FAILURE(run(off, arrivals, [] {}));
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    EXPECT_EQ(seen_[i].completion.stats.cached_tokens, 0);
   }
 }
 

@@ -1340,6 +1340,45 @@ TEST(Server, PreemptionServesEveryRequestWithItsOwnOutput) {
   }
 }
 
+// --enable-prefix-caching: a chat's second turn starts with its first turn's prompt, whose whole
+// blocks it takes from the cache (usage.prompt_tokens_details.cached_tokens, the
+// vllm:prefix_cache_* counters); replies equal the engine's greedy text with and without a
+// drafter, and a server without the flag reports no such field.
+TEST(Server, PrefixCachingReportsCachedTokensAndKeepsReplies) {
+  Engine engine;
+  const std::string first =
+      "Once upon a time, there was a little girl named Lily. She loved to play";
+  const std::string second = first + " with her dog in the park. One day";
+  const std::string want1 = engine.greedy(first, 20).text, want2 = engine.greedy(second, 20).text;
+  for (bool drafter : {true, false}) {
+    RunningServer server({.prefix_caching = true}, drafter);
+    const auto ask = [&](const std::string& prompt) {
+      return post(server.port(), "/v1/completions",
+                  json{{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}}.dump());
+    };
+    const Reply r1 = ask(first), r2 = ask(second);
+    ASSERT_EQ(r1.status, 200) << r1.raw;
+    ASSERT_EQ(r2.status, 200) << r2.raw;
+    EXPECT_EQ(r1.body["choices"][0]["text"], want1) << "drafter " << drafter;
+    EXPECT_EQ(r2.body["choices"][0]["text"], want2) << "drafter " << drafter;
+    EXPECT_EQ(r1.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    const int64_t first_tokens = r1.body["usage"]["prompt_tokens"].get<int64_t>();
+    const int64_t cached = r2.body["usage"]["prompt_tokens_details"]["cached_tokens"];
+    EXPECT_EQ(cached, first_tokens / kKvBlockSize * kKvBlockSize) << "drafter " << drafter;
+    EXPECT_GT(cached, 0);
+    const std::string metrics = get(server.port(), "/metrics").raw;
+    EXPECT_NE(
+        metrics.find(fmt::format(
+            "vllm:prefix_cache_hits_total{{model_name=\"stories260K\",engine=\"0\"}} {}", cached)),
+        std::string::npos)
+        << metrics;
+  }
+  RunningServer plain;
+  const Reply r =
+      post(plain.port(), "/v1/completions", json{{"prompt", first}, {"max_tokens", 2}}.dump());
+  EXPECT_FALSE(r.body["usage"].contains("prompt_tokens_details")) << r.raw;
+}
+
 TEST(Server, MetricsCountRequestsAndTokens) {
   RunningServer server;
   const Reply first = get(server.port(), "/metrics");

@@ -100,5 +100,56 @@ TEST(KvCache, OutOfMemoryIsAnErrorAndKeepsState) {
   EXPECT_EQ(alloc.free_blocks(), 0);
 }
 
+// Prefix caching, block by block (blocks of 2 positions): a cached chain is matched only as far
+// as its content and everything before it agree; matched blocks gain a reference; a block nobody
+// references stays cached and counts as free, and allocate() evicts the one released longest ago.
+TEST(KvCache, PrefixCacheMatchesSharesAndEvictsLeastRecentlyReleased) {
+  BlockAllocator alloc(4, /*prefix_caching=*/true);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5};  // blocks [1 2] [3 4], token 5 not full
+  std::vector<int32_t> blocks;
+  {
+    SequenceKv seq(alloc, 2);
+    ASSERT_TRUE(seq.reserve(5).ok());
+    seq.set_length(5);
+    blocks.assign(seq.block_table().begin(), seq.block_table().end());
+    EXPECT_TRUE(alloc.match_prefix(a, 2, 2).empty());  // nothing cached yet
+    alloc.cache_prefix(a, seq.block_table(), 2);
+    EXPECT_EQ(alloc.cached_blocks(), 2);
+    EXPECT_EQ(alloc.free_blocks(), 1);
+  }  // released: the two cached blocks stay cached, the third is free
+  EXPECT_EQ(alloc.free_blocks(), 4);
+  EXPECT_EQ(alloc.cached_blocks(), 2);
+  // Same head: both blocks; a different second block: the first only; another first: none.
+  std::vector<int32_t> got = alloc.match_prefix(a, 2, 2);
+  EXPECT_EQ(got, std::vector<int32_t>(blocks.begin(), blocks.begin() + 2));
+  EXPECT_EQ(alloc.free_blocks(), 2);  // taken
+  EXPECT_EQ(alloc.match_prefix(std::vector<int32_t>{1, 2, 9, 9}, 2, 2),
+            std::vector<int32_t>{blocks[0]});
+  EXPECT_TRUE(alloc.match_prefix(std::vector<int32_t>{3, 4, 1, 2}, 2, 2).empty());
+  EXPECT_EQ(alloc.match_prefix(a, 2, 1), std::vector<int32_t>{blocks[0]});  // at most 1
+  // Release in the order: block 1, block 0 (three references), ...
+  alloc.release(blocks[1]);
+  for (int i = 0; i < 3; ++i) alloc.release(blocks[0]);
+  EXPECT_EQ(alloc.free_blocks(), 4);
+  // Two free blocks first, then the cached ones, least recently released first.
+  std::vector<int32_t> order;
+  for (int i = 0; i < 4; ++i) {
+    auto b = alloc.allocate();
+    ASSERT_TRUE(b.ok());
+    order.push_back(*b);
+  }
+  EXPECT_EQ(order[2], blocks[1]);
+  EXPECT_EQ(order[3], blocks[0]);
+  EXPECT_EQ(alloc.cached_blocks(), 0);  // evicted: no longer matched
+  EXPECT_FALSE(alloc.allocate().ok());
+  for (int32_t b : order) alloc.release(b);
+  EXPECT_TRUE(alloc.match_prefix(a, 2, 2).empty());
+  // Without prefix caching nothing is ever cached.
+  BlockAllocator plain(2);
+  EXPECT_FALSE(plain.prefix_caching());
+  plain.cache_prefix(a, std::vector<int32_t>{0, 1}, 2);
+  EXPECT_EQ(plain.cached_blocks(), 0);
+}
+
 }  // namespace
 }  // namespace bs
