@@ -320,7 +320,8 @@ void EngineWorker::start(std::shared_ptr<Job> job) {
   a.text = std::make_unique<TextStream>(
       *model_.tokenizer, job->stop, job->prompt,
       TextStreamOptions{.include_stop = job->include_stop,
-                        .skip_special_tokens = job->skip_special_tokens});
+                        .skip_special_tokens = job->skip_special_tokens,
+                        .min_tokens = job->options.sampling.min_tokens});
   if (job->options.logprobs >= 0) {
     a.token_texts = std::make_unique<TokenTexts>(*model_.tokenizer, job->prompt);
   }

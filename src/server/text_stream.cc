@@ -8,7 +8,8 @@ namespace bs::server {
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop,
                        std::span<const int32_t> context, TextStreamOptions options)
     : decoder_(tokenizer, options.skip_special_tokens, context),
-      include_stop_(options.include_stop) {
+      include_stop_(options.include_stop),
+      min_tokens_(options.min_tokens) {
   for (auto& s : stop) {
     if (!s.empty()) stop_.push_back(std::move(s));
   }
@@ -17,6 +18,7 @@ TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop
 std::string TextStream::push(int32_t id) {
   if (stopped_) return {};
   pending_ += decoder_.push(id);
+  ++pushed_;
   return release();
 }
 
@@ -32,9 +34,10 @@ std::string TextStream::release() {
   // Earliest stop string occurrence in the pending text (held-back text never contains a
   // whole stop string, so no match is missed across pushes).
   size_t cut = std::string::npos, matched = 0;
-  for (const auto& s : stop_) {
-    const size_t at = pending_.find(s);
-    if (at < cut) cut = at, matched = s.size();  // the earliest; the first listed on a tie
+  // Before min_tokens tokens nothing matches (vLLM checks stop strings only from then on).
+  for (size_t i = 0; i < stop_.size() && pushed_ >= min_tokens_; ++i) {
+    const size_t at = pending_.find(stop_[i]);
+    if (at < cut) cut = at, matched = stop_[i].size();  // the earliest; the first listed on a tie
   }
   if (cut != std::string::npos) {
     stopped_ = true;

@@ -24,6 +24,9 @@ namespace bs::server {
 struct TextStreamOptions {
   bool include_stop = false;
   bool skip_special_tokens = true;
+  // vLLM's min_tokens: stop strings are looked for only once this many tokens are out (a match
+  // then ends in the text of that token or a later one).
+  int64_t min_tokens = 0;
 };
 
 class TextStream {
@@ -50,6 +53,8 @@ class TextStream {
   StreamDecoder decoder_;
   std::vector<std::string> stop_;
   bool include_stop_ = false;
+  int64_t min_tokens_ = 0;
+  int64_t pushed_ = 0;   // tokens pushed
   std::string pending_;  // decoded, not yet released
   bool stopped_ = false;
 };

@@ -27,8 +27,9 @@ bool valid_utf8(const std::string& s) {
 
 // Pushes the ids of `text` one by one; returns the chunks (finish() last).
 std::vector<std::string> run(const Tokenizer& tok, const std::string& text,
-                             std::vector<std::string> stop, bool* stopped) {
-  TextStream stream(tok, std::move(stop));
+                             std::vector<std::string> stop, bool* stopped,
+                             TextStreamOptions options = {}) {
+  TextStream stream(tok, std::move(stop), {}, options);
   std::vector<std::string> chunks;
   for (int32_t id : tok.encode(text, /*add_special_tokens=*/true)) {
     chunks.push_back(stream.push(id));
@@ -77,6 +78,34 @@ TEST(TextStream, HeldBackPrefixIsReleasedWhenItDoesNotMatch) {
   const auto chunks = run(**tok, text, {"Lilac", "o!"}, &stopped);
   EXPECT_FALSE(stopped);
   EXPECT_EQ(join(chunks), "Lily and Lilo");
+}
+
+// include_stop: the text ends with the matched stop string. min_tokens: stop strings are matched
+// only once N tokens are out (vLLM's rule), so one in the text of the first N - 1 does not end it.
+TEST(TextStream, IncludeStopAndMinTokens) {
+  auto tok = Tokenizer::load(kModel);
+  ASSERT_TRUE(tok.ok());
+  const std::string text = "Once upon a time, there was a little girl named Lily.";
+  bool stopped = false;
+  EXPECT_EQ(join(run(**tok, text, {"little"}, &stopped, {.include_stop = true})),
+            "Once upon a time, there was a little");
+  EXPECT_TRUE(stopped);
+  // With min_tokens past the token whose text holds the first "a", the next "a" ends it.
+  const std::vector<int32_t> ids = (*tok)->encode(text, true);
+  const std::string first = join(run(**tok, text, {"a"}, &stopped));
+  EXPECT_EQ(first, "Once upon ");
+  size_t n = 0;  // the tokens whose text holds the first "a"
+  while ((*tok)->decode({ids.begin(), ids.begin() + static_cast<long>(n)}, true).find('a') ==
+         std::string::npos) {
+    ++n;
+  }
+  const std::string later =
+      join(run(**tok, text, {"a"}, &stopped, {.min_tokens = static_cast<int64_t>(n) + 1}));
+  EXPECT_TRUE(stopped);
+  EXPECT_GT(later.size(), first.size());
+  EXPECT_EQ(later, text.substr(0, text.find('a', first.size() + 1)));
+  EXPECT_EQ(join(run(**tok, text, {"a"}, &stopped, {.min_tokens = 1000})), text);
+  EXPECT_FALSE(stopped);
 }
 
 // After a prompt, the reply's text and its tokens' logprob texts continue the prompt's text:
