@@ -24,7 +24,7 @@ void apply_logit_rules(std::span<float> row, int64_t r, const LogitRules& rules,
   };
   const bool blocking = r < rules.stop_rows;
   for (const TokenRule& e : rules.tokens) {
-    BS_CHECK(e.token >= 0 && e.token < v);
+    if (e.token < 0 || e.token >= v) continue;  // e.g. a stop id outside the vocabulary
     float& x = row[static_cast<size_t>(e.token)];
     x = rule_logit(x, e.count + in_extra(e.token), e.bias, e.in_prompt != 0,
                    blocking && e.stop != 0, rules.repetition, rules.frequency, rules.presence);

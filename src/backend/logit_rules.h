@@ -13,7 +13,8 @@
 //   x      = x > 0 ? x / rep : x * rep when rep != 1 and (t is in the prompt or c > 0)
 //   x     -= frequency * c + presence * (c > 0 ? 1 : 0)
 // in float, in this order (vLLM's: logits processors, then the penalties; repetition first).
-// Tokens with no bias, not in the prompt, no stop token and c = 0 keep their logit exactly.
+// Tokens with no bias, not in the prompt, no stop token and c = 0 keep their logit exactly; rule
+// tokens outside [0, V) (a stop id beyond the vocabulary) are ignored.
 // Presence / frequency count generated tokens only; repetition also the prompt's (vLLM's rule).
 #pragma once
 

@@ -74,8 +74,11 @@ Tensor logits_to_choose_from(Backend& backend, const Tensor& logits, const Tenso
                              std::span<const sampling::LogitRules> rules) {
   if (rules.empty()) return logits;
   const int64_t v = logits.dim(-1), n = v ? logits.numel() / v : 0;
-  const Tensor processed = backend.empty({n, v}, logits.dtype());
-  backend.copy(processed, logits.view({n, v}));
+  // In F32 whatever the logits' dtype (BF16 on the GPU), as the rule is defined: a BF16 copy would
+  // round a small penalty or bias away on a large logit. scale_softcap by 1 without a cap is the
+  // converting copy (x * 1 is exact).
+  const Tensor processed = backend.empty({n, v}, DType::kF32);
+  backend.scale_softcap(processed, logits.view({n, v}), 1.0f, 0.0f);
   backend.apply_logit_rules(processed, row_tokens, rules);
   return processed;
 }

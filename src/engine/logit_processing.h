@@ -43,8 +43,8 @@ class LogitProcessing {
 };
 
 // The logits rows [n, V] a step chooses its tokens from: `logits` itself when `rules` is empty,
-// else a processed copy (Backend::apply_logit_rules on it; row_tokens as there), so that the raw
-// rows stay for logprobs, which report the model's own distribution (vLLM's default, and
+// else a processed F32 copy (Backend::apply_logit_rules on it; row_tokens as there), so that the
+// raw rows stay for logprobs, which report the model's own distribution (vLLM's default, and
 // OpenAI's since logit_bias stopped showing in logprobs).
 Tensor logits_to_choose_from(Backend& backend, const Tensor& logits, const Tensor& row_tokens,
                              std::span<const sampling::LogitRules> rules);
