@@ -92,11 +92,18 @@ void BlockAllocator::cache_prefix(std::span<const int32_t> tokens, std::span<con
     const uint64_t h = chain(parent, content);
     const int32_t b = blocks[static_cast<size_t>(i)];
     BS_CHECK(b >= 0 && b < num_blocks_ && refs_[b] > 0);
-    if (hash_of_[b] == 0 && index_.find(h) == index_.end()) {
+    const auto it = index_.find(h);
+    if (it == index_.end()) {
+      if (hash_of_[b] != 0)
+        break;  // cached under another chain (cannot happen without a collision)
       index_.emplace(h, Cached{.parent = parent,
                                .tokens = std::vector<int32_t>(content.begin(), content.end()),
                                .block = b});
       hash_of_[b] = h;
+    } else if (it->second.parent != parent ||
+               !std::equal(content.begin(), content.end(), it->second.tokens.begin(),
+                           it->second.tokens.end())) {
+      break;  // a hash collision: index nothing after it under a chain that is not this one
     }
     parent = h;
   }

@@ -24,7 +24,8 @@ PlainSequence::PlainSequence(BlockAllocator& allocator, const GenerateOptions& o
   prompt_.assign(prompt.begin(), prompt.end());
   const int64_t n = take_cached_prefix(kv_, prompt);
   step_tokens_.erase(step_tokens_.begin(), step_tokens_.begin() + n);
-  st_.cached_tokens = n;
+  // (A resumed request's prompt ends with its earlier output: only the prompt proper counts.)
+  st_.cached_tokens = std::min(n, std::ssize(prompt) - options.generated_prefix);
 }
 
 Result<bool> PlainSequence::begin_step() {

@@ -84,7 +84,8 @@ SpeculativeSequence::SpeculativeSequence(SpeculativeRun& run, const GenerateOpti
   // The prompt's head from the prefix cache: both caches' blocks (one table serves the target's
   // K/V and the drafter's context K/V), so neither computes it again; the drafter has observed
   // those positions when the blocks were cached.
-  st_.cached_tokens = take_cached_prefix(kv_, prompt);
+  st_.cached_tokens =
+      std::min(take_cached_prefix(kv_, prompt), std::ssize(prompt) - options.generated_prefix);
 }
 
 Result<ForwardRequest> SpeculativeSequence::prefill_request(int64_t max_tokens) {

@@ -2,10 +2,10 @@
 //   DFlash    architectures contains "DFlashDraftModel", or (no architectures) a dflash_config
 //             that is not DSpark's / DFlash2's
 //   DSpark    architectures containing "DSpark" (any case: DeepSpec's "Qwen3DSparkModel"), or
-//             model_type "dspark", or (no architectures) a dflash_config with projector_type
-//             "dspark" or markov_rank
-//   DFlash2   architectures containing "DFlash2", or (no architectures) a dflash_config with
-//             conv_kernel_size or selector_rank
+//             model_type "dspark", or (no architectures) a dflash_config and projector_type
+//             "dspark" or markov_rank (in dflash_config or at the top level)
+//   DFlash2   architectures containing "DFlash2", or (no architectures) a dflash_config and
+//             conv_kernel_size or selector_rank (in dflash_config or at the top level)
 //   FlashMap  architectures containing "FlashMap", or a config with time_grids /
 //             timestep_embed_dim (top level or one object deep)
 // Anything else: Unimplemented, naming the architecture. This is the only place that maps a
@@ -86,11 +86,15 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
   }
   if (archs.empty() && io::has_field(config, "dflash_config")) {
     const json& d = config["dflash_config"];
-    const bool dspark =
-        d.is_object() && ((d.contains("projector_type") && d["projector_type"] == "dspark") ||
-                          d.contains("markov_rank"));
-    const bool dflash2 =
-        d.is_object() && (d.contains("conv_kernel_size") || d.contains("selector_rank"));
+    // A key in dflash_config or at the top level (the loaders read both).
+    const auto has = [&](const char* key) {
+      return (d.is_object() && d.contains(key)) || config.contains(key);
+    };
+    const auto is_dspark = [](const json& c) {
+      return c.is_object() && c.contains("projector_type") && c["projector_type"] == "dspark";
+    };
+    const bool dspark = is_dspark(d) || is_dspark(config) || has("markov_rank");
+    const bool dflash2 = has("conv_kernel_size") || has("selector_rank");
     if (dspark) return load_dspark(dir, config, target, options);
     if (dflash2) return load_dflash2(dir, config, target, options);
     return load_dflash(dir, config, target, options);

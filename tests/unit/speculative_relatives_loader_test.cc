@@ -373,6 +373,10 @@ TEST_F(RelativesLoader, DFlash2KeysAtTopLevel) {
     c["dflash_config"].erase(key);
   }
   expect_same(outputs_of(kDFlash2, c, nullptr, "dflash2"), want, "DFlash2 keys at the top level");
+  // Without architectures the registry finds the family by those keys there too.
+  json no_arch = c;
+  no_arch.erase("architectures");
+  expect_same(outputs_of(kDFlash2, no_arch, nullptr, "dflash2"), want, "no architectures");
   // Read, not defaulted: the default top-k gives other rows.
   json d16 = c;
   d16.erase("selector_top_k");
