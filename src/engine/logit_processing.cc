@@ -2,19 +2,9 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace bs::detail {
-namespace {
-
-bool contains(std::span<const int32_t> sorted, int32_t t) {
-  return std::binary_search(sorted.begin(), sorted.end(), t);
-}
-
-void sort_unique(std::vector<int32_t>* v) {
-  std::sort(v->begin(), v->end());
-  v->erase(std::unique(v->begin(), v->end()), v->end());
-}
-
-}  // namespace
 
 LogitProcessing::LogitProcessing(const GenerateOptions& options, std::span<const int32_t> prompt)
     : active_(options.sampling.processes_logits()),
@@ -24,42 +14,30 @@ LogitProcessing::LogitProcessing(const GenerateOptions& options, std::span<const
       min_tokens_(options.sampling.min_tokens) {
   if (!active_) return;
   const auto split = prompt.end() - options.generated_prefix;
-  earlier_.assign(split, prompt.end());
   if (repetition_ != 1.0f) {
-    prompt_tokens_.assign(prompt.begin(), split);
-    sort_unique(&prompt_tokens_);
+    for (auto it = prompt.begin(); it != split; ++it) named_[*it].in_prompt = 1;
   }
-  bias_ = options.sampling.logit_bias;
-  std::sort(bias_.begin(), bias_.end());
-  stops_ = options.stop_ids;
-  sort_unique(&stops_);
+  for (const auto& [token, bias] : options.sampling.logit_bias) named_[token].bias = bias;
+  for (int32_t t : options.stop_ids) named_[t].stop = 1;
+  for (auto it = split; it != prompt.end(); ++it) ++named_[*it].count;
+  generated_ = options.generated_prefix;
 }
 
 void LogitProcessing::add_rules(std::span<const int32_t> committed, int64_t first_row, int64_t rows,
                                 std::vector<sampling::LogitRules>* out) {
   if (!active_) return;
-  // The output so far, sorted: each token's count is its run.
-  std::vector<int32_t>& generated = scratch_;
-  generated.assign(earlier_.begin(), earlier_.end());
-  generated.insert(generated.end(), committed.begin(), committed.end());
-  const int64_t stop_rows =
-      std::max<int64_t>(0, min_tokens_ - static_cast<int64_t>(generated.size()));
-  std::sort(generated.begin(), generated.end());
-  // Every token a rule names: generated, in the prompt, biased, or a stop token still forbidden.
-  std::vector<int32_t> named(generated.begin(), generated.end());
-  named.insert(named.end(), prompt_tokens_.begin(), prompt_tokens_.end());
-  for (const auto& entry : bias_) named.push_back(entry.first);
-  if (stop_rows > 0) named.insert(named.end(), stops_.begin(), stops_.end());
-  sort_unique(&named);
+  // Count what was committed since the last call (the output only grows).
+  BS_CHECK(std::ssize(committed) >= counted_);
+  for (int32_t t : committed.subspan(static_cast<size_t>(counted_))) ++named_[t].count;
+  generated_ += std::ssize(committed) - counted_;
+  counted_ = std::ssize(committed);
+  const int64_t stop_rows = std::max<int64_t>(0, min_tokens_ - generated_);
   tokens_.clear();
-  for (int32_t t : named) {
-    const auto run = std::equal_range(generated.begin(), generated.end(), t);
-    const auto b = std::lower_bound(bias_.begin(), bias_.end(), std::pair{t, -1e30f});
-    tokens_.push_back({.token = t,
-                       .count = static_cast<int32_t>(run.second - run.first),
-                       .bias = b != bias_.end() && b->first == t ? b->second : 0.0f,
-                       .in_prompt = contains(prompt_tokens_, t) ? uint8_t{1} : uint8_t{0},
-                       .stop = contains(stops_, t) ? uint8_t{1} : uint8_t{0}});
+  for (auto& [token, rule] : named_) {
+    // A stop token is named only while it is forbidden (unless something else names it).
+    if (stop_rows == 0 && rule.count == 0 && rule.bias == 0.0f && rule.in_prompt == 0) continue;
+    rule.token = token;
+    tokens_.push_back(rule);
   }
   out->push_back({.first_row = first_row,
                   .rows = rows,

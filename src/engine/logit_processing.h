@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -34,12 +35,12 @@ class LogitProcessing {
   bool active_ = false;
   float repetition_ = 1.0f, frequency_ = 0.0f, presence_ = 0.0f;
   int64_t min_tokens_ = 0;
-  std::vector<int32_t> prompt_tokens_;           // sorted, unique (repetition != 1 only)
-  std::vector<int32_t> earlier_;                 // output generated before a preemption
-  std::vector<std::pair<int32_t, float>> bias_;  // sorted by token
-  std::vector<int32_t> stops_;                   // sorted, unique
-  std::vector<sampling::TokenRule> tokens_;      // the last add_rules' rules
-  std::vector<int32_t> scratch_;
+  // Every token a rule names (in the prompt when repetition != 1, biased, a stop id, or
+  // generated), by id: its flags, bias and output count so far.
+  std::map<int32_t, sampling::TokenRule> named_;
+  int64_t generated_ = 0;  // output tokens counted (those before a preemption included)
+  int64_t counted_ = 0;    // of `committed` (add_rules), those counted
+  std::vector<sampling::TokenRule> tokens_;  // the last add_rules' rules
 };
 
 // The logits rows [n, V] a step chooses its tokens from: `logits` itself when `rules` is empty,
