@@ -3,12 +3,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <limits>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +62,23 @@ struct GenerateArgs {
   std::optional<std::string> chat_template_kwargs;  // a JSON object, with --chat
   bool print_prompt = false;
 };
+
+// --logit-bias TOKEN_ID:BIAS (the range of the bias: SamplingParams::validate).
+bs::Result<std::pair<int32_t, float>> parse_logit_bias(const std::string& entry) {
+  const char* end = entry.data() + entry.size();
+  const char* colon = std::find(entry.data(), end, ':');
+  int32_t id = -1;
+  float bias = 0;
+  const auto [id_end, id_ec] = std::from_chars(entry.data(), colon, id);
+  const auto [bias_end, bias_ec] = colon == end
+                                       ? std::from_chars_result{end, std::errc::invalid_argument}
+                                       : std::from_chars(colon + 1, end, bias);
+  if (id_ec != std::errc() || id_end != colon || bias_ec != std::errc() || bias_end != end ||
+      id < 0) {
+    return bs::InvalidArgument("--logit-bias '{}': expected TOKEN_ID:BIAS, e.g. 2:-100", entry);
+  }
+  return std::pair{id, bias};
+}
 
 std::string percent_list(const bs::GenerateStats& st) {
   std::string out;
@@ -161,23 +177,9 @@ int run_generate(const GenerateArgs& a) {
                   .repetition_penalty = a.repetition_penalty,
                   .min_tokens = a.min_tokens};
   for (const std::string& entry : a.logit_bias) {
-    const size_t colon = entry.find(':');
-    int64_t id = -1;
-    float bias = 0;
-    try {
-      size_t used = 0;
-      if (colon != std::string::npos) id = std::stoll(entry.substr(0, colon), &used);
-      if (colon == std::string::npos || used != colon) throw std::invalid_argument(entry);
-      bias = std::stof(entry.substr(colon + 1), &used);
-      if (used != entry.size() - colon - 1) throw std::invalid_argument(entry);
-    } catch (const std::exception&) {
-      return fail(
-          bs::InvalidArgument("--logit-bias '{}': expected TOKEN_ID:BIAS, e.g. 2:-100", entry));
-    }
-    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-      return fail(bs::InvalidArgument("--logit-bias '{}': token id out of range", entry));
-    }
-    opt.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+    auto bias = parse_logit_bias(entry);
+    if (!bias.ok()) return fail(bias.status());
+    opt.sampling.logit_bias.push_back(*bias);
   }
   if (!a.ignore_eos) opt.stop_ids = (*tokenizer)->eos_ids();
   opt.draft_tokens = a.draft_tokens;

@@ -13,7 +13,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
 
 #include "io/json_file.h"
@@ -54,25 +53,16 @@ Result<std::unique_ptr<Drafter>> load_drafter(const std::string& dir, const Caus
   }
   BS_ASSIGN_OR_RETURN(std::vector<std::string> archs,
                       io::get_string_list_or_empty(config, "architectures", file));
-  auto lower = [](std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(),
-                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-    return s;
-  };
   auto arch_has = [&](std::string_view needle, bool exact) {
     return std::any_of(archs.begin(), archs.end(), [&](const std::string& a) {
       return exact ? a == needle : a.find(needle) != std::string::npos;
     });
   };
-  const bool dspark_arch = std::any_of(archs.begin(), archs.end(), [&](const std::string& a) {
-    return lower(a).find("dspark") != std::string::npos;
-  });
-  const bool dspark_type = config.contains("model_type") && config["model_type"] == "dspark";
   const std::string arch_list =
       archs.empty() ? "(none)" : fmt::format("{}", fmt::join(archs, ", "));
 
   if (arch_has("DFlashDraftModel", true)) return load_dflash(dir, config, target, options);
-  if (dspark_arch || dspark_type) return load_dspark(dir, config, target, options);
+  if (names_dspark(config)) return load_dspark(dir, config, target, options);
   if (arch_has("DFlash2", false)) return load_dflash2(dir, config, target, options);
   if (arch_has("FlashMap", false) || has_key_shallow(config, "time_grids") ||
       has_key_shallow(config, "timestep_embed_dim")) {

@@ -147,6 +147,12 @@ TEST(Cli, UserErrorsAreReadableAndExitWith1) {
       {"generate --no-such-flag", "no-such-flag"},
       {"tokenize hi", "--model is required"},
       {"generate --model /nonexistent/model", "/nonexistent/model"},
+      {"generate --logit-bias 5", "--logit-bias '5': expected TOKEN_ID:BIAS"},
+      {"generate --logit-bias -1:2", "--logit-bias '-1:2': expected TOKEN_ID:BIAS"},
+      {"generate --logit-bias 5:up", "--logit-bias '5:up': expected TOKEN_ID:BIAS"},
+      {"generate --logit-bias 5:200", "logit_bias value of token 5 must be in [-100, 100]"},
+      {"generate --logit-bias 999:1", "logit_bias token id 999 out of range [0, 512)"},
+      {"generate --repetition-penalty 0", "repetition_penalty must be a finite number > 0"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);

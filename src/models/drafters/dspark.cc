@@ -203,6 +203,24 @@ const json& field_source(const json& d, const json& j, const char* key) {
   return io::has_field(d, key) ? d : j;
 }
 
+}  // namespace
+
+bool names_dspark(const json& config) {
+  const auto dspark = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    return s.find("dspark") != std::string::npos;
+  };
+  if (config.contains("architectures") && config["architectures"].is_array()) {
+    for (const json& a : config["architectures"]) {
+      if (a.is_string() && dspark(a.get<std::string>())) return true;
+    }
+  }
+  return config.contains("model_type") && config["model_type"] == "dspark";
+}
+
+namespace {
+
 Result<DSparkConfig> parse_dspark_fields(const json& j, const json& d, const std::string& file,
                                          int64_t vocab) {
   const std::string dfile = file + " (dflash_config)";
@@ -219,15 +237,7 @@ Result<DSparkConfig> parse_dspark_fields(const json& j, const json& d, const std
                            proj);
     }
   } else {
-    BS_ASSIGN_OR_RETURN(std::vector<std::string> archs,
-                        io::get_string_list_or_empty(j, "architectures", file));
-    const bool named = std::any_of(archs.begin(), archs.end(), [](std::string a) {
-      std::transform(a.begin(), a.end(), a.begin(),
-                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-      return a.find("dspark") != std::string::npos;
-    });
-    const bool dspark_type = j.contains("model_type") && j["model_type"] == "dspark";
-    if (!named && !dspark_type) {
+    if (!names_dspark(j)) {
       return InvalidArgument(
           "{}: a DSpark drafter needs projector_type 'dspark' (dflash_config or top level), an "
           "architectures entry naming DSpark, or model_type 'dspark'",

@@ -18,6 +18,10 @@
 
 namespace bs {
 
+// The config names DSpark as its class: an architectures entry containing "dspark" in any case
+// (DeepSpec's "Qwen3DSparkModel", SpecForge's "DSparkDraftModel") or model_type "dspark".
+bool names_dspark(const nlohmann::json& config);
+
 Result<std::unique_ptr<Drafter>> load_dspark(const std::string& dir, const nlohmann::json& config,
                                              const CausalLM& target, const DrafterOptions& options);
 
