@@ -421,6 +421,65 @@ TEST_F(CudaModels, OverlappedSchedulerStepsOnGpu) {
   }
 }
 
+// Prefix caching (SchedulerOptions::prefix_caching) on the GPU: prompts that share a 32-token
+// head take its cached KV blocks (target and drafter pools) and give the tokens of their single
+// runs on the GPU, plain and speculative (the shipped DFlash drafter), greedy and seeded sampled.
+// Chunks of 4 prompt tokens, 2 sequences and 4 drafts keep every forward within the 16 rows where
+// GPU rows do not depend on the row count, so cached and computed KV are the same bits.
+TEST_F(CudaModels, PrefixCachingKeepsOutputsOnGpu) {
+  auto g = load_target(kStories, *gpu_);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  auto d = load_drafter(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash", **g, {});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  GenerateOptions greedy;
+  greedy.max_tokens = 40;
+  greedy.stop_ids = {2};
+  greedy.draft_tokens = 4;
+  greedy.prefill_chunk = 4;
+  const std::vector<int32_t> bos = {1};
+  auto story = generate_plain(**g, bos, greedy, nullptr, nullptr);  // a natural head
+  ASSERT_TRUE(story.ok() && story->size() >= 31u);
+  std::vector<int32_t> head = {1};
+  head.insert(head.end(), story->begin(), story->begin() + 31);
+  GenerateOptions sampled = greedy;
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 11};
+  std::vector<std::pair<std::vector<int32_t>, GenerateOptions>> requests;
+  for (const int32_t tail : {300, 301, 302, 303}) {
+    std::vector<int32_t> p = head;
+    p.insert(p.end(), {tail, 262, tail});
+    requests.emplace_back(p, tail % 2 ? sampled : greedy);
+  }
+  requests.emplace_back(head, greedy);  // the whole head: its last block is computed again
+  for (Drafter* drafter : {static_cast<Drafter*>(nullptr), d->get()}) {
+    const char* what = drafter ? "dflash" : "plain";
+    std::vector<std::vector<int32_t>> want;
+    for (const auto& [prompt, o] : requests) {
+      auto alone = drafter ? generate_speculative(**g, *drafter, prompt, o, nullptr, nullptr)
+                           : generate_plain(**g, prompt, o, nullptr, nullptr);
+      ASSERT_TRUE(alone.ok()) << alone.status().message();
+      want.push_back(*alone);
+    }
+    Scheduler s(**g, drafter, {.max_num_seqs = 2, .max_prefill_tokens = 4, .prefix_caching = true});
+    std::vector<Completion> done(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(s.add(
+                       i, requests[i].first, requests[i].second, [](int32_t) { return true; },
+                       [&done, i](Completion c) { done[i] = std::move(c); })
+                      .ok());
+    }
+    while (!s.idle()) ASSERT_TRUE(s.step().ok());
+    int64_t cached = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(done[i].status.ok()) << what << " " << i << ": " << done[i].status.message();
+      EXPECT_EQ(done[i].tokens, want[i]) << what << ", request " << i;
+      cached += done[i].stats.cached_tokens;
+    }
+    // The first two run together and compute the head; requests 2 and 3 find its two blocks,
+    // the bare head its first one (a prompt's last token is always computed).
+    EXPECT_GE(cached, 2 * 32 + 16) << what;
+  }
+}
+
 // Chunked prefill (Scheduler max_prefill_tokens) and logprobs on the GPU, with the shipped DFlash
 // drafter: a 15-token prompt prefilled whole or in chunks of 7 or 1 tokens gives the tokens of
 // generate_plain on the GPU and the same logprobs bit for bit (every forward has at most 16

@@ -1771,7 +1771,25 @@ int check_filtered_row(std::span<const float> x, const sampling::FilterParams& f
     }
     return s;
   };
-  if (f.top_p < 1.0f) {
+  if (f.top_p < 1.0f && f.min_p > 0) {
+    // min-p drops entries above the top-p cut, so the GPU's smallest kept logit is not its cut:
+    // take the rule's (in double) and let the entries below check the GPU against it.
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < v; ++i) {
+      if (x[i] >= cut) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x[a] > x[b]; });
+    const double target = f.top_p * mass(cut, false);
+    double cum = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      cum += w[order[i]];
+      const bool group_ends = i + 1 == order.size() || x[order[i + 1]] != x[order[i]];
+      if (group_ends && cum >= target) {
+        cut = x[order[i]];
+        break;
+      }
+    }
+  } else if (f.top_p < 1.0f) {
     // The GPU's cut: its smallest kept logit (weights that underflowed to 0 change no mass).
     float t_g = INFINITY, t_c = INFINITY;
     for (int64_t i = 0; i < v; ++i) {
@@ -1788,11 +1806,19 @@ int check_filtered_row(std::span<const float> x, const sampling::FilterParams& f
     if (t_g != t_c) ++*moved;
     cut = t_g;
   }
-  const double z = mass(cut, false);
+  // min-p after the cuts: keep w_i >= min_p. The GPU's float expf may put a weight within a few
+  // ulps of min_p on the other side: such a border entry counts as the GPU kept it.
+  const auto min_p_kept = [&](int64_t i) {
+    if (!(f.min_p > 0)) return true;
+    if (std::abs(w[i] - f.min_p) <= 1e-5 * f.min_p) return g[i] > 0;
+    return w[i] >= f.min_p;
+  };
+  double z = 0;
+  for (int64_t i = 0; i < v; ++i) z += x[i] >= cut && min_p_kept(i) ? w[i] : 0.0;
   for (int64_t i = 0; i < v; ++i) {
-    const double want = x[i] >= cut ? w[i] / z : 0.0;
-    const bool ok = x[i] < cut
-                        ? g[i] == 0.0f
+    const bool kept = x[i] >= cut && min_p_kept(i);
+    const double want = kept ? w[i] / z : 0.0;
+    const bool ok = !kept ? g[i] == 0.0f
                         : (g[i] < 1e-30f && want < 1e-30) || std::abs(g[i] - want) <= 1e-5 * want;
     if (!ok) {
       fail("[" + std::to_string(i) + "] gpu " + std::to_string(g[i]) + " want " +
