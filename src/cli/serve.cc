@@ -39,7 +39,7 @@ struct ServeArgs {
   double memory_utilization = 0.9;
   int64_t max_num_batched_tokens = kDefaultPrefillChunk;
   bool preemption = false;
-  bool prefix_caching = false;
+  bool prefix_caching = true;
   std::string tool_call_parser = "auto";
   int64_t max_request_bytes = int64_t{16} << 20;
 };
@@ -198,10 +198,10 @@ void register_serve(CLI::App& app) {
                   "Admit a request once its prompt fits the KV cache and, when the cache runs "
                   "full, preempt the newest request (it re-prefills later; nothing is lost) "
                   "instead of reserving every request's prompt + max_tokens at admission");
-  g_cmd->add_flag("--enable-prefix-caching", g_args.prefix_caching,
+  g_cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", g_args.prefix_caching,
                   "Keep prefilled prompts' K/V blocks cached until the pool needs them, and start "
                   "a prompt that begins like an earlier one from them (vLLM's automatic prefix "
-                  "caching; outputs unchanged)");
+                  "caching; outputs unchanged). On by default, as in vLLM");
   g_cmd
       ->add_option("--tool-call-parser", g_args.tool_call_parser,
                    "How chat replies to requests with tools become tool_calls: hermes "

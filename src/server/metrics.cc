@@ -207,7 +207,7 @@ std::string Metrics::render() const {
          "Prompt tokens looked up in the prefix cache (those of finished requests).", l,
          prompt_tokens_);
   series(&out, "vllm:prefix_cache_hits_total", "counter",
-         "Prompt tokens found in the prefix cache (0 without --enable-prefix-caching).", l,
+         "Prompt tokens found in the prefix cache (0 with --no-enable-prefix-caching).", l,
          cached_prompt_tokens_);
   header(&out, "vllm:request_success_total", "counter",
          "Finished requests by finish reason (abort: the client went away).");

@@ -43,8 +43,9 @@ struct ServerOptions {
   // (SchedulerOptions::preemption); false: reserve each request's worst case at admission.
   bool preemption = false;
   // Prefix caching (SchedulerOptions::prefix_caching): prompts that start like an earlier one
-  // reuse its cached K/V (usage.prompt_tokens_details.cached_tokens).
-  bool prefix_caching = false;
+  // reuse its cached K/V (usage.prompt_tokens_details.cached_tokens). On by default, as `serve`
+  // (vLLM's default).
+  bool prefix_caching = true;
 };
 
 class Server {

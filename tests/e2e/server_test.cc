@@ -1340,10 +1340,10 @@ TEST(Server, PreemptionServesEveryRequestWithItsOwnOutput) {
   }
 }
 
-// --enable-prefix-caching: a chat's second turn starts with its first turn's prompt, whose whole
-// blocks it takes from the cache (usage.prompt_tokens_details.cached_tokens, the
+// Prefix caching (on by default): a chat's second turn starts with its first turn's prompt, whose
+// whole blocks it takes from the cache (usage.prompt_tokens_details.cached_tokens, the
 // vllm:prefix_cache_* counters); replies equal the engine's greedy text with and without a
-// drafter, and a server without the flag reports no such field.
+// drafter, and a server with it off (--no-enable-prefix-caching) reports no such field.
 TEST(Server, PrefixCachingReportsCachedTokensAndKeepsReplies) {
   Engine engine;
   const std::string first =
@@ -1373,7 +1373,8 @@ TEST(Server, PrefixCachingReportsCachedTokensAndKeepsReplies) {
         std::string::npos)
         << metrics;
   }
-  RunningServer plain;
+  EXPECT_TRUE(ServerOptions{}.prefix_caching);
+  RunningServer plain({.prefix_caching = false});
   const Reply r =
       post(plain.port(), "/v1/completions", json{{"prompt", first}, {"max_tokens", 2}}.dump());
   EXPECT_FALSE(r.body["usage"].contains("prompt_tokens_details")) << r.raw;
