@@ -1819,7 +1819,7 @@ int check_filtered_row(std::span<const float> x, const sampling::FilterParams& f
     const bool kept = x[i] >= cut && min_p_kept(i);
     const double want = kept ? w[i] / z : 0.0;
     const bool ok = !kept ? g[i] == 0.0f
-                        : (g[i] < 1e-30f && want < 1e-30) || std::abs(g[i] - want) <= 1e-5 * want;
+                          : (g[i] < 1e-30f && want < 1e-30) || std::abs(g[i] - want) <= 1e-5 * want;
     if (!ok) {
       fail("[" + std::to_string(i) + "] gpu " + std::to_string(g[i]) + " want " +
            std::to_string(want) + " logit " + std::to_string(x[i]));

@@ -10,7 +10,11 @@
 // that starts in [init + skip, init + skip + span) counts: a window of a long server run);
 // KPROF_WINDOW=signal: only activity that starts between a SIGUSR1 and the next SIGUSR2 to the
 // process counts (a window of a server under load, set by the load script); KPROF_TOP (rows
-// printed, default 40). The process must exit normally (SIGTERM to the server, not SIGKILL).
+// printed, default 40); KPROF_TRACE (file): also every counted kernel as a line
+// "start_ns end_ns name" (ns from the first one, in start order; at most KPROF_TRACE_MAX, default
+// 200,000): a timeline, e.g. how long each kernel of a dependent chain adds to the chain (the gaps
+// between consecutive end times), which spans of PDL-launched kernels do not show. The process must
+// exit normally (SIGTERM to the server, not SIGKILL).
 #include <cupti.h>
 #include <cxxabi.h>
 #include <signal.h>
@@ -35,6 +39,13 @@ struct Totals {
 std::mutex g_mu;
 std::map<std::string, Totals> g_by_name;
 std::vector<std::pair<uint64_t, uint64_t>> g_intervals;  // kernels only, for the busy time
+struct TraceRecord {
+  uint64_t start, end;
+  std::string name;
+};
+std::vector<TraceRecord> g_trace;  // KPROF_TRACE only
+bool g_tracing = false;
+size_t g_trace_max = 200000;
 // Records arrive in buffers some time after their kernels ran, so the window is kept as bounds
 // on the start timestamps, not as a recording switch.
 volatile uint64_t g_from = 0, g_to = UINT64_MAX;
@@ -74,6 +85,7 @@ void record(const std::string& name, uint64_t start, uint64_t end, bool kernel) 
   ++t.count;
   t.ns += static_cast<double>(end - start);
   if (kernel) g_intervals.emplace_back(start, end);
+  if (kernel && g_tracing && g_trace.size() < g_trace_max) g_trace.push_back({start, end, name});
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -153,6 +165,18 @@ void report() {
                  all > 0 && n[0] != '[' ? 100.0 * t.ns / all : 0.0, n.c_str());
   }
   if (out != stderr) std::fclose(out);
+  if (const char* trace_path = std::getenv("KPROF_TRACE"); trace_path && !g_trace.empty()) {
+    if (FILE* t = std::fopen(trace_path, "w")) {
+      std::sort(g_trace.begin(), g_trace.end(),
+                [](const TraceRecord& a, const TraceRecord& b) { return a.start < b.start; });
+      const uint64_t first = g_trace.front().start;
+      for (const TraceRecord& r : g_trace) {
+        std::fprintf(t, "%llu %llu %s\n", static_cast<unsigned long long>(r.start - first),
+                     static_cast<unsigned long long>(r.end - first), r.name.c_str());
+      }
+      std::fclose(t);
+    }
+  }
 }
 
 void open_window(int) {
@@ -175,6 +199,8 @@ void start() {
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
   cuptiGetTimestamp(&g_t0);
+  g_tracing = std::getenv("KPROF_TRACE") != nullptr;
+  if (const char* m = std::getenv("KPROF_TRACE_MAX")) g_trace_max = std::strtoull(m, nullptr, 10);
   const double skip = env_seconds("KPROF_SKIP_S"), span = env_seconds("KPROF_SPAN_S");
   g_from = g_t0 + static_cast<uint64_t>(skip * 1e9);
   if (span > 0) g_to = g_from + static_cast<uint64_t>(span * 1e9);
