@@ -376,7 +376,10 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
 // w, w + 8, ...) and the walk only looks its row up. The arithmetic is the walk's own (the same
 // products in the same lane order, the same warp sum), so a looked-up score equals the one the walk
 // would compute. The blocks also fill `rows` with -inf (the walk's scatter target) on the way.
-__global__ void walk_pairs_kernel(WalkArgs a, float* table) {
+// best (t <= 32, else null): the greedy choice of row j after predecessor p, best[j * t + p] = the
+// slot c of the largest vals[j, c] + table[(j * t + p) * t + c], equal scores to the lower id (the
+// block walk's serial scan, NaN included), so that the greedy walk is a chase through best.
+__global__ void walk_pairs_kernel(WalkArgs a, float* table, int32_t* best) {
   griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
   griddep_launch();
   extern __shared__ float sm[];
@@ -399,6 +402,7 @@ __global__ void walk_pairs_kernel(WalkArgs a, float* table) {
     sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
   }
   __syncthreads();
+  __shared__ float dots[32];
   for (int64_t c = warp; c < t; c += warps) {
     const int64_t id = a.ids[j * t + c];
     const bool ok = id >= 0 && id < a.vocab;
@@ -408,7 +412,24 @@ __global__ void walk_pairs_kernel(WalkArgs a, float* table) {
       dot += ok ? av[i] * b * sc[i] : 0.0f;
     }
     dot = warp_sum(dot);
-    if (lane == 0) table[(j * t + p) * t + c] = dot;
+    if (lane == 0) {
+      table[(j * t + p) * t + c] = dot;
+      if (best) dots[c] = dot;
+    }
+  }
+  if (!best) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int64_t row = j * t;
+    int64_t b = 0;
+    float sb = a.vals[row] + dots[0];
+    int32_t ib = a.ids[row];
+    for (int64_t c = 1; c < t; ++c) {
+      const float sv = a.vals[row + c] + dots[c];
+      const int32_t iv = a.ids[row + c];
+      if (sv > sb || (sv == sb && iv < ib)) b = c, sb = sv, ib = iv;
+    }
+    best[row + p] = static_cast<int32_t>(b);
   }
 }
 
@@ -623,72 +644,47 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
   }
 }
 
-// The greedy walk over walk_pairs_kernel's table for t <= 32 (DFlash2: t = 16): the block's
-// threads copy every row's values, ids and table rows into shared memory (one round of loads),
-// then warp 0 alone walks, lane c holding candidate c: no block barrier per row (the block walk
-// pays ~5 a row, ~28 us per draft on the H200 for DFlash2's 15 rows). The same results:
-//   slot  the first candidate of row j - 1 equal to the predecessor (ballot; row 0: 0),
-//   s_c   = vals[j, c] + tab[j, slot, c]              (the block walk's expression),
-//   draft the largest s_c, equal scores to the lower id (a warp reduction; with a NaN among the
-//         scores, lane 0 runs the block walk's serial scan instead, whose order NaN breaks),
-//   rows  rows[j, ids[j, c]] = s_c over walk_pairs_kernel's -inf fill.
-// Greedy's predecessor is always a candidate of the row before (the block walk's fallback, which
-// computes a row's own terms, is for sampled rows with no mass).
-__global__ void candidate_walk_greedy_kernel(WalkArgs a, const float* table) {
+// The greedy walk for t <= 32 (DFlash2: t = 16) over walk_pairs_kernel's choices: row j's draft is
+// candidate best[j, slot_j] of row j, where slot_0 = 0 (the anchor) and slot_{j+1} is the first
+// candidate of row j equal to that draft (a ballot; the block walk's predecessor slot). Warp 0
+// chases the k rows through shared memory (one dependent lookup per row: ~1 us for 15 rows, where
+// scoring each row in the walk cost ~0.5 us a row), then the block scatters the chosen rows'
+// scores into `rows` (over walk_pairs_kernel's -inf fill): the block walk's drafts and rows.
+__global__ void candidate_chase_greedy_kernel(WalkArgs a, const float* table, const int32_t* best) {
   griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
   griddep_launch();
-  extern __shared__ float sm[];
+  extern __shared__ int32_t chase_sm[];
   const int k = static_cast<int>(a.k), t = static_cast<int>(a.t);
-  float* all_vals = sm;                                             // [k, t]
-  int32_t* all_ids = reinterpret_cast<int32_t*>(all_vals + k * t);  // [k, t]
-  float* tab = reinterpret_cast<float*>(all_ids + k * t);           // [k, t, t]
+  int32_t* all_best = chase_sm;         // [k, t]
+  int32_t* all_ids = all_best + k * t;  // [k, t]
+  int32_t* slots = all_ids + k * t;     // [k]
   for (int i = threadIdx.x; i < k * t; i += blockDim.x) {
-    all_vals[i] = a.vals[i];
+    all_best[i] = best[i];
     all_ids[i] = a.ids[i];
   }
-  for (int i = threadIdx.x; i < k * t * t; i += blockDim.x) tab[i] = table[i];
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  const bool live = lane < t;
-  int32_t prev = a.anchor[0];
-  for (int j = 0; j < k; ++j) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
     int slot = 0;
-    if (j > 0) {
-      const unsigned match =
-          __ballot_sync(0xffffffffu, live && all_ids[(j - 1) * t + lane] == prev);
-      slot = __ffs(match) - 1;  // never -1: prev is one of row j - 1's candidates
-    }
-    const int32_t id = live ? all_ids[j * t + lane] : INT_MAX;
-    const float sv = live ? all_vals[j * t + lane] + tab[(j * t + slot) * t + lane] : -INFINITY;
-    int32_t best;
-    if (__any_sync(0xffffffffu, live && isnan(sv))) {
-      // The block walk's serial scan (s and ids read back through shuffles).
-      float sb = __shfl_sync(0xffffffffu, sv, 0);
-      int32_t ib = __shfl_sync(0xffffffffu, id, 0);
-      for (int c = 1; c < t; ++c) {
-        const float sc = __shfl_sync(0xffffffffu, sv, c);
-        const int32_t ic = __shfl_sync(0xffffffffu, id, c);
-        if (sc > sb || (sc == sb && ic < ib)) sb = sc, ib = ic;
+    for (int j = 0; j < k; ++j) {
+      const int c = all_best[j * t + slot];
+      const int32_t id = all_ids[j * t + c];
+      if (lane == 0) {
+        slots[j] = slot;
+        a.drafts[j] = id;
       }
-      best = ib;
-    } else {
-      // Scores then ids as one order (no NaN: a total order for distinct ids; lanes past t lose).
-      int bl = live;
-      float bs = sv;
-      int32_t bi = id;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const int ol = __shfl_xor_sync(0xffffffffu, bl, o);
-        const float os = __shfl_xor_sync(0xffffffffu, bs, o);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ol && (!bl || os > bs || (os == bs && oi < bi))) bl = ol, bs = os, bi = oi;
-      }
-      best = bi;
+      const unsigned match = __ballot_sync(0xffffffffu, lane < t && all_ids[j * t + lane] == id);
+      slot = __ffs(match) - 1;  // never -1: c matches
     }
-    if (a.rows && live && id >= 0 && id < a.v) a.rows[static_cast<int64_t>(j) * a.v + id] = sv;
-    prev = best;
-    if (lane == 0) a.drafts[j] = best;
+  }
+  if (!a.rows) return;
+  __syncthreads();
+  for (int i = threadIdx.x; i < k * t; i += blockDim.x) {
+    const int j = i / t, c = i % t;
+    const int32_t id = all_ids[i];
+    if (id >= 0 && id < a.v) {
+      a.rows[static_cast<int64_t>(j) * a.v + id] = a.vals[i] + table[(j * t + slots[j]) * t + c];
+    }
   }
 }
 
@@ -735,6 +731,19 @@ __device__ __forceinline__ uint64_t warp_sort_desc(uint64_t v) {
     }
   }
   return v;
+}
+
+// The k largest of n distinct keys (n <= blockDim.x) in descending order: thread i counts the keys
+// above keys[i], its rank, and stores its key at that slot when the rank is below k; one pass,
+// no barrier (the k passes of a warp maximum cost ~2 us for k = 16).
+__device__ __forceinline__ void rank_picks(const uint64_t* keys, int n, int k, float* out_val,
+                                           int32_t* out_idx) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint64_t mine = keys[i];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += keys[j] > mine;
+    if (rank < k) store_pick(mine, out_val, out_idx, rank);
+  }
 }
 
 // Stage 1's filter (k <= 32): a threshold key thr such that at least k keys of the chunk are >=
@@ -787,23 +796,7 @@ __global__ void __launch_bounds__(kTopkThreads)
     __syncthreads();
     const int count = s_count;
     if (count >= k && count <= kTopkCands) {
-      if (threadIdx.x >= 32) return;
-      const int lane = threadIdx.x;
-      uint64_t mine_keys[kTopkCands / 32];
-#pragma unroll
-      for (int q = 0; q < kTopkCands / 32; ++q) {
-        mine_keys[q] = lane + 32 * q < count ? cands[lane + 32 * q] : 0;
-      }
-      uint64_t prev = ~0ull;
-      for (int j = 0; j < k; ++j) {
-        uint64_t best = 0;
-#pragma unroll
-        for (int q = 0; q < kTopkCands / 32; ++q) {
-          best = mine_keys[q] < prev && mine_keys[q] > best ? mine_keys[q] : best;
-        }
-        prev = warp_max_key(best);
-        if (lane == 0) store_pick(prev, cand_val + o, cand_idx + o, j);
-      }
+      rank_picks(cands, count, k, cand_val + o, cand_idx + o);
       return;
     }
     // red[0] was read before the barrier above: the passes below may rewrite it.
@@ -820,6 +813,11 @@ __global__ void __launch_bounds__(kTopkThreads)
   }
 }
 
+// Stage 2, one block per row over the chunks' lists (each sorted descending, n = chunks * k keys).
+// Filter: thr = the k-th largest chunk maximum. Exactly k chunks have a maximum >= thr (the maxima
+// are real keys, distinct), so at least k keys are >= thr and the row's top k all are; and only
+// those k chunks hold keys >= thr, at most k * k of them. When they fit in kTopkCands, ranks pick
+// the k largest in one pass; else (k > 16, or fewer chunks than k) the block passes below.
 __global__ void __launch_bounds__(kTopkThreads)
     topk_merge_kernel(float* values, int32_t* ids, const float* cand_val, const int32_t* cand_idx,
                       int n, int k) {
@@ -827,11 +825,35 @@ __global__ void __launch_bounds__(kTopkThreads)
   griddep_launch();
   extern __shared__ uint64_t mk[];  // [n] keys
   __shared__ uint64_t red[2][kTopkThreads / 32];
+  __shared__ uint64_t cands[kTopkCands];
+  __shared__ uint64_t s_thr;
+  __shared__ int s_count;
   const int64_t row = blockIdx.x;
+  const int chunks = n / k;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     mk[i] = order_key(cand_val[row * n + i], static_cast<uint32_t>(cand_idx[row * n + i]));
   }
+  if (threadIdx.x == 0) {
+    s_thr = 0;
+    s_count = 0;
+  }
   __syncthreads();
+  if (chunks >= k && k * k <= kTopkCands) {
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint64_t m = mk[c * k];
+      int rank = 0;
+      for (int o = 0; o < chunks; ++o) rank += mk[o * k] > m;
+      if (rank == k - 1) s_thr = m;
+    }
+    __syncthreads();
+    const uint64_t thr = s_thr;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      if (mk[i] >= thr) cands[atomicAdd(&s_count, 1)] = mk[i];
+    }
+    __syncthreads();
+    rank_picks(cands, s_count, k, values + row * k, ids + row * k);
+    return;
+  }
   uint64_t prev = ~0ull;
   for (int j = 0; j < k; ++j) {
     uint64_t best = 0;
@@ -932,8 +954,9 @@ bool candidate_walk_supported(int64_t t, int64_t r) {
   return t >= 1 && walk_smem(t, r, false) <= kWalkSmem;
 }
 
+// The table [k, t, t], then (t <= 32) the greedy choices best [k, t] (int32).
 int64_t candidate_walk_table_floats(int64_t k, int64_t t, int64_t r) {
-  return r > 0 ? k * t * t : 0;
+  return r > 0 ? k * t * t + (t <= 32 ? k * t : 0) : 0;
 }
 
 cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
@@ -944,22 +967,27 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
   const int64_t base_smem = walk_smem(a.t, a.r, staged);
   const int64_t tab_smem = (2 * a.k * a.t + a.k * a.t * a.t) * static_cast<int64_t>(sizeof(float));
   const bool tabled = table && a.r > 0 && a.t >= 1 && base_smem + tab_smem <= kWalkSmem;
+  const bool sampled = a.filter.temperature > 0.0f;
+  int32_t* best = tabled && !sampled && a.t <= 32
+                      ? reinterpret_cast<int32_t*>(table + a.k * a.t * a.t)
+                      : static_cast<int32_t*>(nullptr);
   if (tabled) {
     const cudaError_t e =
         launch_pdl(walk_pairs_kernel, dim3(static_cast<unsigned>(a.k * a.t)), dim3(kWalkThreads),
-                   2 * static_cast<size_t>(a.r) * sizeof(float), s, a, table);
+                   2 * static_cast<size_t>(a.r) * sizeof(float), s, a, table, best);
     if (e != cudaSuccess) return e;
   } else if (a.rows) {
     const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
     if (e != cudaSuccess) return e;
   }
-  if (a.filter.temperature > 0.0f) {
+  if (sampled) {
     const cudaError_t e = cudaMemsetAsync(a.probs, 0, a.k * a.v * sizeof(float), s);
     if (e != cudaSuccess) return e;
   }
-  if (tabled && a.filter.temperature <= 0.0f && a.t <= 32) {
-    return launch_pdl(candidate_walk_greedy_kernel, dim3(1), dim3(kWalkThreads),
-                      static_cast<size_t>(tab_smem), s, a, table);
+  if (best) {
+    return launch_pdl(candidate_chase_greedy_kernel, dim3(1), dim3(kWalkThreads),
+                      static_cast<size_t>(2 * a.k * a.t + a.k) * sizeof(int32_t), s, a,
+                      static_cast<const float*>(table), static_cast<const int32_t*>(best));
   }
   // Staged (the succ rows of a whole row of candidates in shared memory, loaded at once) when
   // they fit; else each warp reads them from global memory. Same arithmetic either way.
