@@ -196,6 +196,15 @@ class Backend {
   // new key.
   virtual void run_captured(const std::string& key, const std::function<void()>& ops) { ops(); }
 
+  // ---- Work beside the stream ----
+  // Queues `ops` (op calls) after everything queued so far, free to run concurrently with the
+  // calls queued after this one until join_beside() (or a host read, synchronize(), the end of
+  // run_captured, which join too): the CUDA backend runs them on a second stream (inside a
+  // capture: a parallel branch of the graph); a backend with one stream runs them here. `ops`
+  // must not write what the calls before the join read or write, nor read what they write.
+  virtual void run_beside(const std::function<void()>& ops) { ops(); }
+  virtual void join_beside() {}
+
   // ---- Dense algebra ----
   // y[n,m] = x[n,k] · w[m,k]ᵀ (+ bias[m]); with accumulate, y += that.
   virtual void matmul(const Tensor& y, const Tensor& x, const Tensor& w,

@@ -257,6 +257,11 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&lt_));
     CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    // The side stream (beside()): its own cuBLASLt workspace, fork / join events.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaMalloc(&side_workspace_, kWorkspaceBytes));
+    CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     CUDA_CHECK(cudaMalloc(&argmax_keys_, kArgmaxKeys * sizeof(uint64_t)));
     CUDA_CHECK(cudaMalloc(&walk_keys_, (kMarkovRowMaxBlocks + 1) * sizeof(uint64_t)));
     CUDA_CHECK(cudaMemset(walk_keys_, 0, (kMarkovRowMaxBlocks + 1) * sizeof(uint64_t)));
@@ -272,6 +277,7 @@ class CudaBackend final : public Backend {
     read_switches();
   }
   ~CudaBackend() override {
+    cudaStreamSynchronize(side_stream_);
     cudaStreamSynchronize(stream_);
     for (auto& [key, plan] : plans_) destroy(plan);
     for (auto& [key, c] : graphs_) {
@@ -288,6 +294,10 @@ class CudaBackend final : public Backend {
     if (chain_ws_) pool_->free(chain_ws_, chain_ws_bytes_);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
+    cudaFree(side_workspace_);
+    cudaEventDestroy(fork_ev_);
+    cudaEventDestroy(join_ev_);
+    cudaStreamDestroy(side_stream_);
     cudaFree(argmax_keys_);
     cudaFree(walk_keys_);
     cudaFreeHost(ring_);
@@ -414,6 +424,7 @@ class CudaBackend final : public Backend {
     ring_off_ += (n + 255) / 256 * 256;
   }
   void copy_to_host(void* dst, const Tensor& src) override {
+    join_side();  // host reads and copies see the work queued beside the stream too
     check_cuda_tensor(src);
     if (src.nbytes() == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
@@ -423,6 +434,7 @@ class CudaBackend final : public Backend {
   // The read lands in a pinned buffer of its own (slot ticket % kMaxPendingReads) and an event
   // marks it done; end_read waits for that event only, so work queued after begin_read runs on.
   int64_t begin_read(const Tensor& src) override {
+    join_side();  // host reads and copies see the work queued beside the stream too
     check_cuda_tensor(src);
     BS_CHECK(reads_pending_ < kMaxPendingReads);
     const int64_t ticket = next_read_++;
@@ -451,6 +463,7 @@ class CudaBackend final : public Backend {
     throw_fault();
   }
   void copy(const Tensor& dst, const Tensor& src) override {
+    join_side();  // host reads and copies see the work queued beside the stream too
     BS_CHECK(dst.nbytes() == src.nbytes());
     if (dst.nbytes() == 0 || dst.data() == src.data()) return;
     CUDA_CHECK(
@@ -496,7 +509,10 @@ class CudaBackend final : public Backend {
     convert_to_f32(t.dtype(), raw.data(), result.data(), result.size());
     return result;
   }
-  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    join_side();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   // First use of a key runs eagerly (lazy plans, workspaces and kernel attributes get set up
   // outside any capture); the second captures a graph and launches it; later uses replay it. A
@@ -534,6 +550,7 @@ class CudaBackend final : public Backend {
       capture_keep_ = &c.keep;
       pool_->set_capturing(true);
       const auto abandon_capture = [&] {
+        join_side();
         pool_->set_capturing(false);
         capture_keep_ = nullptr;
         cudaStreamEndCapture(stream_, &graph);
@@ -553,6 +570,7 @@ class CudaBackend final : public Backend {
         abandon_capture();
         throw;
       }
+      join_side();  // a forked branch joins the graph's end at the latest
       pool_->set_capturing(false);
       capture_keep_ = nullptr;
       CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
@@ -563,6 +581,40 @@ class CudaBackend final : public Backend {
     }
     CUDA_CHECK(cudaGraphLaunch(c.exec, stream_));
   }
+
+  // ---- Work beside the stream ----
+  // Runs `ops` (backend calls, which then queue on side_stream_ with side_workspace_) after
+  // everything queued on stream_ so far, concurrently with what is queued on stream_ after it;
+  // stream_ waits for them at the next join_side() (inside a capture: a parallel branch of the
+  // graph). The ops must not touch buffers that stream_'s work before the join writes or reads.
+  template <typename F>
+  void beside(F&& ops) {
+    join_side();  // one branch at a time
+    CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_ev_, 0));
+    std::swap(stream_, side_stream_);
+    std::swap(workspace_, side_workspace_);
+    struct Restore {
+      CudaBackend* b;
+      ~Restore() {
+        std::swap(b->stream_, b->side_stream_);
+        std::swap(b->workspace_, b->side_workspace_);
+      }
+    };
+    {
+      const Restore restore{this};
+      ops();
+    }
+    CUDA_CHECK(cudaEventRecord(join_ev_, side_stream_));
+    side_pending_ = true;
+  }
+  void join_side() {
+    if (!side_pending_) return;
+    side_pending_ = false;
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, join_ev_, 0));
+  }
+  void run_beside(const std::function<void()>& ops) override { beside(ops); }
+  void join_beside() override { join_side(); }
 
   // ---- Dense algebra ----
   void matmul(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
@@ -978,6 +1030,7 @@ class CudaBackend final : public Backend {
   void dynamic_conv(const Tensor& y, const Tensor& x, const Tensor& dyn, int64_t which,
                     const Tensor& base, int64_t group, int64_t block_rows,
                     bool accumulate) override {
+    join_side();  // dyn may come from projected_conv's GEMM beside the stream
     const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
     BS_CHECK(group >= 1 && h % group == 0 && block_rows >= 1 && n % block_rows == 0);
     BS_CHECK(y.numel() == x.numel() && base.numel() == taps * h &&
@@ -987,7 +1040,10 @@ class CudaBackend final : public Backend {
                                       block_rows, accumulate, stream_, conv_fast_));
   }
   // The projection as conv_splits_ strided-batched K slices (one cuBLASLt launch, F32 partials)
-  // summed by the convolution kernel: no split-K reduce launch.
+  // summed by the convolution kernel: no split-K reduce launch. With conv_side_ only the prepare
+  // half of the projection (dyn[:, 0], what this convolution needs) is on the stream's chain; the
+  // finish half (dyn[:, 1], for dynamic_conv_rms_norm after the sublayer) is one GEMM beside it,
+  // which the finish convolution joins (docs/CUDA.md).
   void projected_conv(const Tensor& y, const Tensor& dyn, const Tensor& x, const Tensor& proj,
                       const Tensor& base, int64_t group, int64_t block_rows) override {
     const int64_t h = x.dim(-1), n = h ? x.numel() / h : 0, taps = h ? base.numel() / h : 0;
@@ -1001,9 +1057,26 @@ class CudaBackend final : public Backend {
     if (!fits) return Backend::projected_conv(y, dyn, x, proj, base, group, block_rows);
     auto* part = static_cast<float*>(
         scratch(&conv_part_ws_, &conv_part_ws_bytes_, static_cast<size_t>(splits * n * width) * 4));
-    LtCall c;  // part[s]ᵀ (width x n, column-major) = proj[:, slice s] · x[:, slice s]ᵀ
+    const int64_t chained = conv_side_ ? width / 2 : width;  // outputs on the chain
+    if (conv_side_) {
+      beside([&] {
+        LtCall f;  // dyn[:, 1]ᵀ (width / 2 x n, column-major, ld width) = proj[width / 2:] · xᵀ
+        f.op_a = CUBLAS_OP_T;
+        f.m = width / 2;
+        f.n = n;
+        f.k = h;
+        f.a = static_cast<const __nv_bfloat16*>(proj.data()) + (width / 2) * h;
+        f.lda = h;
+        f.b = x.data();
+        f.ldb = h;
+        f.d = static_cast<__nv_bfloat16*>(dyn.data()) + width / 2;
+        f.ldd = width;
+        run_lt(f);
+      });
+    }
+    LtCall c;  // part[s]ᵀ (chained x n, column-major) = proj[:chained, slice s] · x[:, slice s]ᵀ
     c.op_a = CUBLAS_OP_T;
-    c.m = width;
+    c.m = chained;
     c.n = n;
     c.k = h / splits;
     c.a = proj.data();
@@ -1012,19 +1085,20 @@ class CudaBackend final : public Backend {
     c.ldb = h;
     c.d = part;
     c.td = CUDA_R_32F;
-    c.ldd = width;
+    c.ldd = chained;
     c.batch = static_cast<int32_t>(splits);
     c.stride_a = c.stride_b = h / splits;
-    c.stride_d = n * width;
+    c.stride_d = n * chained;
     run_lt(c);
     CUDA_CHECK(bs::cuda::dynamic_conv_partials(
         static_cast<__nv_bfloat16*>(y.data()), static_cast<__nv_bfloat16*>(dyn.data()), part,
-        splits, static_cast<const __nv_bfloat16*>(x.data()),
+        splits, chained, static_cast<const __nv_bfloat16*>(x.data()),
         static_cast<const __nv_bfloat16*>(base.data()), n, h, group, block_rows, stream_));
   }
   void dynamic_conv_rms_norm(const Tensor& xn, const Tensor& residual, const Tensor& out,
                              const Tensor& dyn, const Tensor& base, int64_t group,
                              int64_t block_rows, const Tensor& norm_w, float eps) override {
+    join_side();  // dyn[:, 1] may come from projected_conv's GEMM beside the stream
     const int64_t h = out.dim(-1), n = h ? out.numel() / h : 0, taps = h ? base.numel() / h : 0;
     const bool fits =
         conv_fast_ && conv_splits_ > 1 && all_bf16({&xn, &residual, &out, &dyn, &base}) &&
@@ -1261,6 +1335,7 @@ class CudaBackend final : public Backend {
       conv_fast_ = c == 1;
     }
     if (const auto v = env_int("BLOCKSPEC_CONV_SPLITS", 0, 64)) conv_splits_ = *v;
+    if (const int c = env_choice("BLOCKSPEC_CONV_SIDE", {"0", "1"}); c >= 0) conv_side_ = c == 1;
     // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
     // "inplace" leaves out the schemes that reduce in a separate kernel launch.
     if (const int c = env_choice("BLOCKSPEC_LT_REDUCTION", {"inplace", "none"}); c >= 0) {
@@ -1560,6 +1635,11 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
+  // beside(): a second stream with its own cuBLASLt workspace, forked from and joined to stream_.
+  cudaStream_t side_stream_ = nullptr;
+  void* side_workspace_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  bool side_pending_ = false;  // work was queued beside and stream_ has not waited for it yet
   void* ring_ = nullptr;
   FaultRecord* fault_host_ = nullptr;  // host-mapped (FaultSink); fault_.record is its device view
   FaultSink fault_;
@@ -1610,6 +1690,8 @@ class CudaBackend final : public Backend {
   bool conv_fast_ = true;  // dynamic_conv: the 8-channel BF16 kernel where it applies
   // projected_conv's K slices; <= 1 runs DFlash2's convolutions unfused (BLOCKSPEC_CONV_SPLITS).
   int64_t conv_splits_ = 4;
+  bool conv_side_ =
+      true;  // projected_conv: dyn[:, 1]'s GEMM beside the stream (BLOCKSPEC_CONV_SIDE)
   // cuBLASLt split-K reduction schemes the heuristic may choose (BLOCKSPEC_LT_REDUCTION).
   uint32_t lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first

@@ -547,9 +547,11 @@ __global__ void __launch_bounds__(kConvThreads)
 }
 
 // DFlash2's prepare convolution straight from the projection's split-K partials: dyn[i, :] is
-// the sum over s (ascending) of part[s, i, :] (F32, [splits, n, 4 * groups]) rounded to BF16, as
-// the one-GEMM path's BF16 dyn; the thread of each group's first 8 channels writes the group's 4
-// values (both convolutions, both taps) to dyn for the finish convolution. y = conv(x, dyn[:, 0]).
+// the sum over s (ascending) of part[s, i, :] (F32, [splits, n, width], width = 4 * groups, or
+// 2 * groups when the partials hold the prepare half only) rounded to BF16, as the one-GEMM
+// path's BF16 dyn; the thread of each group's first 8 channels writes the group's values (the
+// prepare taps, and with the whole width the finish taps) to dyn [n, 4 * groups].
+// y = conv(x, dyn[:, 0]).
 __device__ __forceinline__ float sum_partials(const float* p, int splits, int64_t stride) {
   float acc = 0.0f;
   for (int s = 0; s < splits; ++s) acc += p[s * stride];
@@ -558,8 +560,9 @@ __device__ __forceinline__ float sum_partials(const float* p, int splits, int64_
 
 __global__ void __launch_bounds__(kConvThreads)
     dynamic_conv_partials_kernel(__nv_bfloat16* y, __nv_bfloat16* dyn, const float* part,
-                                 int splits, const __nv_bfloat16* x, const __nv_bfloat16* base,
-                                 int n, int h, int group, int block_rows) {
+                                 int splits, int width, const __nv_bfloat16* x,
+                                 const __nv_bfloat16* base, int n, int h, int group,
+                                 int block_rows) {
   const ConvThread t(n, h);
   const int i = t.i, c = t.c;
   Conv8 v;
@@ -568,17 +571,19 @@ __global__ void __launch_bounds__(kConvThreads)
   griddep_launch();
   if (!t.live) return;
   const bool second = i % block_rows >= 1;
-  const int groups = h / group, g = c / group, width = 4 * groups;
+  const int groups = h / group, g = c / group;
   const int64_t stride = static_cast<int64_t>(n) * width;
   const float* p = part + static_cast<int64_t>(i) * width + g;
   const float d0 = sum_partials(p, splits, stride);
   const float d1 = second ? sum_partials(p + groups, splits, stride) : 0.0f;
   if (c % group == 0) {
-    __nv_bfloat16* d = dyn + static_cast<int64_t>(i) * width + g;
+    __nv_bfloat16* d = dyn + static_cast<int64_t>(i) * 4 * groups + g;
     d[0] = __float2bfloat16_rn(d0);
     d[groups] = __float2bfloat16_rn(second ? d1 : sum_partials(p + groups, splits, stride));
-    d[2 * groups] = __float2bfloat16_rn(sum_partials(p + 2 * groups, splits, stride));
-    d[3 * groups] = __float2bfloat16_rn(sum_partials(p + 3 * groups, splits, stride));
+    if (width == 4 * groups) {
+      d[2 * groups] = __float2bfloat16_rn(sum_partials(p + 2 * groups, splits, stride));
+      d[3 * groups] = __float2bfloat16_rn(sum_partials(p + 3 * groups, splits, stride));
+    }
   }
   v.load_x(x, i * h + c, h, second);
   float out[8];
@@ -1168,16 +1173,16 @@ bool dynamic_conv_fused_supported(int64_t n, int64_t h, int64_t taps, int64_t gr
          n * h < INT_MAX;
 }
 cudaError_t dynamic_conv_partials(__nv_bfloat16* y, __nv_bfloat16* dyn, const float* part,
-                                  int64_t splits, const __nv_bfloat16* x, const __nv_bfloat16* base,
-                                  int64_t n, int64_t h, int64_t group, int64_t block_rows,
-                                  cudaStream_t s) {
+                                  int64_t splits, int64_t width, const __nv_bfloat16* x,
+                                  const __nv_bfloat16* base, int64_t n, int64_t h, int64_t group,
+                                  int64_t block_rows, cudaStream_t s) {
   if (n * h <= 0) return cudaSuccess;
   const int64_t threads = n * h / 8;
   return launch_pdl(dynamic_conv_partials_kernel,
                     dim3(static_cast<unsigned>((threads + kConvThreads - 1) / kConvThreads)),
-                    dim3(kConvThreads), 0, s, y, dyn, part, static_cast<int>(splits), x, base,
-                    static_cast<int>(n), static_cast<int>(h), static_cast<int>(group),
-                    static_cast<int>(block_rows));
+                    dim3(kConvThreads), 0, s, y, dyn, part, static_cast<int>(splits),
+                    static_cast<int>(width), x, base, static_cast<int>(n), static_cast<int>(h),
+                    static_cast<int>(group), static_cast<int>(block_rows));
 }
 cudaError_t dynamic_conv_rms_norm(__nv_bfloat16* xn, __nv_bfloat16* residual,
                                   const __nv_bfloat16* out, const __nv_bfloat16* dyn,

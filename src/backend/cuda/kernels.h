@@ -90,13 +90,14 @@ cudaError_t dynamic_conv(Out y, In x, In dyn, int64_t which, In base, int64_t n,
 // multiple of 32 and <= 1024; the listed pointers 16-byte aligned): whether they apply.
 bool dynamic_conv_fused_supported(int64_t n, int64_t h, int64_t taps, int64_t group,
                                   std::initializer_list<const void*> rows);
-// The prepare convolution from the projection's split-K partials part [splits, n, 4 * groups]
-// (F32): dyn [n, 2, 2, groups] = the partials summed in split order, rounded to BF16 (written for
-// the finish convolution); y = dynamic_conv(x, dyn, which 0, base [2, h]).
+// The prepare convolution from the projection's split-K partials part [splits, n, width] (F32;
+// width 4 * groups: the whole projection, 2 * groups: its prepare half): dyn [n, 2, 2, groups]
+// (its first `width` columns) = the partials summed in split order, rounded to BF16 (the finish
+// half for the finish convolution); y = dynamic_conv(x, dyn, which 0, base [2, h]).
 cudaError_t dynamic_conv_partials(__nv_bfloat16* y, __nv_bfloat16* dyn, const float* part,
-                                  int64_t splits, const __nv_bfloat16* x, const __nv_bfloat16* base,
-                                  int64_t n, int64_t h, int64_t group, int64_t block_rows,
-                                  cudaStream_t s);
+                                  int64_t splits, int64_t width, const __nv_bfloat16* x,
+                                  const __nv_bfloat16* base, int64_t n, int64_t h, int64_t group,
+                                  int64_t block_rows, cudaStream_t s);
 // The finish convolution and the next RMSNorm: residual += dynamic_conv(out, dyn, which 1, base);
 // xn = rms_norm(residual) * w (F32 [h]); the bits of the two ops apart.
 cudaError_t dynamic_conv_rms_norm(__nv_bfloat16* xn, __nv_bfloat16* residual,

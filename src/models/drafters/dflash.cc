@@ -214,7 +214,7 @@ class DFlashDrafter final : public Drafter {
     }
     for (int64_t r = 0; r < S; ++r) {
       const DraftDraw greedy{.ids = prop_.chain_ids.rows(r * nd, reqs[r].num_drafts)};
-      modules_->draw(prop_.last_n.rows(r * nd, reqs[r].num_drafts),
+      modules_->draw(prop_.last_n.rows(r * nd, reqs[r].num_drafts), r * nd,
                      prop_.logits.rows(r * nd, reqs[r].num_drafts),
                      prop_.ids.rows(r * c_.block_size, 1), greedy,
                      prop_.chain_rows.rows(r * nd, reqs[r].num_drafts), nullptr);
@@ -243,7 +243,7 @@ class DFlashDrafter final : public Drafter {
         return InvalidArgument("{} propose_draw: {} draft ids for {} drafts", family(),
                                draws[r].ids.numel(), k);
       }
-      modules_->draw(prop_.last_n.rows(row, k), prop_.logits.rows(row, k),
+      modules_->draw(prop_.last_n.rows(row, k), row, prop_.logits.rows(row, k),
                      prop_.ids.rows(static_cast<int64_t>(r) * c_.block_size, 1), draws[r], Tensor(),
                      confidences ? &(*confidences)[r] : nullptr);
     }
@@ -351,6 +351,7 @@ class DFlashDrafter final : public Drafter {
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
     backend_.rms_norm(last_n, last, final_norm_, eps);
+    if (modules_) modules_->before_head(last_n);
     if (draft_ids_.defined()) {
       // Restricted draft vocabulary: the head over its rows only, scattered into -inf rows of the
       // target vocabulary (argmax and the sampled proposal q stay within it: lossless).

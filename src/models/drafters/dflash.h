@@ -73,17 +73,22 @@ class DFlashModules {
         (void)norm_w, (void)eps;
   }
 
+  // The block forward's final-normed rows [S·nd, H] (request r's at r·nd) before the LM head,
+  // inside the captured forward: draw work that needs no logits may start here, beside the LM
+  // head (Backend::run_beside; draw() joins it).
+  virtual void before_head(const Tensor& hidden) { (void)hidden; }
+
   virtual bool has_confidence() const { return false; }
   // Whether draw() needs the LM-head rows in F32 (else the backend's activation dtype, BF16 on
   // the GPU): a family that takes a top-k over them keeps the fp32 order of close logits.
   virtual bool f32_logits() const { return false; }
-  // Draws one request's k drafts from its rows: hidden [k, H] (final-normed), logits [k, V]
-  // (their LM-head rows). `rows_out` (F32 [k, V], may be undefined) gets the full-vocabulary
-  // logits each draft was chosen from; `confidences` (may be null) the prefix survival a_1..a_k
-  // (read back). anchor_ids: I32 [1] on the backend holding the request's anchor (the block's
-  // first id, already uploaded), so a draw reads it on the device.
-  virtual void draw(const Tensor& hidden, const Tensor& logits, const Tensor& anchor_ids,
-                    const DraftDraw& d, const Tensor& rows_out,
+  // Draws one request's k drafts from its rows: hidden [k, H] (final-normed, rows first_row.. of
+  // before_head's), logits [k, V] (their LM-head rows). `rows_out` (F32 [k, V], may be undefined)
+  // gets the full-vocabulary logits each draft was chosen from; `confidences` (may be null) the
+  // prefix survival a_1..a_k (read back). anchor_ids: I32 [1] on the backend holding the request's
+  // anchor (the block's first id, already uploaded), so a draw reads it on the device.
+  virtual void draw(const Tensor& hidden, int64_t first_row, const Tensor& logits,
+                    const Tensor& anchor_ids, const DraftDraw& d, const Tensor& rows_out,
                     std::vector<float>* confidences) = 0;
 };
 

@@ -95,13 +95,19 @@ class DFlash2Modules final : public DFlashModules {
     if (c_.multiplier != 1.0f || c_.softcap != 0.0f) u_ = backend.empty({B, V}, DType::kF32);
     vals_ = backend.empty({B, T}, DType::kF32);
     cands_ = backend.empty({B, T}, DType::kI32);
-    z_ = backend.empty({B, R});
+    rank_ = R;
     return Status::Ok();
   }
 
   void reserve_rows(int64_t rows) override {
     const int64_t width = 2 * c_.taps * (hidden_ / c_.group);
     if (!dyn_.defined() || dyn_.dim(0) < rows) dyn_ = backend_->empty({rows, width});
+    if (!z_.defined() || z_.dim(0) < rows) z_ = backend_->empty({rows, rank_});
+  }
+  // z = hidden_projection · h for every drafted row, beside the LM head (draw joins it).
+  void before_head(const Tensor& hidden) override {
+    const Tensor z = z_.rows(0, hidden.dim(0));
+    backend_->run_beside([&] { backend_->matmul(z, hidden, hproj_); });
   }
   void conv_prepare(int64_t layer, int sublayer, const Tensor& y, const Tensor& x,
                     int64_t block_rows) override {
@@ -122,15 +128,13 @@ class DFlash2Modules final : public DFlashModules {
     }
   }
 
-  void draw(const Tensor& hidden, const Tensor& logits, const Tensor& anchor_ids,
+  void draw(const Tensor& hidden, int64_t first_row, const Tensor& logits, const Tensor& anchor_ids,
             const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
     (void)confidences;  // no confidence head
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0);
-    const Tensor vals = vals_.rows(0, k), cands = cands_.rows(0, k), z = z_.rows(0, k);
-    // z first: the top-k and the walk then follow one another (on the GPU each launch is
-    // scheduled while the one before drains).
-    b.matmul(z, hidden, hproj_);  // z_p = hidden_projection · h_p, all rows at once
+    // z_p = hidden_projection · h_p came with the block forward (before_head).
+    const Tensor vals = vals_.rows(0, k), cands = cands_.rows(0, k), z = z_.rows(first_row, k);
     if (c_.multiplier == 1.0f && c_.softcap == 0.0f) {
       b.topk(vals, cands, logits);  // u = the logits themselves
     } else {
@@ -138,6 +142,7 @@ class DFlash2Modules final : public DFlashModules {
       b.scale_softcap(u, logits, c_.multiplier, c_.softcap);
       b.topk(vals, cands, u);
     }
+    b.join_beside();  // z
     // The anchor is read on the device (anchor_ids), so the draw queues no host copy.
     // The sequential part in one op: S_p[c] = U_p[c] + sum_i A[pred_p, i] Bc[C_p[c], i] z_p[i].
     b.candidate_walk(d.ids, rows_out, d.probs, anchor_ids, vals, cands, pred_, succ_, z, d.filter,
@@ -158,7 +163,8 @@ class DFlash2Modules final : public DFlashModules {
   Tensor dyn_;               // [rows, 2 * K * G]: the current sublayer's dynamic kernels
   Tensor u_;                 // F32 [B, V]: unary logits (scaled / soft-capped)
   Tensor vals_, cands_;      // F32 / I32 [B, T]
-  Tensor z_;                 // [B, R]: hidden_projection · h_p
+  Tensor z_;                 // [rows, R]: hidden_projection · h_p of the block forward's rows
+  int64_t rank_ = 0;         // R
 };
 
 Result<DFlash2Config> parse_dflash2_fields(const json& j, const json& d, const std::string& file,
