@@ -22,6 +22,12 @@ if [ -n "${MODELS_FILTER:-}" ]; then
   echo "-- cuda_models_test $MODELS_FILTER rc=$? ($((SECONDS - T0)) s)"
   grep -E "^\[  (FAILED|  OK|PASSED) |Failure" $L/models.txt | head -40
 fi
+if [ -n "${BENCHCLI:-}" ]; then
+  mkdir -p "$SRC/build" && cp $B "$SRC/build/blockspec"  # bench_cli_test runs it from there
+  timeout 200 $D/bench_cli_test > $L/benchcli.txt 2>&1
+  echo "-- bench_cli_test rc=$? ($((SECONDS - T0)) s)"
+  grep -E "^\[  (FAILED|PASSED) |Failure" $L/benchcli.txt | head -20
+fi
 wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
 KP=build-cuda/pack/kprof
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$KP
