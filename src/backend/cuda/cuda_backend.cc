@@ -589,6 +589,10 @@ class CudaBackend final : public Backend {
   // graph). The ops must not touch buffers that stream_'s work before the join writes or reads.
   template <typename F>
   void beside(F&& ops) {
+    if (!beside_) {
+      ops();
+      return;
+    }
     join_side();  // one branch at a time
     CUDA_CHECK(cudaEventRecord(fork_ev_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_ev_, 0));
@@ -1336,6 +1340,7 @@ class CudaBackend final : public Backend {
     }
     if (const auto v = env_int("BLOCKSPEC_CONV_SPLITS", 0, 64)) conv_splits_ = *v;
     if (const int c = env_choice("BLOCKSPEC_CONV_SIDE", {"0", "1"}); c >= 0) conv_side_ = c == 1;
+    if (const int c = env_choice("BLOCKSPEC_BESIDE", {"0", "1"}); c >= 0) beside_ = c == 1;
     // Which split-K reduction schemes cuBLASLt's heuristic may pick (measurements only):
     // "inplace" leaves out the schemes that reduce in a separate kernel launch.
     if (const int c = env_choice("BLOCKSPEC_LT_REDUCTION", {"inplace", "none"}); c >= 0) {
@@ -1640,6 +1645,7 @@ class CudaBackend final : public Backend {
   void* side_workspace_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // work was queued beside and stream_ has not waited for it yet
+  bool beside_ = true;         // false: beside() runs its ops on stream_ (BLOCKSPEC_BESIDE=0)
   void* ring_ = nullptr;
   FaultRecord* fault_host_ = nullptr;  // host-mapped (FaultSink); fault_.record is its device view
   FaultSink fault_;
