@@ -258,6 +258,22 @@ TEST(DFlashConfigTest, MaskVariants) {
     EXPECT_FALSE(m.causal);
     EXPECT_EQ(m.window, 8);
   }
+  // The same keys at the top level (checkpoints that keep no dflash_config for them).
+  c = base_config();
+  c["use_swa"] = true;
+  c["swa_window_size"] = 12;
+  parsed = parse_dflash_config(c, "config.json", 5);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  for (const auto& m : parsed->layer_masks) EXPECT_EQ(m.window, 12);
+  c["swa_window_size"] = 0;
+  parsed = parse_dflash_config(c, "config.json", 5);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("swa_window_size"), std::string::npos);
+  c = base_config();
+  c["use_aux_hidden_state"] = false;
+  parsed = parse_dflash_config(c, "config.json", 5);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("use_aux_hidden_state"), std::string::npos);
 }
 
 }  // namespace

@@ -486,18 +486,20 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
         "supported by the DFlash drafter",
         anchor_in_d ? dfile : file);
   }
-  BS_ASSIGN_OR_RETURN(bool use_aux, io::get_bool_or(d, "use_aux_hidden_state", dfile, true));
-  if (!use_aux) {
-    return Unimplemented(
-        "{}: use_aux_hidden_state=false (no fc over tapped layers) is not "
-        "supported",
-        dfile);
-  }
   // A field from dflash_config first, then the top level, and the file it was read from.
   auto src = [&](const char* key) -> const json& { return io::has_field(d, key) ? d : j; };
   auto where = [&](const char* key) -> const std::string& {
     return io::has_field(d, key) ? dfile : file;
   };
+  BS_ASSIGN_OR_RETURN(bool use_aux,
+                      io::get_bool_or(src("use_aux_hidden_state"), "use_aux_hidden_state",
+                                      where("use_aux_hidden_state"), true));
+  if (!use_aux) {
+    return Unimplemented(
+        "{}: use_aux_hidden_state=false (no fc over tapped layers) is not "
+        "supported",
+        where("use_aux_hidden_state"));
+  }
   // Attention sinks (a learned per-head bias in the softmax) are not implemented. vLLM reads
   // add_swa_attention_sink_bias as attention_sink_bias when the latter is absent; trainers differ
   // on whether it adds sinks to the sliding-window layers only, so true is refused either way.
@@ -626,7 +628,7 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
   }
 
   // Per-layer attention (dflash.md §1.4): is_causal -> dflash_config.causal -> layer_types;
-  // use_swa (dflash_config) windows every layer.
+  // use_swa (dflash_config, else the top level) windows every layer.
   std::optional<bool> causal_override;
   if (io::has_field(j, "is_causal")) {
     BS_ASSIGN_OR_RETURN(bool v, io::get_bool(j, "is_causal", file));
@@ -635,17 +637,19 @@ Result<DFlashConfig> parse_dflash_config(const json& j, const std::string& file,
     BS_ASSIGN_OR_RETURN(bool v, io::get_bool(d, "causal", dfile));
     causal_override = v;
   }
-  BS_ASSIGN_OR_RETURN(bool use_swa, io::get_bool_or(d, "use_swa", dfile, false));
+  BS_ASSIGN_OR_RETURN(bool use_swa,
+                      io::get_bool_or(src("use_swa"), "use_swa", where("use_swa"), false));
   int64_t swa_window = 0;
   if (use_swa) {
-    if (io::has_field(d, "swa_window_size")) {
-      BS_ASSIGN_OR_RETURN(swa_window, io::get_int(d, "swa_window_size", dfile));
+    if (io::has_field(src("swa_window_size"), "swa_window_size")) {
+      BS_ASSIGN_OR_RETURN(swa_window, io::get_int(src("swa_window_size"), "swa_window_size",
+                                                  where("swa_window_size")));
     } else if (io::has_field(j, "sliding_window")) {
       BS_ASSIGN_OR_RETURN(swa_window, io::get_int(j, "sliding_window", file));
     }
     if (swa_window <= 0) {
       return InvalidArgument("{}: use_swa is set but no positive swa_window_size / sliding_window",
-                             dfile);
+                             where("use_swa"));
     }
   }
   for (int64_t l = 0; l < m.num_layers; ++l) {
