@@ -1696,8 +1696,8 @@ class CudaBackend final : public Backend {
   bool conv_fast_ = true;  // dynamic_conv: the 8-channel BF16 kernel where it applies
   // projected_conv's K slices; <= 1 runs DFlash2's convolutions unfused (BLOCKSPEC_CONV_SPLITS).
   int64_t conv_splits_ = 4;
-  bool conv_side_ =
-      true;  // projected_conv: dyn[:, 1]'s GEMM beside the stream (BLOCKSPEC_CONV_SIDE)
+  // projected_conv: dyn[:, 1]'s GEMM beside the stream (BLOCKSPEC_CONV_SIDE).
+  bool conv_side_ = true;
   // cuBLASLt split-K reduction schemes the heuristic may choose (BLOCKSPEC_LT_REDUCTION).
   uint32_t lt_reduction_mask_ = CUBLASLT_REDUCTION_SCHEME_MASK;
   bool walk_table_ = true;   // candidate_walk: the parallel table of candidate terms first
