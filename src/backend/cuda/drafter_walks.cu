@@ -369,6 +369,16 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
   }
 }
 
+// The greedy choice among t scored candidates: the first slot of the largest score, equal scores
+// to the lower id (a NaN score never wins a comparison, so the scan order decides around it).
+__device__ __forceinline__ int64_t greedy_slot(const float* s, const int32_t* ids, int64_t t) {
+  int64_t b = 0;
+  for (int64_t c = 1; c < t; ++c) {
+    if (s[c] > s[b] || (s[c] == s[b] && ids[c] < ids[b])) b = c;
+  }
+  return b;
+}
+
 // The candidate term of every row j for every predecessor it can have: the dot of
 // A[pred] ⊙ scale_j with the succ row of each candidate c of row j, for pred = the anchor (row 0)
 // or pred = candidate p of row j - 1 (rows >= 1): table[(j * t + p) * t + c]. None of it depends
@@ -402,7 +412,7 @@ __global__ void walk_pairs_kernel(WalkArgs a, float* table, int32_t* best) {
     sc[i] = a.scale.p ? ldw(a.scale, j * r + i) : 1.0f;
   }
   __syncthreads();
-  __shared__ float dots[32];
+  __shared__ float scores[32];  // vals + term (best only)
   for (int64_t c = warp; c < t; c += warps) {
     const int64_t id = a.ids[j * t + c];
     const bool ok = id >= 0 && id < a.vocab;
@@ -414,23 +424,13 @@ __global__ void walk_pairs_kernel(WalkArgs a, float* table, int32_t* best) {
     dot = warp_sum(dot);
     if (lane == 0) {
       table[(j * t + p) * t + c] = dot;
-      if (best) dots[c] = dot;
+      if (best) scores[c] = a.vals[j * t + c] + dot;  // the walk's expression
     }
   }
   if (!best) return;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const int64_t row = j * t;
-    int64_t b = 0;
-    float sb = a.vals[row] + dots[0];
-    int32_t ib = a.ids[row];
-    for (int64_t c = 1; c < t; ++c) {
-      const float sv = a.vals[row + c] + dots[c];
-      const int32_t iv = a.ids[row + c];
-      if (sv > sb || (sv == sb && iv < ib)) b = c, sb = sv, ib = iv;
-    }
-    best[row + p] = static_cast<int32_t>(b);
-  }
+  if (threadIdx.x == 0)
+    best[j * t + p] = static_cast<int32_t>(greedy_slot(scores, a.ids + j * t, t));
 }
 
 // table: walk_pairs_kernel's (null: every row computes its own candidate terms). With it, the
@@ -542,10 +542,7 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
     }
   scored:
     if (threadIdx.x == 0) {  // the maximum (greedy: the draft; ties to the lower id)
-      int64_t b = 0;
-      for (int64_t c = 1; c < t; ++c) {
-        if (s[c] > s[b] || (s[c] == s[b] && ids[c] < ids[b])) b = c;
-      }
+      const int64_t b = greedy_slot(s, ids, t);
       s_max = s[b];
       if (!sampled) s_prev = ids[b];
     }
@@ -647,9 +644,10 @@ __global__ void candidate_walk_kernel(WalkArgs a, bool staged, const float* tabl
 // The greedy walk for t <= 32 (DFlash2: t = 16) over walk_pairs_kernel's choices: row j's draft is
 // candidate best[j, slot_j] of row j, where slot_0 = 0 (the anchor) and slot_{j+1} is the first
 // candidate of row j equal to that draft (a ballot; the block walk's predecessor slot). Warp 0
-// chases the k rows through shared memory (one dependent lookup per row: ~1 us for 15 rows, where
-// scoring each row in the walk cost ~0.5 us a row), then the block scatters the chosen rows'
-// scores into `rows` (over walk_pairs_kernel's -inf fill): the block walk's drafts and rows.
+// chases the k rows through shared memory (one dependent lookup per row: 2.1 us a draft on the
+// H200, where a walk that scored each row on the chain took 11.2 us), then the block scatters the
+// chosen rows' scores into `rows` (over walk_pairs_kernel's -inf fill): the block walk's drafts
+// and rows.
 __global__ void candidate_chase_greedy_kernel(WalkArgs a, const float* table, const int32_t* best) {
   griddep_wait();  // launched with launch_pdl: the inputs come from the kernels before
   griddep_launch();
@@ -733,9 +731,9 @@ __device__ __forceinline__ uint64_t warp_sort_desc(uint64_t v) {
   return v;
 }
 
-// The k largest of n distinct keys (n <= blockDim.x) in descending order: thread i counts the keys
-// above keys[i], its rank, and stores its key at that slot when the rank is below k; one pass,
-// no barrier (the k passes of a warp maximum cost ~2 us for k = 16).
+// The k largest of n distinct keys in descending order: thread i counts the keys above keys[i],
+// its rank, and stores its key at that slot when the rank is below k; one pass, where picking
+// them one at a time takes k dependent reductions.
 __device__ __forceinline__ void rank_picks(const uint64_t* keys, int n, int k, float* out_val,
                                            int32_t* out_idx) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) {

@@ -118,9 +118,9 @@ class DSparkModules final : public DFlashModules {
     return Status::Ok();
   }
 
-  void draw(const Tensor& hidden, int64_t first_row, const Tensor& logits, const Tensor& anchor_ids,
-            const DraftDraw& d, const Tensor& rows_out, std::vector<float>* confidences) override {
-    (void)first_row;
+  void draw(const Tensor& hidden, int64_t /*first_row*/, const Tensor& logits,
+            const Tensor& anchor_ids, const DraftDraw& d, const Tensor& rows_out,
+            std::vector<float>* confidences) override {
     Backend& b = *backend_;
     const int64_t k = hidden.dim(0), t = c_.draft_topk;
     const bool sampled = d.filter.temperature > 0.0f;
