@@ -598,11 +598,13 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_ev_, 0));
     std::swap(stream_, side_stream_);
     std::swap(workspace_, side_workspace_);
+    on_side_ = true;
     struct Restore {
       CudaBackend* b;
       ~Restore() {
         std::swap(b->stream_, b->side_stream_);
         std::swap(b->workspace_, b->side_workspace_);
+        b->on_side_ = false;
       }
     };
     {
@@ -1370,6 +1372,8 @@ class CudaBackend final : public Backend {
   // A device scratch buffer *buf of at least `bytes` (capacity *cap). Growing it reallocates,
   // which makes run_captured capture its graphs again (they hold the old address).
   void* scratch(void** buf, size_t* cap, size_t bytes) {
+    // One set of scratch buffers, used in stream_'s order: an op beside it would race.
+    BS_CHECK(!on_side_ && "an op that needs scratch memory was queued beside the stream");
     if (bytes > *cap) {
       if (pool_->capturing()) throw GrowthDuringCapture{};  // run_captured runs the ops eagerly
       if (*buf) {
@@ -1646,6 +1650,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // work was queued beside and stream_ has not waited for it yet
   bool beside_ = true;         // false: beside() runs its ops on stream_ (BLOCKSPEC_BESIDE=0)
+  bool on_side_ = false;       // inside beside()'s ops (stream_ is the side stream)
   void* ring_ = nullptr;
   FaultRecord* fault_host_ = nullptr;  // host-mapped (FaultSink); fault_.record is its device view
   FaultSink fault_;
