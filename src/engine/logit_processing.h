@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <span>
 #include <vector>
 
@@ -35,12 +34,17 @@ class LogitProcessing {
   bool active_ = false;
   float repetition_ = 1.0f, frequency_ = 0.0f, presence_ = 0.0f;
   int64_t min_tokens_ = 0;
-  // Every token a rule names (in the prompt when repetition != 1, biased, a stop id, or
-  // generated), by id: its flags, bias and output count so far.
-  std::map<int32_t, sampling::TokenRule> named_;
-  int64_t generated_ = 0;  // output tokens counted (those before a preemption included)
-  int64_t counted_ = 0;    // of `committed` (add_rules), those counted
-  std::vector<sampling::TokenRule> tokens_;  // the last add_rules' rules
+  // Adds one output occurrence of `token` to its entry (made if it has none).
+  void count(int32_t token);
+
+  // Every token a rule names (in the prompt when repetition != 1, biased, a stop id while
+  // min_tokens forbids it, or generated), sorted by id, one entry each: its flags, bias and
+  // output count so far. Kept from step to step (a step adds its new tokens: O(new log n), not a
+  // walk over a long prompt's thousands of entries); add_rules hands it out as it is.
+  std::vector<sampling::TokenRule> tokens_;
+  bool stops_listed_ = false;  // stop-only entries are in tokens_ (dropped once min_tokens is met)
+  int64_t generated_ = 0;      // output tokens counted (those before a preemption included)
+  int64_t counted_ = 0;        // of `committed` (add_rules), those counted
 };
 
 // The logits rows [n, V] a step chooses its tokens from: `logits` itself when `rules` is empty,
