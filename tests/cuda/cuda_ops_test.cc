@@ -1379,22 +1379,29 @@ struct SplitKernelGuard {
   ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV3); }
 };
 
-// The split-kernel settings each test runs: v1 first (the reference: session 10's kernel), then
-// v2 with the chunks per block chosen by the launch and forced to 1, 2, 3 (runs that end
-// mid-sequence) and 8, then v3 (the default).
+// The split-kernel settings each test runs: v1 first (the reference: session 10's kernel, its
+// queries per thread picked by the launch), then v2 with the chunks per block chosen by the
+// launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 (the default), also
+// with 2, 4 and 8 queries per thread forced (BLOCKSPEC_ATTN_QPT), and v1 with 2.
 struct SplitSetting {
   cuda::AttentionKernel kernel;
   int chunks;
+  int qpt = 0;  // queries per thread; 0: picked by the launch
 };
 const std::vector<SplitSetting> kSplitSettings = {
-    {cuda::AttentionKernel::kV1, 0}, {cuda::AttentionKernel::kV2, 0},
-    {cuda::AttentionKernel::kV2, 1}, {cuda::AttentionKernel::kV2, 2},
-    {cuda::AttentionKernel::kV2, 3}, {cuda::AttentionKernel::kV2, 8},
-    {cuda::AttentionKernel::kV3, 0}};
-bool is_reference(const SplitSetting& s) { return s.kernel == cuda::AttentionKernel::kV1; }
+    {cuda::AttentionKernel::kV1, 0},    {cuda::AttentionKernel::kV2, 0},
+    {cuda::AttentionKernel::kV2, 1},    {cuda::AttentionKernel::kV2, 2},
+    {cuda::AttentionKernel::kV2, 3},    {cuda::AttentionKernel::kV2, 8},
+    {cuda::AttentionKernel::kV3, 0},    {cuda::AttentionKernel::kV3, 0, 2},
+    {cuda::AttentionKernel::kV3, 0, 4}, {cuda::AttentionKernel::kV3, 0, 8},
+    {cuda::AttentionKernel::kV1, 0, 2}};
+bool is_reference(const SplitSetting& s) {
+  return s.kernel == cuda::AttentionKernel::kV1 && s.qpt == 0;
+}
 std::string setting_name(const SplitSetting& s) {
   return "kernel v" + std::to_string(static_cast<int>(s.kernel) + 1) + " chunks per block " +
-         std::to_string(s.chunks);
+         std::to_string(s.chunks) + " queries per thread " +
+         (s.qpt ? std::to_string(s.qpt) : std::string("auto"));
 }
 
 // n bf16 values in [-2, 2) from a seeded LCG (fast enough for pools of many MB).
@@ -1470,7 +1477,7 @@ TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
               q, lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
           std::vector<uint16_t> want;
           for (const SplitSetting& setting : kSplitSettings) {
-            cuda::set_attention_kernel(setting.kernel, setting.chunks);
+            cuda::set_attention_kernel(setting.kernel, setting.chunks, setting.qpt);
             Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
             gpu_->paged_attention_batch(out, q, kp, vp, tables, kv_lens, capacity * bs, mask,
                                         0.088f);
@@ -1524,7 +1531,7 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
         const Tensor kv_lens = gpu_ints(lens), pos_t = gpu_ints(pos), slot_t = gpu_ints(slots);
         std::vector<uint16_t> want_out, want_k, want_v;
         for (const SplitSetting& setting : kSplitSettings) {
-          cuda::set_attention_kernel(setting.kernel, setting.chunks);
+          cuda::set_attention_kernel(setting.kernel, setting.chunks, setting.qpt);
           Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
           gpu_->copy(kp, k0);
           gpu_->copy(vp, v0);

@@ -193,6 +193,11 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // cores (mma.sync scores and P . V, BF16 P), a block per 64 query vectors, head dims 64 / 128
 // (others run v3); its rounding differs from v1-v3, its rows are as invariant.
 void set_split_kernel(int version, int chunks_per_block = 0);
+// Queries per thread of v1-v3's split pass (2, 4 or 8; a block's tile is twice that) for every
+// later launch; 0 (the default) picks by the launch's query vectors per kv head (<= 4: 2, <= 16:
+// 4, more: 8). Only how the work is spread changes: every query's arithmetic is the same for any
+// choice, so the bits are too (a measurement switch, BLOCKSPEC_ATTN_QPT).
+void set_split_qpt(int queries_per_thread);
 // Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its
 // attention arithmetic, bit 4 the combine pass. The results are then meaningless.
 void set_split_diag(int bits);

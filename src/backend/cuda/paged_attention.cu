@@ -1128,6 +1128,7 @@ namespace {
 std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
+std::atomic<int> g_split_qpt{0};   // set_split_qpt: 0 picks by the launch
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
@@ -1273,7 +1274,8 @@ cudaError_t run_split_attention(const AttentionArgs& a, const PrologueArgs* prol
   const int64_t group = a.heads / a.kv_heads;
   // Queries per thread: small tiles (more blocks, shorter chains) for decode and verify rows.
   const int64_t total_q = a.n * group;
-  const int qpt = total_q <= 4 ? 2 : (total_q <= 16 ? 4 : 8);
+  const int forced_qpt = g_split_qpt.load(std::memory_order_relaxed);
+  const int qpt = forced_qpt > 0 ? forced_qpt : (total_q <= 4 ? 2 : (total_q <= 16 ? 4 : 8));
   const int64_t tiles = (total_q + 2 * qpt - 1) / (2 * qpt);
   if (tiles * a.num_seqs > 65535) return cudaErrorInvalidValue;  // gridDim.z limit
   const int64_t rows = a.num_seqs * a.n;
@@ -1312,6 +1314,11 @@ void set_split_kernel(int version, int chunks_per_block) {
 }
 
 void set_split_diag(int bits) { g_split_diag.store(bits, std::memory_order_relaxed); }
+
+void set_split_qpt(int queries_per_thread) {
+  const int q = queries_per_thread;
+  g_split_qpt.store(q == 2 || q == 4 || q == 8 ? q : 0, std::memory_order_relaxed);
+}
 
 cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, void* workspace,
                             cudaStream_t s) {
