@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -47,7 +48,11 @@ namespace bs::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-constexpr size_t kPinnedRingBytes = 8u << 20;
+// copy_from_host's pinned staging ring, in kRingSlices slices (each with the event of the last
+// upload that reads it).
+constexpr size_t kPinnedRingBytes = 32u << 20;
+constexpr int kRingSlices = 16;
+constexpr size_t kRingSliceBytes = kPinnedRingBytes / kRingSlices;
 constexpr size_t kPoolMaxBytes = 32u << 20;  // larger buffers are not cached
 
 Elem elem(DType t) {
@@ -267,6 +272,9 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemset(walk_keys_, 0, (kMarkovRowMaxBlocks + 1) * sizeof(uint64_t)));
     walk_counter_ = reinterpret_cast<unsigned*>(walk_keys_ + kMarkovRowMaxBlocks);
     CUDA_CHECK(cudaHostAlloc(&ring_, kPinnedRingBytes, cudaHostAllocDefault));
+    for (cudaEvent_t& e : ring_ev_) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     // The fault record (kernels.h, FaultSink): host-mapped, read after each read-back's sync.
     CUDA_CHECK(cudaHostAlloc(&fault_host_, sizeof(FaultRecord), cudaHostAllocMapped));
     *fault_host_ = FaultRecord{};
@@ -301,6 +309,7 @@ class CudaBackend final : public Backend {
     cudaFree(argmax_keys_);
     cudaFree(walk_keys_);
     cudaFreeHost(ring_);
+    for (cudaEvent_t e : ring_ev_) cudaEventDestroy(e);
     cudaFreeHost(fault_host_);
     cudaFree(fault_.claim);
     cudaStreamDestroy(stream_);
@@ -407,21 +416,46 @@ class CudaBackend final : public Backend {
     check_cuda_tensor(dst);
     const size_t n = dst.nbytes();
     if (n == 0) return;
-    if (n > kPinnedRingBytes / 4) {
+    if (n > kPinnedRingBytes / 4) {  // weights and the like: a copy of its own
       CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n, cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       return;
     }
-    // Small copies go through a pinned ring so that they stay asynchronous; when the ring wraps,
-    // wait for the copies still reading its start.
-    if (ring_off_ + n > kPinnedRingBytes) {
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
-      ring_off_ = 0;
-    }
-    char* staging = static_cast<char*>(ring_) + ring_off_;
+    // A step's inputs go through the pinned ring, so that they stay asynchronous.
+    void* staging = ring_stage(n);
     std::memcpy(staging, src, n);
     CUDA_CHECK(cudaMemcpyAsync(dst.data(), staging, n, cudaMemcpyHostToDevice, stream_));
-    ring_off_ += (n + 255) / 256 * 256;
+    close_ring_slices(static_cast<int>(ring_off_ / kRingSliceBytes));
+  }
+  // Room for n bytes at the ring's write offset (which then moves past them). A slice the writes
+  // have left is closed: an event is recorded after the last upload that reads it, and a write
+  // into it a lap later waits for that event (long done), not for everything queued since, as a
+  // stream synchronize would (a penalized batch's rules can upload megabytes a step).
+  void* ring_stage(size_t n) {
+    const size_t span = (n + 255) / 256 * 256;
+    if (ring_off_ + span > kPinnedRingBytes) {
+      close_ring_slices(kRingSlices);
+      ring_off_ = 0;
+      ring_open_ = 0;
+    }
+    const auto first = ring_off_ / kRingSliceBytes, last = (ring_off_ + span - 1) / kRingSliceBytes;
+    for (size_t s = first; s <= last; ++s) {
+      if (ring_closed_[s]) {
+        CUDA_CHECK(cudaEventSynchronize(ring_ev_[s]));
+        ring_closed_[s] = false;
+      }
+    }
+    void* p = static_cast<char*>(ring_) + ring_off_;
+    ring_off_ += span;
+    return p;
+  }
+  // Closes the open slices before `end` (after the uploads queued so far).
+  void close_ring_slices(int end) {
+    if (pool_->capturing()) return;  // (no upload is captured: the graphs read device buffers)
+    for (; ring_open_ < end; ++ring_open_) {
+      CUDA_CHECK(cudaEventRecord(ring_ev_[static_cast<size_t>(ring_open_)], stream_));
+      ring_closed_[static_cast<size_t>(ring_open_)] = true;
+    }
   }
   void copy_to_host(void* dst, const Tensor& src) override {
     join_side();  // host reads and copies see the work queued beside the stream too
@@ -1657,7 +1691,10 @@ class CudaBackend final : public Backend {
   void* ring_ = nullptr;
   FaultRecord* fault_host_ = nullptr;  // host-mapped (FaultSink); fault_.record is its device view
   FaultSink fault_;
-  size_t ring_off_ = 0;
+  size_t ring_off_ = 0;  // the ring's write offset
+  int ring_open_ = 0;    // the first slice not closed since the ring's last wrap
+  std::array<cudaEvent_t, kRingSlices> ring_ev_{};
+  std::array<bool, kRingSlices> ring_closed_{};
   // begin_read / end_read: a pinned buffer and an event per pending read (freed with the backend).
   struct PendingRead {
     void* host = nullptr;
