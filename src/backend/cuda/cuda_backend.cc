@@ -422,8 +422,15 @@ class CudaBackend final : public Backend {
       return;
     }
     // A step's inputs go through the pinned ring, so that they stay asynchronous.
+    upload_staged(dst, [&](void* staging) { std::memcpy(staging, src, n); });
+  }
+  // Uploads dst's bytes (at most kPinnedRingBytes / 4), which fill(staging) writes straight into
+  // the pinned ring.
+  template <typename F>
+  void upload_staged(const Tensor& dst, F&& fill) {
+    const size_t n = dst.nbytes();
     void* staging = ring_stage(n);
-    std::memcpy(staging, src, n);
+    fill(staging);
     CUDA_CHECK(cudaMemcpyAsync(dst.data(), staging, n, cudaMemcpyHostToDevice, stream_));
     close_ring_slices(static_cast<int>(ring_off_ / kRingSliceBytes));
   }
@@ -1257,34 +1264,47 @@ class CudaBackend final : public Backend {
              (row_tokens.dtype() == DType::kI32 && row_tokens.numel() >= n));
     if (requests.empty()) return;
     std::vector<LogitRulesArg> args;
-    std::vector<sampling::TokenRule> tokens;
-    int64_t max_rows = 0;
+    int64_t token_count = 0, max_rows = 0;
     for (const sampling::LogitRules& req : requests) {
       BS_CHECK(req.first_row >= 0 && req.rows >= 0 && req.first_row + req.rows <= n);
       BS_CHECK(req.rows <= 1 || row_tokens.defined());
       args.push_back({.first_row = req.first_row,
                       .rows = req.rows,
                       .stop_rows = req.stop_rows,
-                      .token_offset = std::ssize(tokens),
+                      .token_offset = token_count,
                       .token_count = std::ssize(req.tokens),
                       .repetition = req.repetition,
                       .frequency = req.frequency,
                       .presence = req.presence});
-      tokens.insert(tokens.end(), req.tokens.begin(), req.tokens.end());
+      token_count += std::ssize(req.tokens);
       max_rows = std::max(max_rows, req.rows);
     }
+    // One upload: every request's token rules, then the requests' arguments, packed straight
+    // into the staging memory (a long prompt under a repetition penalty names thousands).
     static_assert(sizeof(sampling::TokenRule) % 8 == 0 && sizeof(LogitRulesArg) % 8 == 0);
-    const size_t token_bytes = tokens.size() * sizeof(sampling::TokenRule);
+    const size_t token_bytes = static_cast<size_t>(token_count) * sizeof(sampling::TokenRule);
     const size_t bytes = token_bytes + args.size() * sizeof(LogitRulesArg);
-    std::vector<uint64_t> packed((bytes + 7) / 8);
-    std::memcpy(packed.data(), tokens.data(), token_bytes);
-    std::memcpy(reinterpret_cast<char*>(packed.data()) + token_bytes, args.data(),
-                args.size() * sizeof(LogitRulesArg));
-    const int64_t words = std::ssize(packed) * 2;  // I32 elements
+    const int64_t words = static_cast<int64_t>(bytes / 4);  // I32 elements
     if (!rules_dev_.defined() || rules_dev_.numel() < words) {
       rules_dev_ = empty({std::max<int64_t>(words * 2, 4096)}, DType::kI32);
     }
-    copy_from_host(rules_dev_.rows(0, words), packed.data());
+    const auto pack = [&](void* staging) {
+      char* p = static_cast<char*>(staging);
+      for (const sampling::LogitRules& req : requests) {
+        if (req.tokens.empty()) continue;
+        std::memcpy(p, req.tokens.data(), req.tokens.size_bytes());
+        p += req.tokens.size_bytes();
+      }
+      std::memcpy(p, args.data(), args.size() * sizeof(LogitRulesArg));
+    };
+    const Tensor dst = rules_dev_.rows(0, words);
+    if (bytes <= kPinnedRingBytes / 4) {
+      upload_staged(dst, pack);
+    } else {
+      std::vector<uint64_t> packed(bytes / 8);
+      pack(packed.data());
+      copy_from_host(dst, packed.data());
+    }
     const char* dev = static_cast<const char*>(rules_dev_.data());
     CUDA_CHECK(bs::cuda::apply_logit_rules(
         out(logits), v, row_tokens.defined() ? row_tokens.as<int32_t>() : nullptr,
