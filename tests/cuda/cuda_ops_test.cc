@@ -1477,7 +1477,8 @@ TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
               q, lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
           std::vector<uint16_t> want;
           for (const SplitSetting& setting : kSplitSettings) {
-            cuda::set_attention_kernel(setting.kernel, setting.chunks, setting.qpt);
+            cuda::set_attention_kernel(setting.kernel, {.chunks_per_block = setting.chunks,
+                                                        .queries_per_thread = setting.qpt});
             Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
             gpu_->paged_attention_batch(out, q, kp, vp, tables, kv_lens, capacity * bs, mask,
                                         0.088f);
@@ -1531,7 +1532,8 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV2EqualsV1BitForBit) {
         const Tensor kv_lens = gpu_ints(lens), pos_t = gpu_ints(pos), slot_t = gpu_ints(slots);
         std::vector<uint16_t> want_out, want_k, want_v;
         for (const SplitSetting& setting : kSplitSettings) {
-          cuda::set_attention_kernel(setting.kernel, setting.chunks, setting.qpt);
+          cuda::set_attention_kernel(setting.kernel, {.chunks_per_block = setting.chunks,
+                                                      .queries_per_thread = setting.qpt});
           Tensor kp = make(*gpu_, pool, DType::kBF16), vp = make(*gpu_, pool, DType::kBF16);
           gpu_->copy(kp, k0);
           gpu_->copy(vp, v0);
@@ -1607,6 +1609,51 @@ TEST_F(CudaOps, FusedPrologueSplitAttentionV4EqualsPrologueThenAttention) {
   const SplitKernelGuard guard;
   cuda::set_attention_kernel(cuda::AttentionKernel::kV4);
   expect_fused_prologue_equals_unfused();
+}
+
+// v4's tile (16, 32 or 64 query vectors a block; BLOCKSPEC_ATTN_MMA_TILE) only spreads the work:
+// decode and 16-row verify calls, one and three sequences, every mask, and the fused prologue
+// give the same bits under each (a 16-row verify at GQA 8 spreads 128 vectors over 2-8 blocks).
+TEST_F(CudaOps, SplitAttentionV4TileSizeChangesNoBit) {
+  const SplitKernelGuard guard;
+  const int64_t bs = 16, capacity = 70;
+  uint32_t seed = 900;
+  for (const SplitShape& sh : kSplitShapes) {
+    for (const int64_t num_seqs : {1, 3}) {
+      const SplitPools pools = split_pools(sh.kv_heads, sh.hd, num_seqs, capacity, seed);
+      for (const int64_t n : {1, 16}) {
+        const auto lens = split_test_lengths(num_seqs, n, rng_);
+        const int64_t rows = num_seqs * n;
+        Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+        gpu_->copy_from_host(q,
+                             lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
+        for (const AttentionMask mask :
+             {AttentionMask{}, AttentionMask{.causal = true, .window = 200},
+              AttentionMask{.causal = false}}) {
+          std::vector<uint16_t> want;
+          for (const int tile : {64, 32, 16}) {
+            cuda::set_attention_kernel(cuda::AttentionKernel::kV4, {.mma_tile = tile});
+            Tensor out = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
+            gpu_->paged_attention_batch(out, q, pools.k, pools.v, pools.tables, gpu_ints(lens),
+                                        capacity * bs, mask, 0.088f);
+            const auto got = host_bits<uint16_t>(*gpu_, out);
+            if (tile == 64) {
+              want = got;
+              continue;
+            }
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(uint16_t)), 0)
+                << "hd " << sh.hd << " heads " << sh.heads << " kv heads " << sh.kv_heads << " S "
+                << num_seqs << " n " << n << " causal " << mask.causal << " window " << mask.window
+                << " tile " << tile;
+          }
+        }
+      }
+    }
+  }
+  for (const int tile : {16, 32}) {
+    cuda::set_attention_kernel(cuda::AttentionKernel::kV4, {.mma_tile = tile});
+    expect_fused_prologue_equals_unfused();
+  }
 }
 
 // v4 rounds differently from v1 (MMA sums, BF16 probabilities in P . V): its outputs must stay

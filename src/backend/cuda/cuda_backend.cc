@@ -1386,6 +1386,9 @@ class CudaBackend final : public Backend {
     if (const int c = env_choice("BLOCKSPEC_ATTN_QPT", {"auto", "2", "4", "8"}); c >= 0) {
       set_split_qpt(c == 0 ? 0 : 1 << c);
     }
+    if (const int c = env_choice("BLOCKSPEC_ATTN_MMA_TILE", {"16", "32", "64"}); c >= 0) {
+      set_split_mma_tile(16 << c);
+    }
     if (const auto v = env_int("BLOCKSPEC_ATTN_DIAG", 0, 7); v && *v != 0) {
       std::fprintf(stderr,
                    "blockspec: BLOCKSPEC_ATTN_DIAG=%lld leaves parts of the attention out: its "
@@ -1876,9 +1879,10 @@ void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinn
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
 void set_conv_kernel(Backend& backend, bool fast) { as_cuda(backend).set_conv_kernel(fast); }
-void set_attention_kernel(AttentionKernel kernel, int chunks_per_block, int queries_per_thread) {
-  set_split_kernel(static_cast<int>(kernel) + 1, chunks_per_block);
-  set_split_qpt(queries_per_thread);
+void set_attention_kernel(AttentionKernel kernel, AttentionKernelOptions options) {
+  set_split_kernel(static_cast<int>(kernel) + 1, options.chunks_per_block);
+  set_split_qpt(options.queries_per_thread);
+  set_split_mma_tile(options.mma_tile);
 }
 int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {

@@ -73,11 +73,17 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // v1's blocks with cp.async loads, 16-byte shared-memory reads and tile-sized shared memory;
 // v1-v3 give the same bits. kV4: tensor-core scores and P . V for head dims 64 / 128 (others run
 // v3), its own rounding, rows as invariant (slower inside the steps, docs/BENCHMARKS.md).
-// queries_per_thread: v1-v3's queries per thread, 2 / 4 / 8, or 0 to pick by the launch (the
-// default; also BLOCKSPEC_ATTN_QPT=2|4|8); the same bits for any choice.
+// The options only spread the work (the same bits for any choice): queries_per_thread, v1-v3's
+// queries per thread, 2 / 4 / 8, or 0 to pick by the launch (the default; also
+// BLOCKSPEC_ATTN_QPT=2|4|8); mma_tile, v4's query vectors per block, 16 / 32 / 64 (0: 64, the
+// default; also BLOCKSPEC_ATTN_MMA_TILE).
 enum class AttentionKernel { kV1, kV2, kV3, kV4 };
-void set_attention_kernel(AttentionKernel kernel, int chunks_per_block = 0,
-                          int queries_per_thread = 0);
+struct AttentionKernelOptions {
+  int chunks_per_block = 0;
+  int queries_per_thread = 0;
+  int mma_tile = 0;
+};
+void set_attention_kernel(AttentionKernel kernel, AttentionKernelOptions options = {});
 // Backend::candidate_walk with its table (default: every row's candidate terms for every
 // predecessor computed in parallel first, then looked up by the sequential walk) or without
 // (each row computes its own; also BLOCKSPEC_WALK_TABLE=0, read when the backend is made). Both

@@ -198,6 +198,11 @@ void set_split_kernel(int version, int chunks_per_block = 0);
 // 4, more: 8). Only how the work is spread changes: every query's arithmetic is the same for any
 // choice, so the bits are too (a measurement switch, BLOCKSPEC_ATTN_QPT).
 void set_split_qpt(int queries_per_thread);
+// v4's query vectors per block (16, 32 or 64: 1, 2 or 4 mma.sync m-tiles; anything else 64, the
+// default) for every later launch: smaller tiles, more blocks for a verify's 64 vectors per kv
+// head. A query's arithmetic is the same in any tile, so the bits are too (a measurement switch,
+// BLOCKSPEC_ATTN_MMA_TILE).
+void set_split_mma_tile(int vectors);
 // Microbenchmark switches (never set in production): bit 1 skips v3's K / V loads, bit 2 its
 // attention arithmetic, bit 4 the combine pass. The results are then meaningless.
 void set_split_diag(int bits);

@@ -718,18 +718,19 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
 // bit. The rounding differs from v1-v3 (MMA sums, BF16 P): the version follows the head dim only
 // (64 / 128; others keep v3), never the row count. grid (splits, kv_heads, num_seqs *
 // ceil(vectors / 64)); dynamic shared memory split_smem_bytes_mma(HD, m-tiles).
-constexpr int kMmaTile = 64;  // query vectors per v4 block (4 m-tiles of 16)
+constexpr int kMmaTile = 64;  // query vectors per v4 block (4 m-tiles of 16) by default
 
 __host__ __device__ inline size_t split_smem_bytes_mma(int64_t hd, int m_tiles) {
   const size_t rows = static_cast<size_t>(16 * m_tiles);
   return (2 * kSplitKeys + rows) * hd * 2 + rows * 8 * sizeof(float) + rows * kSplitKeys * 2;
 }
 
-template <int HD, bool FUSED>
+template <int HD, bool FUSED, int TILE>
 __global__ void __launch_bounds__(kSplitThreads, 4)
     split_kernel_mma(AttentionArgs a, PrologueArgs p, const int32_t* kv_len_dev, float* part_o,
                      float* part_ml) {
   constexpr int P = FUSED ? HD / 64 : 0;
+  constexpr int kMaxMt = TILE / 16;                             // m-tiles of a full tile
   constexpr int kChunks = HD / 8;                               // 16-byte chunks per row
   constexpr int kDK = HD / 16;                                  // k-steps of S = Q K^T
   constexpr int kDN = HD / 8;                                   // n-tiles of O = P V
@@ -741,7 +742,7 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   griddep_launch();  // the next kernel (a GEMM) may start streaming its weights
   griddep_wait();
 
-  const SplitTile st = split_tile<kMmaTile / 2>(a, kv_len_dev);
+  const SplitTile st = split_tile<TILE / 2>(a, kv_len_dev);
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kSplitKeys;
   if (j0 >= st.kv_len) return;  // beyond the sequence: the combine never reads this split
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -795,9 +796,9 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   // S = Q K^T: warp w takes keys 16 w .. 16 w + 15 (n-tiles 2 w, 2 w + 1) of every m-tile, the
   // K fragments of a k-step loaded once for all m-tiles.
   const int g = lane >> 2, tq = lane & 3, m_tiles = rows / 16;
-  float s[4][2][4];
+  float s[kMaxMt][2][4];
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < kMaxMt; ++mt)
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
@@ -806,7 +807,7 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
     ldmatrix_x4(
         b, tile_at<HD>(Ks, warp * 16 + (lane & 7) + (lane >> 4) * 8, kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < kMaxMt; ++mt) {
       if (mt >= m_tiles) break;
       uint32_t qf[4];
       ldmatrix_x4(
@@ -822,9 +823,9 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   float* warp_max = reinterpret_cast<float*>(Qs + rows * HD);                 // [4][rows]
   float* warp_sum = warp_max + 4 * rows;                                      // [4][rows]
   __nv_bfloat16* Ps = reinterpret_cast<__nv_bfloat16*>(warp_sum + 4 * rows);  // [rows][64]
-  float m[4][2];
+  float m[kMaxMt][2];
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int mt = 0; mt < kMaxMt; ++mt) {
     if (mt >= m_tiles) break;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -849,7 +850,7 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   }
   __syncthreads();
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int mt = 0; mt < kMaxMt; ++mt) {
     if (mt >= m_tiles) break;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -880,9 +881,9 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   // O = P V: warp w takes columns HD / 4 * w .. (kDN / 4 n-tiles) of every m-tile, k-steps over
   // the chunk's keys in order; P's A fragments come from Ps, V's B fragments transposed from Vs.
   constexpr int kWN = kDN / 4;  // n-tiles per warp
-  float o[4][kWN][4];
+  float o[kMaxMt][kWN][4];
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < kMaxMt; ++mt)
 #pragma unroll
     for (int n = 0; n < kWN; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
 #pragma unroll
@@ -894,7 +895,7 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
                                            warp * kWN + np * 2 + (lane >> 4)));
     }
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < kMaxMt; ++mt) {
       if (mt >= m_tiles) break;
       uint32_t pa[4];
       ldmatrix_x4(pa, tile_at<kSplitKeys>(Ps, mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
@@ -910,7 +911,7 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
   // The partial results of the vectors below nq: the warp's columns, and (warp 0) the statistics.
   const int64_t stride = a.num_seqs * a.n;  // rows per split
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int mt = 0; mt < kMaxMt; ++mt) {
     if (mt >= m_tiles) break;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1127,8 +1128,9 @@ namespace {
 // and batch-32 steps (docs/BENCHMARKS.md, sessions 10-12).
 std::atomic<int> g_split_version{3};
 std::atomic<int> g_split_chunks{0};
-std::atomic<int> g_split_diag{0};  // kDiag* bits (set_split_diag)
-std::atomic<int> g_split_qpt{0};   // set_split_qpt: 0 picks by the launch
+std::atomic<int> g_split_diag{0};       // kDiag* bits (set_split_diag)
+std::atomic<int> g_split_qpt{0};        // set_split_qpt: 0 picks by the launch
+std::atomic<int> g_split_mma_tile{64};  // set_split_mma_tile: v4's query vectors per block
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
@@ -1182,27 +1184,41 @@ cudaError_t launch_split_v3(dim3 grid, cudaStream_t s, const AttentionArgs& a,
 
 // v4 over grid (splits, kv_heads, num_seqs * tiles of 64 query vectors), shared memory for the
 // m-tiles the launch's tiles use (setting the limit for four on first use).
-template <int HD>
+template <int HD, int TILE>
 cudaError_t launch_split_mma(cudaStream_t s, const AttentionArgs& a, const PrologueArgs& p,
                              bool fused, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
   const int64_t vectors = a.n * (a.heads / a.kv_heads);
-  const int64_t tiles = (vectors + kMmaTile - 1) / kMmaTile;
+  const int64_t tiles = (vectors + TILE - 1) / TILE;
   if (tiles * a.num_seqs > 65535) return cudaErrorInvalidValue;  // gridDim.z limit
-  const int m_tiles = static_cast<int>(std::min<int64_t>(vectors, kMmaTile) + 15) / 16;
+  const int m_tiles = static_cast<int>(std::min<int64_t>(vectors, TILE) + 15) / 16;
   const dim3 grid(static_cast<unsigned>((a.kv_len + kSplitKeys - 1) / kSplitKeys),
                   static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.num_seqs * tiles));
   const size_t smem = split_smem_bytes_mma(HD, m_tiles);
-  const int most = static_cast<int>(split_smem_bytes_mma(HD, kMmaTile / 16));
+  const int most = static_cast<int>(split_smem_bytes_mma(HD, TILE / 16));
   static const cudaError_t configured_unfused = cudaFuncSetAttribute(
-      split_kernel_mma<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+      split_kernel_mma<HD, false, TILE>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
   static const cudaError_t configured_fused = cudaFuncSetAttribute(
-      split_kernel_mma<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+      split_kernel_mma<HD, true, TILE>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
   if (configured_unfused != cudaSuccess) return configured_unfused;
   if (configured_fused != cudaSuccess) return configured_fused;
-  return fused ? launch_pdl(split_kernel_mma<HD, true>, grid, dim3(kSplitThreads), smem, s, a, p,
-                            kv_len_dev, part_o, part_ml)
-               : launch_pdl(split_kernel_mma<HD, false>, grid, dim3(kSplitThreads), smem, s, a, p,
-                            kv_len_dev, part_o, part_ml);
+  return fused ? launch_pdl(split_kernel_mma<HD, true, TILE>, grid, dim3(kSplitThreads), smem, s, a,
+                            p, kv_len_dev, part_o, part_ml)
+               : launch_pdl(split_kernel_mma<HD, false, TILE>, grid, dim3(kSplitThreads), smem, s,
+                            a, p, kv_len_dev, part_o, part_ml);
+}
+
+// v4 for head dim HD with the tile set_split_mma_tile chose.
+template <int HD>
+cudaError_t launch_split_mma(cudaStream_t s, const AttentionArgs& a, const PrologueArgs& p,
+                             bool fused, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
+  switch (g_split_mma_tile.load(std::memory_order_relaxed)) {
+    case 16:
+      return launch_split_mma<HD, 16>(s, a, p, fused, kv_len_dev, part_o, part_ml);
+    case 32:
+      return launch_split_mma<HD, 32>(s, a, p, fused, kv_len_dev, part_o, part_ml);
+    default:
+      return launch_split_mma<HD, kMmaTile>(s, a, p, fused, kv_len_dev, part_o, part_ml);
+  }
 }
 
 template <int QPT, int P>
@@ -1314,6 +1330,10 @@ void set_split_kernel(int version, int chunks_per_block) {
 }
 
 void set_split_diag(int bits) { g_split_diag.store(bits, std::memory_order_relaxed); }
+
+void set_split_mma_tile(int vectors) {
+  g_split_mma_tile.store(vectors == 16 || vectors == 32 ? vectors : 64, std::memory_order_relaxed);
+}
 
 void set_split_qpt(int queries_per_thread) {
   const int q = queries_per_thread;
