@@ -524,8 +524,8 @@ TEST_F(CudaOps, Fp8WeightsMatchCpuAndRowsAreIndependentOfRowCount) {
 }
 
 #ifdef BLOCKSPEC_HAS_CUDA
-// The FP8 product's kernels (Backend::matmul_fp8 for BF16 x: v2, the default, and v1,
-// BLOCKSPEC_FP8_KERNEL=v1) against an independent fp64 reference, row-count invariance bit for
+// The FP8 product's kernels (Backend::matmul_fp8 for BF16 x: v1, the default, and v2,
+// BLOCKSPEC_FP8_KERNEL=v2) against an independent fp64 reference, row-count invariance bit for
 // bit, and graph replay. Shapes: the draft step's o_proj (v2 splits k 8 ways), odd m with k
 // split unevenly, a long k (12288), the smallest k (16) and k not a multiple of 64.
 struct Fp8Shape {
@@ -622,7 +622,7 @@ TEST_F(CudaOps, Fp8KernelsMatchFp64Reference) {
       }
     }
   }
-  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV2);
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
 }
 
 // Row r of an n-row product is the same bits for every n (1..17 and 40: more than 16 rows are
@@ -655,7 +655,7 @@ TEST_F(CudaOps, Fp8KernelsRowsAreBitIdenticalForEveryRowCount) {
       }
     }
   }
-  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV2);
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
 }
 
 // Inside run_captured (eager, captured, then replayed): the same bits every time, also after a
@@ -688,7 +688,7 @@ TEST_F(CudaOps, Fp8KernelsReplayCapturedGraphsWithTheSameBits) {
           << name << " f32, round " << round;
     }
   }
-  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV2);
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
 }
 #endif
 

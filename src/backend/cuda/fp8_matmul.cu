@@ -1,9 +1,9 @@
 // FP8 weights with one scale per output row (Backend::quantize_fp8_rows / matmul_fp8): the
 // quantizer, the dequantizer (fallback for shapes the kernels do not take) and two weight-only
 // FP8 products for few activation rows on the tensor cores: v1 (fp8_matmul_kernel, 16 features
-// per block; BLOCKSPEC_FP8_KERNEL=v1) and v2 (fp8_matmul_v2_kernel, the default: x staged once
+// per block; the default) and v2 (fp8_matmul_v2_kernel, BLOCKSPEC_FP8_KERNEL=v2: x staged once
 // per block, weights through a cp.async ring, deterministic split-K; its design is at the top of
-// its section below).
+// its section below; slower on the H200's draft shapes, docs/BENCHMARKS.md session 10).
 #include <cuda_fp8.h>
 
 #include <algorithm>

@@ -267,7 +267,7 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
 // up front instead of in every block (same values).
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
-// v2 of the same product (the default; fp8_matmul above is v1, BLOCKSPEC_FP8_KERNEL=v1): the
+// v2 of the same product (BLOCKSPEC_FP8_KERNEL=v2; fp8_matmul above, v1, is the default): the
 // same operands, supported shapes and contract (row r's result does not depend on n; x rounded
 // to FP16 saturated; y (+)= scale[j] * sum), x staged once per block in shared memory and the
 // weights streamed through a cp.async ring; k split over blocks for small m, reduced in a fixed
