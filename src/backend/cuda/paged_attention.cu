@@ -716,8 +716,10 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
 // instruction sequence whichever m-tile and row it has and however many m-tiles the block has,
 // so a verify row reproduces the decode of its position and a batch each sequence alone, bit for
 // bit. The rounding differs from v1-v3 (MMA sums, BF16 P): the version follows the head dim only
-// (64 / 128; others keep v3), never the row count. grid (splits, kv_heads, num_seqs *
-// ceil(vectors / 64)); dynamic shared memory split_smem_bytes_mma(HD, m-tiles).
+// (64 / 128; others keep v3), never the row count. TILE (16 / 32 / 64, set_split_mma_tile) caps
+// the query vectors of a block: it only decides which block a query is in, not its arithmetic,
+// so every tile gives the same bits. grid (splits, kv_heads, num_seqs * ceil(vectors / TILE));
+// dynamic shared memory split_smem_bytes_mma(HD, m-tiles).
 constexpr int kMmaTile = 64;  // query vectors per v4 block (4 m-tiles of 16) by default
 
 __host__ __device__ inline size_t split_smem_bytes_mma(int64_t hd, int m_tiles) {
@@ -1182,8 +1184,8 @@ cudaError_t launch_split_v3(dim3 grid, cudaStream_t s, const AttentionArgs& a,
                     kv_len_dev, g_split_diag.load(std::memory_order_relaxed), part_o, part_ml);
 }
 
-// v4 over grid (splits, kv_heads, num_seqs * tiles of 64 query vectors), shared memory for the
-// m-tiles the launch's tiles use (setting the limit for four on first use).
+// v4 over grid (splits, kv_heads, num_seqs * tiles of TILE query vectors), shared memory for the
+// m-tiles the launch's tiles use (setting the limit for a full tile on first use).
 template <int HD, int TILE>
 cudaError_t launch_split_mma(cudaStream_t s, const AttentionArgs& a, const PrologueArgs& p,
                              bool fused, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
