@@ -183,6 +183,8 @@ class CudaOps : public ::testing::Test {
   };
   SplitPools split_pools(int64_t kv_heads, int64_t hd, int64_t num_seqs, int64_t capacity,
                          uint32_t& seed);
+  // BF16 query vectors [rows, heads, hd] of seeded values in [-2, 2) (seed advanced by 1).
+  Tensor split_queries(int64_t rows, int64_t heads, int64_t hd, uint32_t& seed);
 
   std::unique_ptr<Backend> gpu_, cpu_;
   std::mt19937 rng_{1234};
@@ -1442,6 +1444,12 @@ struct SplitShape {
 const std::vector<SplitShape> kSplitShapes = {{128, 32, 8}, {128, 8, 2},  {64, 8, 8},
                                               {128, 8, 8},  {128, 16, 2}, {64, 16, 2}};
 
+Tensor CudaOps::split_queries(int64_t rows, int64_t heads, int64_t hd, uint32_t& seed) {
+  Tensor q = make(*gpu_, {rows, heads, hd}, DType::kBF16);
+  gpu_->copy_from_host(q, lcg_bf16(static_cast<size_t>(rows * heads * hd), seed++).data());
+  return q;
+}
+
 CudaOps::SplitPools CudaOps::split_pools(int64_t kv_heads, int64_t hd, int64_t num_seqs,
                                          int64_t capacity, uint32_t& seed) {
   const int64_t blocks = num_seqs * capacity;
@@ -1472,9 +1480,7 @@ TEST_F(CudaOps, SplitAttentionV2EqualsV1BitForBit) {
           const auto lens = split_test_lengths(num_seqs, n, rng_);
           const Tensor kv_lens = gpu_ints(lens);
           const int64_t rows = num_seqs * n;
-          Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
-          gpu_->copy_from_host(
-              q, lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
+          const Tensor q = split_queries(rows, sh.heads, sh.hd, seed);
           std::vector<uint16_t> want;
           for (const SplitSetting& setting : kSplitSettings) {
             cuda::set_attention_kernel(setting.kernel, {.chunks_per_block = setting.chunks,
@@ -1572,9 +1578,7 @@ TEST_F(CudaOps, SplitAttentionV4VerifyRowsEqualTheDecodeOfTheirPosition) {
     const SplitPools pools = split_pools(sh.kv_heads, sh.hd, num_seqs, capacity, seed);
     const Tensor &kp = pools.k, &vp = pools.v, &tables = pools.tables;
     const std::vector<int32_t> lens{1100, 16, 385};
-    const Tensor q = make(*gpu_, {num_seqs * n, sh.heads, sh.hd}, DType::kBF16);
-    gpu_->copy_from_host(
-        q, lcg_bf16(static_cast<size_t>(num_seqs * n * sh.heads * sh.hd), seed++).data());
+    const Tensor q = split_queries(num_seqs * n, sh.heads, sh.hd, seed);
     for (const AttentionMask mask : {AttentionMask{}, AttentionMask{.causal = true, .window = 200},
                                      AttentionMask{.causal = false}}) {
       Tensor out = make(*gpu_, {num_seqs * n, sh.heads, sh.hd}, DType::kBF16);
@@ -1624,9 +1628,7 @@ TEST_F(CudaOps, SplitAttentionV4TileSizeChangesNoBit) {
       for (const int64_t n : {1, 16}) {
         const auto lens = split_test_lengths(num_seqs, n, rng_);
         const int64_t rows = num_seqs * n;
-        Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
-        gpu_->copy_from_host(q,
-                             lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
+        const Tensor q = split_queries(rows, sh.heads, sh.hd, seed);
         for (const AttentionMask mask :
              {AttentionMask{}, AttentionMask{.causal = true, .window = 200},
               AttentionMask{.causal = false}}) {
@@ -1670,9 +1672,7 @@ TEST_F(CudaOps, SplitAttentionV4MatchesV1WithinBf16Rounding) {
       for (const int64_t n : {1, 16}) {
         const auto lens = split_test_lengths(num_seqs, n, rng_);
         const int64_t rows = num_seqs * n;
-        Tensor q = make(*gpu_, {rows, sh.heads, sh.hd}, DType::kBF16);
-        gpu_->copy_from_host(q,
-                             lcg_bf16(static_cast<size_t>(rows * sh.heads * sh.hd), seed++).data());
+        const Tensor q = split_queries(rows, sh.heads, sh.hd, seed);
         std::vector<float> got[2];
         const cuda::AttentionKernel kernels[2] = {cuda::AttentionKernel::kV1,
                                                   cuda::AttentionKernel::kV4};
