@@ -53,6 +53,8 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr size_t kPinnedRingBytes = 32u << 20;
 constexpr int kRingSlices = 16;
 constexpr size_t kRingSliceBytes = kPinnedRingBytes / kRingSlices;
+// The largest copy that goes through the ring (larger ones, weights, are copied synchronously).
+constexpr size_t kMaxStagedBytes = kPinnedRingBytes / 4;
 constexpr size_t kPoolMaxBytes = 32u << 20;  // larger buffers are not cached
 
 Elem elem(DType t) {
@@ -416,7 +418,7 @@ class CudaBackend final : public Backend {
     check_cuda_tensor(dst);
     const size_t n = dst.nbytes();
     if (n == 0) return;
-    if (n > kPinnedRingBytes / 4) {  // weights and the like: a copy of its own
+    if (n > kMaxStagedBytes) {  // weights and the like: a copy of its own
       CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n, cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       return;
@@ -424,7 +426,7 @@ class CudaBackend final : public Backend {
     // A step's inputs go through the pinned ring, so that they stay asynchronous.
     upload_staged(dst, [&](void* staging) { std::memcpy(staging, src, n); });
   }
-  // Uploads dst's bytes (at most kPinnedRingBytes / 4), which fill(staging) writes straight into
+  // Uploads dst's bytes (at most kMaxStagedBytes), which fill(staging) writes straight into
   // the pinned ring.
   template <typename F>
   void upload_staged(const Tensor& dst, F&& fill) {
@@ -1298,7 +1300,7 @@ class CudaBackend final : public Backend {
       std::memcpy(p, args.data(), args.size() * sizeof(LogitRulesArg));
     };
     const Tensor dst = rules_dev_.rows(0, words);
-    if (bytes <= kPinnedRingBytes / 4) {
+    if (bytes <= kMaxStagedBytes) {
       upload_staged(dst, pack);
     } else {
       std::vector<uint64_t> packed(bytes / 8);
