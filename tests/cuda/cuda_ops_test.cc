@@ -330,8 +330,43 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
-// The stream GEMM against an fp64 host reference: bias, accumulate, BF16 and F32 outputs, 1..16
-// rows, odd m and k; then inside a captured graph (two replays give the eager bits).
+// The bulk-copy variants (4, 5) take the same k pieces in the same order per warp as cp.async
+// variant 1 (4 warps, warp w on the 32-wide chunks w, w + 4, ...), and sum the warps the same way,
+// so all three give the same bits: a check of the bulk kernels' stage bookkeeping (a stage read
+// before its copy landed, a row or chunk off by one) far finer than a tolerance.
+TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
+  struct Case {
+    int64_t n, m, k;
+  };
+  for (const Case c :
+       {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032}, Case{16, 129, 3072},
+        Case{16, 16, 8}, Case{1, 4096, 4096}, Case{16, 6144, 4096}, Case{8, 4096, 12288}}) {
+    Tensor gw = weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.1f));
+    Tensor gx = gpu_act({c.n, c.k}, rnd(c.n * c.k));
+    Tensor gb = weight(*gpu_, {c.m}, rnd(c.m));
+    const auto yv = rnd(c.n * c.m);
+    std::vector<float> want;
+    for (const int variant : {1, 4, 5}) {
+      cuda::set_stream_options(*gpu_, variant, kAnySize);
+      Tensor gy = gpu_act({c.n, c.m}, yv, DType::kF32);
+      gpu_->matmul(gy, gx, gw, &gb, /*accumulate=*/true);
+      const auto got = gpu_->to_host_f32(gy);
+      if (variant == 1) {
+        want = got;
+      } else {
+        EXPECT_TRUE(got == want) << "variant " << variant << " n=" << c.n << " m=" << c.m
+                                 << " k=" << c.k;
+      }
+    }
+  }
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
+}
+
+// The stream GEMM (every tuning variant) against an fp64 host reference: bias, accumulate, BF16
+// and F32 outputs, 1..16 rows, odd m and k; then inside a captured graph (two replays give the
+// eager bits).
 TEST_F(CudaOps, StreamGemmMatchesFp64ReferenceAndReplaysInGraphs) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
   struct Case {
@@ -342,47 +377,58 @@ TEST_F(CudaOps, StreamGemmMatchesFp64ReferenceAndReplaysInGraphs) {
     const auto xv = rnd(c.n * c.k), wv = rnd(c.m * c.k, 0.1f), bv = rnd(c.m), yv = rnd(c.n * c.m);
     Tensor gx = gpu_act({c.n, c.k}, xv), gw = weight(*gpu_, {c.m, c.k}, wv);
     Tensor gb = weight(*gpu_, {c.m}, bv);
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool with_bias = variant & 1, accumulate = variant & 2;
-      for (const DType t : {DType::kF32, DType::kBF16}) {
-        Tensor gy = gpu_act({c.n, c.m}, yv, t);
-        gpu_->matmul(gy, gx, gw, with_bias ? &gb : nullptr, accumulate);
-        const auto got = gpu_->to_host_f32(gy);
-        double worst = 0;
-        for (int64_t r = 0; r < c.n; ++r) {
-          for (int64_t j = 0; j < c.m; ++j) {
-            double ref = 0, mag = 0;
-            for (int64_t i = 0; i < c.k; ++i) {
-              ref += double(xv[r * c.k + i]) * wv[j * c.k + i];
-              mag += std::fabs(double(xv[r * c.k + i]) * wv[j * c.k + i]);
-            }
-            if (with_bias) ref += bv[j];
-            // The accumulated y was rounded to the output type on upload.
-            const float y0 =
-                t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(yv[r * c.m + j])) : yv[r * c.m + j];
-            if (accumulate) ref += y0;
-            const double scale = mag + std::fabs(ref) + 1.0;
-            worst = std::max(worst, std::fabs(got[r * c.m + j] - ref) / scale);
-          }
+    std::vector<double> dot(c.n * c.m), mag(c.n * c.m);  // x . w and sum |x w| per output
+    for (int64_t r = 0; r < c.n; ++r) {
+      for (int64_t j = 0; j < c.m; ++j) {
+        for (int64_t i = 0; i < c.k; ++i) {
+          dot[r * c.m + j] += double(xv[r * c.k + i]) * wv[j * c.k + i];
+          mag[r * c.m + j] += std::fabs(double(xv[r * c.k + i]) * wv[j * c.k + i]);
         }
-        // fp32 accumulation: ~1e-6 of the magnitude; a BF16 output adds 2^-9 of the value.
-        EXPECT_LT(worst, t == DType::kBF16 ? 4e-3 : 1e-5)
-            << "n=" << c.n << " m=" << c.m << " k=" << c.k << " bias=" << with_bias
-            << " acc=" << accumulate << " bf16=" << (t == DType::kBF16);
+      }
+    }
+    for (int variant = 0; variant < cuda::stream_variant_count(); ++variant) {
+      cuda::set_stream_options(*gpu_, variant, kAnySize);
+      for (int flags = 0; flags < 4; ++flags) {
+        const bool with_bias = flags & 1, accumulate = flags & 2;
+        for (const DType t : {DType::kF32, DType::kBF16}) {
+          Tensor gy = gpu_act({c.n, c.m}, yv, t);
+          gpu_->matmul(gy, gx, gw, with_bias ? &gb : nullptr, accumulate);
+          const auto got = gpu_->to_host_f32(gy);
+          double worst = 0;
+          for (int64_t o = 0; o < c.n * c.m; ++o) {
+            double ref = dot[o];
+            if (with_bias) ref += bv[o % c.m];
+            // The accumulated y was rounded to the output type on upload.
+            const float y0 = t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(yv[o])) : yv[o];
+            if (accumulate) ref += y0;
+            const double scale = mag[o] + std::fabs(ref) + 1.0;
+            worst = std::max(worst, std::fabs(got[o] - ref) / scale);
+          }
+          // fp32 accumulation: ~1e-6 of the magnitude; a BF16 output adds 2^-9 of the value.
+          EXPECT_LT(worst, t == DType::kBF16 ? 4e-3 : 1e-5)
+              << "variant " << variant << " n=" << c.n << " m=" << c.m << " k=" << c.k
+              << " bias=" << with_bias << " acc=" << accumulate << " bf16=" << (t == DType::kBF16);
+        }
       }
     }
   }
-  // Captured: eager once, then capture, then replays; every run gives the same bits.
+  // Captured (each variant): eager once, then capture, then replays; every run gives the same bits.
   const int64_t n = 5, m = 333, k = 2048;
   Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.1f));
   Tensor gx = gpu_act({n, k}, rnd(n * k));
   Tensor y = make(*gpu_, {n, m}, DType::kF32);
-  std::vector<std::vector<float>> runs;
-  for (int round = 0; round < 4; ++round) {
-    gpu_->run_captured("test:stream-gemm", [&] { gpu_->matmul(y, gx, gw); });
-    runs.push_back(gpu_->to_host_f32(y));
+  for (int variant = 0; variant < cuda::stream_variant_count(); ++variant) {
+    cuda::set_stream_options(*gpu_, variant, kAnySize);
+    std::vector<std::vector<float>> runs;
+    for (int round = 0; round < 4; ++round) {
+      gpu_->run_captured("test:stream-gemm", [&] { gpu_->matmul(y, gx, gw); });
+      runs.push_back(gpu_->to_host_f32(y));
+    }
+    for (int round = 1; round < 4; ++round) {
+      EXPECT_EQ(runs[round], runs[0]) << "variant " << variant << " round " << round;
+    }
   }
-  for (int round = 1; round < 4; ++round) EXPECT_EQ(runs[round], runs[0]) << "round " << round;
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 

@@ -24,9 +24,11 @@
 namespace bs::cuda {
 
 // Variants (warps per block x ring depth): 0 = cp.async 8 x 6 (the default), 1 = cp.async 4 x 12,
-// 2 = registers 8 x 4, 3 = cp.async 4 x 16; kept for measurement (BLOCKSPEC_STREAM_VARIANT).
-// Results differ between variants (another k split), never between row counts.
-constexpr int kStreamVariants = 4;
+// 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4 and 5 = bulk copies (stream_bulk.cu: one producer
+// and four consumer warps, 512-byte row pieces x 8 stages / 1 KiB x 4); kept for measurement
+// (BLOCKSPEC_STREAM_VARIANT). Results differ between variants (another k split), never between
+// row counts.
+constexpr int kStreamVariants = 6;
 
 // Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
 // aligned. Others go to cuBLASLt.
@@ -34,5 +36,9 @@ bool stream_gemm_supported(int64_t n, int64_t k, const void* x, const void* w);
 
 cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
                         int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant = 0);
+
+// Variants 4 and 5 (stream_bulk.cu); operands as stream_gemm, already checked by it.
+cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* bias, int n,
+                             int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant);
 
 }  // namespace bs::cuda

@@ -1,0 +1,293 @@
+// Weight-streaming skinny GEMM with bulk copies (stream_gemm.h variants 4 and 5; issue 17): the
+// same product as stream_gemm.cu, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), but the weights
+// arrive through the Hopper bulk-copy engine instead of 16-byte cp.async per lane.
+//
+// Why: the cp.async kernels stream the large matrices at 3.5-3.6 TB/s where cuBLASLt reaches
+// 4.0-4.2 (docs/BENCHMARKS.md, session 10), and every lane spends instructions and registers on
+// address arithmetic and waits. Here one producer warp keeps S stages in flight per block, each
+// stage one bulk copy per weight row (KC k-elements, contiguous in memory) and per x row, all
+// completing on one mbarrier (expected bytes); four consumer warps read their mma.sync fragments
+// from shared memory and release the stage on a second mbarrier. One block per SM, persistent:
+// block b streams tiles b, b + G, ... back to back, the ring running on across tile ends.
+//
+// Layout of a stage: 16 weight rows, then NT * 8 x rows, each KC * 2 bytes padded by 64 so that
+// the 16-byte fragment reads of a quarter warp (rows g, g + 1; lanes t = 0..3) hit every bank once.
+// Consumer warp w takes the 32-wide sub-chunks w, w + 4, ... of each stage with the k permutation
+// of stream_gemm.cu (lane (g, t) holds k-elements 8t..8t+7 of rows g and g + 8: two k16 steps).
+// A row's arithmetic depends on k, KC and the warp order only, never on n (rows are mma columns,
+// which never mix): a 1-row decode equals row 0 of a 16-row verify bit for bit. x rows n..NT*8-1
+// are zero in every stage; rows past m and k-elements past k are masked, not copied.
+//
+// PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
+// the kernel before), their x copies after it; the stage's barrier waits for both.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/stream_gemm.h"
+
+namespace bs::cuda {
+namespace {
+
+constexpr int kConsumers = 4;  // consumer warps; one producer warp more
+constexpr int kSub = 32;       // k-elements a consumer warp takes per step (4 lanes x 8)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+// Makes the barriers' initialization visible to the bulk-copy (async) proxy.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// The producer's arrival, announcing `bytes` of copies that complete on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
+// bulk-copy engine; completion is counted on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+// Synchronizes the consumer warps only (the producer never waits here).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory");
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+
+template <int KC, int S, int NT>
+struct BulkLayout {
+  static constexpr int kRowBytes = KC * 2 + 64;
+  static constexpr int kStageBytes = (16 + NT * 8) * kRowBytes;
+  static constexpr int kRedFloats = 2 * kConsumers * NT * 4 * 32;  // two tiles' partials
+  static constexpr size_t kBarOffset = size_t{S} * kStageBytes + kRedFloats * sizeof(float);
+  static constexpr size_t kBytes = kBarOffset + 2 * S * sizeof(uint64_t);
+  static_assert(KC % (kSub * kConsumers) == 0, "a stage splits evenly over the consumer warps");
+  static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
+};
+
+template <int KC, int S, int NT, typename TY>
+__global__ void __launch_bounds__((kConsumers + 1) * 32)
+    stream_bulk_kernel(TY* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias,
+                       int n, int64_t m, int64_t k, int64_t tiles, bool accumulate) {
+  using L = BulkLayout<KC, S, NT>;
+  extern __shared__ __align__(128) unsigned char bulk_smem[];
+  unsigned char* stages = bulk_smem;  // [S][16 + NT * 8][kRowBytes]
+  float* red = reinterpret_cast<float*>(bulk_smem + size_t{S} * L::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + L::kBarOffset);
+  uint64_t* empty = full + S;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t G = gridDim.x;
+  const int64_t chunks = (k + KC - 1) / KC;
+  const int64_t my_tiles = (tiles - 1 - blockIdx.x) / G + 1;  // grid <= tiles
+  const int64_t total = my_tiles * chunks;                    // stages this block streams
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumers);
+    }
+    mbar_init_fence();
+  }
+  // x rows n.. are never copied: zero in every stage, so their (discarded) mma columns are finite.
+  constexpr int kRowVecs = L::kRowBytes / 16;
+  for (int i = threadIdx.x; i < S * (NT * 8 - n) * kRowVecs; i += blockDim.x) {
+    const int s = i / ((NT * 8 - n) * kRowVecs), rest = i % ((NT * 8 - n) * kRowVecs);
+    const int row = 16 + n + rest / kRowVecs;
+    reinterpret_cast<uint4*>(stages + s * L::kStageBytes + row * L::kRowBytes)[rest % kRowVecs] =
+        make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();
+
+  if (warp == kConsumers) {
+    // ---- producer: stage i = chunk i % chunks of tile blockIdx.x + (i / chunks) G ----
+    const auto stage_rows = [&](int64_t i, int64_t& tile, int64_t& k0, uint32_t& row_bytes) {
+      tile = blockIdx.x + (i / chunks) * G;
+      k0 = (i % chunks) * KC;
+      row_bytes = static_cast<uint32_t>(min64(KC, k - k0) * 2);
+    };
+    const auto announce = [&](int64_t i) {
+      int64_t tile, k0;
+      uint32_t row_bytes;
+      stage_rows(i, tile, k0, row_bytes);
+      const int64_t w_rows = min64(16, m - tile * 16);
+      if (lane == 0) {
+        mbar_arrive_expect(&full[i % S], static_cast<uint32_t>(w_rows + n) * row_bytes);
+      }
+      __syncwarp();
+    };
+    const auto issue = [&](int64_t i, bool weights, bool xs) {
+      int64_t tile, k0;
+      uint32_t row_bytes;
+      stage_rows(i, tile, k0, row_bytes);
+      unsigned char* st = stages + (i % S) * L::kStageBytes;
+      const int64_t r = tile * 16 + lane;
+      if (weights && lane < 16 && r < m) {
+        bulk_copy(st + lane * L::kRowBytes, w + r * k + k0, row_bytes, &full[i % S]);
+      }
+      if (xs && lane < n) {
+        bulk_copy(st + (16 + lane) * L::kRowBytes, x + lane * k + k0, row_bytes, &full[i % S]);
+      }
+    };
+    const int64_t first = min64(S, total);
+    for (int64_t i = 0; i < first; ++i) {
+      announce(i);
+      issue(i, true, false);
+    }
+    griddep_wait();  // x comes from the kernels before
+    for (int64_t i = 0; i < first; ++i) issue(i, false, true);
+    griddep_launch();
+    for (int64_t i = first; i < total; ++i) {
+      mbar_wait(&empty[i % S], static_cast<uint32_t>((i / S - 1) & 1));  // lap i / S - 1 released
+      announce(i);
+      issue(i, true, true);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  const int g = lane >> 2, t = lane & 3;
+  griddep_wait();  // y (when accumulating) comes from the kernels before
+  griddep_launch();
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  int64_t i = 0;
+  for (int64_t tt = 0; tt < my_tiles; ++tt) {
+    for (int64_t c = 0; c < chunks; ++c, ++i) {
+      const int slot = static_cast<int>(i % S);
+      mbar_wait(&full[slot], static_cast<uint32_t>((i / S) & 1));
+      const unsigned char* st = stages + slot * L::kStageBytes;
+      const int kc_len = static_cast<int>(min64(KC, k - c * KC));
+#pragma unroll
+      for (int u = 0; u < KC / (kSub * kConsumers); ++u) {
+        const int sub = u * kConsumers + warp;
+        if (sub * kSub >= kc_len) break;  // warp-uniform
+        const int off = (sub * kSub + 8 * t) * 2;
+        const bool live = sub * kSub + 8 * t < kc_len;  // k % 8 == 0
+        const uint4 wa = live ? *reinterpret_cast<const uint4*>(st + g * L::kRowBytes + off) : zero;
+        const uint4 wb =
+            live ? *reinterpret_cast<const uint4*>(st + (g + 8) * L::kRowBytes + off) : zero;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 xr =
+              live ? *reinterpret_cast<const uint4*>(st + (16 + g + 8 * nt) * L::kRowBytes + off)
+                   : zero;
+          mma16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xr.x, xr.y);
+          mma16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xr.z, xr.w);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[slot]);
+    }
+    // The tile's end: the consumer warps' partials summed in warp order (double-buffered by tile
+    // parity, so one barrier a tile suffices), then stored.
+    float* part = red + (tt & 1) * kConsumers * NT * 128;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[(warp * NT + nt) * 128 + e * 32 + lane] = acc[nt][e];
+      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    }
+    consumers_sync();
+    const int64_t j0 = (blockIdx.x + tt * G) * 16;
+    for (int q = threadIdx.x; q < NT * 128; q += kConsumers * 32) {
+      const int nt = q / 128, e = (q / 32) % 4, l = q % 32;
+      const int col = nt * 8 + 2 * (l & 3) + (e & 1);  // x row
+      const int64_t j = j0 + (l >> 2) + 8 * (e >> 1);  // output feature
+      if (col >= n || j >= m) continue;
+      float sum = 0.0f;
+#pragma unroll
+      for (int wi = 0; wi < kConsumers; ++wi) sum += part[(wi * NT + nt) * 128 + e * 32 + l];
+      if (bias) sum += bias[j];
+      TY* o = y + static_cast<int64_t>(col) * m + j;
+      store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
+    }
+  }
+}
+
+template <int KC, int S, int NT, typename TY>
+cudaError_t launch_bulk_typed(TY* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                              const float* bias, int n, int64_t m, int64_t k, bool accumulate,
+                              cudaStream_t s) {
+  constexpr size_t smem = BulkLayout<KC, S, NT>::kBytes;
+  auto* kernel = stream_bulk_kernel<KC, S, NT, TY>;
+  // Per instantiation, once: the shared-memory opt-in and one wave (resident blocks).
+  static const int wave = [&] {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kConsumers + 1) * 32, smem);
+    return std::max(1, per_sm) * std::max(1, sms);
+  }();
+  const int64_t tiles = (m + 15) / 16;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, wave)));
+  return launch_pdl(kernel, grid, dim3((kConsumers + 1) * 32), smem, s, y, x, w, bias, n, m, k,
+                    tiles, accumulate);
+}
+
+template <int KC, int S, int NT>
+cudaError_t launch_bulk(Out y, const void* x, const void* w, const float* bias, int n, int64_t m,
+                        int64_t k, bool accumulate, cudaStream_t s) {
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  if (y.t == Elem::kF32) {
+    return launch_bulk_typed<KC, S, NT>(static_cast<float*>(y.p), xb, wb, bias, n, m, k, accumulate,
+                                        s);
+  }
+  return launch_bulk_typed<KC, S, NT>(static_cast<__nv_bfloat16*>(y.p), xb, wb, bias, n, m, k,
+                                      accumulate, s);
+}
+
+}  // namespace
+
+cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* bias, int n,
+                             int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant) {
+  if (variant == 5) {  // 1 KiB of a weight row a stage, 4 stages
+    return n <= 8 ? launch_bulk<512, 4, 1>(y, x, w, bias, n, m, k, accumulate, s)
+                  : launch_bulk<512, 4, 2>(y, x, w, bias, n, m, k, accumulate, s);
+  }
+  // 512 bytes of a weight row a stage, 8 stages
+  return n <= 8 ? launch_bulk<256, 8, 1>(y, x, w, bias, n, m, k, accumulate, s)
+                : launch_bulk<256, 8, 2>(y, x, w, bias, n, m, k, accumulate, s);
+}
+
+}  // namespace bs::cuda
