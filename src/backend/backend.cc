@@ -28,6 +28,18 @@ std::string kv_slot_fault_message(const std::string& op, int64_t slot, int64_t c
       op, slot, capacity);
 }
 
+void Backend::norm_matmul(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
+                          float eps, const Tensor& w, const Tensor* bias, bool accumulate) {
+  rms_norm(xn, x, norm_w, eps);
+  matmul(y, xn, w, bias, accumulate);
+}
+
+void Backend::swiglu_matmul(const Tensor& y, const Tensor& act, const Tensor& gate_up,
+                            const Tensor& w, const Tensor* bias, bool accumulate) {
+  swiglu(act, gate_up);
+  matmul(y, act, w, bias, accumulate);
+}
+
 int64_t Backend::begin_read(const Tensor& src) {
   BS_CHECK(static_cast<int>(pending_reads_.size()) < kMaxPendingReads);
   PendingRead read{.bytes = std::vector<unsigned char>(src.nbytes())};

@@ -209,6 +209,19 @@ class Backend {
   // y[n,m] = x[n,k] · w[m,k]ᵀ (+ bias[m]); with accumulate, y += that.
   virtual void matmul(const Tensor& y, const Tensor& x, const Tensor& w,
                       const Tensor* bias = nullptr, bool accumulate = false) = 0;
+  // y (+)= rms_norm(x; norm_w, eps) · wᵀ (+ bias): a projection of normalized rows. The default
+  // writes the normalized rows into xn (scratch shaped like x) and calls matmul; a backend may
+  // fuse the norm into the product and leave xn untouched, equal up to rounding (a row's result
+  // still never depends on how many rows share the call).
+  virtual void norm_matmul(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
+                           float eps, const Tensor& w, const Tensor* bias = nullptr,
+                           bool accumulate = false);
+  // y (+)= swiglu(gate_up) · wᵀ (+ bias): the MLP's down projection. The default writes
+  // silu(gate) * up into act ([rows, w.dim(-1)]) and calls matmul; a backend may fuse the
+  // activation into the product (leaving act untouched).
+  virtual void swiglu_matmul(const Tensor& y, const Tensor& act, const Tensor& gate_up,
+                             const Tensor& w, const Tensor* bias = nullptr,
+                             bool accumulate = false);
   // ---- FP8 weights (drafters' optional weight-only quantization) ----
   // Quantizes a weight w[m, k] (from upload_weight) per row: scale[j] = max_c |w[j, c]| / 448
   // (1 for an all-zero row) and q[j, c] = e4m3(w[j, c] / scale[j]), rounded to nearest even and

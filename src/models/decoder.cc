@@ -240,9 +240,8 @@ class DecoderLM final : public CausalLM {
         last = s_.gathered.rows(0, logit_rows);
         backend_.embedding(last, s_.logit_rows.rows(0, logit_rows), x);
       }
-      const Tensor last_n = xn.rows(0, logit_rows);
-      backend_.rms_norm(last_n, last, final_norm_, c.rms_norm_eps);
-      backend_.matmul(s_.logits.rows(0, logit_rows), last_n, lm_head_);
+      backend_.norm_matmul(s_.logits.rows(0, logit_rows), xn.rows(0, logit_rows), last, final_norm_,
+                           c.rms_norm_eps, lm_head_);
     }
   }
 

@@ -364,6 +364,129 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
+// The fused stream GEMMs (bulk variants 4, 5): Backend::norm_matmul and swiglu_matmul in
+// GemvMode::kStream. Against fp64 host references of the ops' definitions (bias, accumulate, F32
+// and BF16 outputs, odd m and k); the SwiGLU form equals swiglu then the plain stream GEMM of the
+// same variant bit for bit (the same operand bits, the same k split); and in both forms row r of
+// an n-row call equals the row alone bit for bit (speculative verify == plain decode).
+TEST_F(CudaOps, StreamFusedNormAndSwigluMatchReferencesAndKeepRowsInvariant) {
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
+  struct Case {
+    int64_t n, m, k;
+  };
+  for (const int variant : {4, 5}) {
+    cuda::set_stream_options(*gpu_, variant, kAnySize);
+    for (const Case c : {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032},
+                         Case{16, 129, 3072}, Case{16, 16, 8}, Case{16, 512, 4096}}) {
+      const std::string what = fmt::format("variant {} n={} m={} k={}", variant, c.n, c.m, c.k);
+      const auto xv = rnd(c.n * c.k), gv = rnd(c.k, 0.5f), wv = rnd(c.m * c.k, 0.1f);
+      const auto guv = rnd(c.n * 2 * c.k), bv = rnd(c.m), yv = rnd(c.n * c.m);
+      Tensor gx = gpu_act({c.n, c.k}, xv), ggu = gpu_act({c.n, 2 * c.k}, guv);
+      Tensor gw = weight(*gpu_, {c.m, c.k}, wv), gg = weight(*gpu_, {c.k}, gv);
+      Tensor gb = weight(*gpu_, {c.m}, bv);
+      Tensor scratch = make(*gpu_, {c.n, c.k}, DType::kBF16);
+      const float eps = 1e-6f;
+      // fp64 operands: the normalized rows, and silu(gate) * up.
+      std::vector<double> xn(c.n * c.k), act(c.n * c.k);
+      for (int64_t r = 0; r < c.n; ++r) {
+        double sq = 0;
+        for (int64_t i = 0; i < c.k; ++i) sq += double(xv[r * c.k + i]) * xv[r * c.k + i];
+        const double inv = 1.0 / std::sqrt(sq / c.k + eps);
+        for (int64_t i = 0; i < c.k; ++i) {
+          xn[r * c.k + i] = xv[r * c.k + i] * inv * gv[i];
+          const double g = guv[r * 2 * c.k + i], u = guv[r * 2 * c.k + c.k + i];
+          act[r * c.k + i] = g / (1.0 + std::exp(-g)) * u;
+        }
+      }
+      for (int flags = 0; flags < 4; ++flags) {
+        const bool with_bias = flags & 1, accumulate = flags & 2;
+        for (const DType t : {DType::kF32, DType::kBF16}) {
+          for (const bool swiglu : {false, true}) {
+            const std::vector<double>& op = swiglu ? act : xn;
+            Tensor gy = gpu_act({c.n, c.m}, yv, t);
+            if (swiglu) {
+              gpu_->swiglu_matmul(gy, scratch, ggu, gw, with_bias ? &gb : nullptr, accumulate);
+            } else {
+              gpu_->norm_matmul(gy, scratch, gx, gg, eps, gw, with_bias ? &gb : nullptr,
+                                accumulate);
+            }
+            const auto got = gpu_->to_host_f32(gy);
+            double worst = 0;
+            for (int64_t r = 0; r < c.n; ++r) {
+              for (int64_t j = 0; j < c.m; ++j) {
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < c.k; ++i) {
+                  ref += op[r * c.k + i] * wv[j * c.k + i];
+                  mag += std::fabs(op[r * c.k + i] * wv[j * c.k + i]);
+                }
+                if (with_bias) ref += bv[j];
+                const float y0 =
+                    t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(yv[r * c.m + j])) : yv[r * c.m + j];
+                if (accumulate) ref += y0;
+                const double scale = mag + std::fabs(ref) + 1.0;
+                worst = std::max(worst, std::fabs(got[r * c.m + j] - ref) / scale);
+              }
+            }
+            // The BF16 operand (2^-9 relative per element) dominates; a BF16 output adds 2^-9.
+            EXPECT_LT(worst, t == DType::kBF16 ? 6e-3 : 4e-3)
+                << what << (swiglu ? " swiglu" : " norm") << " bias=" << with_bias
+                << " acc=" << accumulate << " bf16=" << (t == DType::kBF16);
+          }
+        }
+      }
+      // SwiGLU fused == swiglu then the plain stream GEMM, bit for bit.
+      Tensor fused = make(*gpu_, {c.n, c.m}, DType::kF32),
+             apart = make(*gpu_, {c.n, c.m}, DType::kF32);
+      gpu_->swiglu_matmul(fused, scratch, ggu, gw, &gb);
+      cuda::set_stream_fusion(*gpu_, false);
+      gpu_->swiglu_matmul(apart, scratch, ggu, gw, &gb);
+      cuda::set_stream_fusion(*gpu_, true);
+      EXPECT_EQ(gpu_->to_host_f32(fused), gpu_->to_host_f32(apart)) << what;
+      // Rows: each row alone, then every n, in both forms.
+      for (const bool swiglu : {false, true}) {
+        const auto call = [&](const Tensor& y, int64_t r0, int64_t rows) {
+          if (swiglu) {
+            gpu_->swiglu_matmul(y, scratch.rows(0, rows), ggu.rows(r0, rows), gw);
+          } else {
+            gpu_->norm_matmul(y, scratch.rows(0, rows), gx.rows(r0, rows), gg, eps, gw);
+          }
+        };
+        std::vector<float> single;
+        for (int64_t r = 0; r < c.n; ++r) {
+          Tensor y = make(*gpu_, {1, c.m}, DType::kF32);
+          call(y, r, 1);
+          const auto h = gpu_->to_host_f32(y);
+          single.insert(single.end(), h.begin(), h.end());
+        }
+        for (int64_t n = 1; n <= c.n; ++n) {
+          Tensor y = make(*gpu_, {n, c.m}, DType::kF32);
+          call(y, 0, n);
+          const auto got = gpu_->to_host_f32(y);
+          EXPECT_TRUE(std::equal(got.begin(), got.end(), single.begin()))
+              << what << (swiglu ? " swiglu" : " norm") << " rows=" << n;
+        }
+      }
+    }
+  }
+  // Sensitivity: the fused norm is a different computation from the ops apart (the normalized
+  // row is not rounded before the product), so some bits differ: the fused path really ran.
+  {
+    const int64_t n = 4, m = 256, k = 4096;
+    Tensor gx = gpu_act({n, k}, rnd(n * k)), gg = weight(*gpu_, {k}, rnd(k, 0.5f));
+    Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.1f));
+    Tensor scratch = make(*gpu_, {n, k}, DType::kBF16);
+    Tensor fused = make(*gpu_, {n, m}, DType::kF32), apart = make(*gpu_, {n, m}, DType::kF32);
+    cuda::set_stream_options(*gpu_, 4, kAnySize);
+    gpu_->norm_matmul(fused, scratch, gx, gg, 1e-6f, gw);
+    cuda::set_stream_fusion(*gpu_, false);
+    gpu_->norm_matmul(apart, scratch, gx, gg, 1e-6f, gw);
+    cuda::set_stream_fusion(*gpu_, true);
+    EXPECT_NE(gpu_->to_host_f32(fused), gpu_->to_host_f32(apart));
+  }
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
+}
+
 // The stream GEMM (every tuning variant) against an fp64 host reference: bias, accumulate, BF16
 // and F32 outputs, 1..16 rows, odd m and k; then inside a captured graph (two replays give the
 // eager bits).

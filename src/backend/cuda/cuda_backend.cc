@@ -332,6 +332,10 @@ class CudaBackend final : public Backend {
     stream_max_bytes_ = max_mib << 20;
     ++capture_generation_;
   }
+  void set_stream_fusion(bool on) {
+    stream_fuse_ = on;
+    ++capture_generation_;
+  }
   void set_pinned_rows(int64_t rows) {
     pinned_rows_ = std::max<int64_t>(kSkinnyMaxRows, rows);
     ++capture_generation_;
@@ -699,6 +703,42 @@ class CudaBackend final : public Backend {
     const int64_t algo_n = pinned && n <= pinned_rows_ ? kSkinnyMaxRows : n;
     gemm_any(y, x, /*a_rows=*/n, k, /*trans_a=*/false, w, m, /*trans_b=*/true, accumulate, bias,
              algo_n);
+  }
+
+  // Whether a product y = x · wᵀ (+ bias) of n rows takes a fused stream GEMM: the stream mode
+  // with a fusing variant, and the matrix routed to it (by shape only, as in matmul).
+  bool fuses_stream(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+                    int64_t n) const {
+    const int64_t m = w.dim(0), k = w.dim(-1);
+    return gemv_mode_ == GemvMode::kStream && stream_fuse_ && stream_fuses(stream_variant_) &&
+           x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
+           (!bias || bias->dtype() == DType::kF32) &&
+           (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
+           m * k * 2 <= stream_max_bytes_ && stream_gemm_supported(n, k, x.data(), w.data());
+  }
+  void norm_matmul(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
+                   float eps, const Tensor& w, const Tensor* bias, bool accumulate) override {
+    const int64_t m = w.dim(0), k = w.dim(-1), n = k ? x.numel() / k : 0;
+    BS_CHECK(x.numel() == n * k && y.numel() == n * m && norm_w.numel() == k);
+    if (n > 0 && norm_w.dtype() == DType::kF32 && fuses_stream(y, x, w, bias, n)) {
+      CUDA_CHECK(stream_gemm_fused(out(y), StreamX::kRmsNormed, x.data(), norm_w.as<float>(), eps,
+                                   w.data(), bias ? bias->as<float>() : nullptr, n, m, k,
+                                   accumulate, stream_, stream_variant_));
+      return;
+    }
+    Backend::norm_matmul(y, xn, x, norm_w, eps, w, bias, accumulate);
+  }
+  void swiglu_matmul(const Tensor& y, const Tensor& act, const Tensor& gate_up, const Tensor& w,
+                     const Tensor* bias, bool accumulate) override {
+    const int64_t m = w.dim(0), k = w.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
+    BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
+    if (n > 0 && fuses_stream(y, gate_up, w, bias, n)) {
+      CUDA_CHECK(stream_gemm_fused(out(y), StreamX::kSwiglu, gate_up.data(), nullptr, 0.0f,
+                                   w.data(), bias ? bias->as<float>() : nullptr, n, m, k,
+                                   accumulate, stream_, stream_variant_));
+      return;
+    }
+    Backend::swiglu_matmul(y, act, gate_up, w, bias, accumulate);
   }
 
   Fp8Weight quantize_fp8_rows(const Tensor& w) override {
@@ -1376,6 +1416,9 @@ class CudaBackend final : public Backend {
     if (const auto v = env_int("BLOCKSPEC_STREAM_MAX_MIB", 0, int64_t{1} << 20)) {
       stream_max_bytes_ = *v << 20;
     }
+    if (const int c = env_choice("BLOCKSPEC_STREAM_FUSE", {"0", "1"}); c >= 0) {
+      stream_fuse_ = c == 1;
+    }
     if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
       graphs_enabled_ = c == 1;
     }
@@ -1744,6 +1787,7 @@ class CudaBackend final : public Backend {
   // GemvMode::kStream: the tuning variant, and the largest matrix (bytes) it takes.
   int stream_variant_ = kStreamDefaultVariant;
   int64_t stream_max_bytes_ = kStreamDefaultMaxMib << 20;
+  bool stream_fuse_ = true;  // norm_matmul / swiglu_matmul fused where the variant can
   std::map<PlanKey, LtPlan> plans_;
   // Scratch (see scratch()): split-KV attention partials; matmul_fp8's FP16 copy of x. Growing
   // one (or changing the GEMV mode) bumps capture_generation_, which makes run_captured capture
@@ -1890,5 +1934,6 @@ int stream_variant_count() { return kStreamVariants; }
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {
   as_cuda(backend).set_stream_options(variant, max_mib);
 }
+void set_stream_fusion(Backend& backend, bool on) { as_cuda(backend).set_stream_fusion(on); }
 
 }  // namespace bs::cuda

@@ -90,25 +90,71 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
-template <int KC, int S, int NT>
+// The x operand as the kernel reads it: plain rows (kRows), rows whose RMSNorm the kernel applies
+// (kRmsNormed: x [n, k] and the norm's F32 weights), or the SwiGLU of a fused gate/up projection
+// (kSwiglu: x = gate_up [n, 2k], the operand silu(gate) * up).
+struct BulkX {
+  const __nv_bfloat16* p = nullptr;
+  const float* norm_w = nullptr;
+  float eps = 0.0f;
+};
+
+template <int KC, int S, int NT, StreamX XS>
 struct BulkLayout {
   static constexpr int kRowBytes = KC * 2 + 64;
-  static constexpr int kStageBytes = (16 + NT * 8) * kRowBytes;
+  static constexpr int kXRows = NT * 8 * (XS == StreamX::kSwiglu ? 2 : 1);   // gate rows, up rows
+  static constexpr int kNormBytes = XS == StreamX::kRmsNormed ? KC * 4 : 0;  // F32 norm weights
+  static constexpr int kStageBytes = (16 + kXRows) * kRowBytes + kNormBytes;
   static constexpr int kRedFloats = 2 * kConsumers * NT * 4 * 32;  // two tiles' partials
-  static constexpr size_t kBarOffset = size_t{S} * kStageBytes + kRedFloats * sizeof(float);
+  static constexpr int kSsFloats = XS == StreamX::kRmsNormed ? kConsumers * NT * 8 : 0;
+  static constexpr size_t kBarOffset =
+      size_t{S} * kStageBytes + (kRedFloats + kSsFloats) * sizeof(float);
   static constexpr size_t kBytes = kBarOffset + 2 * S * sizeof(uint64_t);
   static_assert(KC % (kSub * kConsumers) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
+  static_assert(kBytes <= 232448, "one block's shared memory on sm_90");
 };
 
-template <int KC, int S, int NT, typename TY>
+// 8 k-elements of x as one mma operand piece (4 words of two BF16 each).
+__device__ __forceinline__ uint4 ld_shared16(const unsigned char* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+// kRmsNormed: bf16(x * g) for 8 elements, and their squares added to ss (in element order).
+__device__ __forceinline__ uint4 scale_by_norm_weights(uint4 raw, const float* g, float& ss) {
+  const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float lo = bf16_lo(in[e]), hi = bf16_hi(in[e]);
+    ss += lo * lo;
+    ss += hi * hi;
+    o[e] = pack_bf16(lo * g[2 * e], hi * g[2 * e + 1]);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+// kSwiglu: bf16(silu(gate) * up) for 8 elements, swiglu_kernel's arithmetic (the same bits).
+__device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
+  const uint32_t gs[4] = {gate.x, gate.y, gate.z, gate.w}, us[4] = {up.x, up.y, up.z, up.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float g0 = bf16_lo(gs[e]), g1 = bf16_hi(gs[e]);
+    o[e] = pack_bf16(g0 / (1.0f + __expf(-g0)) * bf16_lo(us[e]),
+                     g1 / (1.0f + __expf(-g1)) * bf16_hi(us[e]));
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+template <int KC, int S, int NT, StreamX XS, typename TY>
 __global__ void __launch_bounds__((kConsumers + 1) * 32)
-    stream_bulk_kernel(TY* y, const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias,
-                       int n, int64_t m, int64_t k, int64_t tiles, bool accumulate) {
-  using L = BulkLayout<KC, S, NT>;
+    stream_bulk_kernel(TY* y, BulkX x, const __nv_bfloat16* w, const float* bias, int n, int64_t m,
+                       int64_t k, int64_t tiles, bool accumulate) {
+  using L = BulkLayout<KC, S, NT, XS>;
+  constexpr bool kNorm = XS == StreamX::kRmsNormed, kSwiglu = XS == StreamX::kSwiglu;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
-  unsigned char* stages = bulk_smem;  // [S][16 + NT * 8][kRowBytes]
+  unsigned char* stages = bulk_smem;  // [S][16 + kXRows][kRowBytes] (+ [KC] F32 norm weights)
   float* red = reinterpret_cast<float*>(bulk_smem + size_t{S} * L::kStageBytes);
+  float* ss_part = red + L::kRedFloats;  // kRmsNormed: [warp][x row] sums of squares
   uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + L::kBarOffset);
   uint64_t* empty = full + S;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -116,6 +162,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
   const int64_t chunks = (k + KC - 1) / KC;
   const int64_t my_tiles = (tiles - 1 - blockIdx.x) / G + 1;  // grid <= tiles
   const int64_t total = my_tiles * chunks;                    // stages this block streams
+  const int64_t x_stride = kSwiglu ? 2 * k : k;               // elements between x rows
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -124,11 +171,13 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
     }
     mbar_init_fence();
   }
-  // x rows n.. are never copied: zero in every stage, so their (discarded) mma columns are finite.
+  // x rows n.. (of each x block) are never copied: zero in every stage, so their (discarded)
+  // mma columns are finite.
   constexpr int kRowVecs = L::kRowBytes / 16;
-  for (int i = threadIdx.x; i < S * (NT * 8 - n) * kRowVecs; i += blockDim.x) {
-    const int s = i / ((NT * 8 - n) * kRowVecs), rest = i % ((NT * 8 - n) * kRowVecs);
-    const int row = 16 + n + rest / kRowVecs;
+  const int unused = NT * 8 - n, per_stage = unused * kRowVecs * (kSwiglu ? 2 : 1);
+  for (int i = threadIdx.x; i < S * per_stage; i += blockDim.x) {
+    const int s = i / per_stage, rest = i % per_stage, r = rest / kRowVecs;
+    const int row = 16 + (r < unused ? n + r : NT * 8 + n + (r - unused));
     reinterpret_cast<uint4*>(stages + s * L::kStageBytes + row * L::kRowBytes)[rest % kRowVecs] =
         make_uint4(0, 0, 0, 0);
   }
@@ -146,22 +195,32 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       uint32_t row_bytes;
       stage_rows(i, tile, k0, row_bytes);
       const int64_t w_rows = min64(16, m - tile * 16);
+      const int64_t x_rows = static_cast<int64_t>(n) * (kSwiglu ? 2 : 1);
+      const uint32_t norm_bytes = kNorm ? 2 * row_bytes : 0;
       if (lane == 0) {
-        mbar_arrive_expect(&full[i % S], static_cast<uint32_t>(w_rows + n) * row_bytes);
+        mbar_arrive_expect(&full[i % S],
+                           static_cast<uint32_t>(w_rows + x_rows) * row_bytes + norm_bytes);
       }
       __syncwarp();
     };
+    // Weights (and the norm's weights) before griddep_wait, x after it.
     const auto issue = [&](int64_t i, bool weights, bool xs) {
       int64_t tile, k0;
       uint32_t row_bytes;
       stage_rows(i, tile, k0, row_bytes);
       unsigned char* st = stages + (i % S) * L::kStageBytes;
+      uint64_t* bar = &full[i % S];
       const int64_t r = tile * 16 + lane;
       if (weights && lane < 16 && r < m) {
-        bulk_copy(st + lane * L::kRowBytes, w + r * k + k0, row_bytes, &full[i % S]);
+        bulk_copy(st + lane * L::kRowBytes, w + r * k + k0, row_bytes, bar);
+      }
+      if (kNorm && weights && lane == 31) {
+        bulk_copy(st + (16 + L::kXRows) * L::kRowBytes, x.norm_w + k0, 2 * row_bytes, bar);
       }
       if (xs && lane < n) {
-        bulk_copy(st + (16 + lane) * L::kRowBytes, x + lane * k + k0, row_bytes, &full[i % S]);
+        const __nv_bfloat16* src = x.p + lane * x_stride + k0;
+        bulk_copy(st + (16 + lane) * L::kRowBytes, src, row_bytes, bar);
+        if (kSwiglu) bulk_copy(st + (16 + NT * 8 + lane) * L::kRowBytes, src + k, row_bytes, bar);
       }
     };
     const int64_t first = min64(S, total);
@@ -185,9 +244,12 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
   griddep_wait();  // y (when accumulating) comes from the kernels before
   griddep_launch();
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  float acc[NT][4];
+  float acc[NT][4], ss[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  for (int nt = 0; nt < NT; ++nt) {
+    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    ss[nt] = 0.0f;
+  }
   int64_t i = 0;
   for (int64_t tt = 0; tt < my_tiles; ++tt) {
     for (int64_t c = 0; c < chunks; ++c, ++i) {
@@ -199,16 +261,32 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       for (int u = 0; u < KC / (kSub * kConsumers); ++u) {
         const int sub = u * kConsumers + warp;
         if (sub * kSub >= kc_len) break;  // warp-uniform
-        const int off = (sub * kSub + 8 * t) * 2;
-        const bool live = sub * kSub + 8 * t < kc_len;  // k % 8 == 0
-        const uint4 wa = live ? *reinterpret_cast<const uint4*>(st + g * L::kRowBytes + off) : zero;
-        const uint4 wb =
-            live ? *reinterpret_cast<const uint4*>(st + (g + 8) * L::kRowBytes + off) : zero;
+        const int e0 = sub * kSub + 8 * t, off = e0 * 2;
+        const bool live = e0 < kc_len;  // k % 8 == 0
+        const uint4 wa = live ? ld_shared16(st + g * L::kRowBytes + off) : zero;
+        const uint4 wb = live ? ld_shared16(st + (g + 8) * L::kRowBytes + off) : zero;
+        float gw[8];  // kRmsNormed: the norm's weights of these 8 k-elements
+        if constexpr (kNorm) {
+          const float4* src =
+              reinterpret_cast<const float4*>(st + (16 + L::kXRows) * L::kRowBytes + e0 * 4);
+          const float4 g0 = live ? src[0] : make_float4(0, 0, 0, 0);
+          const float4 g1 = live ? src[1] : make_float4(0, 0, 0, 0);
+          gw[0] = g0.x, gw[1] = g0.y, gw[2] = g0.z, gw[3] = g0.w;
+          gw[4] = g1.x, gw[5] = g1.y, gw[6] = g1.z, gw[7] = g1.w;
+        }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4 xr =
-              live ? *reinterpret_cast<const uint4*>(st + (16 + g + 8 * nt) * L::kRowBytes + off)
-                   : zero;
+          uint4 xr = live ? ld_shared16(st + (16 + g + 8 * nt) * L::kRowBytes + off) : zero;
+          if constexpr (kNorm) {
+            float sq = 0.0f;
+            xr = scale_by_norm_weights(xr, gw, sq);
+            if (tt == 0) ss[nt] += sq;  // the sums of squares come from the first tile only
+          }
+          if constexpr (kSwiglu) {
+            const uint4 up =
+                live ? ld_shared16(st + (16 + NT * 8 + g + 8 * nt) * L::kRowBytes + off) : zero;
+            xr = swiglu8(xr, up);
+          }
           mma16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xr.x, xr.y);
           mma16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xr.z, xr.w);
         }
@@ -225,6 +303,15 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       for (int e = 0; e < 4; ++e) part[(warp * NT + nt) * 128 + e * 32 + lane] = acc[nt][e];
       acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     }
+    if (kNorm && tt == 0) {  // row g + 8 nt's sum of squares over this warp's k: lanes t, in order
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float v = ss[nt];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) ss_part[warp * NT * 8 + nt * 8 + g] = v;
+      }
+    }
     consumers_sync();
     const int64_t j0 = (blockIdx.x + tt * G) * 16;
     for (int q = threadIdx.x; q < NT * 128; q += kConsumers * 32) {
@@ -235,6 +322,12 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       float sum = 0.0f;
 #pragma unroll
       for (int wi = 0; wi < kConsumers; ++wi) sum += part[(wi * NT + nt) * 128 + e * 32 + l];
+      if constexpr (kNorm) {  // the RMSNorm's row scale, after the dot product
+        float sq = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < kConsumers; ++wi) sq += ss_part[wi * NT * 8 + col];
+        sum *= 1.0f / sqrtf(sq / static_cast<float>(k) + x.eps);
+      }
       if (bias) sum += bias[j];
       TY* o = y + static_cast<int64_t>(col) * m + j;
       store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
@@ -242,12 +335,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
   }
 }
 
-template <int KC, int S, int NT, typename TY>
-cudaError_t launch_bulk_typed(TY* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                              const float* bias, int n, int64_t m, int64_t k, bool accumulate,
-                              cudaStream_t s) {
-  constexpr size_t smem = BulkLayout<KC, S, NT>::kBytes;
-  auto* kernel = stream_bulk_kernel<KC, S, NT, TY>;
+template <int KC, int S, int NT, StreamX XS, typename TY>
+cudaError_t launch_bulk_typed(TY* y, BulkX x, const __nv_bfloat16* w, const float* bias, int n,
+                              int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+  constexpr size_t smem = BulkLayout<KC, S, NT, XS>::kBytes;
+  auto* kernel = stream_bulk_kernel<KC, S, NT, XS, TY>;
   // Per instantiation, once: the shared-memory opt-in and one wave (resident blocks).
   static const int wave = [&] {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -264,30 +356,60 @@ cudaError_t launch_bulk_typed(TY* y, const __nv_bfloat16* x, const __nv_bfloat16
                     tiles, accumulate);
 }
 
-template <int KC, int S, int NT>
-cudaError_t launch_bulk(Out y, const void* x, const void* w, const float* bias, int n, int64_t m,
+template <int KC, int S, int NT, StreamX XS>
+cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                         int64_t k, bool accumulate, cudaStream_t s) {
-  const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   if (y.t == Elem::kF32) {
-    return launch_bulk_typed<KC, S, NT>(static_cast<float*>(y.p), xb, wb, bias, n, m, k, accumulate,
-                                        s);
+    return launch_bulk_typed<KC, S, NT, XS>(static_cast<float*>(y.p), x, wb, bias, n, m, k,
+                                            accumulate, s);
   }
-  return launch_bulk_typed<KC, S, NT>(static_cast<__nv_bfloat16*>(y.p), xb, wb, bias, n, m, k,
-                                      accumulate, s);
+  return launch_bulk_typed<KC, S, NT, XS>(static_cast<__nv_bfloat16*>(y.p), x, wb, bias, n, m, k,
+                                          accumulate, s);
+}
+
+template <StreamX XS>
+cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
+                           int64_t k, bool accumulate, cudaStream_t s, int variant) {
+  if (variant == 5) {  // 1 KiB of a weight row a stage, 4 stages
+    return n <= 8 ? launch_bulk<512, 4, 1, XS>(y, x, w, bias, n, m, k, accumulate, s)
+                  : launch_bulk<512, 4, 2, XS>(y, x, w, bias, n, m, k, accumulate, s);
+  }
+  // 512 bytes of a weight row a stage, 8 stages
+  return n <= 8 ? launch_bulk<256, 8, 1, XS>(y, x, w, bias, n, m, k, accumulate, s)
+                : launch_bulk<256, 8, 2, XS>(y, x, w, bias, n, m, k, accumulate, s);
 }
 
 }  // namespace
 
 cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* bias, int n,
                              int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant) {
-  if (variant == 5) {  // 1 KiB of a weight row a stage, 4 stages
-    return n <= 8 ? launch_bulk<512, 4, 1>(y, x, w, bias, n, m, k, accumulate, s)
-                  : launch_bulk<512, 4, 2>(y, x, w, bias, n, m, k, accumulate, s);
+  return launch_variant<StreamX::kRows>(y, {static_cast<const __nv_bfloat16*>(x)}, w, bias, n, m, k,
+                                        accumulate, s, variant);
+}
+
+bool stream_fuses(int variant) { return variant == 4 || variant == 5; }
+
+cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
+                              const void* w, const float* bias, int64_t n, int64_t m, int64_t k,
+                              bool accumulate, cudaStream_t s, int variant) {
+  if (m <= 0 || n <= 0) return cudaSuccess;
+  const bool norm_ok = kind != StreamX::kRmsNormed ||
+                       (norm_w != nullptr && reinterpret_cast<uintptr_t>(norm_w) % 16 == 0);
+  if (!stream_fuses(variant) || !stream_gemm_supported(n, k, x, w) || !norm_ok ||
+      (y.t != Elem::kF32 && y.t != Elem::kBF16)) {
+    return cudaErrorInvalidValue;
   }
-  // 512 bytes of a weight row a stage, 8 stages
-  return n <= 8 ? launch_bulk<256, 8, 1>(y, x, w, bias, n, m, k, accumulate, s)
-                : launch_bulk<256, 8, 2>(y, x, w, bias, n, m, k, accumulate, s);
+  const BulkX bx{static_cast<const __nv_bfloat16*>(x), norm_w, eps};
+  const int ni = static_cast<int>(n);
+  switch (kind) {
+    case StreamX::kRmsNormed:
+      return launch_variant<StreamX::kRmsNormed>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
+    case StreamX::kSwiglu:
+      return launch_variant<StreamX::kSwiglu>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
+    default:
+      return launch_variant<StreamX::kRows>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
+  }
 }
 
 }  // namespace bs::cuda

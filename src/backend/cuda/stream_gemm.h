@@ -37,6 +37,27 @@ bool stream_gemm_supported(int64_t n, int64_t k, const void* x, const void* w);
 cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
                         int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant = 0);
 
+// The x operand of a fused stream GEMM (bulk variants only), derived as the kernel loads it:
+//   kRows:      x [n, k] as is (stream_gemm);
+//   kRmsNormed: y (+)= rms_norm(x; norm_w, eps) . w^T: the kernel multiplies x by the norm's F32
+//               weights (rounded to BF16 for the product), sums each row's squares from the x it
+//               streams, and scales the dot products by 1 / sqrt(mean(x^2) + eps) before bias
+//               and accumulation (the same value as RMSNorm then stream_gemm up to rounding: the
+//               normalized row is not rounded to BF16 before the product);
+//   kSwiglu:    x = gate_up [n, 2k]; the operand is silu(gate) * up rounded to BF16, swiglu's
+//               kernel arithmetic, so the result equals swiglu then stream_gemm bit for bit.
+// A row's arithmetic never depends on n in any form.
+enum class StreamX { kRows, kRmsNormed, kSwiglu };
+
+// Whether a variant has the fused forms (the bulk variants, 4 and 5).
+bool stream_fuses(int variant);
+
+// The fused forms; norm_w (kRmsNormed) F32 [k], 16-byte aligned. cudaErrorInvalidValue for
+// operands stream_gemm_supported refuses or a variant without fusion.
+cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
+                              const void* w, const float* bias, int64_t n, int64_t m, int64_t k,
+                              bool accumulate, cudaStream_t s, int variant);
+
 // Variants 4 and 5 (stream_bulk.cu); operands as stream_gemm, already checked by it.
 cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* bias, int n,
                              int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant);

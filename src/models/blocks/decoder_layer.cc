@@ -91,6 +91,27 @@ void linear(Backend& b, const Tensor& y, const Tensor& x, const DenseWeight& w, 
   }
 }
 
+// y = rms_norm(x) · Wᵀ + bias, the normalized rows in xn where the backend does not fuse the
+// norm into the product (FP8 weights never fuse).
+void norm_linear(Backend& b, const Tensor& y, const Tensor& xn, const Tensor& x,
+                 const Tensor& norm_w, float eps, const DenseWeight& w, const Tensor& bias) {
+  if (w.fp8.defined()) {
+    b.rms_norm(xn, x, norm_w, eps);
+    return linear(b, y, xn, w, bias, /*accumulate=*/false);
+  }
+  b.norm_matmul(y, xn, x, norm_w, eps, w.w, bias.defined() ? &bias : nullptr);
+}
+
+// y += swiglu(gate_up) · Wᵀ + bias, the activation in act where the backend does not fuse it.
+void swiglu_linear(Backend& b, const Tensor& y, const Tensor& act, const Tensor& gate_up,
+                   const DenseWeight& w, const Tensor& bias) {
+  if (w.fp8.defined()) {
+    b.swiglu(act, gate_up);
+    return linear(b, y, act, w, bias, /*accumulate=*/true);
+  }
+  b.swiglu_matmul(y, act, gate_up, w.w, bias.defined() ? &bias : nullptr, /*accumulate=*/true);
+}
+
 void attention(Backend& b, const DecoderLayer& L, const LayerActivations& a,
                const PagedAttention& p, const Tensor& k_pool, const Tensor& v_pool) {
   if (p.uneven_rows.empty() && p.fused) {
@@ -148,15 +169,23 @@ void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const Layer
     convs->finish(index, s, a.x, convs->out, a.xn, norm_w, p.eps);
   };
   // Attention: x += o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v)).
-  if (!convs || !convs->input_normed) b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
-  linear(b, a.qkv, input(0), L.w_qkv, L.b_qkv, /*accumulate=*/false);
+  if (!convs) {
+    norm_linear(b, a.qkv, a.xn, a.x, L.input_norm, p.eps, L.w_qkv, L.b_qkv);
+  } else {
+    if (!convs->input_normed) b.rms_norm(a.xn, a.x, L.input_norm, p.eps);
+    linear(b, a.qkv, input(0), L.w_qkv, L.b_qkv, /*accumulate=*/false);
+  }
   attention(b, L, a, p, kv.k[index], kv.v[index]);
   output(0, L.wo, L.bo, a.attn, L.post_norm);
   // MLP: x += down(silu(gate(y)) * up(y)), y = post_norm(x).
-  if (!convs) b.rms_norm(a.xn, a.x, L.post_norm, p.eps);
+  if (!convs) {
+    norm_linear(b, a.gate_up, a.xn, a.x, L.post_norm, p.eps, L.w_gate_up, L.b_gate_up);
+    swiglu_linear(b, a.x, a.act, a.gate_up, L.w_down, L.b_down);
+    return;
+  }
   linear(b, a.gate_up, input(1), L.w_gate_up, L.b_gate_up, /*accumulate=*/false);
   b.swiglu(a.act, a.gate_up);
-  output(1, L.w_down, L.b_down, a.act, convs ? convs->next_input_norm : Tensor{});
+  output(1, L.w_down, L.b_down, a.act, convs->next_input_norm);
 }
 
 }  // namespace bs
