@@ -1,0 +1,54 @@
+#!/bin/bash
+# Runs on the GPU machine from the repo root, after unpacking build-cuda/pack/dist.tar.xz into
+# build-cuda/ (FULL=1 bash tools/device/pack_session8.sh build -; carry ["build-cuda/pack"]):
+# the bulk-copy stream GEMMs (stream_gemm.h variants 4, 5) and their fused RMSNorm / SwiGLU forms
+# (issue 17), in one call of about 6 minutes:
+#   1. their tests: cuda_ops_test's stream GEMM / matmul / attention tests, cuda_models_test's
+#      greedy speculative == plain with each stream variant and the drafter families;
+#   2. the per-matrix microbenchmark of every variant against pinned cuBLASLt
+#      (StreamGemmTimesAtQwen3Shapes: Qwen3-8B shapes, 1 and 16 rows);
+#   3. whole steps, synthetic Qwen3-8B + forced-100 % DFlash-b16 (bench --kernels), under each
+#      entry of VARIANTS (environment assignments joined by '+'; GEMV=stream for all but "auto").
+# STAGES="tests times bench" picks stages. Files into $OUT: stream_bulk.txt (the summary), the
+# test logs, times.txt, bench_<variant>.txt.
+set -u
+T0=$SECONDS
+. tools/device/device_env.sh
+start_session "$OUT/stream_bulk.txt"
+STAGES=${STAGES:-"tests times bench"}
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+want bench && start_synth /tmp/synth.txt
+if want tests; then
+  timeout 200 $D/cuda_ops_test \
+    --gtest_filter='*Stream*:*Matmul*:*RowCount*:*Captured*:*Swiglu*:*Norms*:*SplitAttention*:*PagedAttention*' \
+    > $OUT/ops_tests.txt 2>&1
+  echo "-- cuda_ops_test rc=$? ($((SECONDS - T0)) s)"
+  grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which is|variant" $OUT/ops_tests.txt | head -30
+  timeout 200 $D/cuda_models_test --gtest_filter='*StreamGemm*:*Relatives*:*Drafters*' \
+    > $OUT/models_tests.txt 2>&1
+  echo "-- cuda_models_test rc=$? ($((SECONDS - T0)) s)"
+  grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which is|variant" $OUT/models_tests.txt | head -20
+fi
+if want times; then
+  BLOCKSPEC_STREAM_TIMES=1 timeout 150 $D/cuda_ops_test --gtest_filter='*StreamGemmTimes*' \
+    > $OUT/times.txt 2>&1
+  echo "-- times rc=$? ($((SECONDS - T0)) s)"
+  grep "^\[ " $OUT/times.txt
+fi
+if want bench; then
+  wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
+  ALL=BLOCKSPEC_STREAM_MAX_MIB=4096
+  VARIANTS=${VARIANTS:-"auto - BLOCKSPEC_STREAM_VARIANT=4+$ALL BLOCKSPEC_STREAM_VARIANT=4+$ALL+BLOCKSPEC_STREAM_FUSE=0 BLOCKSPEC_STREAM_VARIANT=5+$ALL BLOCKSPEC_STREAM_VARIANT=4"}
+  for v in $VARIANTS; do
+    tag=${v//[^A-Za-z0-9]/_}; e=${v//+/ }; gemv=stream
+    [ "$v" = - ] && e= && tag=stream_default
+    [ "$v" = auto ] && e= && gemv=auto
+    f=$OUT/bench_$tag.txt
+    env $e timeout 100 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 \
+      --device cuda --iters 20 --context 512 --gen-tokens 256 --gemv $gemv --kernels > $f 2>&1
+    echo "-- $v (--gemv $gemv) rc=$? ($((SECONDS - T0)) s)"
+    grep -E "decode step \(|verify step \(|draft step|^generate \(spec|output ==|error" $f \
+      | sed 's/host time.*output/... output/'
+  done
+fi
+echo "total $((SECONDS - T0)) s"
