@@ -638,18 +638,60 @@ TEST_F(CudaOps, StreamGemmTimesAtQwen3Shapes) {
 
 // With the 16-row algorithm pinned for up to 512 rows, row r of a 512-row product equals the
 // row computed alone (what batched speculative decoding needs to equal batched plain decoding
-// beyond 16 rows per step).
+// beyond 16 rows per step); likewise the few-row kernels of kMma and kStream (the stream GEMM's
+// cp.async default and bulk variant 4, plain and with its fused RMSNorm / SwiGLU), which take
+// such products 16 rows at a time.
 TEST_F(CudaOps, PinnedAlgorithmRowsAreIndependentOfRowCountUpTo512) {
 #ifdef BLOCKSPEC_HAS_CUDA
   cuda::set_pinned_rows(*gpu_, 512);
   for (const int64_t k : {4096, 12288}) {
     const int64_t m = 1024;
     Tensor gw = weight(*gpu_, {m, k}, rnd(m * k, 0.05f));
-    expect_rows_independent(
-        512, k, m, {1, 16, 17, 64, 128, 200, 511},
-        [&](const Tensor& y, const Tensor& x) { gpu_->matmul(y, x, gw); },
-        "k=" + std::to_string(k));
+    Tensor norm_w = weight(*gpu_, {k}, rnd(k, 0.5f));
+    Tensor scratch = make(*gpu_, {512, k}, DType::kBF16);
+    Tensor gate_up = gpu_act({512, 2 * k}, rnd(512 * 2 * k));
+    struct Mode {
+      const char* name;
+      cuda::GemvMode mode;
+      int variant;
+    };
+    for (const Mode md :
+         {Mode{"auto", cuda::GemvMode::kAuto, 0}, Mode{"mma", cuda::GemvMode::kMma, 0},
+          Mode{"stream v0", cuda::GemvMode::kStream, 0},
+          Mode{"stream v4", cuda::GemvMode::kStream, 4}}) {
+      cuda::set_gemv_mode(*gpu_, md.mode);
+      cuda::set_stream_options(*gpu_, md.variant, kAnySize);
+      const std::string what = fmt::format("{} k={}", md.name, k);
+      expect_rows_independent(
+          512, k, m, {1, 16, 17, 64, 128, 200, 511},
+          [&](const Tensor& y, const Tensor& x) { gpu_->matmul(y, x, gw); }, what);
+      if (md.variant == 4) {
+        expect_rows_independent(
+            512, k, m, {1, 17, 200},
+            [&](const Tensor& y, const Tensor& x) {
+              gpu_->norm_matmul(y, scratch.rows(0, x.dim(0)), x, norm_w, 1e-6f, gw);
+            },
+            what + " norm_matmul");
+        // SwiGLU: the rows of gate_up, 1 and then n at a time, against the single rows.
+        std::vector<float> single;
+        for (int64_t r = 0; r < 200; ++r) {
+          Tensor y = make(*gpu_, {1, m}, DType::kF32);
+          gpu_->swiglu_matmul(y, scratch.rows(0, 1), gate_up.rows(r, 1), gw);
+          const auto h = gpu_->to_host_f32(y);
+          single.insert(single.end(), h.begin(), h.end());
+        }
+        for (const int64_t n : {17, 200}) {
+          Tensor y = make(*gpu_, {n, m}, DType::kF32);
+          gpu_->swiglu_matmul(y, scratch.rows(0, n), gate_up.rows(0, n), gw);
+          const auto got = gpu_->to_host_f32(y);
+          EXPECT_TRUE(std::equal(got.begin(), got.end(), single.begin()))
+              << what << " swiglu_matmul n=" << n;
+        }
+      }
+    }
   }
+  cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
+  cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
   cuda::set_pinned_rows(*gpu_, 16);
 #endif
 }

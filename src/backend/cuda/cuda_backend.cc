@@ -680,16 +680,23 @@ class CudaBackend final : public Backend {
     const bool bias_f32 = !bias || bias->dtype() == DType::kF32;
     const bool bf16_in = x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && bias_f32;
     const float* bp = bias ? bias->as<float>() : nullptr;
-    if (gemv_mode_ == GemvMode::kMma && bf16_in && n <= kSkinnyMaxRows) {
-      CUDA_CHECK(skinny_gemm(out(y), x.data(), w.data(), bp, n, m, k, accumulate, stream_));
+    const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
+    if (gemv_mode_ == GemvMode::kMma && bf16_in && n <= pinned_rows_) {
+      for_row_groups(n, [&](int64_t r0, int64_t rows) {
+        CUDA_CHECK(skinny_gemm(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(), w.data(), bp, rows,
+                               m, k, accumulate, stream_));
+      });
       return;
     }
     // Which matrices take the stream GEMM depends on their shape only, never on n (a row's bits
     // must not depend on how many rows share the product).
     if (gemv_mode_ == GemvMode::kStream && bf16_in && m * k * 2 <= stream_max_bytes_ &&
-        stream_gemm_supported(n, k, x.data(), w.data())) {
-      CUDA_CHECK(stream_gemm(out(y), x.data(), w.data(), bp, n, m, k, accumulate, stream_,
-                             stream_variant_));
+        n <= pinned_rows_ &&
+        stream_gemm_supported(std::min(n, kSkinnyMaxRows), k, x.data(), w.data())) {
+      for_row_groups(n, [&](int64_t r0, int64_t rows) {
+        CUDA_CHECK(stream_gemm(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(), w.data(), bp, rows,
+                               m, k, accumulate, stream_, stream_variant_));
+      });
       return;
     }
     if (gemv_mode_ == GemvMode::kSimt && bf16_in && gemv_supported(n, k, x.data(), w.data())) {
@@ -705,6 +712,14 @@ class CudaBackend final : public Backend {
              algo_n);
   }
 
+  // Runs f(r0, rows) over rows [0, n) in groups of at most kSkinnyMaxRows, in order. The few-row
+  // kernels (kMma, kStream) give a row the same bits whatever group it is in, so products of up
+  // to pinned_rows_ rows (a batch's decode rows, its verify blocks) stay row-invariant as with
+  // kAuto's pinned algorithm, at the cost of streaming the weights once a group.
+  template <typename F>
+  static void for_row_groups(int64_t n, F&& f) {
+    for (int64_t r0 = 0; r0 < n; r0 += kSkinnyMaxRows) f(r0, std::min(kSkinnyMaxRows, n - r0));
+  }
   // Whether a product y = x · wᵀ (+ bias) of n rows takes a fused stream GEMM: the stream mode
   // with a fusing variant, and the matrix routed to it (by shape only, as in matmul).
   bool fuses_stream(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
@@ -714,16 +729,21 @@ class CudaBackend final : public Backend {
            x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
            (!bias || bias->dtype() == DType::kF32) &&
            (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
-           m * k * 2 <= stream_max_bytes_ && stream_gemm_supported(n, k, x.data(), w.data());
+           m * k * 2 <= stream_max_bytes_ && n <= pinned_rows_ &&
+           stream_gemm_supported(std::min(n, kSkinnyMaxRows), k, x.data(), w.data());
   }
   void norm_matmul(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
                    float eps, const Tensor& w, const Tensor* bias, bool accumulate) override {
     const int64_t m = w.dim(0), k = w.dim(-1), n = k ? x.numel() / k : 0;
     BS_CHECK(x.numel() == n * k && y.numel() == n * m && norm_w.numel() == k);
     if (n > 0 && norm_w.dtype() == DType::kF32 && fuses_stream(y, x, w, bias, n)) {
-      CUDA_CHECK(stream_gemm_fused(out(y), StreamX::kRmsNormed, x.data(), norm_w.as<float>(), eps,
-                                   w.data(), bias ? bias->as<float>() : nullptr, n, m, k,
-                                   accumulate, stream_, stream_variant_));
+      const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
+      for_row_groups(n, [&](int64_t r0, int64_t rows) {
+        CUDA_CHECK(stream_gemm_fused(out(y2.rows(r0, rows)), StreamX::kRmsNormed,
+                                     x2.rows(r0, rows).data(), norm_w.as<float>(), eps, w.data(),
+                                     bias ? bias->as<float>() : nullptr, rows, m, k, accumulate,
+                                     stream_, stream_variant_));
+      });
       return;
     }
     Backend::norm_matmul(y, xn, x, norm_w, eps, w, bias, accumulate);
@@ -733,9 +753,13 @@ class CudaBackend final : public Backend {
     const int64_t m = w.dim(0), k = w.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
     if (n > 0 && fuses_stream(y, gate_up, w, bias, n)) {
-      CUDA_CHECK(stream_gemm_fused(out(y), StreamX::kSwiglu, gate_up.data(), nullptr, 0.0f,
-                                   w.data(), bias ? bias->as<float>() : nullptr, n, m, k,
-                                   accumulate, stream_, stream_variant_));
+      const Tensor gu2 = gate_up.view({n, 2 * k}), y2 = y.view({n, m});
+      for_row_groups(n, [&](int64_t r0, int64_t rows) {
+        CUDA_CHECK(stream_gemm_fused(out(y2.rows(r0, rows)), StreamX::kSwiglu,
+                                     gu2.rows(r0, rows).data(), nullptr, 0.0f, w.data(),
+                                     bias ? bias->as<float>() : nullptr, rows, m, k, accumulate,
+                                     stream_, stream_variant_));
+      });
       return;
     }
     Backend::swiglu_matmul(y, act, gate_up, w, bias, accumulate);
