@@ -18,6 +18,10 @@
 // which never mix): a 1-row decode equals row 0 of a 16-row verify bit for bit. x rows n..NT*8-1
 // are zero in every stage; rows past m and k-elements past k are masked, not copied.
 //
+// More than 8 rows with k <= kMaxResidentK (not SwiGLU): x's rows are copied whole, once, into
+// shared memory (x resident) and the stages carry weights only, so L2 hands each block x once
+// instead of once a tile; the consumers read the same values in the same order (the same bits).
+//
 // PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
 // the kernel before), their x copies after it; the stage's barrier waits for both.
 #include <cuda_bf16.h>
@@ -99,17 +103,27 @@ struct BulkX {
   float eps = 0.0f;
 };
 
-template <int KC, int S, int NT, StreamX XS>
+// x resident (XR): the block copies x's rows once, whole, into shared memory instead of a chunk
+// of them with every stage: at 16 rows the per-stage copies move as many bytes from L2 as the
+// weights do, which is what held every earlier 16-row stream kernel back. For k up to this.
+constexpr int kMaxResidentK = 4096;
+
+template <int KC, int S, int NT, StreamX XS, bool XR>
 struct BulkLayout {
   static constexpr int kRowBytes = KC * 2 + 64;
-  static constexpr int kXRows = NT * 8 * (XS == StreamX::kSwiglu ? 2 : 1);   // gate rows, up rows
+  static constexpr int kXRows = XR ? 0 : NT * 8 * (XS == StreamX::kSwiglu ? 2 : 1);  // gate, up
+  static constexpr int kNormOffset = (16 + kXRows) * kRowBytes;                      // in a stage
   static constexpr int kNormBytes = XS == StreamX::kRmsNormed ? KC * 4 : 0;  // F32 norm weights
-  static constexpr int kStageBytes = (16 + kXRows) * kRowBytes + kNormBytes;
+  static constexpr int kStageBytes = kNormOffset + kNormBytes;
+  static constexpr int kXResRowBytes = kMaxResidentK * 2 + 64;  // padded as kRowBytes
+  static constexpr size_t kXResBytes = XR ? size_t{NT} * 8 * kXResRowBytes : 0;
+  static constexpr size_t kXResOffset = size_t{S} * kStageBytes;
   static constexpr int kRedFloats = 2 * kConsumers * NT * 4 * 32;  // two tiles' partials
   static constexpr int kSsFloats = XS == StreamX::kRmsNormed ? kConsumers * NT * 8 : 0;
   static constexpr size_t kBarOffset =
-      size_t{S} * kStageBytes + (kRedFloats + kSsFloats) * sizeof(float);
-  static constexpr size_t kBytes = kBarOffset + 2 * S * sizeof(uint64_t);
+      kXResOffset + kXResBytes + (kRedFloats + kSsFloats) * sizeof(float);
+  static constexpr size_t kBytes = kBarOffset + (2 * S + 1) * sizeof(uint64_t);
+  static_assert(!XR || XS != StreamX::kSwiglu, "gate and up rows are never resident");
   static_assert(KC % (kSub * kConsumers) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
   static_assert(kBytes <= 232448, "one block's shared memory on sm_90");
@@ -145,18 +159,20 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-template <int KC, int S, int NT, StreamX XS, typename TY>
+template <int KC, int S, int NT, StreamX XS, bool XR, typename TY>
 __global__ void __launch_bounds__((kConsumers + 1) * 32)
     stream_bulk_kernel(TY* y, BulkX x, const __nv_bfloat16* w, const float* bias, int n, int64_t m,
                        int64_t k, int64_t tiles, bool accumulate) {
-  using L = BulkLayout<KC, S, NT, XS>;
+  using L = BulkLayout<KC, S, NT, XS, XR>;
   constexpr bool kNorm = XS == StreamX::kRmsNormed, kSwiglu = XS == StreamX::kSwiglu;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
   unsigned char* stages = bulk_smem;  // [S][16 + kXRows][kRowBytes] (+ [KC] F32 norm weights)
-  float* red = reinterpret_cast<float*>(bulk_smem + size_t{S} * L::kStageBytes);
+  unsigned char* x_res = bulk_smem + L::kXResOffset;  // XR: [NT * 8][kXResRowBytes]
+  float* red = reinterpret_cast<float*>(x_res + L::kXResBytes);
   float* ss_part = red + L::kRedFloats;  // kRmsNormed: [warp][x row] sums of squares
   uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + L::kBarOffset);
   uint64_t* empty = full + S;
+  uint64_t* x_ready = empty + S;  // XR: x's rows have landed
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t G = gridDim.x;
   const int64_t chunks = (k + KC - 1) / KC;
@@ -169,17 +185,27 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumers);
     }
+    mbar_init(x_ready, 1);
     mbar_init_fence();
   }
   // x rows n.. (of each x block) are never copied: zero in every stage, so their (discarded)
   // mma columns are finite.
-  constexpr int kRowVecs = L::kRowBytes / 16;
-  const int unused = NT * 8 - n, per_stage = unused * kRowVecs * (kSwiglu ? 2 : 1);
-  for (int i = threadIdx.x; i < S * per_stage; i += blockDim.x) {
-    const int s = i / per_stage, rest = i % per_stage, r = rest / kRowVecs;
-    const int row = 16 + (r < unused ? n + r : NT * 8 + n + (r - unused));
-    reinterpret_cast<uint4*>(stages + s * L::kStageBytes + row * L::kRowBytes)[rest % kRowVecs] =
-        make_uint4(0, 0, 0, 0);
+  const int unused = NT * 8 - n;
+  if constexpr (XR) {
+    constexpr int kVecs = L::kXResRowBytes / 16;
+    for (int i = threadIdx.x; i < unused * kVecs; i += blockDim.x) {
+      reinterpret_cast<uint4*>(x_res + (n + i / kVecs) * L::kXResRowBytes)[i % kVecs] =
+          make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    constexpr int kRowVecs = L::kRowBytes / 16;
+    const int per_stage = unused * kRowVecs * (kSwiglu ? 2 : 1);
+    for (int i = threadIdx.x; i < S * per_stage; i += blockDim.x) {
+      const int s = i / per_stage, rest = i % per_stage, r = rest / kRowVecs;
+      const int row = 16 + (r < unused ? n + r : NT * 8 + n + (r - unused));
+      reinterpret_cast<uint4*>(stages + s * L::kStageBytes + row * L::kRowBytes)[rest % kRowVecs] =
+          make_uint4(0, 0, 0, 0);
+    }
   }
   __syncthreads();
 
@@ -195,7 +221,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       uint32_t row_bytes;
       stage_rows(i, tile, k0, row_bytes);
       const int64_t w_rows = min64(16, m - tile * 16);
-      const int64_t x_rows = static_cast<int64_t>(n) * (kSwiglu ? 2 : 1);
+      const int64_t x_rows = XR ? 0 : static_cast<int64_t>(n) * (kSwiglu ? 2 : 1);
       const uint32_t norm_bytes = kNorm ? 2 * row_bytes : 0;
       if (lane == 0) {
         mbar_arrive_expect(&full[i % S],
@@ -215,9 +241,9 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
         bulk_copy(st + lane * L::kRowBytes, w + r * k + k0, row_bytes, bar);
       }
       if (kNorm && weights && lane == 31) {
-        bulk_copy(st + (16 + L::kXRows) * L::kRowBytes, x.norm_w + k0, 2 * row_bytes, bar);
+        bulk_copy(st + L::kNormOffset, x.norm_w + k0, 2 * row_bytes, bar);
       }
-      if (xs && lane < n) {
+      if (!XR && xs && lane < n) {
         const __nv_bfloat16* src = x.p + lane * x_stride + k0;
         bulk_copy(st + (16 + lane) * L::kRowBytes, src, row_bytes, bar);
         if (kSwiglu) bulk_copy(st + (16 + NT * 8 + lane) * L::kRowBytes, src + k, row_bytes, bar);
@@ -228,8 +254,17 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       announce(i);
       issue(i, true, false);
     }
-    griddep_wait();  // x comes from the kernels before
-    for (int64_t i = 0; i < first; ++i) issue(i, false, true);
+    griddep_wait();      // x comes from the kernels before
+    if constexpr (XR) {  // x's rows whole, once
+      if (lane == 0) mbar_arrive_expect(x_ready, static_cast<uint32_t>(n * k * 2));
+      __syncwarp();
+      if (lane < n) {
+        bulk_copy(x_res + lane * L::kXResRowBytes, x.p + lane * x_stride,
+                  static_cast<uint32_t>(k * 2), x_ready);
+      }
+    } else {
+      for (int64_t i = 0; i < first; ++i) issue(i, false, true);
+    }
     griddep_launch();
     for (int64_t i = first; i < total; ++i) {
       mbar_wait(&empty[i % S], static_cast<uint32_t>((i / S - 1) & 1));  // lap i / S - 1 released
@@ -250,6 +285,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
     acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     ss[nt] = 0.0f;
   }
+  if constexpr (XR) mbar_wait(x_ready, 0);
   int64_t i = 0;
   for (int64_t tt = 0; tt < my_tiles; ++tt) {
     for (int64_t c = 0; c < chunks; ++c, ++i) {
@@ -267,8 +303,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
         const uint4 wb = live ? ld_shared16(st + (g + 8) * L::kRowBytes + off) : zero;
         float gw[8];  // kRmsNormed: the norm's weights of these 8 k-elements
         if constexpr (kNorm) {
-          const float4* src =
-              reinterpret_cast<const float4*>(st + (16 + L::kXRows) * L::kRowBytes + e0 * 4);
+          const float4* src = reinterpret_cast<const float4*>(st + L::kNormOffset + e0 * 4);
           const float4 g0 = live ? src[0] : make_float4(0, 0, 0, 0);
           const float4 g1 = live ? src[1] : make_float4(0, 0, 0, 0);
           gw[0] = g0.x, gw[1] = g0.y, gw[2] = g0.z, gw[3] = g0.w;
@@ -276,7 +311,9 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          uint4 xr = live ? ld_shared16(st + (16 + g + 8 * nt) * L::kRowBytes + off) : zero;
+          const unsigned char* xp = XR ? x_res + (g + 8 * nt) * L::kXResRowBytes + (c * KC + e0) * 2
+                                       : st + (16 + g + 8 * nt) * L::kRowBytes + off;
+          uint4 xr = live ? ld_shared16(xp) : zero;
           if constexpr (kNorm) {
             float sq = 0.0f;
             xr = scale_by_norm_weights(xr, gw, sq);
@@ -335,11 +372,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
   }
 }
 
-template <int KC, int S, int NT, StreamX XS, typename TY>
+template <int KC, int S, int NT, StreamX XS, bool XR, typename TY>
 cudaError_t launch_bulk_typed(TY* y, BulkX x, const __nv_bfloat16* w, const float* bias, int n,
                               int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
-  constexpr size_t smem = BulkLayout<KC, S, NT, XS>::kBytes;
-  auto* kernel = stream_bulk_kernel<KC, S, NT, XS, TY>;
+  constexpr size_t smem = BulkLayout<KC, S, NT, XS, XR>::kBytes;
+  auto* kernel = stream_bulk_kernel<KC, S, NT, XS, XR, TY>;
   // Per instantiation, once: the shared-memory opt-in and one wave (resident blocks).
   static const int wave = [&] {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -356,28 +393,40 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const __nv_bfloat16* w, const floa
                     tiles, accumulate);
 }
 
-template <int KC, int S, int NT, StreamX XS>
+template <int KC, int S, int NT, StreamX XS, bool XR = false>
 cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                         int64_t k, bool accumulate, cudaStream_t s) {
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   if (y.t == Elem::kF32) {
-    return launch_bulk_typed<KC, S, NT, XS>(static_cast<float*>(y.p), x, wb, bias, n, m, k,
-                                            accumulate, s);
+    return launch_bulk_typed<KC, S, NT, XS, XR>(static_cast<float*>(y.p), x, wb, bias, n, m, k,
+                                                accumulate, s);
   }
-  return launch_bulk_typed<KC, S, NT, XS>(static_cast<__nv_bfloat16*>(y.p), x, wb, bias, n, m, k,
-                                          accumulate, s);
+  return launch_bulk_typed<KC, S, NT, XS, XR>(static_cast<__nv_bfloat16*>(y.p), x, wb, bias, n, m,
+                                              k, accumulate, s);
+}
+
+// Up to 8 rows: x a chunk a stage (as many x bytes as n / 16 of the weights'); more: x resident
+// where it fits (not for SwiGLU's two rows a row). The same arithmetic either way.
+template <int KC, int S, StreamX XS>
+cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
+                        int64_t k, bool accumulate, cudaStream_t s) {
+  if (n <= 8) return launch_bulk<KC, S, 1, XS>(y, x, w, bias, n, m, k, accumulate, s);
+  if constexpr (XS != StreamX::kSwiglu) {
+    if (k <= kMaxResidentK) {
+      return launch_bulk<KC, S, 2, XS, true>(y, x, w, bias, n, m, k, accumulate, s);
+    }
+  }
+  return launch_bulk<KC, S, 2, XS>(y, x, w, bias, n, m, k, accumulate, s);
 }
 
 template <StreamX XS>
 cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                            int64_t k, bool accumulate, cudaStream_t s, int variant) {
   if (variant == 5) {  // 1 KiB of a weight row a stage, 4 stages
-    return n <= 8 ? launch_bulk<512, 4, 1, XS>(y, x, w, bias, n, m, k, accumulate, s)
-                  : launch_bulk<512, 4, 2, XS>(y, x, w, bias, n, m, k, accumulate, s);
+    return launch_rows<512, 4, XS>(y, x, w, bias, n, m, k, accumulate, s);
   }
   // 512 bytes of a weight row a stage, 8 stages
-  return n <= 8 ? launch_bulk<256, 8, 1, XS>(y, x, w, bias, n, m, k, accumulate, s)
-                : launch_bulk<256, 8, 2, XS>(y, x, w, bias, n, m, k, accumulate, s);
+  return launch_rows<256, 8, XS>(y, x, w, bias, n, m, k, accumulate, s);
 }
 
 }  // namespace
