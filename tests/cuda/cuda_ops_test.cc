@@ -747,7 +747,7 @@ struct Fp8Shape {
 const std::vector<Fp8Shape> kFp8Shapes = {{4096, 4096}, {1003, 4096}, {300, 12288},
                                           {70, 16},     {37, 48},     {45, 4112}};
 const std::vector<std::pair<cuda::Fp8Kernel, std::string>> kFp8Kernels = {
-    {cuda::Fp8Kernel::kV2, "v2"}, {cuda::Fp8Kernel::kV1, "v1"}};
+    {cuda::Fp8Kernel::kV2, "v2"}, {cuda::Fp8Kernel::kBulk, "bulk"}, {cuda::Fp8Kernel::kV1, "v1"}};
 
 // The reference of an FP8 product: y[r, j] = scale[j] * sum_c f16(x[r, c]) * e4m3(q[j, c]) in
 // fp64 (x rounded to FP16 and saturated at +-65504, as the kernels take it), and the same sum
@@ -864,6 +864,39 @@ TEST_F(CudaOps, Fp8KernelsRowsAreBitIdenticalForEveryRowCount) {
           EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0)
               << name << " m=" << c.m << " k=" << c.k << " rows=" << n
               << (accumulate ? " accumulate" : "");
+        }
+      }
+    }
+  }
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
+}
+
+// The bulk kernel splits k over its 8 consumer warps exactly as v1 splits it over its 8 warps and
+// sums them and scales the same way: the same bits as v1 for every shape, row count (x a chunk a
+// stage up to 8 rows, x resident for 9-16 rows with k <= 4096, several launches past 16), output
+// type and accumulation; a stage read before its copy landed or a chunk off by one shows here.
+TEST_F(CudaOps, Fp8BulkKernelGivesV1Bits) {
+  for (const Fp8Shape& c : kFp8Shapes) {
+    const Fp8Weight w = gpu_->quantize_fp8_rows(weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.05f)));
+    for (const int64_t n : {1, 5, 9, 16, 40}) {
+      Tensor gx = gpu_act({n, c.k}, rnd(n * c.k));
+      const auto yv = rnd(n * c.m);
+      for (const DType out : {DType::kF32, DType::kBF16}) {
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> v1;
+          for (const cuda::Fp8Kernel kernel : {cuda::Fp8Kernel::kV1, cuda::Fp8Kernel::kBulk}) {
+            cuda::set_fp8_kernel(*gpu_, kernel);
+            Tensor y = gpu_act({n, c.m}, yv, out);
+            gpu_->matmul_fp8(y, gx, w, accumulate);
+            const auto got = gpu_->to_host_f32(y);
+            if (kernel == cuda::Fp8Kernel::kV1) {
+              v1 = got;
+              continue;
+            }
+            EXPECT_EQ(std::memcmp(got.data(), v1.data(), got.size() * sizeof(float)), 0)
+                << "m=" << c.m << " k=" << c.k << " n=" << n
+                << (out == DType::kBF16 ? " bf16" : " f32") << (accumulate ? " accumulate" : "");
+          }
         }
       }
     }

@@ -3,8 +3,9 @@
 # build-cuda/ (FULL=1 bash tools/device/pack_session8.sh build -; carry ["build-cuda/pack"]):
 # the bulk-copy stream GEMMs (stream_gemm.h variants 4, 5) and their fused RMSNorm / SwiGLU forms
 # (issue 17), in one call of about 6 minutes:
-#   1. their tests: cuda_ops_test's stream GEMM / matmul / attention tests, cuda_models_test's
-#      greedy speculative == plain with each stream variant and the drafter families;
+#   1. their tests: cuda_ops_test's stream GEMM / FP8 / matmul / attention tests, cuda_models_test's
+#      greedy speculative == plain with each stream variant and the drafter families, then
+#      compute-sanitizer memcheck over the bulk kernels' bit tests;
 #   2. the per-matrix microbenchmark of every variant against pinned cuBLASLt
 #      (StreamGemmTimesAtQwen3Shapes: Qwen3-8B shapes, 1 and 16 rows);
 #   3. whole steps, synthetic Qwen3-8B + forced-100 % DFlash-b16 (bench --kernels), under each
@@ -20,7 +21,7 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 want bench && start_synth /tmp/synth.txt
 if want tests; then
   timeout 200 $D/cuda_ops_test \
-    --gtest_filter='*Stream*:*Matmul*:*RowCount*:*Captured*:*Swiglu*:*Norms*:*SplitAttention*:*PagedAttention*' \
+    --gtest_filter='*Stream*:*Fp8*:*Matmul*:*RowCount*:*Captured*:*Swiglu*:*Norms*:*SplitAttention*:*PagedAttention*' \
     > $OUT/ops_tests.txt 2>&1
   echo "-- cuda_ops_test rc=$? ($((SECONDS - T0)) s)"
   grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which is|variant" $OUT/ops_tests.txt | head -30
@@ -28,6 +29,14 @@ if want tests; then
     > $OUT/models_tests.txt 2>&1
   echo "-- cuda_models_test rc=$? ($((SECONDS - T0)) s)"
   grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which is|variant" $OUT/models_tests.txt | head -20
+  # compute-sanitizer memcheck over the bulk kernels' bit tests (SANITIZE=0: not); rc 0 when clean.
+  if [ "${SANITIZE:-1}" = 1 ]; then
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    timeout 150 "$CS" --tool memcheck --error-exitcode 99 $D/cuda_ops_test \
+      --gtest_filter='*StreamBulkVariantsEqual*:*Fp8BulkKernelGivesV1Bits*' > $OUT/bulk_memcheck.txt 2>&1
+    echo "-- memcheck rc=$? ($((SECONDS - T0)) s)"
+    grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED)" $OUT/bulk_memcheck.txt
+  fi
 fi
 if want times; then
   BLOCKSPEC_STREAM_TIMES=1 timeout 150 $D/cuda_ops_test --gtest_filter='*StreamGemmTimes*' \

@@ -801,6 +801,15 @@ class CudaBackend final : public Backend {
                                          accumulate, ws, stream_));
       return;
     }
+    if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q) &&
+        fp8_kernel_ == Fp8Kernel::kBulk) {  // v1's bits, 16 rows a launch as v1
+      const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
+      for_row_groups(n, [&](int64_t r0, int64_t rows) {
+        CUDA_CHECK(bs::cuda::fp8_bulk_matmul(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(), q,
+                                             w.scale.as<float>(), rows, m, k, accumulate, stream_));
+      });
+      return;
+    }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
       // v1 (the default): an FP16 copy of x, made once for more than 8 rows.
       void* x16 =
@@ -1479,8 +1488,9 @@ class CudaBackend final : public Backend {
                                ? CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE
                                : CUBLASLT_REDUCTION_SCHEME_NONE;
     }
-    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2"}); c >= 0) {
-      fp8_kernel_ = c == 0 ? Fp8Kernel::kV1 : Fp8Kernel::kV2;
+    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2", "bulk"}); c >= 0) {
+      constexpr Fp8Kernel kKernels[] = {Fp8Kernel::kV1, Fp8Kernel::kV2, Fp8Kernel::kBulk};
+      fp8_kernel_ = kKernels[c];
     }
   }
   static bool all_bf16(std::initializer_list<const Tensor*> ts) {

@@ -62,8 +62,10 @@ void set_gemv_mode(Backend& backend, GemvMode mode);
 void set_pinned_rows(Backend& backend, int64_t rows);
 // Backend::matmul_fp8's kernel for BF16 x (fp8_matmul.cu): kV1 (default) or kV2, the split-K
 // ring variant (also BLOCKSPEC_FP8_KERNEL=v2, read when the backend is made; slower on the H200
-// at the draft step's shapes). Both keep the row-count invariance; their roundings differ.
-enum class Fp8Kernel { kV1, kV2 };
+// at the draft step's shapes), or kBulk (BLOCKSPEC_FP8_KERNEL=bulk; stream_bulk.cu, not yet
+// measured), v1's arithmetic through the bulk-copy engine. All keep the row-count invariance;
+// v2's rounding differs, kBulk gives v1's bits.
+enum class Fp8Kernel { kV1, kV2, kBulk };
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // Split-KV attention's split pass (paged_attention.cu), for the whole process: kV1, a
 // block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's

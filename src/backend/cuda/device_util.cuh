@@ -84,16 +84,24 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return r;
 }
 
-// d += a . b on the tensor cores, m16n8k16, BF16 in, fp32 accumulate (the mma.sync fragment
-// layouts: a0..a3 = A rows g / g + 8 at k 2t / 2t + 8, b0, b1 = B column g at k 2t / 2t + 8).
+// d += a . b on the tensor cores, m16n8k16, fp32 accumulate, BF16 operands (FP16 with kF16)
+// (the mma.sync fragment layouts: a0..a3 = A rows g / g + 8 at k 2t / 2t + 8, b0, b1 = B column
+// g at k 2t / 2t + 8).
+#define BS_MMA16816(TYPES)                                                    \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPES                 \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])               \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <bool kF16 = false>
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  if constexpr (kF16) {
+    BS_MMA16816("f16.f16");
+  } else {
+    BS_MMA16816("bf16.bf16");
+  }
 }
+#undef BS_MMA16816
 
 // 16 bytes from global to shared memory without passing through registers (cp.async.cg: cached
 // in L2 only); the first src_bytes (0 or 16) are copied, the rest zero-filled (src must still be

@@ -267,6 +267,12 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
 // up front instead of in every block (same values).
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
+// The same product through the bulk-copy engine (stream_bulk.cu; BLOCKSPEC_FP8_KERNEL=bulk): the
+// same operands and shapes (n <= kSkinnyMaxRows a launch), fp8_matmul's arithmetic exactly (the
+// same bits), the weights streamed by a producer warp's cp.async.bulk ring and, for 9-16 rows
+// with k <= 4096, x copied once per block instead of read again for every 16 features.
+cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
+                            int64_t m, int64_t k, bool accumulate, cudaStream_t s);
 // v2 of the same product (BLOCKSPEC_FP8_KERNEL=v2; fp8_matmul above, v1, is the default): the
 // same operands, supported shapes and contract (row r's result does not depend on n; x rounded
 // to FP16 saturated; y (+)= scale[j] * sum), x staged once per block in shared memory and the

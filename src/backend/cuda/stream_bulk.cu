@@ -1,41 +1,45 @@
-// Weight-streaming skinny GEMM with bulk copies (stream_gemm.h variants 4 and 5; issue 17): the
-// same product as stream_gemm.cu, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), but the weights
-// arrive through the Hopper bulk-copy engine instead of 16-byte cp.async per lane.
+// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4 and 5 (BF16
+// weights, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), plain or with x's RMSNorm / SwiGLU
+// fused) and the FP8 weight-only product's bulk kernel (kernels.h, fp8_bulk_matmul), the weights
+// arriving through the Hopper bulk-copy engine instead of 16-byte loads per lane.
 //
-// Why: the cp.async kernels stream the large matrices at 3.5-3.6 TB/s where cuBLASLt reaches
-// 4.0-4.2 (docs/BENCHMARKS.md, session 10), and every lane spends instructions and registers on
-// address arithmetic and waits. Here one producer warp keeps S stages in flight per block, each
-// stage one bulk copy per weight row (KC k-elements, contiguous in memory) and per x row, all
-// completing on one mbarrier (expected bytes); four consumer warps read their mma.sync fragments
-// from shared memory and release the stage on a second mbarrier. One block per SM, persistent:
-// block b streams tiles b, b + G, ... back to back, the ring running on across tile ends.
+// Why: the per-lane kernels stream the large matrices at 3.5-3.6 TB/s (BF16) and 1.8-2.9 TB/s
+// (FP8, 16 rows) where cuBLASLt's BF16 GEMMs reach 4.0-4.2 (docs/BENCHMARKS.md, sessions 10, 18).
+// Here one producer warp keeps S stages in flight per block, each stage one bulk copy per weight
+// row (KC k-elements, contiguous in memory) and per x row, all completing on one mbarrier
+// (expected bytes); CW consumer warps read their mma.sync fragments from shared memory and
+// release the stage on a second mbarrier. Persistent, one wave: block b streams tiles b, b + G,
+// ... back to back, the ring running on across tile ends.
 //
-// Layout of a stage: 16 weight rows, then NT * 8 x rows, each KC * 2 bytes padded by 64 so that
-// the 16-byte fragment reads of a quarter warp (rows g, g + 1; lanes t = 0..3) hit every bank once.
-// Consumer warp w takes the 32-wide sub-chunks w, w + 4, ... of each stage with the k permutation
-// of stream_gemm.cu (lane (g, t) holds k-elements 8t..8t+7 of rows g and g + 8: two k16 steps).
-// A row's arithmetic depends on k, KC and the warp order only, never on n (rows are mma columns,
-// which never mix): a 1-row decode equals row 0 of a 16-row verify bit for bit. x rows n..NT*8-1
-// are zero in every stage; rows past m and k-elements past k are masked, not copied.
+// A stage: 16 weight rows, then the x rows, then (RMSNorm) the norm's F32 weights of the chunk;
+// rows padded by 64 bytes so that the 16-byte fragment reads of a quarter warp (rows g, g + 1,
+// lanes t = 0..3) hit every bank once. Consumer warp w takes the sub-chunks w, w + CW, ... of each
+// stage with the k permutation of stream_gemm.cu / fp8_matmul.cu (lane (g, t) holds consecutive
+// k-elements of rows g and g + 8: 8 BF16 = two k16 steps, or 16 FP8 codes = four). A row's
+// arithmetic depends on k, KC, CW and the warp order only, never on n (rows are mma columns,
+// which never mix): a 1-row decode equals row 0 of a 16-row verify bit for bit. The sub-chunk
+// split makes variants 4 and 5 compute exactly what cp.async variant 1 does (4 warps, 32-wide
+// chunks w, w + 4, ...) and the FP8 kernel exactly what fp8_matmul_kernel (v1) does (8 warps,
+// 64-wide chunks w, w + 8, ...); the tests hold them to those bits. x rows n..NT*8-1 are zero;
+// rows past m and k-elements past k are masked, not copied.
 //
 // More than 8 rows with k <= kMaxResidentK (not SwiGLU): x's rows are copied whole, once, into
 // shared memory (x resident) and the stages carry weights only, so L2 hands each block x once
-// instead of once a tile; the consumers read the same values in the same order (the same bits).
+// instead of once a tile (at 16 rows the per-stage copies move as many bytes as BF16 weights and
+// twice as many as FP8 ones); the consumers read the same values in the same order.
 //
 // PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
-// the kernel before), their x copies after it; the stage's barrier waits for both.
+// the kernel before), x after it; a stage's barrier waits for both.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/fp8_fragments.cuh"
 #include "backend/cuda/stream_gemm.h"
 
 namespace bs::cuda {
 namespace {
-
-constexpr int kConsumers = 4;  // consumer warps; one producer warp more
-constexpr int kSub = 32;       // k-elements a consumer warp takes per step (4 lanes x 8)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -82,9 +86,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
 }
-// Synchronizes the consumer warps only (the producer never waits here).
+// Synchronizes the CW consumer warps only (the producer never waits here).
+template <int CW>
 __device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory");
+  asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");
 }
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -103,37 +108,45 @@ struct BulkX {
   float eps = 0.0f;
 };
 
-// x resident (XR): the block copies x's rows once, whole, into shared memory instead of a chunk
-// of them with every stage: at 16 rows the per-stage copies move as many bytes from L2 as the
-// weights do, which is what held every earlier 16-row stream kernel back. For k up to this.
+// x resident (XR) for k up to this: 16 rows x 8 KiB beside the weight ring.
 constexpr int kMaxResidentK = 4096;
 
-template <int KC, int S, int NT, StreamX XS, bool XR>
-struct BulkLayout {
-  static constexpr int kRowBytes = KC * 2 + 64;
-  static constexpr int kXRows = XR ? 0 : NT * 8 * (XS == StreamX::kSwiglu ? 2 : 1);  // gate, up
-  static constexpr int kNormOffset = (16 + kXRows) * kRowBytes;                      // in a stage
-  static constexpr int kNormBytes = XS == StreamX::kRmsNormed ? KC * 4 : 0;  // F32 norm weights
-  static constexpr int kStageBytes = kNormOffset + kNormBytes;
-  static constexpr int kXResRowBytes = kMaxResidentK * 2 + 64;  // padded as kRowBytes
-  static constexpr size_t kXResBytes = XR ? size_t{NT} * 8 * kXResRowBytes : 0;
+// One kernel configuration and its shared-memory layout (bytes). KC k-elements of each weight
+// row a stage, S stages, NT m16n8 column tiles (8 x rows each), CW consumer warps, FP8 or BF16
+// weights, the x form, x resident or a chunk a stage.
+template <int KC_, int S_, int NT_, int CW_, bool FP8_, StreamX XS_, bool XR_>
+struct Bulk {
+  static constexpr int KC = KC_, S = S_, NT = NT_, CW = CW_;
+  static constexpr bool kFp8 = FP8_, kXR = XR_;
+  static constexpr bool kNorm = XS_ == StreamX::kRmsNormed, kSwiglu = XS_ == StreamX::kSwiglu;
+  static constexpr int kWBytes = kFp8 ? 1 : 2;  // bytes a weight
+  static constexpr int kSub = kFp8 ? 64 : 32;   // k-elements a warp step: 4 lanes x 16 / x 8
+  static constexpr int kWRowBytes = KC * kWBytes + 64;
+  static constexpr int kXRowBytes = KC * 2 + 64;
+  static constexpr int kXRows = kXR ? 0 : NT * 8 * (kSwiglu ? 2 : 1);  // gate rows, up rows
+  static constexpr int kXOffset = 16 * kWRowBytes;                     // in a stage
+  static constexpr int kNormOffset = kXOffset + kXRows * kXRowBytes;
+  static constexpr int kStageBytes = kNormOffset + (kNorm ? KC * 4 : 0);
+  static constexpr int kXResRowBytes = kMaxResidentK * 2 + 64;
   static constexpr size_t kXResOffset = size_t{S} * kStageBytes;
-  static constexpr int kRedFloats = 2 * kConsumers * NT * 4 * 32;  // two tiles' partials
-  static constexpr int kSsFloats = XS == StreamX::kRmsNormed ? kConsumers * NT * 8 : 0;
+  static constexpr size_t kXResBytes = kXR ? size_t{NT} * 8 * kXResRowBytes : 0;
+  static constexpr int kRedFloats = 2 * CW * NT * 128;  // two tiles' partials
+  static constexpr int kSsFloats = kNorm ? CW * NT * 8 : 0;
   static constexpr size_t kBarOffset =
       kXResOffset + kXResBytes + (kRedFloats + kSsFloats) * sizeof(float);
   static constexpr size_t kBytes = kBarOffset + (2 * S + 1) * sizeof(uint64_t);
-  static_assert(!XR || XS != StreamX::kSwiglu, "gate and up rows are never resident");
-  static_assert(KC % (kSub * kConsumers) == 0, "a stage splits evenly over the consumer warps");
+  static constexpr int kThreads = (CW + 1) * 32;
+  static_assert(KC % (kSub * CW) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
   static_assert(kBytes <= 232448, "one block's shared memory on sm_90");
+  static_assert(!kXR || !kSwiglu, "gate and up rows are never resident");
+  static_assert(!kFp8 || XS_ == StreamX::kRows, "FP8 weights take plain x");
 };
 
-// 8 k-elements of x as one mma operand piece (4 words of two BF16 each).
 __device__ __forceinline__ uint4 ld_shared16(const unsigned char* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
-// kRmsNormed: bf16(x * g) for 8 elements, and their squares added to ss (in element order).
+// kRmsNormed: bf16(x * g) for 8 elements, and the sum of their squares (in element order).
 __device__ __forceinline__ uint4 scale_by_norm_weights(uint4 raw, const float* g, float& ss) {
   const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t o[4];
@@ -159,18 +172,20 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-template <int KC, int S, int NT, StreamX XS, bool XR, typename TY>
-__global__ void __launch_bounds__((kConsumers + 1) * 32)
-    stream_bulk_kernel(TY* y, BulkX x, const __nv_bfloat16* w, const float* bias, int n, int64_t m,
-                       int64_t k, int64_t tiles, bool accumulate) {
-  using L = BulkLayout<KC, S, NT, XS, XR>;
-  constexpr bool kNorm = XS == StreamX::kRmsNormed, kSwiglu = XS == StreamX::kSwiglu;
+// w: BF16 [m, k] or FP8 codes [m, k] with w_scale [m] (y = w_scale[j] * sum, fp8_matmul_kernel's
+// epilogue); bias F32 [m] or null (BF16 weights only).
+template <class C, typename TY>
+__global__ void __launch_bounds__(C::kThreads)
+    stream_bulk_kernel(TY* y, BulkX x, const unsigned char* w, const float* w_scale,
+                       const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
+                       bool accumulate) {
+  constexpr int S = C::S, NT = C::NT, CW = C::CW, KC = C::KC;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
-  unsigned char* stages = bulk_smem;  // [S][16 + kXRows][kRowBytes] (+ [KC] F32 norm weights)
-  unsigned char* x_res = bulk_smem + L::kXResOffset;  // XR: [NT * 8][kXResRowBytes]
-  float* red = reinterpret_cast<float*>(x_res + L::kXResBytes);
-  float* ss_part = red + L::kRedFloats;  // kRmsNormed: [warp][x row] sums of squares
-  uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + L::kBarOffset);
+  unsigned char* stages = bulk_smem;                  // [S][kStageBytes]
+  unsigned char* x_res = bulk_smem + C::kXResOffset;  // XR: [NT * 8][kXResRowBytes]
+  float* red = reinterpret_cast<float*>(x_res + C::kXResBytes);
+  float* ss_part = red + C::kRedFloats;  // kRmsNormed: [warp][x row] sums of squares
+  uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + C::kBarOffset);
   uint64_t* empty = full + S;
   uint64_t* x_ready = empty + S;  // XR: x's rows have landed
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -178,75 +193,75 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
   const int64_t chunks = (k + KC - 1) / KC;
   const int64_t my_tiles = (tiles - 1 - blockIdx.x) / G + 1;  // grid <= tiles
   const int64_t total = my_tiles * chunks;                    // stages this block streams
-  const int64_t x_stride = kSwiglu ? 2 * k : k;               // elements between x rows
+  const int64_t x_stride = C::kSwiglu ? 2 * k : k;            // elements between x rows
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers);
+      mbar_init(&empty[s], CW);
     }
     mbar_init(x_ready, 1);
     mbar_init_fence();
   }
-  // x rows n.. (of each x block) are never copied: zero in every stage, so their (discarded)
-  // mma columns are finite.
+  // x rows n.. (of each x block) are never copied: zero, so their (discarded) columns are finite.
   const int unused = NT * 8 - n;
-  if constexpr (XR) {
-    constexpr int kVecs = L::kXResRowBytes / 16;
+  if constexpr (C::kXR) {
+    constexpr int kVecs = C::kXResRowBytes / 16;
     for (int i = threadIdx.x; i < unused * kVecs; i += blockDim.x) {
-      reinterpret_cast<uint4*>(x_res + (n + i / kVecs) * L::kXResRowBytes)[i % kVecs] =
+      reinterpret_cast<uint4*>(x_res + (n + i / kVecs) * C::kXResRowBytes)[i % kVecs] =
           make_uint4(0, 0, 0, 0);
     }
   } else {
-    constexpr int kRowVecs = L::kRowBytes / 16;
-    const int per_stage = unused * kRowVecs * (kSwiglu ? 2 : 1);
+    constexpr int kVecs = C::kXRowBytes / 16;
+    const int per_stage = unused * kVecs * (C::kSwiglu ? 2 : 1);
     for (int i = threadIdx.x; i < S * per_stage; i += blockDim.x) {
-      const int s = i / per_stage, rest = i % per_stage, r = rest / kRowVecs;
-      const int row = 16 + (r < unused ? n + r : NT * 8 + n + (r - unused));
-      reinterpret_cast<uint4*>(stages + s * L::kStageBytes + row * L::kRowBytes)[rest % kRowVecs] =
-          make_uint4(0, 0, 0, 0);
+      const int s = i / per_stage, rest = i % per_stage, r = rest / kVecs;
+      const int row = r < unused ? n + r : NT * 8 + n + (r - unused);
+      reinterpret_cast<uint4*>(stages + s * C::kStageBytes + C::kXOffset +
+                               row * C::kXRowBytes)[rest % kVecs] = make_uint4(0, 0, 0, 0);
     }
   }
   __syncthreads();
 
-  if (warp == kConsumers) {
+  if (warp == CW) {
     // ---- producer: stage i = chunk i % chunks of tile blockIdx.x + (i / chunks) G ----
-    const auto stage_rows = [&](int64_t i, int64_t& tile, int64_t& k0, uint32_t& row_bytes) {
-      tile = blockIdx.x + (i / chunks) * G;
-      k0 = (i % chunks) * KC;
-      row_bytes = static_cast<uint32_t>(min64(KC, k - k0) * 2);
+    struct Stage {
+      int64_t tile, k0;
+      uint32_t len;  // k-elements of the chunk
+    };
+    const auto stage = [&](int64_t i) {
+      const int64_t k0 = (i % chunks) * KC;
+      return Stage{blockIdx.x + (i / chunks) * G, k0, static_cast<uint32_t>(min64(KC, k - k0))};
     };
     const auto announce = [&](int64_t i) {
-      int64_t tile, k0;
-      uint32_t row_bytes;
-      stage_rows(i, tile, k0, row_bytes);
-      const int64_t w_rows = min64(16, m - tile * 16);
-      const int64_t x_rows = XR ? 0 : static_cast<int64_t>(n) * (kSwiglu ? 2 : 1);
-      const uint32_t norm_bytes = kNorm ? 2 * row_bytes : 0;
-      if (lane == 0) {
-        mbar_arrive_expect(&full[i % S],
-                           static_cast<uint32_t>(w_rows + x_rows) * row_bytes + norm_bytes);
-      }
+      const Stage st = stage(i);
+      const int64_t w_rows = min64(16, m - st.tile * 16);
+      const int64_t x_rows = C::kXR ? 0 : static_cast<int64_t>(n) * (C::kSwiglu ? 2 : 1);
+      const uint32_t bytes = static_cast<uint32_t>(w_rows) * st.len * C::kWBytes +
+                             static_cast<uint32_t>(x_rows) * st.len * 2 +
+                             (C::kNorm ? st.len * 4 : 0);
+      if (lane == 0) mbar_arrive_expect(&full[i % S], bytes);
       __syncwarp();
     };
     // Weights (and the norm's weights) before griddep_wait, x after it.
     const auto issue = [&](int64_t i, bool weights, bool xs) {
-      int64_t tile, k0;
-      uint32_t row_bytes;
-      stage_rows(i, tile, k0, row_bytes);
-      unsigned char* st = stages + (i % S) * L::kStageBytes;
+      const Stage st = stage(i);
+      unsigned char* dst = stages + (i % S) * C::kStageBytes;
       uint64_t* bar = &full[i % S];
-      const int64_t r = tile * 16 + lane;
+      const int64_t r = st.tile * 16 + lane;
       if (weights && lane < 16 && r < m) {
-        bulk_copy(st + lane * L::kRowBytes, w + r * k + k0, row_bytes, bar);
+        bulk_copy(dst + lane * C::kWRowBytes, w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes,
+                  bar);
       }
-      if (kNorm && weights && lane == 31) {
-        bulk_copy(st + L::kNormOffset, x.norm_w + k0, 2 * row_bytes, bar);
+      if (C::kNorm && weights && lane == 31) {
+        bulk_copy(dst + C::kNormOffset, x.norm_w + st.k0, st.len * 4, bar);
       }
-      if (!XR && xs && lane < n) {
-        const __nv_bfloat16* src = x.p + lane * x_stride + k0;
-        bulk_copy(st + (16 + lane) * L::kRowBytes, src, row_bytes, bar);
-        if (kSwiglu) bulk_copy(st + (16 + NT * 8 + lane) * L::kRowBytes, src + k, row_bytes, bar);
+      if (!C::kXR && xs && lane < n) {
+        const __nv_bfloat16* src = x.p + lane * x_stride + st.k0;
+        bulk_copy(dst + C::kXOffset + lane * C::kXRowBytes, src, st.len * 2, bar);
+        if (C::kSwiglu) {
+          bulk_copy(dst + C::kXOffset + (NT * 8 + lane) * C::kXRowBytes, src + k, st.len * 2, bar);
+        }
       }
     };
     const int64_t first = min64(S, total);
@@ -254,12 +269,12 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
       announce(i);
       issue(i, true, false);
     }
-    griddep_wait();      // x comes from the kernels before
-    if constexpr (XR) {  // x's rows whole, once
+    griddep_wait();          // x comes from the kernels before
+    if constexpr (C::kXR) {  // x's rows whole, once
       if (lane == 0) mbar_arrive_expect(x_ready, static_cast<uint32_t>(n * k * 2));
       __syncwarp();
       if (lane < n) {
-        bulk_copy(x_res + lane * L::kXResRowBytes, x.p + lane * x_stride,
+        bulk_copy(x_res + lane * C::kXResRowBytes, x.p + lane * x_stride,
                   static_cast<uint32_t>(k * 2), x_ready);
       }
     } else {
@@ -285,47 +300,68 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
     acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     ss[nt] = 0.0f;
   }
-  if constexpr (XR) mbar_wait(x_ready, 0);
+  if constexpr (C::kXR) mbar_wait(x_ready, 0);
   int64_t i = 0;
   for (int64_t tt = 0; tt < my_tiles; ++tt) {
     for (int64_t c = 0; c < chunks; ++c, ++i) {
       const int slot = static_cast<int>(i % S);
       mbar_wait(&full[slot], static_cast<uint32_t>((i / S) & 1));
-      const unsigned char* st = stages + slot * L::kStageBytes;
+      const unsigned char* st = stages + slot * C::kStageBytes;
       const int kc_len = static_cast<int>(min64(KC, k - c * KC));
 #pragma unroll
-      for (int u = 0; u < KC / (kSub * kConsumers); ++u) {
-        const int sub = u * kConsumers + warp;
-        if (sub * kSub >= kc_len) break;  // warp-uniform
-        const int e0 = sub * kSub + 8 * t, off = e0 * 2;
-        const bool live = e0 < kc_len;  // k % 8 == 0
-        const uint4 wa = live ? ld_shared16(st + g * L::kRowBytes + off) : zero;
-        const uint4 wb = live ? ld_shared16(st + (g + 8) * L::kRowBytes + off) : zero;
-        float gw[8];  // kRmsNormed: the norm's weights of these 8 k-elements
-        if constexpr (kNorm) {
-          const float4* src = reinterpret_cast<const float4*>(st + L::kNormOffset + e0 * 4);
-          const float4 g0 = live ? src[0] : make_float4(0, 0, 0, 0);
-          const float4 g1 = live ? src[1] : make_float4(0, 0, 0, 0);
-          gw[0] = g0.x, gw[1] = g0.y, gw[2] = g0.z, gw[3] = g0.w;
-          gw[4] = g1.x, gw[5] = g1.y, gw[6] = g1.z, gw[7] = g1.w;
-        }
+      for (int u = 0; u < KC / (C::kSub * CW); ++u) {
+        const int sub = u * CW + warp;
+        if (sub * C::kSub >= kc_len) break;  // warp-uniform
+        // This lane's k-elements: e0.. of the chunk (8 BF16 or 16 FP8 codes).
+        const int e0 = sub * C::kSub + (C::kSub / 4) * t;
+        const bool live = e0 < kc_len;  // k % 8 == 0 (BF16), k % 16 == 0 (FP8)
+        const uint4 wa = live ? ld_shared16(st + g * C::kWRowBytes + e0 * C::kWBytes) : zero;
+        const uint4 wb = live ? ld_shared16(st + (g + 8) * C::kWRowBytes + e0 * C::kWBytes) : zero;
+        // x row (g + 8 nt)'s k-elements e0.., as they sit in shared memory.
+        const auto x_at = [&](int row) {
+          return C::kXR ? x_res + row * C::kXResRowBytes + (c * KC + e0) * 2
+                        : st + C::kXOffset + row * C::kXRowBytes + e0 * 2;
+        };
+        if constexpr (C::kFp8) {
+          uint32_t ha[8], hb[8];
+          unpack16(wa, ha);
+          unpack16(wb, hb);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const unsigned char* xp = XR ? x_res + (g + 8 * nt) * L::kXResRowBytes + (c * KC + e0) * 2
-                                       : st + (16 + g + 8 * nt) * L::kRowBytes + off;
-          uint4 xr = live ? ld_shared16(xp) : zero;
-          if constexpr (kNorm) {
-            float sq = 0.0f;
-            xr = scale_by_norm_weights(xr, gw, sq);
-            if (tt == 0) ss[nt] += sq;  // the sums of squares come from the first tile only
+          for (int nt = 0; nt < NT; ++nt) {
+            const unsigned char* xp = x_at(g + 8 * nt);
+            const uint4 x0 = live ? ld_shared16(xp) : zero, x1 = live ? ld_shared16(xp + 16) : zero;
+            uint32_t hx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int q = 0; q < 8; ++q) hx[q] = bf16x2_to_f16x2(hx[q]);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              mma_f16(acc[nt], ha[2 * q], hb[2 * q], ha[2 * q + 1], hb[2 * q + 1], hx[2 * q],
+                      hx[2 * q + 1]);
+            }
           }
-          if constexpr (kSwiglu) {
-            const uint4 up =
-                live ? ld_shared16(st + (16 + NT * 8 + g + 8 * nt) * L::kRowBytes + off) : zero;
-            xr = swiglu8(xr, up);
+        } else {
+          float gw[8];  // kRmsNormed: the norm's weights of these 8 k-elements
+          if constexpr (C::kNorm) {
+            const float4* src = reinterpret_cast<const float4*>(st + C::kNormOffset + e0 * 4);
+            const float4 g0 = live ? src[0] : make_float4(0, 0, 0, 0);
+            const float4 g1 = live ? src[1] : make_float4(0, 0, 0, 0);
+            gw[0] = g0.x, gw[1] = g0.y, gw[2] = g0.z, gw[3] = g0.w;
+            gw[4] = g1.x, gw[5] = g1.y, gw[6] = g1.z, gw[7] = g1.w;
           }
-          mma16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xr.x, xr.y);
-          mma16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xr.z, xr.w);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            uint4 xr = live ? ld_shared16(x_at(g + 8 * nt)) : zero;
+            if constexpr (C::kNorm) {
+              float sq = 0.0f;
+              xr = scale_by_norm_weights(xr, gw, sq);
+              if (tt == 0) ss[nt] += sq;  // the sums of squares come from the first tile only
+            }
+            if constexpr (C::kSwiglu) {
+              xr = swiglu8(xr, live ? ld_shared16(x_at(NT * 8 + g + 8 * nt)) : zero);
+            }
+            mma16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xr.x, xr.y);
+            mma16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xr.z, xr.w);
+          }
         }
       }
       __syncwarp();
@@ -333,14 +369,14 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
     }
     // The tile's end: the consumer warps' partials summed in warp order (double-buffered by tile
     // parity, so one barrier a tile suffices), then stored.
-    float* part = red + (tt & 1) * kConsumers * NT * 128;
+    float* part = red + (tt & 1) * CW * NT * 128;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) part[(warp * NT + nt) * 128 + e * 32 + lane] = acc[nt][e];
       acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     }
-    if (kNorm && tt == 0) {  // row g + 8 nt's sum of squares over this warp's k: lanes t, in order
+    if (C::kNorm && tt == 0) {  // row g + 8 nt's sum of squares over this warp's k: lanes t
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         float v = ss[nt];
@@ -349,84 +385,94 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32)
         if (t == 0) ss_part[warp * NT * 8 + nt * 8 + g] = v;
       }
     }
-    consumers_sync();
+    consumers_sync<CW>();
     const int64_t j0 = (blockIdx.x + tt * G) * 16;
-    for (int q = threadIdx.x; q < NT * 128; q += kConsumers * 32) {
+    for (int q = threadIdx.x; q < NT * 128; q += CW * 32) {
       const int nt = q / 128, e = (q / 32) % 4, l = q % 32;
       const int col = nt * 8 + 2 * (l & 3) + (e & 1);  // x row
       const int64_t j = j0 + (l >> 2) + 8 * (e >> 1);  // output feature
       if (col >= n || j >= m) continue;
       float sum = 0.0f;
 #pragma unroll
-      for (int wi = 0; wi < kConsumers; ++wi) sum += part[(wi * NT + nt) * 128 + e * 32 + l];
-      if constexpr (kNorm) {  // the RMSNorm's row scale, after the dot product
+      for (int wi = 0; wi < CW; ++wi) sum += part[(wi * NT + nt) * 128 + e * 32 + l];
+      TY* o = y + static_cast<int64_t>(col) * m + j;
+      if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
+        const float v = sum * (w_scale[j] * kFp8ToF16Scale);
+        store(o, accumulate ? to_float(*o) + v : v);
+        continue;
+      }
+      if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
         float sq = 0.0f;
 #pragma unroll
-        for (int wi = 0; wi < kConsumers; ++wi) sq += ss_part[wi * NT * 8 + col];
+        for (int wi = 0; wi < CW; ++wi) sq += ss_part[wi * NT * 8 + col];
         sum *= 1.0f / sqrtf(sq / static_cast<float>(k) + x.eps);
       }
       if (bias) sum += bias[j];
-      TY* o = y + static_cast<int64_t>(col) * m + j;
       store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
     }
   }
 }
 
-template <int KC, int S, int NT, StreamX XS, bool XR, typename TY>
-cudaError_t launch_bulk_typed(TY* y, BulkX x, const __nv_bfloat16* w, const float* bias, int n,
-                              int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
-  constexpr size_t smem = BulkLayout<KC, S, NT, XS, XR>::kBytes;
-  auto* kernel = stream_bulk_kernel<KC, S, NT, XS, XR, TY>;
+template <class C, typename TY>
+cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scale,
+                              const float* bias, int n, int64_t m, int64_t k, bool accumulate,
+                              cudaStream_t s) {
+  auto* kernel = stream_bulk_kernel<C, TY>;
   // Per instantiation, once: the shared-memory opt-in and one wave (resident blocks).
   static const int wave = [&] {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+                         static_cast<int>(C::kBytes));
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kConsumers + 1) * 32, smem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kBytes);
     return std::max(1, per_sm) * std::max(1, sms);
   }();
   const int64_t tiles = (m + 15) / 16;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, wave)));
-  return launch_pdl(kernel, grid, dim3((kConsumers + 1) * 32), smem, s, y, x, w, bias, n, m, k,
-                    tiles, accumulate);
+  return launch_pdl(kernel, grid, dim3(C::kThreads), C::kBytes, s, y, x,
+                    static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles,
+                    accumulate);
 }
 
-template <int KC, int S, int NT, StreamX XS, bool XR = false>
-cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
-                        int64_t k, bool accumulate, cudaStream_t s) {
-  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+template <class C>
+cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
+                        int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
   if (y.t == Elem::kF32) {
-    return launch_bulk_typed<KC, S, NT, XS, XR>(static_cast<float*>(y.p), x, wb, bias, n, m, k,
-                                                accumulate, s);
+    return launch_bulk_typed<C>(static_cast<float*>(y.p), x, w, w_scale, bias, n, m, k, accumulate,
+                                s);
   }
-  return launch_bulk_typed<KC, S, NT, XS, XR>(static_cast<__nv_bfloat16*>(y.p), x, wb, bias, n, m,
-                                              k, accumulate, s);
+  return launch_bulk_typed<C>(static_cast<__nv_bfloat16*>(y.p), x, w, w_scale, bias, n, m, k,
+                              accumulate, s);
 }
 
-// Up to 8 rows: x a chunk a stage (as many x bytes as n / 16 of the weights'); more: x resident
+// Up to 8 rows: x a chunk a stage (as many x bytes as n / 16 of BF16 weights'); more: x resident
 // where it fits (not for SwiGLU's two rows a row). The same arithmetic either way.
-template <int KC, int S, StreamX XS>
-cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
-                        int64_t k, bool accumulate, cudaStream_t s) {
-  if (n <= 8) return launch_bulk<KC, S, 1, XS>(y, x, w, bias, n, m, k, accumulate, s);
+template <int KC, int S, int CW, bool FP8, StreamX XS>
+cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
+                        int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+  if (n <= 8) {
+    return launch_bulk<Bulk<KC, S, 1, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
+                                                           accumulate, s);
+  }
   if constexpr (XS != StreamX::kSwiglu) {
     if (k <= kMaxResidentK) {
-      return launch_bulk<KC, S, 2, XS, true>(y, x, w, bias, n, m, k, accumulate, s);
+      return launch_bulk<Bulk<KC, S, 2, CW, FP8, XS, true>>(y, x, w, w_scale, bias, n, m, k,
+                                                            accumulate, s);
     }
   }
-  return launch_bulk<KC, S, 2, XS>(y, x, w, bias, n, m, k, accumulate, s);
+  return launch_bulk<Bulk<KC, S, 2, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
+                                                         accumulate, s);
 }
 
 template <StreamX XS>
 cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                            int64_t k, bool accumulate, cudaStream_t s, int variant) {
   if (variant == 5) {  // 1 KiB of a weight row a stage, 4 stages
-    return launch_rows<512, 4, XS>(y, x, w, bias, n, m, k, accumulate, s);
+    return launch_rows<512, 4, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
   }
   // 512 bytes of a weight row a stage, 8 stages
-  return launch_rows<256, 8, XS>(y, x, w, bias, n, m, k, accumulate, s);
+  return launch_rows<256, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
 }
 
 }  // namespace
@@ -459,6 +505,19 @@ cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* n
     default:
       return launch_variant<StreamX::kRows>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
   }
+}
+
+// 512 codes of a weight row a stage (8 sub-chunks of 64: one for each of the 8 consumer warps,
+// fp8_matmul_kernel's warp split), 8 stages.
+cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
+                            int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+  if (m <= 0 || n <= 0) return cudaSuccess;
+  if (n > kSkinnyMaxRows || (y.t != Elem::kF32 && y.t != Elem::kBF16)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_rows<512, 8, 8, true, StreamX::kRows>(y, {static_cast<const __nv_bfloat16*>(x)}, q,
+                                                      scale, nullptr, static_cast<int>(n), m, k,
+                                                      accumulate, s);
 }
 
 }  // namespace bs::cuda
