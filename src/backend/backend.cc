@@ -40,6 +40,19 @@ void Backend::swiglu_matmul(const Tensor& y, const Tensor& act, const Tensor& ga
   matmul(y, act, w, bias, accumulate);
 }
 
+void Backend::norm_matmul_fp8(const Tensor& y, const Tensor& xn, const Tensor& x,
+                              const Tensor& norm_w, float eps, const Fp8Weight& w,
+                              bool accumulate) {
+  rms_norm(xn, x, norm_w, eps);
+  matmul_fp8(y, xn, w, accumulate);
+}
+
+void Backend::swiglu_matmul_fp8(const Tensor& y, const Tensor& act, const Tensor& gate_up,
+                                const Fp8Weight& w, bool accumulate) {
+  swiglu(act, gate_up);
+  matmul_fp8(y, act, w, accumulate);
+}
+
 int64_t Backend::begin_read(const Tensor& src) {
   BS_CHECK(static_cast<int>(pending_reads_.size()) < kMaxPendingReads);
   PendingRead read{.bytes = std::vector<unsigned char>(src.nbytes())};

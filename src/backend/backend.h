@@ -222,6 +222,12 @@ class Backend {
   virtual void swiglu_matmul(const Tensor& y, const Tensor& act, const Tensor& gate_up,
                              const Tensor& w, const Tensor* bias = nullptr,
                              bool accumulate = false);
+  // The same two with FP8 weights (matmul_fp8 for the product).
+  virtual void norm_matmul_fp8(const Tensor& y, const Tensor& xn, const Tensor& x,
+                               const Tensor& norm_w, float eps, const Fp8Weight& w,
+                               bool accumulate = false);
+  virtual void swiglu_matmul_fp8(const Tensor& y, const Tensor& act, const Tensor& gate_up,
+                                 const Fp8Weight& w, bool accumulate = false);
   // ---- FP8 weights (drafters' optional weight-only quantization) ----
   // Quantizes a weight w[m, k] (from upload_weight) per row: scale[j] = max_c |w[j, c]| / 448
   // (1 for an all-zero row) and q[j, c] = e4m3(w[j, c] / scale[j]), rounded to nearest even and

@@ -904,6 +904,84 @@ TEST_F(CudaOps, Fp8BulkKernelGivesV1Bits) {
   cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
 }
 
+// The bulk FP8 kernel's fused forms (norm_matmul_fp8 / swiglu_matmul_fp8 with kBulk): against
+// fp64 references of the ops' definitions on the quantized weights (x operand rounded to FP16 as
+// the kernels take it, after BF16 for the SwiGLU operand), SwiGLU fused == the ops apart bit for
+// bit, and row r of an n-row call equals the row alone (1..16 rows and 40: several launches).
+TEST_F(CudaOps, Fp8BulkFusedFormsMatchReferencesAndKeepRowsInvariant) {
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kBulk);
+  for (const Fp8Shape& c : kFp8Shapes) {
+    const std::string shape = fmt::format("m={} k={}", c.m, c.k);
+    const Fp8Weight w = gpu_->quantize_fp8_rows(weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.05f)));
+    std::vector<uint8_t> codes(static_cast<size_t>(c.m * c.k));
+    gpu_->copy_to_host(codes.data(), w.q);
+    const auto scale = gpu_->to_host_f32(w.scale);
+    const int64_t rows = 40;
+    const auto xv = rnd(rows * c.k), gv = rnd(c.k, 0.5f), guv = rnd(rows * 2 * c.k);
+    Tensor gx = gpu_act({rows, c.k}, xv), gg = weight(*gpu_, {c.k}, gv);
+    Tensor ggu = gpu_act({rows, 2 * c.k}, guv);
+    Tensor scratch = make(*gpu_, {rows, c.k}, DType::kBF16);
+    const float eps = 1e-6f;
+    for (const bool swiglu : {false, true}) {
+      const std::string what = shape + (swiglu ? " swiglu" : " norm");
+      const auto call = [&](const Tensor& y, int64_t r0, int64_t n, bool accumulate) {
+        if (swiglu) {
+          gpu_->swiglu_matmul_fp8(y, scratch.rows(0, n), ggu.rows(r0, n), w, accumulate);
+        } else {
+          gpu_->norm_matmul_fp8(y, scratch.rows(0, n), gx.rows(r0, n), gg, eps, w, accumulate);
+        }
+      };
+      // fp64 reference for the first 5 rows: the operand as the fused kernel forms it.
+      const int64_t n = 5;
+      std::vector<float> op(n * c.k);
+      std::vector<double> inv(n, 1.0);
+      for (int64_t r = 0; r < n; ++r) {
+        double sq = 0;
+        for (int64_t i = 0; i < c.k; ++i) sq += double(xv[r * c.k + i]) * xv[r * c.k + i];
+        if (!swiglu) inv[r] = 1.0 / std::sqrt(sq / c.k + eps);
+        for (int64_t i = 0; i < c.k; ++i) {
+          const float g = guv[r * 2 * c.k + i], u = guv[r * 2 * c.k + c.k + i];
+          op[r * c.k + i] = swiglu ? bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u))
+                                   : bf16_to_f32(f32_to_bf16(xv[r * c.k + i] * gv[i]));
+        }
+      }
+      const Fp8Reference ref = fp8_reference(codes, scale, op, n, c.m, c.k);
+      Tensor y = make(*gpu_, {n, c.m}, DType::kF32);
+      call(y, 0, n, false);
+      const auto got = gpu_->to_host_f32(y);
+      double worst = 0;
+      for (int64_t o = 0; o < n * c.m; ++o) {
+        const double want = ref.y[o] * inv[o / c.m];
+        // The operand's own BF16 rounding is in the reference; FP32 sums, the FP16 rounding of
+        // the operand (2^-11) and the product's terms bound the rest.
+        worst = std::max(worst, std::fabs(got[o] - want) / (ref.abs[o] * inv[o / c.m] + 1e-3));
+      }
+      EXPECT_LT(worst, 2e-3) << what;
+      if (swiglu) {  // fused == swiglu then the bulk product, bit for bit
+        Tensor apart = make(*gpu_, {n, c.m}, DType::kF32);
+        cuda::set_stream_fusion(*gpu_, false);
+        call(apart, 0, n, false);
+        cuda::set_stream_fusion(*gpu_, true);
+        EXPECT_EQ(gpu_->to_host_f32(apart), got) << what;
+      }
+      // Rows: every count against the 40-row call, F32 output, with accumulation.
+      const auto yv = rnd(rows * c.m);
+      Tensor all = gpu_act({rows, c.m}, yv, DType::kF32);
+      call(all, 0, rows, true);
+      const auto want_rows = gpu_->to_host_f32(all);
+      for (const int64_t count : {1, 2, 8, 9, 16, 17, 33}) {
+        Tensor part = gpu_act(
+            {count, c.m}, std::vector<float>(yv.begin(), yv.begin() + count * c.m), DType::kF32);
+        call(part, 0, count, true);
+        const auto got_rows = gpu_->to_host_f32(part);
+        EXPECT_EQ(std::memcmp(got_rows.data(), want_rows.data(), got_rows.size() * 4), 0)
+            << what << " rows=" << count;
+      }
+    }
+  }
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
+}
+
 // Inside run_captured (eager, captured, then replayed): the same bits every time, also after a
 // product of another shape ran in between (v2's split counters are left at zero by every launch).
 TEST_F(CudaOps, Fp8KernelsReplayCapturedGraphsWithTheSameBits) {

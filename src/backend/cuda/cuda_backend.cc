@@ -765,6 +765,44 @@ class CudaBackend final : public Backend {
     Backend::swiglu_matmul(y, act, gate_up, w, bias, accumulate);
   }
 
+  // FP8 weights: fused with the bulk FP8 kernel (BLOCKSPEC_FP8_KERNEL=bulk), 16 rows a launch.
+  bool fuses_fp8(const Tensor& y, const Tensor& x, const Fp8Weight& w) const {
+    const int64_t k = w.q.dim(-1);
+    return fp8_kernel_ == Fp8Kernel::kBulk && stream_fuse_ && x.dtype() == DType::kBF16 &&
+           w.q.dtype() == DType::kF8E4M3 && w.scale.dtype() == DType::kF32 &&
+           (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
+           bs::cuda::fp8_matmul_supported(k, x.data(), w.q.data());
+  }
+  void fused_fp8(const Tensor& y, StreamX kind, const Tensor& x, int64_t x_cols,
+                 const Tensor* norm_w, float eps, const Fp8Weight& w, bool accumulate) {
+    const int64_t m = w.q.dim(0), n = x.numel() / x_cols, k = w.q.dim(-1);
+    const Tensor x2 = x.view({n, x_cols}), y2 = y.view({n, m});
+    for_row_groups(n, [&](int64_t r0, int64_t rows) {
+      CUDA_CHECK(bs::cuda::fp8_bulk_matmul(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(),
+                                           static_cast<const uint8_t*>(w.q.data()),
+                                           w.scale.as<float>(), rows, m, k, accumulate, stream_,
+                                           kind, norm_w ? norm_w->as<float>() : nullptr, eps));
+    });
+  }
+  void norm_matmul_fp8(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
+                       float eps, const Fp8Weight& w, bool accumulate) override {
+    const int64_t m = w.q.dim(0), k = w.q.dim(-1), n = k ? x.numel() / k : 0;
+    BS_CHECK(x.numel() == n * k && y.numel() == n * m && norm_w.numel() == k);
+    if (n > 0 && norm_w.dtype() == DType::kF32 && fuses_fp8(y, x, w)) {
+      return fused_fp8(y, StreamX::kRmsNormed, x, k, &norm_w, eps, w, accumulate);
+    }
+    Backend::norm_matmul_fp8(y, xn, x, norm_w, eps, w, accumulate);
+  }
+  void swiglu_matmul_fp8(const Tensor& y, const Tensor& act, const Tensor& gate_up,
+                         const Fp8Weight& w, bool accumulate) override {
+    const int64_t m = w.q.dim(0), k = w.q.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
+    BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
+    if (n > 0 && fuses_fp8(y, gate_up, w)) {
+      return fused_fp8(y, StreamX::kSwiglu, gate_up, 2 * k, nullptr, 0.0f, w, accumulate);
+    }
+    Backend::swiglu_matmul_fp8(y, act, gate_up, w, accumulate);
+  }
+
   Fp8Weight quantize_fp8_rows(const Tensor& w) override {
     const int64_t m = w.dim(0), k = w.dim(-1);
     BS_CHECK(w.numel() == m * k);

@@ -140,7 +140,6 @@ struct Bulk {
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
   static_assert(kBytes <= 232448, "one block's shared memory on sm_90");
   static_assert(!kXR || !kSwiglu, "gate and up rows are never resident");
-  static_assert(!kFp8 || XS_ == StreamX::kRows, "FP8 weights take plain x");
 };
 
 __device__ __forceinline__ uint4 ld_shared16(const unsigned char* p) {
@@ -322,14 +321,37 @@ __global__ void __launch_bounds__(C::kThreads)
           return C::kXR ? x_res + row * C::kXResRowBytes + (c * KC + e0) * 2
                         : st + C::kXOffset + row * C::kXRowBytes + e0 * 2;
         };
+        // The norm's weights of this lane's k-elements (kRmsNormed).
+        constexpr int kPer = C::kSub / 4;  // k-elements a lane: 8 (BF16 weights) or 16 (FP8)
+        float gw[kPer];
+        if constexpr (C::kNorm) {
+          const float4* src = reinterpret_cast<const float4*>(st + C::kNormOffset + e0 * 4);
+#pragma unroll
+          for (int q = 0; q < kPer / 4; ++q) {
+            const float4 v = live ? src[q] : make_float4(0, 0, 0, 0);
+            gw[4 * q] = v.x, gw[4 * q + 1] = v.y, gw[4 * q + 2] = v.z, gw[4 * q + 3] = v.w;
+          }
+        }
+        // x's operand: 8 k-elements (BF16 pairs) of x row `row` from the lane's element `e`,
+        // derived as the form says; sq collects the squares of the raw x (kRmsNormed).
+        const auto x_piece = [&](int row, int e, float& sq) {
+          uint4 xr = live ? ld_shared16(x_at(row) + e * 2) : zero;
+          if constexpr (C::kNorm) xr = scale_by_norm_weights(xr, gw + e, sq);
+          if constexpr (C::kSwiglu) {
+            xr = swiglu8(xr, live ? ld_shared16(x_at(NT * 8 + row) + e * 2) : zero);
+          }
+          return xr;
+        };
+        uint32_t ha[8], hb[8];  // FP8: the weight codes as FP16 pairs
         if constexpr (C::kFp8) {
-          uint32_t ha[8], hb[8];
           unpack16(wa, ha);
           unpack16(wb, hb);
+        }
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const unsigned char* xp = x_at(g + 8 * nt);
-            const uint4 x0 = live ? ld_shared16(xp) : zero, x1 = live ? ld_shared16(xp + 16) : zero;
+        for (int nt = 0; nt < NT; ++nt) {
+          float sq = 0.0f;
+          if constexpr (C::kFp8) {
+            const uint4 x0 = x_piece(g + 8 * nt, 0, sq), x1 = x_piece(g + 8 * nt, 8, sq);
             uint32_t hx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
             for (int q = 0; q < 8; ++q) hx[q] = bf16x2_to_f16x2(hx[q]);
@@ -338,30 +360,12 @@ __global__ void __launch_bounds__(C::kThreads)
               mma_f16(acc[nt], ha[2 * q], hb[2 * q], ha[2 * q + 1], hb[2 * q + 1], hx[2 * q],
                       hx[2 * q + 1]);
             }
-          }
-        } else {
-          float gw[8];  // kRmsNormed: the norm's weights of these 8 k-elements
-          if constexpr (C::kNorm) {
-            const float4* src = reinterpret_cast<const float4*>(st + C::kNormOffset + e0 * 4);
-            const float4 g0 = live ? src[0] : make_float4(0, 0, 0, 0);
-            const float4 g1 = live ? src[1] : make_float4(0, 0, 0, 0);
-            gw[0] = g0.x, gw[1] = g0.y, gw[2] = g0.z, gw[3] = g0.w;
-            gw[4] = g1.x, gw[5] = g1.y, gw[6] = g1.z, gw[7] = g1.w;
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            uint4 xr = live ? ld_shared16(x_at(g + 8 * nt)) : zero;
-            if constexpr (C::kNorm) {
-              float sq = 0.0f;
-              xr = scale_by_norm_weights(xr, gw, sq);
-              if (tt == 0) ss[nt] += sq;  // the sums of squares come from the first tile only
-            }
-            if constexpr (C::kSwiglu) {
-              xr = swiglu8(xr, live ? ld_shared16(x_at(NT * 8 + g + 8 * nt)) : zero);
-            }
+          } else {
+            const uint4 xr = x_piece(g + 8 * nt, 0, sq);
             mma16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xr.x, xr.y);
             mma16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xr.z, xr.w);
           }
+          if (C::kNorm && tt == 0) ss[nt] += sq;  // the squares come from the first tile only
         }
       }
       __syncwarp();
@@ -396,16 +400,16 @@ __global__ void __launch_bounds__(C::kThreads)
 #pragma unroll
       for (int wi = 0; wi < CW; ++wi) sum += part[(wi * NT + nt) * 128 + e * 32 + l];
       TY* o = y + static_cast<int64_t>(col) * m + j;
-      if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
-        const float v = sum * (w_scale[j] * kFp8ToF16Scale);
-        store(o, accumulate ? to_float(*o) + v : v);
-        continue;
-      }
       if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
         float sq = 0.0f;
 #pragma unroll
         for (int wi = 0; wi < CW; ++wi) sq += ss_part[wi * NT * 8 + col];
         sum *= 1.0f / sqrtf(sq / static_cast<float>(k) + x.eps);
+      }
+      if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
+        const float v = sum * (w_scale[j] * kFp8ToF16Scale);
+        store(o, accumulate ? to_float(*o) + v : v);
+        continue;
       }
       if (bias) sum += bias[j];
       store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
@@ -508,16 +512,29 @@ cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* n
 }
 
 // 512 codes of a weight row a stage (8 sub-chunks of 64: one for each of the 8 consumer warps,
-// fp8_matmul_kernel's warp split), 8 stages.
+// fp8_matmul_kernel's warp split), 8 stages (7 with the norm's weights, 4 with SwiGLU's gate
+// and up rows: shared memory).
 cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
-                            int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+                            int64_t m, int64_t k, bool accumulate, cudaStream_t s, StreamX kind,
+                            const float* norm_w, float eps) {
   if (m <= 0 || n <= 0) return cudaSuccess;
-  if (n > kSkinnyMaxRows || (y.t != Elem::kF32 && y.t != Elem::kBF16)) {
+  if (n > kSkinnyMaxRows || (y.t != Elem::kF32 && y.t != Elem::kBF16) ||
+      (kind == StreamX::kRmsNormed &&
+       (norm_w == nullptr || reinterpret_cast<uintptr_t>(norm_w) % 16 != 0))) {
     return cudaErrorInvalidValue;
   }
-  return launch_rows<512, 8, 8, true, StreamX::kRows>(y, {static_cast<const __nv_bfloat16*>(x)}, q,
-                                                      scale, nullptr, static_cast<int>(n), m, k,
-                                                      accumulate, s);
+  const BulkX bx{static_cast<const __nv_bfloat16*>(x), norm_w, eps};
+  const int ni = static_cast<int>(n);
+  switch (kind) {
+    case StreamX::kRmsNormed:
+      return launch_rows<512, 7, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m, k,
+                                                               accumulate, s);
+    case StreamX::kSwiglu:
+      return launch_rows<512, 4, 8, true, StreamX::kSwiglu>(y, bx, q, scale, nullptr, ni, m, k,
+                                                            accumulate, s);
+    default:
+      return launch_rows<512, 8, 8, true, StreamX::kRows>(y, bx, q, scale, nullptr, ni, m, k,
+                                                          accumulate, s);
+  }
 }
-
 }  // namespace bs::cuda

@@ -92,23 +92,17 @@ void linear(Backend& b, const Tensor& y, const Tensor& x, const DenseWeight& w, 
 }
 
 // y = rms_norm(x) · Wᵀ + bias, the normalized rows in xn where the backend does not fuse the
-// norm into the product (FP8 weights never fuse).
+// norm into the product (biased weights are never FP8).
 void norm_linear(Backend& b, const Tensor& y, const Tensor& xn, const Tensor& x,
                  const Tensor& norm_w, float eps, const DenseWeight& w, const Tensor& bias) {
-  if (w.fp8.defined()) {
-    b.rms_norm(xn, x, norm_w, eps);
-    return linear(b, y, xn, w, bias, /*accumulate=*/false);
-  }
+  if (w.fp8.defined()) return b.norm_matmul_fp8(y, xn, x, norm_w, eps, w.fp8);
   b.norm_matmul(y, xn, x, norm_w, eps, w.w, bias.defined() ? &bias : nullptr);
 }
 
 // y += swiglu(gate_up) · Wᵀ + bias, the activation in act where the backend does not fuse it.
 void swiglu_linear(Backend& b, const Tensor& y, const Tensor& act, const Tensor& gate_up,
                    const DenseWeight& w, const Tensor& bias) {
-  if (w.fp8.defined()) {
-    b.swiglu(act, gate_up);
-    return linear(b, y, act, w, bias, /*accumulate=*/true);
-  }
+  if (w.fp8.defined()) return b.swiglu_matmul_fp8(y, act, gate_up, w.fp8, /*accumulate=*/true);
   b.swiglu_matmul(y, act, gate_up, w.w, bias.defined() ? &bias : nullptr, /*accumulate=*/true);
 }
 
