@@ -12,8 +12,8 @@
 // ... back to back, the ring running on across tile ends.
 //
 // A stage: 16 weight rows, then the x rows, then (RMSNorm) the norm's F32 weights of the chunk;
-// rows padded by 64 bytes so that the 16-byte fragment reads of a quarter warp (rows g, g + 1,
-// lanes t = 0..3) hit every bank once. Consumer warp w takes the sub-chunks w, w + CW, ... of each
+// rows padded so that the 16-byte fragment reads of a quarter warp (rows g, g + 1, lanes
+// t = 0..3) hit every bank once. Consumer warp w takes the sub-chunks w, w + CW, ... of each
 // stage with the k permutation of stream_gemm.cu / fp8_matmul.cu (lane (g, t) holds consecutive
 // k-elements of rows g and g + 8: 8 BF16 = two k16 steps, or 16 FP8 codes = four). A row's
 // arithmetic depends on k, KC, CW and the warp order only, never on n (rows are mma columns,
@@ -121,13 +121,17 @@ struct Bulk {
   static constexpr bool kNorm = XS_ == StreamX::kRmsNormed, kSwiglu = XS_ == StreamX::kSwiglu;
   static constexpr int kWBytes = kFp8 ? 1 : 2;  // bytes a weight
   static constexpr int kSub = kFp8 ? 64 : 32;   // k-elements a warp step: 4 lanes x 16 / x 8
+  // Row paddings that spread a quarter warp's 16-byte fragment reads over all banks: rows g and
+  // g + 1 half a bank line apart (lanes t 16 bytes apart), or, for x under FP8 weights (lanes t
+  // 32 bytes apart, two reads each), 16 bytes apart.
+  static constexpr int kXPad = kFp8 ? 16 : 64;
   static constexpr int kWRowBytes = KC * kWBytes + 64;
-  static constexpr int kXRowBytes = KC * 2 + 64;
+  static constexpr int kXRowBytes = KC * 2 + kXPad;
   static constexpr int kXRows = kXR ? 0 : NT * 8 * (kSwiglu ? 2 : 1);  // gate rows, up rows
   static constexpr int kXOffset = 16 * kWRowBytes;                     // in a stage
   static constexpr int kNormOffset = kXOffset + kXRows * kXRowBytes;
   static constexpr int kStageBytes = kNormOffset + (kNorm ? KC * 4 : 0);
-  static constexpr int kXResRowBytes = kMaxResidentK * 2 + 64;
+  static constexpr int kXResRowBytes = kMaxResidentK * 2 + kXPad;
   static constexpr size_t kXResOffset = size_t{S} * kStageBytes;
   static constexpr size_t kXResBytes = kXR ? size_t{NT} * 8 * kXResRowBytes : 0;
   static constexpr int kRedFloats = 2 * CW * NT * 128;  // two tiles' partials
