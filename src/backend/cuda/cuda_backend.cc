@@ -1490,6 +1490,9 @@ class CudaBackend final : public Backend {
     if (const int c = env_choice("BLOCKSPEC_STREAM_FUSE", {"0", "1"}); c >= 0) {
       stream_fuse_ = c == 1;
     }
+    if (const auto v = env_int("BLOCKSPEC_STREAM_PREFETCH_MIB", 0, 1024)) {
+      set_stream_l2_prefetch(*v << 20);
+    }
     if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
       graphs_enabled_ = c == 1;
     }

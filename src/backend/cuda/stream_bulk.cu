@@ -86,6 +86,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
 }
+// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) ahead; no completion to wait for.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 // Synchronizes the CW consumer warps only (the producer never waits here).
 template <int CW>
 __device__ __forceinline__ void consumers_sync() {
@@ -107,6 +111,10 @@ struct BulkX {
   const float* norm_w = nullptr;
   float eps = 0.0f;
 };
+
+// set_stream_l2_prefetch's budget (bytes a launch), read when a kernel is launched (captured
+// graphs keep the value they were captured with).
+int64_t g_l2_prefetch_bytes = 0;
 
 // x resident (XR) for k up to this: 16 rows x 8 KiB beside the weight ring.
 constexpr int kMaxResidentK = 4096;
@@ -181,7 +189,7 @@ template <class C, typename TY>
 __global__ void __launch_bounds__(C::kThreads)
     stream_bulk_kernel(TY* y, BulkX x, const unsigned char* w, const float* w_scale,
                        const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
-                       bool accumulate) {
+                       int64_t l2_stages, bool accumulate) {
   constexpr int S = C::S, NT = C::NT, CW = C::CW, KC = C::KC;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
   unsigned char* stages = bulk_smem;                  // [S][kStageBytes]
@@ -271,6 +279,13 @@ __global__ void __launch_bounds__(C::kThreads)
     for (int64_t i = 0; i < first; ++i) {
       announce(i);
       issue(i, true, false);
+    }
+    // The next l2_stages stages' weights into L2 while the kernels before still run (their DRAM
+    // time is mostly idle: attention reads a few MB), so the ring later refills from L2.
+    for (int64_t i = first; i < min64(total, first + l2_stages); ++i) {
+      const Stage st = stage(i);
+      const int64_t r = st.tile * 16 + lane;
+      if (lane < 16 && r < m) prefetch_l2(w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes);
     }
     griddep_wait();          // x comes from the kernels before
     if constexpr (C::kXR) {  // x's rows whole, once
@@ -438,8 +453,11 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
   }();
   const int64_t tiles = (m + 15) / 16;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, wave)));
+  // The L2 prefetch budget (set_stream_l2_prefetch) split over the blocks, in stages.
+  const int64_t stage_weight_bytes = int64_t{16} * C::KC * C::kWBytes;
+  const int64_t l2_stages = g_l2_prefetch_bytes / static_cast<int64_t>(grid.x) / stage_weight_bytes;
   return launch_pdl(kernel, grid, dim3(C::kThreads), C::kBytes, s, y, x,
-                    static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles,
+                    static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles, l2_stages,
                     accumulate);
 }
 
@@ -492,6 +510,8 @@ cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* b
 }
 
 bool stream_fuses(int variant) { return variant == 4 || variant == 5; }
+
+void set_stream_l2_prefetch(int64_t bytes) { g_l2_prefetch_bytes = std::max<int64_t>(0, bytes); }
 
 cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
                               const void* w, const float* bias, int64_t n, int64_t m, int64_t k,

@@ -49,6 +49,12 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
 // A row's arithmetic never depends on n in any form.
 enum class StreamX { kRows, kRmsNormed, kSwiglu };
 
+// The bulk kernels (variants 4, 5 and the FP8 bulk product): up to `bytes` of a launch's later
+// weight stages are prefetched into L2 (cp.async.bulk.prefetch) before the kernel waits for the
+// one before it, so that DRAM streams them while that kernel runs (the attention between q/k/v
+// and o_proj leaves DRAM mostly idle for ~10 us a layer). 0 (the default): none. Process-wide.
+void set_stream_l2_prefetch(int64_t bytes);
+
 // Whether a variant has the fused forms (the bulk variants, 4 and 5).
 bool stream_fuses(int variant);
 
