@@ -244,6 +244,45 @@ double time_matmuls(Backend& be, const CausalLM& target, const OpTimer& op, int6
   return first_ms;
 }
 
+// A layer's RMSNorm + projection and SwiGLU + down projection pairs (Backend::norm_matmul /
+// swiglu_matmul) at n rows in each mode: the ops apart, or one fused kernel where the mode has it
+// (--gemv stream with BLOCKSPEC_STREAM_VARIANT=4|5). Weights rotate as in time_matmuls.
+void time_fused_pairs(Backend& be, const CausalLM& target, const OpTimer& op, int64_t n,
+                      const GemvModes& modes, const Tensor& y) {
+  const auto& c = target.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const Tensor flat = target.lm_head().view({V * H});
+  const std::vector<float> ones(static_cast<size_t>(H), 1.0f);
+  const Tensor norm_w = be.upload_weight(DType::kF32, ones.data(), {H});
+  const Tensor x = flat.rows(V * H - n * 2 * I, n * H).view({n, H});
+  const Tensor gate_up = flat.rows(V * H - n * 2 * I, n * 2 * I).view({n, 2 * I});
+  const Tensor scratch = be.empty({n, std::max(H, I)});
+  for (const auto& [label, mode] : modes) {
+    set_mode(be, mode);
+    std::string line;
+    for (const auto& mt : decoder_mats(c)) {
+      const bool normed = mt.k == H && mt.per_layer != 0 && std::string(mt.name) != "o_proj";
+      const bool swiglu = mt.k == I && std::string(mt.name) == "down_proj";
+      if (!normed && !swiglu) continue;
+      const int64_t elems = mt.m * mt.k;
+      const int64_t slices = std::max<int64_t>(1, (V * H - n * 2 * I) / elems);
+      const Tensor yv = y.view({-1}).rows(0, n * mt.m).view({n, mt.m});
+      const double us = op.us([&](int i) {
+        const Tensor w = flat.rows((i % slices) * elems, elems).view({mt.m, mt.k});
+        const Tensor sc = scratch.view({-1}).rows(0, n * mt.k).view({n, mt.k});
+        if (swiglu) {
+          be.swiglu_matmul(yv, sc, gate_up, w);
+        } else {
+          be.norm_matmul(yv, sc, x, norm_w, 1e-6f, w);
+        }
+      });
+      line += fmt::format(" {} + {} {:.1f} us;", swiglu ? "swiglu" : "rms_norm", mt.name, us);
+    }
+    fmt::print("  norm / swiglu + matmul [{}]:{}\n", label.empty() ? "default" : label, line);
+  }
+  set_mode(be, "auto");
+}
+
 // The small ops of a forward of `seqs` sequences of n / seqs rows each over `ctx` cached tokens
 // apiece, at the target's shapes: seqs == 1 one sequence (decode, verify), its attention one
 // paged_attention; seqs == n a batched decode step, its attention as decoder_layer runs an even
@@ -368,6 +407,7 @@ void kernel_breakdown(Backend& be, const CausalLM& target, Timer& timer, int64_t
   for (const int64_t n : {int64_t{1}, rows}) {
     fmt::print("kernels, {} row{}:\n", n, n > 1 ? "s" : "");
     time_matmuls(be, target, op, n, modes, y, "token");
+    time_fused_pairs(be, target, op, n, modes, y);
     if (fp8) {  // Backend::matmul_fp8 on slices of lm8
       const Tensor flat8 = lm8.q.view({V * H});
       std::string line;
