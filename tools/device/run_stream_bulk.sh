@@ -57,7 +57,7 @@ if want bench; then
     env $e timeout 100 $B bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 \
       --device cuda --iters 20 --context 512 --gen-tokens 256 --gemv $gemv --kernels > $f 2>&1
     echo "-- $v (--gemv $gemv) rc=$? ($((SECONDS - T0)) s)"
-    grep -E "decode step \(|verify step \(|draft step|^generate \(spec|output ==|error" $f \
+    grep -E "decode step \(|verify step \(|draft step|^generate \(spec|output ==|norm / swiglu|error" $f \
       | sed 's/host time.*output/... output/'
   done
 fi
