@@ -91,14 +91,6 @@ void linear(Backend& b, const Tensor& y, const Tensor& x, const DenseWeight& w, 
   }
 }
 
-// y = rms_norm(x) · Wᵀ + bias, the normalized rows in xn where the backend does not fuse the
-// norm into the product (biased weights are never FP8).
-void norm_linear(Backend& b, const Tensor& y, const Tensor& xn, const Tensor& x,
-                 const Tensor& norm_w, float eps, const DenseWeight& w, const Tensor& bias) {
-  if (w.fp8.defined()) return b.norm_matmul_fp8(y, xn, x, norm_w, eps, w.fp8);
-  b.norm_matmul(y, xn, x, norm_w, eps, w.w, bias.defined() ? &bias : nullptr);
-}
-
 // y += swiglu(gate_up) · Wᵀ + bias, the activation in act where the backend does not fuse it.
 void swiglu_linear(Backend& b, const Tensor& y, const Tensor& act, const Tensor& gate_up,
                    const DenseWeight& w, const Tensor& bias) {
@@ -146,6 +138,13 @@ void attention(Backend& b, const DecoderLayer& L, const LayerActivations& a,
 }
 
 }  // namespace
+
+// Biased weights are never FP8 (targets only).
+void norm_linear(Backend& b, const Tensor& y, const Tensor& xn, const Tensor& x,
+                 const Tensor& norm_w, float eps, const DenseWeight& w, const Tensor& bias) {
+  if (w.fp8.defined()) return b.norm_matmul_fp8(y, xn, x, norm_w, eps, w.fp8);
+  b.norm_matmul(y, xn, x, norm_w, eps, w.w, bias.defined() ? &bias : nullptr);
+}
 
 void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const LayerActivations& a,
                    const PagedAttention& p, KvPool& kv, const SublayerConvs* convs) {

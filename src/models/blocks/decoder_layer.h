@@ -96,6 +96,11 @@ struct SublayerConvs {
   bool input_normed = false;
 };
 
+// y = rms_norm(x; norm_w, eps) · Wᵀ (+ bias): Backend::norm_matmul (or norm_matmul_fp8 for FP8
+// weights), the normalized rows written to xn only where the backend does not fuse the pair.
+void norm_linear(Backend& b, const Tensor& y, const Tensor& xn, const Tensor& x,
+                 const Tensor& norm_w, float eps, const DenseWeight& w, const Tensor& bias = {});
+
 // Layer `index` (weights L) over the rows of `a`, K/V into kv.k[index] / kv.v[index].
 void decoder_layer(Backend& b, int64_t index, const DecoderLayer& L, const LayerActivations& a,
                    const PagedAttention& p, KvPool& kv, const SublayerConvs* convs = nullptr);

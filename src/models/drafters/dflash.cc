@@ -30,7 +30,8 @@ struct ProposeScratch : LayerActivations {
   Tensor ids;         // I32 [seqs * B]
   Tensor logit_rows;  // I32 [seqs * (B-1)]: block rows whose logits are wanted
   // LayerActivations: [seqs * B, ...]
-  Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts())
+  Tensor last, last_n;  // [seqs * nd, H]: the gathered rows, normed (nd = max_drafts()) where
+                        // the norm is not fused into the head
   Tensor logits;        // [seqs * nd, V] (F32 when the modules want f32_logits)
   Tensor draft_logits;  // [seqs * nd, draft_vocab]: the head's rows (restricted draft vocabulary)
   // Relatives (DFlashModules): the convolved sublayer input and the sublayer output [seqs * B, H]
@@ -274,8 +275,9 @@ class DFlashDrafter final : public Drafter {
     return Status::Ok();
   }
 
-  // The block forward of every request (propose_batch's work up to the logits): p.last_n and
-  // p.logits rows [r * nd, r * nd + num_drafts) are request r's; *nd_out = nd.
+  // The block forward of every request (propose_batch's work up to the logits): p.last_n (with
+  // modules; a plain DFlash head may take the norm fused) and p.logits rows
+  // [r * nd, r * nd + num_drafts) are request r's; *nd_out = nd.
   Status forward_blocks(KvPool& kv, std::span<const ProposeRequest> reqs, int64_t* nd_out) {
     const int64_t B = c_.block_size, S = static_cast<int64_t>(reqs.size());
     if (S == 0) return InvalidArgument("dflash propose: no requests");
@@ -350,17 +352,23 @@ class DFlashDrafter final : public Drafter {
     }
     const Tensor last = p.last.rows(0, S * nd), last_n = p.last_n.rows(0, S * nd);
     backend_.embedding(last, p.logit_rows.rows(0, S * nd), x);  // row gather
-    backend_.rms_norm(last_n, last, final_norm_, eps);
-    if (modules_) modules_->before_head(last_n);
+    // The final norm and the head: one fused pair where the backend fuses it, unless a module
+    // reads the normalized rows first (DFlash2's hidden projection).
+    const auto head = [&](const Tensor& logits) {
+      if (!modules_) return norm_linear(backend_, logits, last_n, last, final_norm_, eps, lm_head_);
+      backend_.rms_norm(last_n, last, final_norm_, eps);
+      modules_->before_head(last_n);
+      lm_head_.apply(backend_, logits, last_n);
+    };
     if (draft_ids_.defined()) {
       // Restricted draft vocabulary: the head over its rows only, scattered into -inf rows of the
       // target vocabulary (argmax and the sampled proposal q stay within it: lossless).
       const Tensor small = p.draft_logits.rows(0, S * nd);
-      lm_head_.apply(backend_, small, last_n);
+      head(small);
       backend_.scatter_columns(p.logits.rows(0, S * nd), small, draft_ids_,
                                -std::numeric_limits<float>::infinity());
     } else {
-      lm_head_.apply(backend_, p.logits.rows(0, S * nd), last_n);
+      head(p.logits.rows(0, S * nd));
     }
   }
 
