@@ -793,21 +793,30 @@ void expect_lossless(CausalLM& target, Drafter& drafter, const std::vector<int32
 // DFlash with FP8 weights (DrafterOptions::fp8_weights): the GPU's drafts follow the CPU's
 // FP8 reference, and greedy speculative decoding still reproduces plain decoding. The shipped
 // stories260K drafter has k = 64 (FP8 tensor-core kernel) and k = 172 (dequantizing fallback).
+// Also with the bulk FP8 kernel, whose fused forms take the drafter's RMSNorms (and the head's).
 TEST_F(CudaModels, Fp8DFlashMatchesCpuAndIsLossless) {
-  ModelPair m;
-  ASSERT_NO_FATAL_FAILURE(load_pair(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash",
-                                    {.fp8_weights = true}, &m));
-  const std::vector<int32_t> prompt = random_prompt(4);
-  const double e = draft_logits_rel_err(*m.g, *m.dg, *m.c, *m.dc, prompt);
-  EXPECT_LT(e, 5e-2) << "CUDA vs CPU FP8 draft logits";
-  std::printf("[ fp8 dflash: CUDA vs CPU draft logits rel err %.2e ]\n", e);
+  for (const std::string name : {"v1", "bulk"}) {
+#ifdef BLOCKSPEC_HAS_CUDA
+    cuda::set_fp8_kernel(*gpu_, name == "v1" ? cuda::Fp8Kernel::kV1 : cuda::Fp8Kernel::kBulk);
+#endif
+    ModelPair m;
+    ASSERT_NO_FATAL_FAILURE(load_pair(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash",
+                                      {.fp8_weights = true}, &m));
+    const std::vector<int32_t> prompt = random_prompt(4);
+    const double e = draft_logits_rel_err(*m.g, *m.dg, *m.c, *m.dc, prompt);
+    EXPECT_LT(e, 5e-2) << "CUDA vs CPU FP8 draft logits, " << name;
+    std::printf("[ fp8 dflash (%s): CUDA vs CPU draft logits rel err %.2e ]\n", name.c_str(), e);
 
-  for (const std::vector<int32_t>& p : {std::vector<int32_t>{1}, prompt}) {
-    GenerateStats st;
-    ASSERT_NO_FATAL_FAILURE(expect_lossless(*m.g, *m.dg, p, "FP8 drafter", &st));
-    std::printf("[ fp8 dflash on GPU: acceptance length %.2f over %lld steps ]\n",
-                st.acceptance_length(), static_cast<long long>(st.steps));
+    for (const std::vector<int32_t>& p : {std::vector<int32_t>{1}, prompt}) {
+      GenerateStats st;
+      ASSERT_NO_FATAL_FAILURE(expect_lossless(*m.g, *m.dg, p, "FP8 drafter " + name, &st));
+      std::printf("[ fp8 dflash (%s) on GPU: acceptance length %.2f over %lld steps ]\n",
+                  name.c_str(), st.acceptance_length(), static_cast<long long>(st.steps));
+    }
   }
+#ifdef BLOCKSPEC_HAS_CUDA
+  cuda::set_fp8_kernel(*gpu_, cuda::Fp8Kernel::kV1);  // the default again
+#endif
 }
 
 // DFlash with a restricted draft vocabulary (d2t of 128 ids, written at test time from the
