@@ -712,6 +712,7 @@ class CudaBackend final : public Backend {
              algo_n);
   }
 
+  static bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
   // Runs f(r0, rows) over rows [0, n) in groups of at most kSkinnyMaxRows, in order. The few-row
   // kernels (kMma, kStream) give a row the same bits whatever group it is in, so products of up
   // to pinned_rows_ rows (a batch's decode rows, its verify blocks) stay row-invariant as with
@@ -736,7 +737,8 @@ class CudaBackend final : public Backend {
                    float eps, const Tensor& w, const Tensor* bias, bool accumulate) override {
     const int64_t m = w.dim(0), k = w.dim(-1), n = k ? x.numel() / k : 0;
     BS_CHECK(x.numel() == n * k && y.numel() == n * m && norm_w.numel() == k);
-    if (n > 0 && norm_w.dtype() == DType::kF32 && fuses_stream(y, x, w, bias, n)) {
+    if (n > 0 && norm_w.dtype() == DType::kF32 && aligned16(norm_w) &&
+        fuses_stream(y, x, w, bias, n)) {
       const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
       for_row_groups(n, [&](int64_t r0, int64_t rows) {
         CUDA_CHECK(stream_gemm_fused(out(y2.rows(r0, rows)), StreamX::kRmsNormed,
@@ -773,8 +775,9 @@ class CudaBackend final : public Backend {
            (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
            bs::cuda::fp8_matmul_supported(k, x.data(), w.q.data());
   }
-  void fused_fp8(const Tensor& y, StreamX kind, const Tensor& x, int64_t x_cols,
-                 const Tensor* norm_w, float eps, const Fp8Weight& w, bool accumulate) {
+  // The bulk FP8 product of x's rows (x_cols columns a row: k, or 2k for SwiGLU's gate_up).
+  void fp8_bulk(const Tensor& y, StreamX kind, const Tensor& x, int64_t x_cols,
+                const Tensor* norm_w, float eps, const Fp8Weight& w, bool accumulate) {
     const int64_t m = w.q.dim(0), n = x.numel() / x_cols, k = w.q.dim(-1);
     const Tensor x2 = x.view({n, x_cols}), y2 = y.view({n, m});
     for_row_groups(n, [&](int64_t r0, int64_t rows) {
@@ -788,8 +791,8 @@ class CudaBackend final : public Backend {
                        float eps, const Fp8Weight& w, bool accumulate) override {
     const int64_t m = w.q.dim(0), k = w.q.dim(-1), n = k ? x.numel() / k : 0;
     BS_CHECK(x.numel() == n * k && y.numel() == n * m && norm_w.numel() == k);
-    if (n > 0 && norm_w.dtype() == DType::kF32 && fuses_fp8(y, x, w)) {
-      return fused_fp8(y, StreamX::kRmsNormed, x, k, &norm_w, eps, w, accumulate);
+    if (n > 0 && norm_w.dtype() == DType::kF32 && aligned16(norm_w) && fuses_fp8(y, x, w)) {
+      return fp8_bulk(y, StreamX::kRmsNormed, x, k, &norm_w, eps, w, accumulate);
     }
     Backend::norm_matmul_fp8(y, xn, x, norm_w, eps, w, accumulate);
   }
@@ -798,7 +801,7 @@ class CudaBackend final : public Backend {
     const int64_t m = w.q.dim(0), k = w.q.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
     if (n > 0 && fuses_fp8(y, gate_up, w)) {
-      return fused_fp8(y, StreamX::kSwiglu, gate_up, 2 * k, nullptr, 0.0f, w, accumulate);
+      return fp8_bulk(y, StreamX::kSwiglu, gate_up, 2 * k, nullptr, 0.0f, w, accumulate);
     }
     Backend::swiglu_matmul_fp8(y, act, gate_up, w, accumulate);
   }
@@ -841,12 +844,7 @@ class CudaBackend final : public Backend {
     }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q) &&
         fp8_kernel_ == Fp8Kernel::kBulk) {  // v1's bits, 16 rows a launch as v1
-      const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
-      for_row_groups(n, [&](int64_t r0, int64_t rows) {
-        CUDA_CHECK(bs::cuda::fp8_bulk_matmul(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(), q,
-                                             w.scale.as<float>(), rows, m, k, accumulate, stream_));
-      });
-      return;
+      return fp8_bulk(y, StreamX::kRows, x, k, nullptr, 0.0f, w, accumulate);
     }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
       // v1 (the default): an FP16 copy of x, made once for more than 8 rows.
