@@ -333,7 +333,9 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
 // The bulk-copy variants (4, 5) take the same k pieces in the same order per warp as cp.async
 // variant 1 (4 warps, warp w on the 32-wide chunks w, w + 4, ...), and sum the warps the same way,
 // so all three give the same bits: a check of the bulk kernels' stage bookkeeping (a stage read
-// before its copy landed, a row or chunk off by one) far finer than a tolerance.
+// before its copy landed, a row or chunk off by one) far finer than a tolerance. The cases take
+// every layout: up to 8 rows (x a chunk a stage), 9-16 rows with k <= 4096 (x resident) and with
+// k > 4096 (32 features a stage).
 TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
   struct Case {
@@ -341,7 +343,8 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   };
   for (const Case c :
        {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032}, Case{16, 129, 3072},
-        Case{16, 16, 8}, Case{1, 4096, 4096}, Case{16, 6144, 4096}, Case{8, 4096, 12288}}) {
+        Case{16, 16, 8}, Case{1, 4096, 4096}, Case{16, 6144, 4096}, Case{8, 4096, 12288},
+        Case{16, 1000, 4104}, Case{12, 4096, 12288}}) {
     Tensor gw = weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.1f));
     Tensor gx = gpu_act({c.n, c.k}, rnd(c.n * c.k));
     Tensor gb = weight(*gpu_, {c.m}, rnd(c.m));

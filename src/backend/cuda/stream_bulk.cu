@@ -26,7 +26,9 @@
 // More than 8 rows with k <= kMaxResidentK (not SwiGLU): x's rows are copied whole, once, into
 // shared memory (x resident) and the stages carry weights only, so L2 hands each block x once
 // instead of once a tile (at 16 rows the per-stage copies move as many bytes as BF16 weights and
-// twice as many as FP8 ones); the consumers read the same values in the same order.
+// twice as many as FP8 ones); otherwise a stage carries 32 output features (two m16 tiles) that
+// share its x chunk. The consumers read the same values in the same order every way. A
+// configuration's stage count is what fits in shared memory, up to its maximum.
 //
 // PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
 // the kernel before), x after it; a stage's barrier waits for both.
@@ -120,15 +122,17 @@ int64_t g_l2_prefetch_bytes = 0;
 constexpr int kMaxResidentK = 4096;
 
 // One kernel configuration and its shared-memory layout (bytes). KC k-elements of each weight
-// row a stage, S stages, NT m16n8 column tiles (8 x rows each), CW consumer warps, FP8 or BF16
-// weights, the x form, x resident or a chunk a stage.
-template <int KC_, int S_, int NT_, int CW_, bool FP8_, StreamX XS_, bool XR_>
+// row a stage; at most S_MAX stages (fewer where shared memory ends: kS); MT m16 tiles (16 output
+// features each) a stage, sharing the stage's x; NT m16n8 column tiles (8 x rows each); CW
+// consumer warps; FP8 or BF16 weights; the x form; x resident or a chunk a stage.
+template <int KC_, int S_MAX, int MT_, int NT_, int CW_, bool FP8_, StreamX XS_, bool XR_>
 struct Bulk {
-  static constexpr int KC = KC_, S = S_, NT = NT_, CW = CW_;
+  static constexpr int KC = KC_, MT = MT_, NT = NT_, CW = CW_;
   static constexpr bool kFp8 = FP8_, kXR = XR_;
   static constexpr bool kNorm = XS_ == StreamX::kRmsNormed, kSwiglu = XS_ == StreamX::kSwiglu;
   static constexpr int kWBytes = kFp8 ? 1 : 2;  // bytes a weight
   static constexpr int kSub = kFp8 ? 64 : 32;   // k-elements a warp step: 4 lanes x 16 / x 8
+  static constexpr int kWRows = 16 * MT;        // weight rows a stage (output features a tile)
   // Row paddings that spread a quarter warp's 16-byte fragment reads over all banks: rows g and
   // g + 1 half a bank line apart (lanes t 16 bytes apart), or, for x under FP8 weights (lanes t
   // 32 bytes apart, two reads each), 16 bytes apart.
@@ -136,21 +140,27 @@ struct Bulk {
   static constexpr int kWRowBytes = KC * kWBytes + 64;
   static constexpr int kXRowBytes = KC * 2 + kXPad;
   static constexpr int kXRows = kXR ? 0 : NT * 8 * (kSwiglu ? 2 : 1);  // gate rows, up rows
-  static constexpr int kXOffset = 16 * kWRowBytes;                     // in a stage
+  static constexpr int kXOffset = kWRows * kWRowBytes;                 // in a stage
   static constexpr int kNormOffset = kXOffset + kXRows * kXRowBytes;
   static constexpr int kStageBytes = kNormOffset + (kNorm ? KC * 4 : 0);
   static constexpr int kXResRowBytes = kMaxResidentK * 2 + kXPad;
-  static constexpr size_t kXResOffset = size_t{S} * kStageBytes;
   static constexpr size_t kXResBytes = kXR ? size_t{NT} * 8 * kXResRowBytes : 0;
-  static constexpr int kRedFloats = 2 * CW * NT * 128;  // two tiles' partials
+  static constexpr int kRedFloats = 2 * CW * MT * NT * 128;  // two tiles' partials
   static constexpr int kSsFloats = kNorm ? CW * NT * 8 : 0;
+  static constexpr size_t kFixedBytes =
+      kXResBytes + (kRedFloats + kSsFloats) * sizeof(float) + (2 * S_MAX + 1) * sizeof(uint64_t);
+  static constexpr size_t kSmemLimit = 232448;  // one block's shared memory on sm_90
+  static constexpr int kFit = static_cast<int>((kSmemLimit - kFixedBytes) / kStageBytes);
+  static constexpr int S = kFit < S_MAX ? kFit : S_MAX;
+  static constexpr size_t kXResOffset = size_t{S} * kStageBytes;
   static constexpr size_t kBarOffset =
       kXResOffset + kXResBytes + (kRedFloats + kSsFloats) * sizeof(float);
   static constexpr size_t kBytes = kBarOffset + (2 * S + 1) * sizeof(uint64_t);
   static constexpr int kThreads = (CW + 1) * 32;
   static_assert(KC % (kSub * CW) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
-  static_assert(kBytes <= 232448, "one block's shared memory on sm_90");
+  static_assert(S >= 2 && kBytes <= kSmemLimit, "at least two stages fit");
+  static_assert(kWRows <= 32, "one producer lane a weight row");
   static_assert(!kXR || !kSwiglu, "gate and up rows are never resident");
 };
 
@@ -186,11 +196,11 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
 // w: BF16 [m, k] or FP8 codes [m, k] with w_scale [m] (y = w_scale[j] * sum, fp8_matmul_kernel's
 // epilogue); bias F32 [m] or null (BF16 weights only).
 template <class C, typename TY>
-__global__ void __launch_bounds__(C::kThreads)
+__global__ void __launch_bounds__(C::kThreads, 1)
     stream_bulk_kernel(TY* y, BulkX x, const unsigned char* w, const float* w_scale,
                        const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
                        int64_t l2_stages, bool accumulate) {
-  constexpr int S = C::S, NT = C::NT, CW = C::CW, KC = C::KC;
+  constexpr int S = C::S, MT = C::MT, NT = C::NT, CW = C::CW, KC = C::KC;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
   unsigned char* stages = bulk_smem;                  // [S][kStageBytes]
   unsigned char* x_res = bulk_smem + C::kXResOffset;  // XR: [NT * 8][kXResRowBytes]
@@ -246,7 +256,7 @@ __global__ void __launch_bounds__(C::kThreads)
     };
     const auto announce = [&](int64_t i) {
       const Stage st = stage(i);
-      const int64_t w_rows = min64(16, m - st.tile * 16);
+      const int64_t w_rows = min64(C::kWRows, m - st.tile * C::kWRows);
       const int64_t x_rows = C::kXR ? 0 : static_cast<int64_t>(n) * (C::kSwiglu ? 2 : 1);
       const uint32_t bytes = static_cast<uint32_t>(w_rows) * st.len * C::kWBytes +
                              static_cast<uint32_t>(x_rows) * st.len * 2 +
@@ -259,8 +269,8 @@ __global__ void __launch_bounds__(C::kThreads)
       const Stage st = stage(i);
       unsigned char* dst = stages + (i % S) * C::kStageBytes;
       uint64_t* bar = &full[i % S];
-      const int64_t r = st.tile * 16 + lane;
-      if (weights && lane < 16 && r < m) {
+      const int64_t r = st.tile * C::kWRows + lane;
+      if (weights && lane < C::kWRows && r < m) {
         bulk_copy(dst + lane * C::kWRowBytes, w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes,
                   bar);
       }
@@ -284,8 +294,10 @@ __global__ void __launch_bounds__(C::kThreads)
     // time is mostly idle: attention reads a few MB), so the ring later refills from L2.
     for (int64_t i = first; i < min64(total, first + l2_stages); ++i) {
       const Stage st = stage(i);
-      const int64_t r = st.tile * 16 + lane;
-      if (lane < 16 && r < m) prefetch_l2(w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes);
+      const int64_t r = st.tile * C::kWRows + lane;
+      if (lane < C::kWRows && r < m) {
+        prefetch_l2(w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes);
+      }
     }
     griddep_wait();          // x comes from the kernels before
     if constexpr (C::kXR) {  // x's rows whole, once
@@ -312,11 +324,13 @@ __global__ void __launch_bounds__(C::kThreads)
   griddep_wait();  // y (when accumulating) comes from the kernels before
   griddep_launch();
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  float acc[NT][4], ss[NT];
+  float acc[MT][NT][4], ss[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     ss[nt] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
   }
   if constexpr (C::kXR) mbar_wait(x_ready, 0);
   int64_t i = 0;
@@ -333,8 +347,13 @@ __global__ void __launch_bounds__(C::kThreads)
         // This lane's k-elements: e0.. of the chunk (8 BF16 or 16 FP8 codes).
         const int e0 = sub * C::kSub + (C::kSub / 4) * t;
         const bool live = e0 < kc_len;  // k % 8 == 0 (BF16), k % 16 == 0 (FP8)
-        const uint4 wa = live ? ld_shared16(st + g * C::kWRowBytes + e0 * C::kWBytes) : zero;
-        const uint4 wb = live ? ld_shared16(st + (g + 8) * C::kWRowBytes + e0 * C::kWBytes) : zero;
+        uint4 wa[MT], wb[MT];           // weight rows mt * 16 + g and + 8
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const unsigned char* wp = st + (mt * 16 + g) * C::kWRowBytes + e0 * C::kWBytes;
+          wa[mt] = live ? ld_shared16(wp) : zero;
+          wb[mt] = live ? ld_shared16(wp + 8 * C::kWRowBytes) : zero;
+        }
         // x row (g + 8 nt)'s k-elements e0.., as they sit in shared memory.
         const auto x_at = [&](int row) {
           return C::kXR ? x_res + row * C::kXResRowBytes + (c * KC + e0) * 2
@@ -361,11 +380,15 @@ __global__ void __launch_bounds__(C::kThreads)
           }
           return xr;
         };
-        uint32_t ha[8], hb[8];  // FP8: the weight codes as FP16 pairs
+        uint32_t ha[MT][8], hb[MT][8];  // FP8: the weight codes as FP16 pairs
         if constexpr (C::kFp8) {
-          unpack16(wa, ha);
-          unpack16(wb, hb);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            unpack16(wa[mt], ha[mt]);
+            unpack16(wb[mt], hb[mt]);
+          }
         }
+        // Each x piece once, for every m16 tile of the stage (the tiles' sums never mix).
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           float sq = 0.0f;
@@ -375,14 +398,20 @@ __global__ void __launch_bounds__(C::kThreads)
 #pragma unroll
             for (int q = 0; q < 8; ++q) hx[q] = bf16x2_to_f16x2(hx[q]);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              mma_f16(acc[nt], ha[2 * q], hb[2 * q], ha[2 * q + 1], hb[2 * q + 1], hx[2 * q],
-                      hx[2 * q + 1]);
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                mma_f16(acc[mt][nt], ha[mt][2 * q], hb[mt][2 * q], ha[mt][2 * q + 1],
+                        hb[mt][2 * q + 1], hx[2 * q], hx[2 * q + 1]);
+              }
             }
           } else {
             const uint4 xr = x_piece(g + 8 * nt, 0, sq);
-            mma16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xr.x, xr.y);
-            mma16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xr.z, xr.w);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              mma16816(acc[mt][nt], wa[mt].x, wb[mt].x, wa[mt].y, wb[mt].y, xr.x, xr.y);
+              mma16816(acc[mt][nt], wa[mt].z, wb[mt].z, wa[mt].w, wb[mt].w, xr.z, xr.w);
+            }
           }
           if (C::kNorm && tt == 0) ss[nt] += sq;  // the squares come from the first tile only
         }
@@ -392,12 +421,18 @@ __global__ void __launch_bounds__(C::kThreads)
     }
     // The tile's end: the consumer warps' partials summed in warp order (double-buffered by tile
     // parity, so one barrier a tile suffices), then stored.
-    float* part = red + (tt & 1) * CW * NT * 128;
+    constexpr int kTile = MT * NT * 128;  // one warp's accumulators
+    float* part = red + (tt & 1) * CW * kTile;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[(warp * NT + nt) * 128 + e * 32 + lane] = acc[nt][e];
-      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          part[warp * kTile + (mt * NT + nt) * 128 + e * 32 + lane] = acc[mt][nt][e];
+          acc[mt][nt][e] = 0.0f;
+        }
+      }
     }
     if (C::kNorm && tt == 0) {  // row g + 8 nt's sum of squares over this warp's k: lanes t
 #pragma unroll
@@ -409,15 +444,15 @@ __global__ void __launch_bounds__(C::kThreads)
       }
     }
     consumers_sync<CW>();
-    const int64_t j0 = (blockIdx.x + tt * G) * 16;
-    for (int q = threadIdx.x; q < NT * 128; q += CW * 32) {
-      const int nt = q / 128, e = (q / 32) % 4, l = q % 32;
-      const int col = nt * 8 + 2 * (l & 3) + (e & 1);  // x row
-      const int64_t j = j0 + (l >> 2) + 8 * (e >> 1);  // output feature
+    const int64_t j0 = (blockIdx.x + tt * G) * C::kWRows;
+    for (int q = threadIdx.x; q < kTile; q += CW * 32) {
+      const int mt = q / (NT * 128), nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
+      const int col = nt * 8 + 2 * (l & 3) + (e & 1);            // x row
+      const int64_t j = j0 + mt * 16 + (l >> 2) + 8 * (e >> 1);  // output feature
       if (col >= n || j >= m) continue;
       float sum = 0.0f;
 #pragma unroll
-      for (int wi = 0; wi < CW; ++wi) sum += part[(wi * NT + nt) * 128 + e * 32 + l];
+      for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
       TY* o = y + static_cast<int64_t>(col) * m + j;
       if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
         float sq = 0.0f;
@@ -451,10 +486,10 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kBytes);
     return std::max(1, per_sm) * std::max(1, sms);
   }();
-  const int64_t tiles = (m + 15) / 16;
+  const int64_t tiles = (m + C::kWRows - 1) / C::kWRows;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, wave)));
   // The L2 prefetch budget (set_stream_l2_prefetch) split over the blocks, in stages.
-  const int64_t stage_weight_bytes = int64_t{16} * C::KC * C::kWBytes;
+  const int64_t stage_weight_bytes = int64_t{C::kWRows} * C::KC * C::kWBytes;
   const int64_t l2_stages = g_l2_prefetch_bytes / static_cast<int64_t>(grid.x) / stage_weight_bytes;
   return launch_pdl(kernel, grid, dim3(C::kThreads), C::kBytes, s, y, x,
                     static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles, l2_stages,
@@ -472,32 +507,34 @@ cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, con
                               accumulate, s);
 }
 
-// Up to 8 rows: x a chunk a stage (as many x bytes as n / 16 of BF16 weights'); more: x resident
-// where it fits (not for SwiGLU's two rows a row). The same arithmetic either way.
+// Up to 8 rows: 16 output features a stage, x a chunk a stage (as many x bytes as n / 16 of BF16
+// weights'). More: x resident where it fits (not for SwiGLU's two rows a row), else 32 features
+// a stage sharing each x chunk (half the x bytes a weight byte). The same arithmetic every way:
+// a row's bits never depend on the choice.
 template <int KC, int S, int CW, bool FP8, StreamX XS>
 cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
                         int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
   if (n <= 8) {
-    return launch_bulk<Bulk<KC, S, 1, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
-                                                           accumulate, s);
+    return launch_bulk<Bulk<KC, S, 1, 1, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
+                                                              accumulate, s);
   }
   if constexpr (XS != StreamX::kSwiglu) {
     if (k <= kMaxResidentK) {
-      return launch_bulk<Bulk<KC, S, 2, CW, FP8, XS, true>>(y, x, w, w_scale, bias, n, m, k,
-                                                            accumulate, s);
+      return launch_bulk<Bulk<KC, S, 1, 2, CW, FP8, XS, true>>(y, x, w, w_scale, bias, n, m, k,
+                                                               accumulate, s);
     }
   }
-  return launch_bulk<Bulk<KC, S, 2, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
-                                                         accumulate, s);
+  return launch_bulk<Bulk<KC, S, 2, 2, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
+                                                            accumulate, s);
 }
 
 template <StreamX XS>
 cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                            int64_t k, bool accumulate, cudaStream_t s, int variant) {
-  if (variant == 5) {  // 1 KiB of a weight row a stage, 4 stages
+  if (variant == 5) {  // 1 KiB of a weight row a stage, up to 4 stages
     return launch_rows<512, 4, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
   }
-  // 512 bytes of a weight row a stage, 8 stages
+  // 512 bytes of a weight row a stage, up to 8 stages
   return launch_rows<256, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
 }
 
@@ -536,8 +573,7 @@ cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* n
 }
 
 // 512 codes of a weight row a stage (8 sub-chunks of 64: one for each of the 8 consumer warps,
-// fp8_matmul_kernel's warp split), 8 stages (7 with the norm's weights, 4 with SwiGLU's gate
-// and up rows: shared memory).
+// fp8_matmul_kernel's warp split), up to 8 stages (as many as fit beside the rest).
 cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
                             int64_t m, int64_t k, bool accumulate, cudaStream_t s, StreamX kind,
                             const float* norm_w, float eps) {
@@ -551,10 +587,10 @@ cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float*
   const int ni = static_cast<int>(n);
   switch (kind) {
     case StreamX::kRmsNormed:
-      return launch_rows<512, 7, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m, k,
+      return launch_rows<512, 8, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m, k,
                                                                accumulate, s);
     case StreamX::kSwiglu:
-      return launch_rows<512, 4, 8, true, StreamX::kSwiglu>(y, bx, q, scale, nullptr, ni, m, k,
+      return launch_rows<512, 8, 8, true, StreamX::kSwiglu>(y, bx, q, scale, nullptr, ni, m, k,
                                                             accumulate, s);
     default:
       return launch_rows<512, 8, 8, true, StreamX::kRows>(y, bx, q, scale, nullptr, ni, m, k,
