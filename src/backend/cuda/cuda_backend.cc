@@ -754,7 +754,8 @@ class CudaBackend final : public Backend {
                      const Tensor* bias, bool accumulate) override {
     const int64_t m = w.dim(0), k = w.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
-    if (n > 0 && fuses_stream(y, gate_up, w, bias, n)) {
+    // The fused SwiGLU gives the ops' bits, so how many rows take it may depend on n.
+    if (n > 0 && n <= swiglu_fuse_rows_ && fuses_stream(y, gate_up, w, bias, n)) {
       const Tensor gu2 = gate_up.view({n, 2 * k}), y2 = y.view({n, m});
       for_row_groups(n, [&](int64_t r0, int64_t rows) {
         CUDA_CHECK(stream_gemm_fused(out(y2.rows(r0, rows)), StreamX::kSwiglu,
@@ -800,7 +801,7 @@ class CudaBackend final : public Backend {
                          const Fp8Weight& w, bool accumulate) override {
     const int64_t m = w.q.dim(0), k = w.q.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
-    if (n > 0 && fuses_fp8(y, gate_up, w)) {
+    if (n > 0 && n <= swiglu_fuse_rows_ && fuses_fp8(y, gate_up, w)) {
       return fp8_bulk(y, StreamX::kSwiglu, gate_up, 2 * k, nullptr, 0.0f, w, accumulate);
     }
     Backend::swiglu_matmul_fp8(y, act, gate_up, w, accumulate);
@@ -1488,6 +1489,9 @@ class CudaBackend final : public Backend {
     if (const int c = env_choice("BLOCKSPEC_STREAM_FUSE", {"0", "1"}); c >= 0) {
       stream_fuse_ = c == 1;
     }
+    if (const auto v = env_int("BLOCKSPEC_STREAM_SWIGLU_ROWS", 0, int64_t{1} << 20)) {
+      swiglu_fuse_rows_ = *v;
+    }
     if (const auto v = env_int("BLOCKSPEC_STREAM_PREFETCH_MIB", 0, 1024)) {
       set_stream_l2_prefetch(*v << 20);
     }
@@ -1861,6 +1865,9 @@ class CudaBackend final : public Backend {
   int stream_variant_ = kStreamDefaultVariant;
   int64_t stream_max_bytes_ = kStreamDefaultMaxMib << 20;
   bool stream_fuse_ = true;  // norm_matmul / swiglu_matmul fused where the variant can
+  // swiglu_matmul(_fp8) fuses products of at most this many rows (BLOCKSPEC_STREAM_SWIGLU_ROWS;
+  // its x is gate and up, twice a plain product's x bytes, so at 9-16 rows the ops apart may win).
+  int64_t swiglu_fuse_rows_ = int64_t{1} << 20;
   std::map<PlanKey, LtPlan> plans_;
   // Scratch (see scratch()): split-KV attention partials; matmul_fp8's FP16 copy of x. Growing
   // one (or changing the GEMV mode) bumps capture_generation_, which makes run_captured capture
