@@ -6,11 +6,13 @@
 // warps split k and stream their pieces of the 16 weight rows through a ring of stages several
 // chunks deep; the first stages' weight loads are issued before griddepcontrol.wait (launched with
 // programmatic dependent launch; the weights do not depend on the kernel before), so they overlap
-// the previous kernel's tail. Two kernels:
+// the previous kernel's tail. Three kernels:
 //   variants 0, 1, 3: cp.async into each lane's own shared-memory slots (6-16 stages), a
 //     persistent one-wave grid whose blocks stream their tiles back to back, warps on
 //     interleaved 32-wide k chunks;
-//   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges.
+//   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges;
+//   variants 4, 5 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that four
+//     consumer warps read, variant 1's k split (its bits), with fused forms (StreamX below).
 // Row r's arithmetic (the k split, the order of every sum) depends only on k and the variant,
 // never on n: a 1-row decode equals row 0 of a 16-row verify bit for bit. Deterministic (no
 // atomics). Measured on an H200 (docs/BENCHMARKS.md, session 10): variant 0 beats cuBLASLt on
