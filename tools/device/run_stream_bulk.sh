@@ -3,6 +3,7 @@
 # build-cuda/ (FULL=1 bash tools/device/pack_session8.sh build -; carry ["build-cuda/pack"]):
 # the bulk-copy stream GEMMs (stream_gemm.h variants 4, 5) and their fused RMSNorm / SwiGLU forms
 # (issue 17), in one call of about 6 minutes:
+#   0. a smoke test of the bulk kernels (90 s at most; their benches are skipped if it fails);
 #   1. their tests: cuda_ops_test's stream GEMM / FP8 / matmul / attention tests, cuda_models_test's
 #      greedy speculative == plain with each stream variant and the drafter families, then
 #      compute-sanitizer memcheck over the bulk kernels' bit tests;
@@ -19,6 +20,14 @@ start_session "$OUT/stream_bulk.txt"
 STAGES=${STAGES:-"tests times bench"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 want bench && start_synth /tmp/synth.txt
+# First a smoke test of the bulk kernels alone (their waits trap instead of hanging, so a broken
+# pipeline fails in seconds); if it fails, the bulk variants' benches are skipped.
+BULK_OK=1
+timeout 90 $D/cuda_ops_test --gtest_filter='*StreamBulkVariantsEqual*:*Fp8BulkKernelGivesV1Bits*' \
+  > $OUT/bulk_smoke.txt 2>&1
+rc=$?; echo "-- bulk smoke rc=$rc ($((SECONDS - T0)) s)"
+grep -E "^\[  (FAILED|PASSED) |Failure|error|variant" $OUT/bulk_smoke.txt | head -12
+[ $rc = 0 ] || BULK_OK=0
 if want tests; then
   timeout 200 $D/cuda_ops_test \
     --gtest_filter='*Stream*:*Fp8*:*Matmul*:*RowCount*:*Captured*:*Swiglu*:*Norms*:*SplitAttention*:*PagedAttention*' \
@@ -50,6 +59,7 @@ if want bench; then
   V4=BLOCKSPEC_STREAM_VARIANT=4+$ALL
   VARIANTS=${VARIANTS:-"auto - $V4 $V4+BLOCKSPEC_STREAM_FUSE=0 $V4+BLOCKSPEC_STREAM_PREFETCH_MIB=24 $V4+BLOCKSPEC_STREAM_SWIGLU_ROWS=8 BLOCKSPEC_STREAM_VARIANT=5+$ALL BLOCKSPEC_STREAM_VARIANT=4"}
   for v in $VARIANTS; do
+    if [ $BULK_OK = 0 ] && [[ "$v" == *VARIANT=[45]* ]]; then echo "-- $v skipped"; continue; fi
     tag=${v//[^A-Za-z0-9]/_}; e=${v//+/ }; gemv=stream
     [ "$v" = - ] && e= && tag=stream_default
     [ "$v" = auto ] && e= && gemv=auto

@@ -63,10 +63,15 @@ __device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
-// Waits until the barrier's phase with this parity has completed.
+// Waits until the barrier's phase with this parity has completed. A wait of this many polls
+// (each may suspend the thread up to a hardware limit) means the pipeline's bookkeeping is
+// broken, not a slow copy (a stage lands within microseconds; a kernel preempted by another
+// process does not poll): trap, so that the launch fails with an error instead of hanging.
+constexpr uint32_t kMaxPolls = 1u << 22;
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
+  uint32_t done = 0, polls = 0;
   do {
+    if (++polls == kMaxPolls) __trap();
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
