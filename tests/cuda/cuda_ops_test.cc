@@ -282,6 +282,9 @@ TEST_F(CudaOps, FewRowMatmulRowsAreIndependentOfRowCount) {
 
 #ifdef BLOCKSPEC_HAS_CUDA
 constexpr int64_t kAnySize = int64_t{1} << 30;  // MiB: every matrix takes the stream GEMM
+struct StreamCase {                             // an n-row product with an [m, k] matrix
+  int64_t n, m, k;
+};
 
 // The stream GEMM (GemvMode::kStream, every tuning variant): for n = 1..16, row r of the n-row
 // product equals the product of row r alone bit for bit (F32 output, so no rounding hides a
@@ -338,13 +341,11 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
 // k > 4096 (32 features a stage).
 TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  struct Case {
-    int64_t n, m, k;
-  };
-  for (const Case c :
-       {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032}, Case{16, 129, 3072},
-        Case{16, 16, 8}, Case{1, 4096, 4096}, Case{16, 6144, 4096}, Case{8, 4096, 12288},
-        Case{16, 1000, 4104}, Case{12, 4096, 12288}}) {
+  for (const StreamCase c :
+       {StreamCase{1, 300, 64}, StreamCase{3, 77, 4104}, StreamCase{9, 1000, 1032},
+        StreamCase{16, 129, 3072}, StreamCase{16, 16, 8}, StreamCase{1, 4096, 4096},
+        StreamCase{16, 6144, 4096}, StreamCase{8, 4096, 12288}, StreamCase{16, 1000, 4104},
+        StreamCase{12, 4096, 12288}}) {
     Tensor gw = weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.1f));
     Tensor gx = gpu_act({c.n, c.k}, rnd(c.n * c.k));
     Tensor gb = weight(*gpu_, {c.m}, rnd(c.m));
@@ -374,13 +375,11 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
 // an n-row call equals the row alone bit for bit (speculative verify == plain decode).
 TEST_F(CudaOps, StreamFusedNormAndSwigluMatchReferencesAndKeepRowsInvariant) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  struct Case {
-    int64_t n, m, k;
-  };
   for (const int variant : {4, 5}) {
     cuda::set_stream_options(*gpu_, variant, kAnySize);
-    for (const Case c : {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032},
-                         Case{16, 129, 3072}, Case{16, 16, 8}, Case{16, 512, 4096}}) {
+    for (const StreamCase c :
+         {StreamCase{1, 300, 64}, StreamCase{3, 77, 4104}, StreamCase{9, 1000, 1032},
+          StreamCase{16, 129, 3072}, StreamCase{16, 16, 8}, StreamCase{16, 512, 4096}}) {
       const std::string what = fmt::format("variant {} n={} m={} k={}", variant, c.n, c.m, c.k);
       const auto xv = rnd(c.n * c.k), gv = rnd(c.k, 0.5f), wv = rnd(c.m * c.k, 0.1f);
       const auto guv = rnd(c.n * 2 * c.k), bv = rnd(c.m), yv = rnd(c.n * c.m);
@@ -495,11 +494,9 @@ TEST_F(CudaOps, StreamFusedNormAndSwigluMatchReferencesAndKeepRowsInvariant) {
 // eager bits).
 TEST_F(CudaOps, StreamGemmMatchesFp64ReferenceAndReplaysInGraphs) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  struct Case {
-    int64_t n, m, k;
-  };
-  for (const Case c : {Case{1, 300, 64}, Case{3, 77, 4104}, Case{9, 1000, 1032},
-                       Case{16, 129, 3072}, Case{16, 16, 8}}) {
+  for (const StreamCase c :
+       {StreamCase{1, 300, 64}, StreamCase{3, 77, 4104}, StreamCase{9, 1000, 1032},
+        StreamCase{16, 129, 3072}, StreamCase{16, 16, 8}}) {
     const auto xv = rnd(c.n * c.k), wv = rnd(c.m * c.k, 0.1f), bv = rnd(c.m), yv = rnd(c.n * c.m);
     Tensor gx = gpu_act({c.n, c.k}, xv), gw = weight(*gpu_, {c.m, c.k}, wv);
     Tensor gb = weight(*gpu_, {c.m}, bv);

@@ -680,22 +680,16 @@ class CudaBackend final : public Backend {
     const bool bias_f32 = !bias || bias->dtype() == DType::kF32;
     const bool bf16_in = x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && bias_f32;
     const float* bp = bias ? bias->as<float>() : nullptr;
-    const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
     if (gemv_mode_ == GemvMode::kMma && bf16_in && n <= pinned_rows_) {
-      for_row_groups(n, [&](int64_t r0, int64_t rows) {
-        CUDA_CHECK(skinny_gemm(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(), w.data(), bp, rows,
-                               m, k, accumulate, stream_));
+      for_row_groups(x, y, n, [&](const Tensor& xr, const Tensor& yr, int64_t rows) {
+        CUDA_CHECK(skinny_gemm(out(yr), xr.data(), w.data(), bp, rows, m, k, accumulate, stream_));
       });
       return;
     }
-    // Which matrices take the stream GEMM depends on their shape only, never on n (a row's bits
-    // must not depend on how many rows share the product).
-    if (gemv_mode_ == GemvMode::kStream && bf16_in && m * k * 2 <= stream_max_bytes_ &&
-        n <= pinned_rows_ &&
-        stream_gemm_supported(std::min(n, kSkinnyMaxRows), k, x.data(), w.data())) {
-      for_row_groups(n, [&](int64_t r0, int64_t rows) {
-        CUDA_CHECK(stream_gemm(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(), w.data(), bp, rows,
-                               m, k, accumulate, stream_, stream_variant_));
+    if (bf16_in && streams(x, w, n)) {
+      for_row_groups(x, y, n, [&](const Tensor& xr, const Tensor& yr, int64_t rows) {
+        CUDA_CHECK(stream_gemm(out(yr), xr.data(), w.data(), bp, rows, m, k, accumulate, stream_,
+                               stream_variant_));
       });
       return;
     }
@@ -713,25 +707,34 @@ class CudaBackend final : public Backend {
   }
 
   static bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
-  // Runs f(r0, rows) over rows [0, n) in groups of at most kSkinnyMaxRows, in order. The few-row
-  // kernels (kMma, kStream) give a row the same bits whatever group it is in, so products of up
-  // to pinned_rows_ rows (a batch's decode rows, its verify blocks) stay row-invariant as with
-  // kAuto's pinned algorithm, at the cost of streaming the weights once a group.
+  // Runs f(x rows, y rows, count) over the n rows of x and y in groups of at most kSkinnyMaxRows,
+  // in order. The few-row kernels (kMma, kStream, FP8) give a row the same bits whatever group it
+  // is in, so products of up to pinned_rows_ rows (a batch's decode rows, its verify blocks) stay
+  // row-invariant as with kAuto's pinned algorithm, at the cost of streaming the weights once a
+  // group.
   template <typename F>
-  static void for_row_groups(int64_t n, F&& f) {
-    for (int64_t r0 = 0; r0 < n; r0 += kSkinnyMaxRows) f(r0, std::min(kSkinnyMaxRows, n - r0));
+  static void for_row_groups(const Tensor& x, const Tensor& y, int64_t n, F&& f) {
+    const Tensor x2 = x.view({n, x.numel() / n}), y2 = y.view({n, y.numel() / n});
+    for (int64_t r0 = 0; r0 < n; r0 += kSkinnyMaxRows) {
+      const int64_t rows = std::min(kSkinnyMaxRows, n - r0);
+      f(x2.rows(r0, rows), y2.rows(r0, rows), rows);
+    }
+  }
+  // Whether GemvMode::kStream takes a product of n rows of x with w: which matrices it takes
+  // depends on their shape only, never on n (a row's bits must not depend on how many rows share
+  // the product); more than 16 rows go 16 at a time up to the pinned row count.
+  bool streams(const Tensor& x, const Tensor& w, int64_t n) const {
+    const int64_t m = w.dim(0), k = w.dim(-1);
+    return gemv_mode_ == GemvMode::kStream && m * k * 2 <= stream_max_bytes_ && n <= pinned_rows_ &&
+           stream_gemm_supported(std::min(n, kSkinnyMaxRows), k, x.data(), w.data());
   }
   // Whether a product y = x · wᵀ (+ bias) of n rows takes a fused stream GEMM: the stream mode
   // with a fusing variant, and the matrix routed to it (by shape only, as in matmul).
   bool fuses_stream(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                     int64_t n) const {
-    const int64_t m = w.dim(0), k = w.dim(-1);
-    return gemv_mode_ == GemvMode::kStream && stream_fuse_ && stream_fuses(stream_variant_) &&
-           x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
-           (!bias || bias->dtype() == DType::kF32) &&
-           (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
-           m * k * 2 <= stream_max_bytes_ && n <= pinned_rows_ &&
-           stream_gemm_supported(std::min(n, kSkinnyMaxRows), k, x.data(), w.data());
+    return stream_fuse_ && stream_fuses(stream_variant_) && x.dtype() == DType::kBF16 &&
+           w.dtype() == DType::kBF16 && (!bias || bias->dtype() == DType::kF32) &&
+           (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) && streams(x, w, n);
   }
   void norm_matmul(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
                    float eps, const Tensor& w, const Tensor* bias, bool accumulate) override {
@@ -739,12 +742,10 @@ class CudaBackend final : public Backend {
     BS_CHECK(x.numel() == n * k && y.numel() == n * m && norm_w.numel() == k);
     if (n > 0 && norm_w.dtype() == DType::kF32 && aligned16(norm_w) &&
         fuses_stream(y, x, w, bias, n)) {
-      const Tensor x2 = x.view({n, k}), y2 = y.view({n, m});
-      for_row_groups(n, [&](int64_t r0, int64_t rows) {
-        CUDA_CHECK(stream_gemm_fused(out(y2.rows(r0, rows)), StreamX::kRmsNormed,
-                                     x2.rows(r0, rows).data(), norm_w.as<float>(), eps, w.data(),
-                                     bias ? bias->as<float>() : nullptr, rows, m, k, accumulate,
-                                     stream_, stream_variant_));
+      for_row_groups(x, y, n, [&](const Tensor& xr, const Tensor& yr, int64_t rows) {
+        CUDA_CHECK(stream_gemm_fused(out(yr), StreamX::kRmsNormed, xr.data(), norm_w.as<float>(),
+                                     eps, w.data(), bias ? bias->as<float>() : nullptr, rows, m, k,
+                                     accumulate, stream_, stream_variant_));
       });
       return;
     }
@@ -756,10 +757,8 @@ class CudaBackend final : public Backend {
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
     // The fused SwiGLU gives the ops' bits, so how many rows take it may depend on n.
     if (n > 0 && n <= swiglu_fuse_rows_ && fuses_stream(y, gate_up, w, bias, n)) {
-      const Tensor gu2 = gate_up.view({n, 2 * k}), y2 = y.view({n, m});
-      for_row_groups(n, [&](int64_t r0, int64_t rows) {
-        CUDA_CHECK(stream_gemm_fused(out(y2.rows(r0, rows)), StreamX::kSwiglu,
-                                     gu2.rows(r0, rows).data(), nullptr, 0.0f, w.data(),
+      for_row_groups(gate_up, y, n, [&](const Tensor& gr, const Tensor& yr, int64_t rows) {
+        CUDA_CHECK(stream_gemm_fused(out(yr), StreamX::kSwiglu, gr.data(), nullptr, 0.0f, w.data(),
                                      bias ? bias->as<float>() : nullptr, rows, m, k, accumulate,
                                      stream_, stream_variant_));
       });
@@ -780,12 +779,10 @@ class CudaBackend final : public Backend {
   void fp8_bulk(const Tensor& y, StreamX kind, const Tensor& x, int64_t x_cols,
                 const Tensor* norm_w, float eps, const Fp8Weight& w, bool accumulate) {
     const int64_t m = w.q.dim(0), n = x.numel() / x_cols, k = w.q.dim(-1);
-    const Tensor x2 = x.view({n, x_cols}), y2 = y.view({n, m});
-    for_row_groups(n, [&](int64_t r0, int64_t rows) {
-      CUDA_CHECK(bs::cuda::fp8_bulk_matmul(out(y2.rows(r0, rows)), x2.rows(r0, rows).data(),
-                                           static_cast<const uint8_t*>(w.q.data()),
-                                           w.scale.as<float>(), rows, m, k, accumulate, stream_,
-                                           kind, norm_w ? norm_w->as<float>() : nullptr, eps));
+    for_row_groups(x, y, n, [&](const Tensor& xr, const Tensor& yr, int64_t rows) {
+      CUDA_CHECK(bs::cuda::fp8_bulk_matmul(
+          out(yr), xr.data(), static_cast<const uint8_t*>(w.q.data()), w.scale.as<float>(), rows, m,
+          k, accumulate, stream_, kind, norm_w ? norm_w->as<float>() : nullptr, eps));
     });
   }
   void norm_matmul_fp8(const Tensor& y, const Tensor& xn, const Tensor& x, const Tensor& norm_w,
