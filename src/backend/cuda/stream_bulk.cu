@@ -545,12 +545,6 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
 
 }  // namespace
 
-cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* bias, int n,
-                             int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant) {
-  return launch_variant<StreamX::kRows>(y, {static_cast<const __nv_bfloat16*>(x)}, w, bias, n, m, k,
-                                        accumulate, s, variant);
-}
-
 bool stream_fuses(int variant) { return variant == 4 || variant == 5; }
 
 void set_stream_l2_prefetch(int64_t bytes) { g_l2_prefetch_bytes = std::max<int64_t>(0, bytes); }

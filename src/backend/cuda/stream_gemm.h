@@ -66,8 +66,4 @@ cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* n
                               const void* w, const float* bias, int64_t n, int64_t m, int64_t k,
                               bool accumulate, cudaStream_t s, int variant);
 
-// Variants 4 and 5 (stream_bulk.cu); operands as stream_gemm, already checked by it.
-cudaError_t stream_bulk_gemm(Out y, const void* x, const void* w, const float* bias, int n,
-                             int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant);
-
 }  // namespace bs::cuda
