@@ -333,12 +333,13 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
-// The bulk-copy variants (4, 5) take the same k pieces in the same order per warp as cp.async
+// The bulk-copy variants 4 and 5 take the same k pieces in the same order per warp as cp.async
 // variant 1 (4 warps, warp w on the 32-wide chunks w, w + 4, ...), and sum the warps the same way,
-// so all three give the same bits: a check of the bulk kernels' stage bookkeeping (a stage read
-// before its copy landed, a row or chunk off by one) far finer than a tolerance. The cases take
-// every layout: up to 8 rows (x a chunk a stage), 9-16 rows with k <= 4096 (x resident) and with
-// k > 4096 (32 features a stage).
+// so all three give the same bits; variant 6 (8 consumer warps) gives variant 0's (8 warps): a
+// check of the bulk kernels' stage bookkeeping (a stage read before its copy landed, a row or
+// chunk off by one) far finer than a tolerance. The cases take every layout: x resident at 1-8
+// and 9-16 rows, and x a chunk a stage where the rows do not fit (8 and 12 rows of k = 12288:
+// 16 or 32 features a stage).
 TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
   for (const StreamCase c :
@@ -350,36 +351,37 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
     Tensor gx = gpu_act({c.n, c.k}, rnd(c.n * c.k));
     Tensor gb = weight(*gpu_, {c.m}, rnd(c.m));
     const auto yv = rnd(c.n * c.m);
-    std::vector<float> want;
-    for (const int variant : {1, 4, 5}) {
+    const auto product = [&](int variant) {
       cuda::set_stream_options(*gpu_, variant, kAnySize);
       Tensor gy = gpu_act({c.n, c.m}, yv, DType::kF32);
       gpu_->matmul(gy, gx, gw, &gb, /*accumulate=*/true);
-      const auto got = gpu_->to_host_f32(gy);
-      if (variant == 1) {
-        want = got;
-      } else {
-        EXPECT_TRUE(got == want) << "variant " << variant << " n=" << c.n << " m=" << c.m
-                                 << " k=" << c.k;
-      }
+      return gpu_->to_host_f32(gy);
+    };
+    const auto v1 = product(1), v0 = product(0);
+    for (const auto& [variant, want] : {std::pair{4, &v1}, std::pair{5, &v1}, std::pair{6, &v0}}) {
+      EXPECT_TRUE(product(variant) == *want)
+          << "variant " << variant << " n=" << c.n << " m=" << c.m << " k=" << c.k;
     }
   }
   cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
-// The fused stream GEMMs (bulk variants 4, 5): Backend::norm_matmul and swiglu_matmul in
+// The fused stream GEMMs (bulk variants 4-6): Backend::norm_matmul and swiglu_matmul in
 // GemvMode::kStream. Against fp64 host references of the ops' definitions (bias, accumulate, F32
 // and BF16 outputs, odd m and k); the SwiGLU form equals swiglu then the plain stream GEMM of the
 // same variant bit for bit (the same operand bits, the same k split); and in both forms row r of
-// an n-row call equals the row alone bit for bit (speculative verify == plain decode).
+// an n-row call equals the row alone bit for bit (speculative verify == plain decode), also where
+// n decides the layout (k = 12288: x resident up to 5-6 rows, a chunk a stage beyond; SwiGLU
+// fused, then apart).
 TEST_F(CudaOps, StreamFusedNormAndSwigluMatchReferencesAndKeepRowsInvariant) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  for (const int variant : {4, 5}) {
+  for (const int variant : {4, 5, 6}) {
     cuda::set_stream_options(*gpu_, variant, kAnySize);
     for (const StreamCase c :
          {StreamCase{1, 300, 64}, StreamCase{3, 77, 4104}, StreamCase{9, 1000, 1032},
-          StreamCase{16, 129, 3072}, StreamCase{16, 16, 8}, StreamCase{16, 512, 4096}}) {
+          StreamCase{16, 129, 3072}, StreamCase{16, 16, 8}, StreamCase{16, 512, 4096},
+          StreamCase{16, 40, 12288}}) {
       const std::string what = fmt::format("variant {} n={} m={} k={}", variant, c.n, c.m, c.k);
       const auto xv = rnd(c.n * c.k), gv = rnd(c.k, 0.5f), wv = rnd(c.m * c.k, 0.1f);
       const auto guv = rnd(c.n * 2 * c.k), bv = rnd(c.m), yv = rnd(c.n * c.m);

@@ -756,7 +756,8 @@ class CudaBackend final : public Backend {
     const int64_t m = w.dim(0), k = w.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
     // The fused SwiGLU gives the ops' bits, so how many rows take it may depend on n.
-    if (n > 0 && n <= swiglu_fuse_rows_ && fuses_stream(y, gate_up, w, bias, n)) {
+    if (n > 0 && n <= swiglu_fuse_rows_ && fuses_stream(y, gate_up, w, bias, n) &&
+        stream_swiglu_fuses(std::min(n, kSkinnyMaxRows), k, stream_variant_)) {
       for_row_groups(gate_up, y, n, [&](const Tensor& gr, const Tensor& yr, int64_t rows) {
         CUDA_CHECK(stream_gemm_fused(out(yr), StreamX::kSwiglu, gr.data(), nullptr, 0.0f, w.data(),
                                      bias ? bias->as<float>() : nullptr, rows, m, k, accumulate,
@@ -798,7 +799,8 @@ class CudaBackend final : public Backend {
                          const Fp8Weight& w, bool accumulate) override {
     const int64_t m = w.q.dim(0), k = w.q.dim(-1), n = k ? gate_up.numel() / (2 * k) : 0;
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
-    if (n > 0 && n <= swiglu_fuse_rows_ && fuses_fp8(y, gate_up, w)) {
+    if (n > 0 && n <= swiglu_fuse_rows_ && fuses_fp8(y, gate_up, w) &&
+        bs::cuda::fp8_bulk_swiglu_fuses(std::min(n, kSkinnyMaxRows), k)) {
       return fp8_bulk(y, StreamX::kSwiglu, gate_up, 2 * k, nullptr, 0.0f, w, accumulate);
     }
     Backend::swiglu_matmul_fp8(y, act, gate_up, w, accumulate);
@@ -1491,6 +1493,9 @@ class CudaBackend final : public Backend {
     }
     if (const auto v = env_int("BLOCKSPEC_STREAM_PREFETCH_MIB", 0, 1024)) {
       set_stream_l2_prefetch(*v << 20);
+    }
+    if (const auto v = env_int("BLOCKSPEC_STREAM_RESIDENT_KIB", 0, 1024)) {
+      set_stream_x_resident_bytes(*v << 10);
     }
     if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
       graphs_enabled_ = c == 1;

@@ -269,8 +269,9 @@ cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scal
                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
 // The same product through the bulk-copy engine (stream_bulk.cu; BLOCKSPEC_FP8_KERNEL=bulk): the
 // same operands and shapes (n <= kSkinnyMaxRows a launch), fp8_matmul's arithmetic exactly (the
-// same bits), the weights streamed by a producer warp's cp.async.bulk ring and, for 9-16 rows
-// with k <= 4096, x copied once per block instead of read again for every 16 features. `kind`
+// same bits), the weights streamed by a producer warp's cp.async.bulk ring and x copied once
+// per block into shared memory where it fits (16 rows of k <= 4096) instead of streamed with
+// every 16 features. `kind`
 // (stream_gemm.h) derives x as it streams, as the BF16 stream GEMM's fused forms do: kSwiglu
 // (x = gate_up [n, 2k]) gives swiglu then this product's bits; kRmsNormed (norm_w F32 [k],
 // 16-byte aligned) scales the dot products by the row's 1 / rms before the weight scale.
@@ -279,6 +280,9 @@ cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float*
                             int64_t m, int64_t k, bool accumulate, cudaStream_t s,
                             StreamX kind = StreamX{}, const float* norm_w = nullptr,
                             float eps = 0.0f);
+// Whether fp8_bulk_matmul's kSwiglu takes n rows of k (derived once into shared memory; where
+// they do not fit it returns cudaErrorNotSupported).
+bool fp8_bulk_swiglu_fuses(int64_t n, int64_t k);
 // v2 of the same product (BLOCKSPEC_FP8_KERNEL=v2; fp8_matmul above, v1, is the default): the
 // same operands, supported shapes and contract (row r's result does not depend on n; x rounded
 // to FP16 saturated; y (+)= scale[j] * sum), x staged once per block in shared memory and the

@@ -1,4 +1,4 @@
-// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4 and 5 (BF16
+// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-6 (BF16
 // weights, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), plain or with x's RMSNorm / SwiGLU
 // fused) and the FP8 weight-only product's bulk kernel (kernels.h, fp8_bulk_matmul), the weights
 // arriving through the Hopper bulk-copy engine instead of 16-byte loads per lane.
@@ -11,24 +11,28 @@
 // release the stage on a second mbarrier. Persistent, one wave: block b streams tiles b, b + G,
 // ... back to back, the ring running on across tile ends.
 //
-// A stage: 16 weight rows, then the x rows, then (RMSNorm) the norm's F32 weights of the chunk;
-// rows padded so that the 16-byte fragment reads of a quarter warp (rows g, g + 1, lanes
-// t = 0..3) hit every bank once. Consumer warp w takes the sub-chunks w, w + CW, ... of each
+// A stage: 16 weight rows, then (x not resident) the x rows and (RMSNorm) the norm's F32 weights
+// of the chunk; rows padded so that the 16-byte fragment reads of a quarter warp (rows g, g + 1,
+// lanes t = 0..3) hit every bank once. Consumer warp w takes the sub-chunks w, w + CW, ... of each
 // stage with the k permutation of stream_gemm.cu / fp8_matmul.cu (lane (g, t) holds consecutive
 // k-elements of rows g and g + 8: 8 BF16 = two k16 steps, or 16 FP8 codes = four). A row's
 // arithmetic depends on k, KC, CW and the warp order only, never on n (rows are mma columns,
 // which never mix): a 1-row decode equals row 0 of a 16-row verify bit for bit. The sub-chunk
 // split makes variants 4 and 5 compute exactly what cp.async variant 1 does (4 warps, 32-wide
-// chunks w, w + 4, ...) and the FP8 kernel exactly what fp8_matmul_kernel (v1) does (8 warps,
-// 64-wide chunks w, w + 8, ...); the tests hold them to those bits. x rows n..NT*8-1 are zero;
-// rows past m and k-elements past k are masked, not copied.
+// chunks w, w + 4, ...), variant 6 (8 consumer warps) what variant 0 does, and the FP8 kernel
+// exactly what fp8_matmul_kernel (v1) does (8 warps, 64-wide chunks w, w + 8, ...); the tests
+// hold them to those bits. x rows n..NT*8-1 read as zero; rows past m and k-elements past k are
+// masked, not copied.
 //
-// More than 8 rows with k <= kMaxResidentK (not SwiGLU): x's rows are copied whole, once, into
-// shared memory (x resident) and the stages carry weights only, so L2 hands each block x once
-// instead of once a tile (at 16 rows the per-stage copies move as many bytes as BF16 weights and
-// twice as many as FP8 ones); otherwise a stage carries 32 output features (two m16 tiles) that
-// share its x chunk. The consumers read the same values in the same order every way. A
-// configuration's stage count is what fits in shared memory, up to its maximum.
+// x resident: where n rows of k fit beside the ring (most of shared memory: 16 rows of k <= 4096,
+// 5-6 rows of k = 12288), x's rows live in shared memory for the whole launch and the stages
+// carry weights only, so L2 hands each block x once instead of once a tile (at 16 rows the
+// per-stage copies move as many bytes as BF16 weights and twice as many as FP8 ones). The fused
+// forms derive x there once, in a prologue of the consumer warps (x * g, silu(gate) * up; each
+// row's sum of squares in an order fixed by k alone), instead of per stage, lane and mma column.
+// Otherwise a stage carries x's chunk and, beyond 8 rows, 32 output features (two m16 tiles)
+// that share it; SwiGLU has no such form. The consumers read the same values in the same order
+// every way. A configuration's stage count is what fits in shared memory, up to its maximum.
 //
 // PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
 // the kernel before), x after it; a stage's barrier waits for both.
@@ -122,14 +126,14 @@ struct BulkX {
 // set_stream_l2_prefetch's budget (bytes a launch), read when a kernel is launched (captured
 // graphs keep the value they were captured with).
 int64_t g_l2_prefetch_bytes = 0;
-
-// x resident (XR) for k up to this: 16 rows x 8 KiB beside the weight ring.
-constexpr int kMaxResidentK = 4096;
+// set_stream_x_resident_bytes: the most shared memory x's resident rows may take.
+int64_t g_x_resident_bytes = int64_t{1} << 30;
 
 // One kernel configuration and its shared-memory layout (bytes). KC k-elements of each weight
-// row a stage; at most S_MAX stages (fewer where shared memory ends: kS); MT m16 tiles (16 output
-// features each) a stage, sharing the stage's x; NT m16n8 column tiles (8 x rows each); CW
-// consumer warps; FP8 or BF16 weights; the x form; x resident or a chunk a stage.
+// row a stage; S_MAX stages (fewer where shared memory ends: S); MT m16 tiles (16 output features
+// each) a stage; NT m16n8 column tiles (8 x rows each); CW consumer warps; FP8 or BF16 weights;
+// the x form; x resident (XR: x's rows, derived, in shared memory for the whole launch, the
+// stages carrying weights only) or a chunk a stage beside the weights.
 template <int KC_, int S_MAX, int MT_, int NT_, int CW_, bool FP8_, StreamX XS_, bool XR_>
 struct Bulk {
   static constexpr int KC = KC_, MT = MT_, NT = NT_, CW = CW_;
@@ -144,46 +148,72 @@ struct Bulk {
   static constexpr int kXPad = kFp8 ? 16 : 64;
   static constexpr int kWRowBytes = KC * kWBytes + 64;
   static constexpr int kXRowBytes = KC * 2 + kXPad;
-  static constexpr int kXRows = kXR ? 0 : NT * 8 * (kSwiglu ? 2 : 1);  // gate rows, up rows
-  static constexpr int kXOffset = kWRows * kWRowBytes;                 // in a stage
+  static constexpr int kXRows = kXR ? 0 : NT * 8;       // x rows a stage
+  static constexpr int kXOffset = kWRows * kWRowBytes;  // in a stage
   static constexpr int kNormOffset = kXOffset + kXRows * kXRowBytes;
-  static constexpr int kStageBytes = kNormOffset + (kNorm ? KC * 4 : 0);
-  static constexpr int kXResRowBytes = kMaxResidentK * 2 + kXPad;
-  static constexpr size_t kXResBytes = kXR ? size_t{NT} * 8 * kXResRowBytes : 0;
+  static constexpr bool kStageNorm = kNorm && !kXR;  // the norm's weights of the chunk
+  static constexpr int kStageBytes = kNormOffset + (kStageNorm ? KC * 4 : 0);
   static constexpr int kRedFloats = 2 * CW * MT * NT * 128;  // two tiles' partials
-  static constexpr int kSsFloats = kNorm ? CW * NT * 8 : 0;
+  static constexpr int kSsFloats = kNorm ? NT * 8 : 0;       // each x row's sum of squares
   static constexpr size_t kFixedBytes =
-      kXResBytes + (kRedFloats + kSsFloats) * sizeof(float) + (2 * S_MAX + 1) * sizeof(uint64_t);
+      (kRedFloats + kSsFloats) * sizeof(float) + (2 * S_MAX + 1) * sizeof(uint64_t);
   static constexpr size_t kSmemLimit = 232448;  // one block's shared memory on sm_90
-  static constexpr int kFit = static_cast<int>((kSmemLimit - kFixedBytes) / kStageBytes);
-  static constexpr int S = kFit < S_MAX ? kFit : S_MAX;
-  static constexpr size_t kXResOffset = size_t{S} * kStageBytes;
-  static constexpr size_t kBarOffset =
-      kXResOffset + kXResBytes + (kRedFloats + kSsFloats) * sizeof(float);
-  static constexpr size_t kBytes = kBarOffset + (2 * S + 1) * sizeof(uint64_t);
+  static constexpr int kFit = static_cast<int>((kSmemLimit - kFixedBytes - 128) / kStageBytes);
+  static constexpr int S = kXR || kFit >= S_MAX ? S_MAX : kFit;
+  // [stages][partials][row sums of squares][barriers][XR: x rows]: x last, so that a launch asks
+  // for the shared memory its n rows need (kXResOffset + n * x_stride(k)), not all of it (a
+  // smaller request leaves L1 its share and lets the next kernel's blocks start beside this one's).
+  static constexpr size_t kRedOffset = size_t{S} * kStageBytes;
+  static constexpr size_t kBarOffset = kRedOffset + (kRedFloats + kSsFloats) * sizeof(float);
+  static constexpr size_t kXResOffset =
+      (kBarOffset + (2 * S + 1) * sizeof(uint64_t) + 127) / 128 * 128;
+  static constexpr size_t kXResBytes = kXR ? (kSmemLimit - kXResOffset) / 128 * 128 : 0;
+  static constexpr size_t kBytes = kXResOffset + kXResBytes;  // the most a launch asks for
   static constexpr int kThreads = (CW + 1) * 32;
   static_assert(KC % (kSub * CW) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
   static_assert(S >= 2 && kBytes <= kSmemLimit, "at least two stages fit");
+  static_assert(!kXR || kSmemLimit > kXResOffset, "room for resident rows");
   static_assert(kWRows <= 32, "one producer lane a weight row");
-  static_assert(!kXR || !kSwiglu, "gate and up rows are never resident");
+  static_assert(kXR || !kSwiglu, "SwiGLU is derived once, into resident rows");
+  // Resident x rows' stride in bytes: rows g and g + 1 padded apart as in a stage.
+  __host__ __device__ static constexpr int64_t x_stride(int64_t k) {
+    return (k * 2 + 127) / 128 * 128 + kXPad;
+  }
+  // Whether n rows of k fit (within BLOCKSPEC_STREAM_RESIDENT_KIB, set_stream_x_resident_bytes).
+  static bool fits(int64_t n, int64_t k) {
+    return kXR && n * x_stride(k) <= std::min<int64_t>(kXResBytes, g_x_resident_bytes);
+  }
+  // The shared memory a launch of n rows of k asks for.
+  static size_t launch_bytes(int64_t n, int64_t k) {
+    return kXR ? kXResOffset + static_cast<size_t>(n * x_stride(k)) : kXResOffset;
+  }
 };
 
 __device__ __forceinline__ uint4 ld_shared16(const unsigned char* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
-// kRmsNormed: bf16(x * g) for 8 elements, and the sum of their squares (in element order).
-__device__ __forceinline__ uint4 scale_by_norm_weights(uint4 raw, const float* g, float& ss) {
+__device__ __forceinline__ void st_shared16(unsigned char* p, uint4 v) {
+  *reinterpret_cast<uint4*>(p) = v;
+}
+// kRmsNormed: bf16(x * g) for 8 elements.
+__device__ __forceinline__ uint4 scale_by_norm_weights(uint4 raw, const float* g) {
   const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    o[e] = pack_bf16(bf16_lo(in[e]) * g[2 * e], bf16_hi(in[e]) * g[2 * e + 1]);
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+// Adds the squares of 8 BF16 elements to ss, in element order.
+__device__ __forceinline__ void add_squares(uint4 raw, float& ss) {
+  const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const float lo = bf16_lo(in[e]), hi = bf16_hi(in[e]);
     ss += lo * lo;
     ss += hi * hi;
-    o[e] = pack_bf16(lo * g[2 * e], hi * g[2 * e + 1]);
   }
-  return make_uint4(o[0], o[1], o[2], o[3]);
 }
 // kSwiglu: bf16(silu(gate) * up) for 8 elements, swiglu_kernel's arithmetic (the same bits).
 __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
@@ -198,28 +228,94 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// The consumers' prologue, once a launch: each x row's sum of squares (kRmsNormed) into row_ss,
+// and, with x resident, the derived rows (x * g, or silu(gate) * up) into x_res. Consumer thread
+// q takes the 8-element vectors q, q + T, ... of every row (T consumer threads) and sums its
+// squares in that order; row r's T partials are then summed by one warp (lane l: partials l,
+// l + 32, ..., then a butterfly). Neither depends on n or on the row's place in the launch.
+// Loads go kBatch at a time so that their latencies overlap.
+template <class C>
+__device__ __forceinline__ void derive_x(const BulkX& x, int n, int64_t k, int64_t xs,
+                                         unsigned char* x_res, float* partials, float* row_ss) {
+  constexpr int T = C::CW * 32, kBatch = 8;
+  const int q = threadIdx.x, warp = q >> 5, lane = q & 31;
+  const int64_t vecs = k / 8, per_row = (vecs + T - 1) / T, items = n * per_row;
+  const int64_t x_cols = C::kSwiglu ? 2 * k : k;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float part = 0.0f;
+  for (int64_t i0 = 0; i0 < items; i0 += kBatch) {
+    uint4 a[kBatch], b[kBatch];
+    float4 g0[kBatch], g1[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + u, r = i / per_row, v = q + (i % per_row) * T;
+      const bool ok = i < items && v < vecs;
+      const __nv_bfloat16* src = x.p + r * x_cols + v * 8;
+      a[u] = ok ? *reinterpret_cast<const uint4*>(src) : zero;
+      if constexpr (C::kSwiglu) b[u] = ok ? *reinterpret_cast<const uint4*>(src + k) : zero;
+      if constexpr (C::kNorm && C::kXR) {
+        const float4* gp = reinterpret_cast<const float4*>(x.norm_w + v * 8);
+        g0[u] = ok ? gp[0] : make_float4(0, 0, 0, 0);
+        g1[u] = ok ? gp[1] : make_float4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + u, r = i / per_row, v = q + (i % per_row) * T;
+      if (i >= items) break;
+      unsigned char* dst = x_res + r * xs + v * 16;
+      if constexpr (C::kNorm) {
+        add_squares(a[u], part);
+        if constexpr (C::kXR) {
+          const float g[8] = {g0[u].x, g0[u].y, g0[u].z, g0[u].w,
+                              g1[u].x, g1[u].y, g1[u].z, g1[u].w};
+          if (v < vecs) st_shared16(dst, scale_by_norm_weights(a[u], g));
+        }
+        if (i % per_row == per_row - 1) {  // the row's last item: its partial
+          partials[r * T + q] = part;
+          part = 0.0f;
+        }
+      }
+      if constexpr (C::kSwiglu) {
+        if (v < vecs) st_shared16(dst, swiglu8(a[u], b[u]));
+      }
+    }
+  }
+  if constexpr (C::kNorm) {
+    consumers_sync<C::CW>();
+    for (int r = warp; r < n; r += C::CW) {
+      float s = 0.0f;
+      for (int j = 0; j < T / 32; ++j) s += partials[r * T + j * 32 + lane];
+      s = warp_sum(s);
+      if (lane == 0) row_ss[r] = s;
+    }
+  }
+  consumers_sync<C::CW>();  // x_res and row_ss complete; the partials free again
+}
+
 // w: BF16 [m, k] or FP8 codes [m, k] with w_scale [m] (y = w_scale[j] * sum, fp8_matmul_kernel's
-// epilogue); bias F32 [m] or null (BF16 weights only).
+// epilogue); bias F32 [m] or null (BF16 weights only). xs: resident x rows' stride (XR).
 template <class C, typename TY>
 __global__ void __launch_bounds__(C::kThreads, 1)
     stream_bulk_kernel(TY* y, BulkX x, const unsigned char* w, const float* w_scale,
                        const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
-                       int64_t l2_stages, bool accumulate) {
+                       int64_t l2_stages, int64_t xs, bool accumulate) {
   constexpr int S = C::S, MT = C::MT, NT = C::NT, CW = C::CW, KC = C::KC;
+  // x rows the producer copies (kRows), or that the consumers derive into x_res (the others).
+  constexpr bool kDerived = C::kNorm || C::kSwiglu;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
   unsigned char* stages = bulk_smem;                  // [S][kStageBytes]
-  unsigned char* x_res = bulk_smem + C::kXResOffset;  // XR: [NT * 8][kXResRowBytes]
-  float* red = reinterpret_cast<float*>(x_res + C::kXResBytes);
-  float* ss_part = red + C::kRedFloats;  // kRmsNormed: [warp][x row] sums of squares
+  unsigned char* x_res = bulk_smem + C::kXResOffset;  // XR: [n][xs]
+  float* red = reinterpret_cast<float*>(bulk_smem + C::kRedOffset);
+  float* row_ss = red + C::kRedFloats;  // kRmsNormed: [x row] sums of squares
   uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + C::kBarOffset);
   uint64_t* empty = full + S;
-  uint64_t* x_ready = empty + S;  // XR: x's rows have landed
+  uint64_t* x_ready = empty + S;  // XR, kRows: x's rows have landed
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t G = gridDim.x;
   const int64_t chunks = (k + KC - 1) / KC;
   const int64_t my_tiles = (tiles - 1 - blockIdx.x) / G + 1;  // grid <= tiles
   const int64_t total = my_tiles * chunks;                    // stages this block streams
-  const int64_t x_stride = C::kSwiglu ? 2 * k : k;            // elements between x rows
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -229,22 +325,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     mbar_init(x_ready, 1);
     mbar_init_fence();
   }
-  // x rows n.. (of each x block) are never copied: zero, so their (discarded) columns are finite.
-  const int unused = NT * 8 - n;
-  if constexpr (C::kXR) {
-    constexpr int kVecs = C::kXResRowBytes / 16;
-    for (int i = threadIdx.x; i < unused * kVecs; i += blockDim.x) {
-      reinterpret_cast<uint4*>(x_res + (n + i / kVecs) * C::kXResRowBytes)[i % kVecs] =
-          make_uint4(0, 0, 0, 0);
-    }
-  } else {
+  // A stage's x rows n.. are never copied: zero, so their (discarded) columns are finite.
+  // (Resident rows past n are never read.)
+  if constexpr (!C::kXR) {
     constexpr int kVecs = C::kXRowBytes / 16;
-    const int per_stage = unused * kVecs * (C::kSwiglu ? 2 : 1);
+    const int per_stage = (NT * 8 - n) * kVecs;
     for (int i = threadIdx.x; i < S * per_stage; i += blockDim.x) {
-      const int s = i / per_stage, rest = i % per_stage, r = rest / kVecs;
-      const int row = r < unused ? n + r : NT * 8 + n + (r - unused);
+      const int s = i / per_stage, rest = i % per_stage;
       reinterpret_cast<uint4*>(stages + s * C::kStageBytes + C::kXOffset +
-                               row * C::kXRowBytes)[rest % kVecs] = make_uint4(0, 0, 0, 0);
+                               (n + rest / kVecs) * C::kXRowBytes)[rest % kVecs] =
+          make_uint4(0, 0, 0, 0);
     }
   }
   __syncthreads();
@@ -262,15 +352,15 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const auto announce = [&](int64_t i) {
       const Stage st = stage(i);
       const int64_t w_rows = min64(C::kWRows, m - st.tile * C::kWRows);
-      const int64_t x_rows = C::kXR ? 0 : static_cast<int64_t>(n) * (C::kSwiglu ? 2 : 1);
+      const int64_t x_rows = C::kXR ? 0 : n;
       const uint32_t bytes = static_cast<uint32_t>(w_rows) * st.len * C::kWBytes +
                              static_cast<uint32_t>(x_rows) * st.len * 2 +
-                             (C::kNorm ? st.len * 4 : 0);
+                             (C::kStageNorm ? st.len * 4 : 0);
       if (lane == 0) mbar_arrive_expect(&full[i % S], bytes);
       __syncwarp();
     };
     // Weights (and the norm's weights) before griddep_wait, x after it.
-    const auto issue = [&](int64_t i, bool weights, bool xs) {
+    const auto issue = [&](int64_t i, bool weights, bool xs_too) {
       const Stage st = stage(i);
       unsigned char* dst = stages + (i % S) * C::kStageBytes;
       uint64_t* bar = &full[i % S];
@@ -279,15 +369,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         bulk_copy(dst + lane * C::kWRowBytes, w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes,
                   bar);
       }
-      if (C::kNorm && weights && lane == 31) {
+      if (C::kStageNorm && weights && lane == 31) {
         bulk_copy(dst + C::kNormOffset, x.norm_w + st.k0, st.len * 4, bar);
       }
-      if (!C::kXR && xs && lane < n) {
-        const __nv_bfloat16* src = x.p + lane * x_stride + st.k0;
-        bulk_copy(dst + C::kXOffset + lane * C::kXRowBytes, src, st.len * 2, bar);
-        if (C::kSwiglu) {
-          bulk_copy(dst + C::kXOffset + (NT * 8 + lane) * C::kXRowBytes, src + k, st.len * 2, bar);
-        }
+      if (!C::kXR && xs_too && lane < n) {
+        bulk_copy(dst + C::kXOffset + lane * C::kXRowBytes, x.p + lane * k + st.k0, st.len * 2,
+                  bar);
       }
     };
     const int64_t first = min64(S, total);
@@ -304,15 +391,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         prefetch_l2(w + (r * k + st.k0) * C::kWBytes, st.len * C::kWBytes);
       }
     }
-    griddep_wait();          // x comes from the kernels before
-    if constexpr (C::kXR) {  // x's rows whole, once
+    griddep_wait();                       // x comes from the kernels before
+    if constexpr (C::kXR && !kDerived) {  // x's rows whole, once
       if (lane == 0) mbar_arrive_expect(x_ready, static_cast<uint32_t>(n * k * 2));
       __syncwarp();
-      if (lane < n) {
-        bulk_copy(x_res + lane * C::kXResRowBytes, x.p + lane * x_stride,
-                  static_cast<uint32_t>(k * 2), x_ready);
-      }
-    } else {
+      if (lane < n)
+        bulk_copy(x_res + lane * xs, x.p + lane * k, static_cast<uint32_t>(k * 2), x_ready);
+    } else if constexpr (!C::kXR) {
       for (int64_t i = 0; i < first; ++i) issue(i, false, true);
     }
     griddep_launch();
@@ -326,18 +411,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   // ---- consumers ----
   const int g = lane >> 2, t = lane & 3;
-  griddep_wait();  // y (when accumulating) comes from the kernels before
+  griddep_wait();  // x, and y when accumulating, come from the kernels before
   griddep_launch();
+  if constexpr (kDerived) derive_x<C>(x, n, k, xs, x_res, red, row_ss);
+  if constexpr (C::kXR && !kDerived) mbar_wait(x_ready, 0);
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  float acc[MT][NT][4], ss[NT];
+  float acc[MT][NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    ss[nt] = 0.0f;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
   }
-  if constexpr (C::kXR) mbar_wait(x_ready, 0);
   int64_t i = 0;
   for (int64_t tt = 0; tt < my_tiles; ++tt) {
     for (int64_t c = 0; c < chunks; ++c, ++i) {
@@ -359,15 +444,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           wa[mt] = live ? ld_shared16(wp) : zero;
           wb[mt] = live ? ld_shared16(wp + 8 * C::kWRowBytes) : zero;
         }
-        // x row (g + 8 nt)'s k-elements e0.., as they sit in shared memory.
-        const auto x_at = [&](int row) {
-          return C::kXR ? x_res + row * C::kXResRowBytes + (c * KC + e0) * 2
-                        : st + C::kXOffset + row * C::kXRowBytes + e0 * 2;
-        };
-        // The norm's weights of this lane's k-elements (kRmsNormed).
+        // The norm's weights of this lane's k-elements (kRmsNormed, x a chunk a stage).
         constexpr int kPer = C::kSub / 4;  // k-elements a lane: 8 (BF16 weights) or 16 (FP8)
         float gw[kPer];
-        if constexpr (C::kNorm) {
+        if constexpr (C::kStageNorm) {
           const float4* src = reinterpret_cast<const float4*>(st + C::kNormOffset + e0 * 4);
 #pragma unroll
           for (int q = 0; q < kPer / 4; ++q) {
@@ -375,15 +455,17 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             gw[4 * q] = v.x, gw[4 * q + 1] = v.y, gw[4 * q + 2] = v.z, gw[4 * q + 3] = v.w;
           }
         }
-        // x's operand: 8 k-elements (BF16 pairs) of x row `row` from the lane's element `e`,
-        // derived as the form says; sq collects the squares of the raw x (kRmsNormed).
-        const auto x_piece = [&](int row, int e, float& sq) {
-          uint4 xr = live ? ld_shared16(x_at(row) + e * 2) : zero;
-          if constexpr (C::kNorm) xr = scale_by_norm_weights(xr, gw + e, sq);
-          if constexpr (C::kSwiglu) {
-            xr = swiglu8(xr, live ? ld_shared16(x_at(NT * 8 + row) + e * 2) : zero);
+        // x's operand: 8 k-elements (BF16 pairs) of x row `row` from the lane's element e0 + e:
+        // resident (as derived), or from the stage (scaled by the norm's weights here).
+        const auto x_piece = [&](int row, int e) {
+          if constexpr (C::kXR) {
+            return live && row < n ? ld_shared16(x_res + row * xs + (c * KC + e0 + e) * 2) : zero;
+          } else {
+            const uint4 xr =
+                live ? ld_shared16(st + C::kXOffset + row * C::kXRowBytes + (e0 + e) * 2) : zero;
+            if constexpr (C::kStageNorm) return scale_by_norm_weights(xr, gw + e);
+            return xr;
           }
-          return xr;
         };
         uint32_t ha[MT][8], hb[MT][8];  // FP8: the weight codes as FP16 pairs
         if constexpr (C::kFp8) {
@@ -396,9 +478,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         // Each x piece once, for every m16 tile of the stage (the tiles' sums never mix).
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          float sq = 0.0f;
           if constexpr (C::kFp8) {
-            const uint4 x0 = x_piece(g + 8 * nt, 0, sq), x1 = x_piece(g + 8 * nt, 8, sq);
+            const uint4 x0 = x_piece(g + 8 * nt, 0), x1 = x_piece(g + 8 * nt, 8);
             uint32_t hx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
             for (int q = 0; q < 8; ++q) hx[q] = bf16x2_to_f16x2(hx[q]);
@@ -411,14 +492,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
               }
             }
           } else {
-            const uint4 xr = x_piece(g + 8 * nt, 0, sq);
+            const uint4 xr = x_piece(g + 8 * nt, 0);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               mma16816(acc[mt][nt], wa[mt].x, wb[mt].x, wa[mt].y, wb[mt].y, xr.x, xr.y);
               mma16816(acc[mt][nt], wa[mt].z, wb[mt].z, wa[mt].w, wb[mt].w, xr.z, xr.w);
             }
           }
-          if (C::kNorm && tt == 0) ss[nt] += sq;  // the squares come from the first tile only
         }
       }
       __syncwarp();
@@ -439,15 +519,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
       }
     }
-    if (C::kNorm && tt == 0) {  // row g + 8 nt's sum of squares over this warp's k: lanes t
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float v = ss[nt];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (t == 0) ss_part[warp * NT * 8 + nt * 8 + g] = v;
-      }
-    }
     consumers_sync<CW>();
     const int64_t j0 = (blockIdx.x + tt * G) * C::kWRows;
     for (int q = threadIdx.x; q < kTile; q += CW * 32) {
@@ -460,10 +531,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
       TY* o = y + static_cast<int64_t>(col) * m + j;
       if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
-        float sq = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < CW; ++wi) sq += ss_part[wi * NT * 8 + col];
-        sum *= 1.0f / sqrtf(sq / static_cast<float>(k) + x.eps);
+        sum *= 1.0f / sqrtf(row_ss[col] / static_cast<float>(k) + x.eps);
       }
       if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
         const float v = sum * (w_scale[j] * kFp8ToF16Scale);
@@ -496,9 +564,9 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
   // The L2 prefetch budget (set_stream_l2_prefetch) split over the blocks, in stages.
   const int64_t stage_weight_bytes = int64_t{C::kWRows} * C::KC * C::kWBytes;
   const int64_t l2_stages = g_l2_prefetch_bytes / static_cast<int64_t>(grid.x) / stage_weight_bytes;
-  return launch_pdl(kernel, grid, dim3(C::kThreads), C::kBytes, s, y, x,
+  return launch_pdl(kernel, grid, dim3(C::kThreads), C::launch_bytes(n, k), s, y, x,
                     static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles, l2_stages,
-                    accumulate);
+                    C::x_stride(k), accumulate);
 }
 
 template <class C>
@@ -512,42 +580,82 @@ cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, con
                               accumulate, s);
 }
 
-// Up to 8 rows: 16 output features a stage, x a chunk a stage (as many x bytes as n / 16 of BF16
-// weights'). More: x resident where it fits (not for SwiGLU's two rows a row), else 32 features
-// a stage sharing each x chunk (half the x bytes a weight byte). The same arithmetic every way:
-// a row's bits never depend on the choice.
+// x resident where its rows fit beside the ring (most of shared memory: 16 rows of k <= 4096,
+// 5-6 rows of k = 12288), NT = 1 up to 8 rows, 2 beyond. Else x a chunk a stage: 16 output
+// features a stage up to 8 rows (x adds n / 16 of BF16 weights' bytes), 32 beyond (sharing each
+// x chunk); SwiGLU, whose operand is derived once a launch into resident rows, then has no kernel
+// (cudaErrorNotSupported: swiglu then the plain product gives the same bits). The same arithmetic
+// every way: a row's bits never depend on the choice.
+template <int KC, int S, int CW, bool FP8, StreamX XS, int NT>
+using Resident = Bulk<KC, S, 1, NT, CW, FP8, XS, true>;
+
+template <int KC, int S, int CW, bool FP8>
+bool resident_fits(int64_t n, int64_t k) {
+  return n <= 8 ? Resident<KC, S, CW, FP8, StreamX::kSwiglu, 1>::fits(n, k)
+                : Resident<KC, S, CW, FP8, StreamX::kSwiglu, 2>::fits(n, k);
+}
+
 template <int KC, int S, int CW, bool FP8, StreamX XS>
 cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
                         int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
-  if (n <= 8) {
+  using R1 = Resident<KC, S, CW, FP8, XS, 1>;
+  using R2 = Resident<KC, S, CW, FP8, XS, 2>;
+  if (n <= 8 && R1::fits(n, k)) {
+    return launch_bulk<R1>(y, x, w, w_scale, bias, n, m, k, accumulate, s);
+  }
+  if (n > 8 && R2::fits(n, k)) {
+    return launch_bulk<R2>(y, x, w, w_scale, bias, n, m, k, accumulate, s);
+  }
+  if constexpr (XS == StreamX::kSwiglu) {
+    return cudaErrorNotSupported;
+  } else if (n <= 8) {
     return launch_bulk<Bulk<KC, S, 1, 1, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
                                                               accumulate, s);
+  } else {
+    return launch_bulk<Bulk<KC, S, 2, 2, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
+                                                              accumulate, s);
   }
-  if constexpr (XS != StreamX::kSwiglu) {
-    if (k <= kMaxResidentK) {
-      return launch_bulk<Bulk<KC, S, 1, 2, CW, FP8, XS, true>>(y, x, w, w_scale, bias, n, m, k,
-                                                               accumulate, s);
-    }
-  }
-  return launch_bulk<Bulk<KC, S, 2, 2, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
-                                                            accumulate, s);
 }
 
+// The BF16 bulk variants (stream_gemm.h): k-elements of a weight row a stage, ring depth,
+// consumer warps.
 template <StreamX XS>
 cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                            int64_t k, bool accumulate, cudaStream_t s, int variant) {
-  if (variant == 5) {  // 1 KiB of a weight row a stage, up to 4 stages
-    return launch_rows<512, 4, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
+  switch (variant) {
+    case 4:
+      return launch_rows<256, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
+    case 5:
+      return launch_rows<512, 4, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
+    default:
+      return launch_rows<512, 4, 8, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
   }
-  // 512 bytes of a weight row a stage, up to 8 stages
-  return launch_rows<256, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
 }
 
 }  // namespace
 
-bool stream_fuses(int variant) { return variant == 4 || variant == 5; }
+bool stream_fuses(int variant) { return variant >= 4 && variant <= 6; }
+
+bool stream_swiglu_fuses(int64_t n, int64_t k, int variant) {
+  switch (variant) {
+    case 4:
+      return resident_fits<256, 8, 4, false>(n, k);
+    case 5:
+      return resident_fits<512, 4, 4, false>(n, k);
+    case 6:
+      return resident_fits<512, 4, 8, false>(n, k);
+    default:
+      return false;
+  }
+}
+
+bool fp8_bulk_swiglu_fuses(int64_t n, int64_t k) { return resident_fits<512, 8, 8, true>(n, k); }
 
 void set_stream_l2_prefetch(int64_t bytes) { g_l2_prefetch_bytes = std::max<int64_t>(0, bytes); }
+
+void set_stream_x_resident_bytes(int64_t bytes) {
+  g_x_resident_bytes = std::max<int64_t>(0, bytes);
+}
 
 cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
                               const void* w, const float* bias, int64_t n, int64_t m, int64_t k,

@@ -319,6 +319,7 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
       return launch_async_rows<4, 16>(y, x, w, bias, ni, m, k, accumulate, s);
     case 4:
     case 5:
+    case 6:
       return stream_gemm_fused(y, StreamX::kRows, x, nullptr, 0.0f, w, bias, n, m, k, accumulate, s,
                                variant);
     default:  // the fastest on the Qwen3-8B o_proj, 1 and 16 rows (docs/BENCHMARKS.md)

@@ -11,8 +11,9 @@
 //     persistent one-wave grid whose blocks stream their tiles back to back, warps on
 //     interleaved 32-wide k chunks;
 //   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges;
-//   variants 4, 5 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that four
-//     consumer warps read, variant 1's k split (its bits), with fused forms (StreamX below).
+//   variants 4, 5, 6 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
+//     four (4, 5: variant 1's k split and bits) or eight (6: variant 0's) consumer warps read,
+//     x resident in shared memory where it fits, with fused forms (StreamX below).
 // Row r's arithmetic (the k split, the order of every sum) depends only on k and the variant,
 // never on n: a 1-row decode equals row 0 of a 16-row verify bit for bit. Deterministic (no
 // atomics). Measured on an H200 (docs/BENCHMARKS.md, session 10): variant 0 beats cuBLASLt on
@@ -26,11 +27,11 @@
 namespace bs::cuda {
 
 // Variants (warps per block x ring depth): 0 = cp.async 8 x 6 (the default), 1 = cp.async 4 x 12,
-// 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4 and 5 = bulk copies (stream_bulk.cu: one producer
-// and four consumer warps, 512-byte row pieces x 8 stages / 1 KiB x 4); kept for measurement
-// (BLOCKSPEC_STREAM_VARIANT). Results differ between variants (another k split), never between
-// row counts.
-constexpr int kStreamVariants = 6;
+// 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4, 5, 6 = bulk copies (stream_bulk.cu: one producer
+// warp; 4: four consumer warps, 512-byte row pieces x 8 stages; 5: four, 1 KiB x 4; 6: eight,
+// 1 KiB x 4); kept for measurement (BLOCKSPEC_STREAM_VARIANT). Results differ between variants
+// (another k split), never between row counts.
+constexpr int kStreamVariants = 7;
 
 // Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
 // aligned. Others go to cuBLASLt.
@@ -48,6 +49,8 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
 //               normalized row is not rounded to BF16 before the product);
 //   kSwiglu:    x = gate_up [n, 2k]; the operand is silu(gate) * up rounded to BF16, swiglu's
 //               kernel arithmetic, so the result equals swiglu then stream_gemm bit for bit.
+//               Derived once a launch into shared memory, so only where n rows of k fit there
+//               (stream_swiglu_fuses); elsewhere cudaErrorNotSupported.
 // A row's arithmetic never depends on n in any form.
 enum class StreamX { kRows, kRmsNormed, kSwiglu };
 
@@ -57,8 +60,15 @@ enum class StreamX { kRows, kRmsNormed, kSwiglu };
 // and o_proj leaves DRAM mostly idle for ~10 us a layer). 0 (the default): none. Process-wide.
 void set_stream_l2_prefetch(int64_t bytes);
 
-// Whether a variant has the fused forms (the bulk variants, 4 and 5).
+// The bulk kernels keep x's rows resident in shared memory where n rows of k take at most this
+// many bytes (and fit beside the ring); beyond, x streams with the weights (the same bits; SwiGLU
+// is then not fused). Default: no limit but shared memory's. Process-wide; for measurement.
+void set_stream_x_resident_bytes(int64_t bytes);
+
+// Whether a variant has the fused forms (the bulk variants, 4-6).
 bool stream_fuses(int variant);
+// Whether the SwiGLU form takes n rows of k (x resident: about 150 KiB of rows).
+bool stream_swiglu_fuses(int64_t n, int64_t k, int variant);
 
 // The fused forms; norm_w (kRmsNormed) F32 [k], 16-byte aligned. cudaErrorInvalidValue for
 // operands stream_gemm_supported refuses or a variant without fusion.
