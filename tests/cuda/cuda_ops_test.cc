@@ -338,8 +338,8 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
 // so all three give the same bits; variant 6 (8 consumer warps) gives variant 0's (8 warps): a
 // check of the bulk kernels' stage bookkeeping (a stage read before its copy landed, a row or
 // chunk off by one) far finer than a tolerance. The cases take every layout: x resident at 1-8
-// and 9-16 rows, and x a chunk a stage where the rows do not fit (8 and 12 rows of k = 12288:
-// 16 or 32 features a stage).
+// rows (set_stream_resident_rows 1) and 9-16 rows, and x a chunk a stage at 1-8 rows (the
+// default) and where the rows do not fit (12 rows of k = 12288: 32 features a stage).
 TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
   for (const StreamCase c :
@@ -358,10 +358,16 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
       return gpu_->to_host_f32(gy);
     };
     const auto v1 = product(1), v0 = product(0);
-    for (const auto& [variant, want] : {std::pair{4, &v1}, std::pair{5, &v1}, std::pair{6, &v0}}) {
-      EXPECT_TRUE(product(variant) == *want)
-          << "variant " << variant << " n=" << c.n << " m=" << c.m << " k=" << c.k;
+    for (const int resident_rows : {0, 1}) {  // the default (9) and always: both layouts
+      cuda::set_stream_resident_rows(*gpu_, resident_rows);
+      for (const auto& [variant, want] :
+           {std::pair{4, &v1}, std::pair{5, &v1}, std::pair{6, &v0}}) {
+        EXPECT_TRUE(product(variant) == *want)
+            << "variant " << variant << " n=" << c.n << " m=" << c.m << " k=" << c.k
+            << " resident from " << resident_rows << " rows";
+      }
     }
+    cuda::set_stream_resident_rows(*gpu_, 0);
   }
   cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);

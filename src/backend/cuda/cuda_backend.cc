@@ -1494,8 +1494,8 @@ class CudaBackend final : public Backend {
     if (const auto v = env_int("BLOCKSPEC_STREAM_PREFETCH_MIB", 0, 1024)) {
       set_stream_l2_prefetch(*v << 20);
     }
-    if (const auto v = env_int("BLOCKSPEC_STREAM_RESIDENT_KIB", 0, 1024)) {
-      set_stream_x_resident_bytes(*v << 10);
+    if (const auto v = env_int("BLOCKSPEC_STREAM_RESIDENT_ROWS", 1, 17)) {
+      set_stream_resident_rows(static_cast<int>(*v));
     }
     if (const int c = env_choice("BLOCKSPEC_CUDA_GRAPHS", {"0", "1"}); c >= 0) {
       graphs_enabled_ = c == 1;
@@ -2017,5 +2017,10 @@ void set_stream_options(Backend& backend, int variant, int64_t max_mib) {
   as_cuda(backend).set_stream_options(variant, max_mib);
 }
 void set_stream_fusion(Backend& backend, bool on) { as_cuda(backend).set_stream_fusion(on); }
+
+void set_stream_resident_rows(Backend& backend, int rows) {
+  as_cuda(backend);  // a CUDA backend's switch, though process-wide
+  set_stream_resident_rows(rows);
+}
 
 }  // namespace bs::cuda

@@ -105,6 +105,9 @@ void set_stream_options(Backend& backend, int variant, int64_t max_mib);
 // Fp8Kernel::kBulk, norm_matmul_fp8 and swiglu_matmul_fp8 as one fused FP8 bulk product (default
 // on; BLOCKSPEC_STREAM_FUSE=0 or this switch off runs the separate ops, for comparison).
 void set_stream_fusion(Backend& backend, bool on);
+// The fewest rows whose x the bulk variants' plain products keep resident in shared memory
+// (stream_gemm.h; BLOCKSPEC_STREAM_RESIDENT_ROWS; process-wide; the same bits); 0: the default.
+void set_stream_resident_rows(Backend& backend, int rows);
 int stream_variant_count();
 
 }  // namespace bs::cuda

@@ -39,6 +39,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/fp8_fragments.cuh"
@@ -126,8 +128,8 @@ struct BulkX {
 // set_stream_l2_prefetch's budget (bytes a launch), read when a kernel is launched (captured
 // graphs keep the value they were captured with).
 int64_t g_l2_prefetch_bytes = 0;
-// set_stream_x_resident_bytes: the most shared memory x's resident rows may take.
-int64_t g_x_resident_bytes = int64_t{1} << 30;
+// set_stream_resident_rows: plain products (kRows) of fewer rows stream x with the weights.
+int g_resident_rows = kStreamResidentRows;
 
 // One kernel configuration and its shared-memory layout (bytes). KC k-elements of each weight
 // row a stage; S_MAX stages (fewer where shared memory ends: S); MT m16 tiles (16 output features
@@ -180,9 +182,9 @@ struct Bulk {
   __host__ __device__ static constexpr int64_t x_stride(int64_t k) {
     return (k * 2 + 127) / 128 * 128 + kXPad;
   }
-  // Whether n rows of k fit (within BLOCKSPEC_STREAM_RESIDENT_KIB, set_stream_x_resident_bytes).
-  static bool fits(int64_t n, int64_t k) {
-    return kXR && n * x_stride(k) <= std::min<int64_t>(kXResBytes, g_x_resident_bytes);
+  // Whether n rows of k fit.
+  static constexpr bool fits(int64_t n, int64_t k) {
+    return kXR && n * x_stride(k) <= static_cast<int64_t>(kXResBytes);
   }
   // The shared memory a launch of n rows of k asks for.
   static size_t launch_bytes(int64_t n, int64_t k) {
@@ -549,22 +551,38 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
                               const float* bias, int n, int64_t m, int64_t k, bool accumulate,
                               cudaStream_t s) {
   auto* kernel = stream_bulk_kernel<C, TY>;
-  // Per instantiation, once: the shared-memory opt-in and one wave (resident blocks).
-  static const int wave = [&] {
+  // Per instantiation, once: the shared-memory opt-in and the SM count.
+  static const int sms = [&] {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(C::kBytes));
-    int dev = 0, sms = 0, per_sm = 0;
+    int dev = 0, count = 0;
     cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kBytes);
-    return std::max(1, per_sm) * std::max(1, sms);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
+    return std::max(1, count);
   }();
+  // One wave: the blocks resident at this launch's shared memory (x resident asks for its rows'
+  // bytes only, so few rows let two blocks share an SM: twice the weight stages in flight),
+  // remembered per size.
+  const size_t bytes = C::launch_bytes(n, k);
+  static std::mutex wave_mutex;
+  static std::map<size_t, int> waves;  // launch bytes -> blocks
+  int wave = 0;
+  {
+    const std::lock_guard<std::mutex> lock(wave_mutex);
+    auto it = waves.find(bytes);
+    if (it == waves.end()) {
+      int per_sm = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, bytes);
+      it = waves.emplace(bytes, std::max(1, per_sm) * sms).first;
+    }
+    wave = it->second;
+  }
   const int64_t tiles = (m + C::kWRows - 1) / C::kWRows;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, wave)));
   // The L2 prefetch budget (set_stream_l2_prefetch) split over the blocks, in stages.
   const int64_t stage_weight_bytes = int64_t{C::kWRows} * C::KC * C::kWBytes;
   const int64_t l2_stages = g_l2_prefetch_bytes / static_cast<int64_t>(grid.x) / stage_weight_bytes;
-  return launch_pdl(kernel, grid, dim3(C::kThreads), C::launch_bytes(n, k), s, y, x,
+  return launch_pdl(kernel, grid, dim3(C::kThreads), bytes, s, y, x,
                     static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles, l2_stages,
                     C::x_stride(k), accumulate);
 }
@@ -581,11 +599,12 @@ cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, con
 }
 
 // x resident where its rows fit beside the ring (most of shared memory: 16 rows of k <= 4096,
-// 5-6 rows of k = 12288), NT = 1 up to 8 rows, 2 beyond. Else x a chunk a stage: 16 output
-// features a stage up to 8 rows (x adds n / 16 of BF16 weights' bytes), 32 beyond (sharing each
-// x chunk); SwiGLU, whose operand is derived once a launch into resident rows, then has no kernel
-// (cudaErrorNotSupported: swiglu then the plain product gives the same bits). The same arithmetic
-// every way: a row's bits never depend on the choice.
+// 5-6 rows of k = 12288) and, for plain rows, from set_stream_resident_rows rows up; NT = 1 up
+// to 8 rows, 2 beyond. Else x a chunk a stage: 16 output features a stage up to 8 rows (x adds
+// n / 16 of BF16 weights' bytes), 32 beyond (sharing each x chunk); SwiGLU, whose operand is
+// derived once a launch into resident rows, then has no kernel (cudaErrorNotSupported: swiglu
+// then the plain product gives the same bits). The same arithmetic every way: a row's bits
+// never depend on the choice.
 template <int KC, int S, int CW, bool FP8, StreamX XS, int NT>
 using Resident = Bulk<KC, S, 1, NT, CW, FP8, XS, true>;
 
@@ -600,10 +619,11 @@ cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, con
                         int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
   using R1 = Resident<KC, S, CW, FP8, XS, 1>;
   using R2 = Resident<KC, S, CW, FP8, XS, 2>;
-  if (n <= 8 && R1::fits(n, k)) {
+  const bool resident = XS != StreamX::kRows || n >= g_resident_rows;  // set_stream_resident_rows
+  if (resident && n <= 8 && R1::fits(n, k)) {
     return launch_bulk<R1>(y, x, w, w_scale, bias, n, m, k, accumulate, s);
   }
-  if (n > 8 && R2::fits(n, k)) {
+  if (resident && n > 8 && R2::fits(n, k)) {
     return launch_bulk<R2>(y, x, w, w_scale, bias, n, m, k, accumulate, s);
   }
   if constexpr (XS == StreamX::kSwiglu) {
@@ -653,9 +673,7 @@ bool fp8_bulk_swiglu_fuses(int64_t n, int64_t k) { return resident_fits<512, 8, 
 
 void set_stream_l2_prefetch(int64_t bytes) { g_l2_prefetch_bytes = std::max<int64_t>(0, bytes); }
 
-void set_stream_x_resident_bytes(int64_t bytes) {
-  g_x_resident_bytes = std::max<int64_t>(0, bytes);
-}
+void set_stream_resident_rows(int rows) { g_resident_rows = rows > 0 ? rows : kStreamResidentRows; }
 
 cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
                               const void* w, const float* bias, int64_t n, int64_t m, int64_t k,

@@ -60,10 +60,13 @@ enum class StreamX { kRows, kRmsNormed, kSwiglu };
 // and o_proj leaves DRAM mostly idle for ~10 us a layer). 0 (the default): none. Process-wide.
 void set_stream_l2_prefetch(int64_t bytes);
 
-// The bulk kernels keep x's rows resident in shared memory where n rows of k take at most this
-// many bytes (and fit beside the ring); beyond, x streams with the weights (the same bits; SwiGLU
-// is then not fused). Default: no limit but shared memory's. Process-wide; for measurement.
-void set_stream_x_resident_bytes(int64_t bytes);
+// The bulk kernels keep x's rows resident in shared memory where n rows of k fit beside the ring;
+// plain products (kRows) of fewer than this many rows stream x with the weights instead (the
+// same bits): on an H100 (docs/BENCHMARKS.md, session 20) resident x, laid out for one block an
+// SM, made 1-row products 15-20 % slower. The fused forms derive x into resident rows whatever n.
+// Process-wide; for measurement (BLOCKSPEC_STREAM_RESIDENT_ROWS); 0 restores the default.
+constexpr int kStreamResidentRows = 9;
+void set_stream_resident_rows(int rows);
 
 // Whether a variant has the fused forms (the bulk variants, 4-6).
 bool stream_fuses(int variant);
