@@ -52,12 +52,17 @@ if want times; then
     > $OUT/times.txt 2>&1
   echo "-- times rc=$? ($((SECONDS - T0)) s)"
   grep "^\[ " $OUT/times.txt
+  # The bulk variants with x resident at every row count (BLOCKSPEC_STREAM_RESIDENT_ROWS=1).
+  BLOCKSPEC_STREAM_RESIDENT_ROWS=1 BLOCKSPEC_STREAM_TIMES=1 timeout 150 $D/cuda_ops_test \
+    --gtest_filter='*StreamGemmTimes*' > $OUT/times_resident.txt 2>&1
+  echo "-- times, x resident from 1 row: rc=$? ($((SECONDS - T0)) s)"
+  grep "stream v[456]" $OUT/times_resident.txt
 fi
 if want bench; then
   wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
   ALL=BLOCKSPEC_STREAM_MAX_MIB=4096
   V5=BLOCKSPEC_STREAM_VARIANT=5+$ALL V6=BLOCKSPEC_STREAM_VARIANT=6+$ALL
-  VARIANTS=${VARIANTS:-"auto $V5+BLOCKSPEC_STREAM_FUSE=0 $V5 $V6+BLOCKSPEC_STREAM_FUSE=0 $V6"}
+  VARIANTS=${VARIANTS:-"auto $V5+BLOCKSPEC_STREAM_FUSE=0 $V5 $V5+BLOCKSPEC_STREAM_RESIDENT_ROWS=1 $V6"}
   for v in $VARIANTS; do
     if [ $BULK_OK = 0 ] && [[ "$v" == *VARIANT=[456]* ]]; then echo "-- $v skipped"; continue; fi
     tag=${v//[^A-Za-z0-9]/_}; e=${v//+/ }; gemv=stream
