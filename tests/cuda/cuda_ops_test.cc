@@ -333,9 +333,9 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
-// The bulk-copy variants 4 and 5 take the same k pieces in the same order per warp as cp.async
+// The bulk-copy variants 4, 5 and 7 take the same k pieces in the same order per warp as cp.async
 // variant 1 (4 warps, warp w on the 32-wide chunks w, w + 4, ...), and sum the warps the same way,
-// so all three give the same bits; variant 6 (8 consumer warps) gives variant 0's (8 warps): a
+// so all four give the same bits; variant 6 (8 consumer warps) gives variant 0's (8 warps): a
 // check of the bulk kernels' stage bookkeeping (a stage read before its copy landed, a row or
 // chunk off by one) far finer than a tolerance. The cases take every layout: x resident at 1-8
 // rows (set_stream_resident_rows 1) and 9-16 rows, and x a chunk a stage at 1-8 rows (the
@@ -361,7 +361,7 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
     for (const int resident_rows : {0, 1}) {  // the default (9) and always: both layouts
       cuda::set_stream_resident_rows(*gpu_, resident_rows);
       for (const auto& [variant, want] :
-           {std::pair{4, &v1}, std::pair{5, &v1}, std::pair{6, &v0}}) {
+           {std::pair{4, &v1}, std::pair{5, &v1}, std::pair{6, &v0}, std::pair{7, &v1}}) {
         EXPECT_TRUE(product(variant) == *want)
             << "variant " << variant << " n=" << c.n << " m=" << c.m << " k=" << c.k
             << " resident from " << resident_rows << " rows";
@@ -373,7 +373,7 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
-// The fused stream GEMMs (bulk variants 4-6): Backend::norm_matmul and swiglu_matmul in
+// The fused stream GEMMs (bulk variants 4-7): Backend::norm_matmul and swiglu_matmul in
 // GemvMode::kStream. Against fp64 host references of the ops' definitions (bias, accumulate, F32
 // and BF16 outputs, odd m and k); the SwiGLU form equals swiglu then the plain stream GEMM of the
 // same variant bit for bit (the same operand bits, the same k split); and in both forms row r of
@@ -382,7 +382,7 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
 // fused, then apart).
 TEST_F(CudaOps, StreamFusedNormAndSwigluMatchReferencesAndKeepRowsInvariant) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  for (const int variant : {4, 5, 6}) {
+  for (const int variant : {4, 5, 6, 7}) {
     cuda::set_stream_options(*gpu_, variant, kAnySize);
     for (const StreamCase c :
          {StreamCase{1, 300, 64}, StreamCase{3, 77, 4104}, StreamCase{9, 1000, 1032},

@@ -100,7 +100,7 @@ void set_conv_kernel(Backend& backend, bool fast);
 constexpr int kStreamDefaultVariant = 0;
 constexpr int64_t kStreamDefaultMaxMib = 32;
 void set_stream_options(Backend& backend, int variant, int64_t max_mib);
-// GemvMode::kStream with a fusing variant (stream_gemm.h, 4-6): Backend::norm_matmul and
+// GemvMode::kStream with a fusing variant (stream_gemm.h, 4-7): Backend::norm_matmul and
 // swiglu_matmul run as one fused stream GEMM where the matrix takes the stream GEMM; with
 // Fp8Kernel::kBulk, norm_matmul_fp8 and swiglu_matmul_fp8 as one fused FP8 bulk product (default
 // on; BLOCKSPEC_STREAM_FUSE=0 or this switch off runs the separate ops, for comparison).

@@ -1,4 +1,4 @@
-// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-6 (BF16
+// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-7 (BF16
 // weights, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), plain or with x's RMSNorm / SwiGLU
 // fused) and the FP8 weight-only product's bulk kernel (kernels.h, fp8_bulk_matmul), the weights
 // arriving through the Hopper bulk-copy engine instead of 16-byte loads per lane.
@@ -18,7 +18,7 @@
 // k-elements of rows g and g + 8: 8 BF16 = two k16 steps, or 16 FP8 codes = four). A row's
 // arithmetic depends on k, KC, CW and the warp order only, never on n (rows are mma columns,
 // which never mix): a 1-row decode equals row 0 of a 16-row verify bit for bit. The sub-chunk
-// split makes variants 4 and 5 compute exactly what cp.async variant 1 does (4 warps, 32-wide
+// split makes variants 4, 5 and 7 compute exactly what cp.async variant 1 does (4 warps, 32-wide
 // chunks w, w + 4, ...), variant 6 (8 consumer warps) what variant 0 does, and the FP8 kernel
 // exactly what fp8_matmul_kernel (v1) does (8 warps, 64-wide chunks w, w + 8, ...); the tests
 // hold them to those bits. x rows n..NT*8-1 read as zero; rows past m and k-elements past k are
@@ -647,14 +647,16 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
       return launch_rows<256, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
     case 5:
       return launch_rows<512, 4, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
-    default:
+    case 6:
       return launch_rows<512, 4, 8, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
+    default:
+      return launch_rows<512, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
   }
 }
 
 }  // namespace
 
-bool stream_fuses(int variant) { return variant >= 4 && variant <= 6; }
+bool stream_fuses(int variant) { return variant >= 4 && variant <= 7; }
 
 bool stream_swiglu_fuses(int64_t n, int64_t k, int variant) {
   switch (variant) {
@@ -664,6 +666,8 @@ bool stream_swiglu_fuses(int64_t n, int64_t k, int variant) {
       return resident_fits<512, 4, 4, false>(n, k);
     case 6:
       return resident_fits<512, 4, 8, false>(n, k);
+    case 7:
+      return resident_fits<512, 8, 4, false>(n, k);
     default:
       return false;
   }

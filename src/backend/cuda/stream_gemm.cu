@@ -320,6 +320,7 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
     case 4:
     case 5:
     case 6:
+    case 7:
       return stream_gemm_fused(y, StreamX::kRows, x, nullptr, 0.0f, w, bias, n, m, k, accumulate, s,
                                variant);
     default:  // the fastest on the Qwen3-8B o_proj, 1 and 16 rows (docs/BENCHMARKS.md)

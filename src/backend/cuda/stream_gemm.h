@@ -11,8 +11,8 @@
 //     persistent one-wave grid whose blocks stream their tiles back to back, warps on
 //     interleaved 32-wide k chunks;
 //   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges;
-//   variants 4, 5, 6 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
-//     four (4, 5: variant 1's k split and bits) or eight (6: variant 0's) consumer warps read,
+//   variants 4-7 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
+//     four (4, 5, 7: variant 1's k split and bits) or eight (6: variant 0's) consumer warps read,
 //     x resident in shared memory where it fits, with fused forms (StreamX below).
 // Row r's arithmetic (the k split, the order of every sum) depends only on k and the variant,
 // never on n: a 1-row decode equals row 0 of a 16-row verify bit for bit. Deterministic (no
@@ -27,11 +27,12 @@
 namespace bs::cuda {
 
 // Variants (warps per block x ring depth): 0 = cp.async 8 x 6 (the default), 1 = cp.async 4 x 12,
-// 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4, 5, 6 = bulk copies (stream_bulk.cu: one producer
+// 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4-7 = bulk copies (stream_bulk.cu: one producer
 // warp; 4: four consumer warps, 512-byte row pieces x 8 stages; 5: four, 1 KiB x 4; 6: eight,
-// 1 KiB x 4); kept for measurement (BLOCKSPEC_STREAM_VARIANT). Results differ between variants
+// 1 KiB x 4; 7: four, 1 KiB x 8, i.e. variant 5's 128 KiB in flight an SM in one block where 5
+// needs two); kept for measurement (BLOCKSPEC_STREAM_VARIANT). Results differ between variants
 // (another k split), never between row counts.
-constexpr int kStreamVariants = 7;
+constexpr int kStreamVariants = 8;
 
 // Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
 // aligned. Others go to cuBLASLt.
@@ -68,7 +69,7 @@ void set_stream_l2_prefetch(int64_t bytes);
 constexpr int kStreamResidentRows = 9;
 void set_stream_resident_rows(int rows);
 
-// Whether a variant has the fused forms (the bulk variants, 4-6).
+// Whether a variant has the fused forms (the bulk variants, 4-7).
 bool stream_fuses(int variant);
 // Whether the SwiGLU form takes n rows of k (x resident: about 150 KiB of rows).
 bool stream_swiglu_fuses(int64_t n, int64_t k, int variant);
