@@ -625,11 +625,11 @@ TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
 // With the stream GEMM (GemvMode::kStream) for every few-row product, greedy speculative decoding
 // still reproduces plain decoding token for token (its rows do not depend on the row count), with
 // the decoder forwards and the drafters' proposals in CUDA graphs: the default variant, and the
-// bulk variants 4 and 5, whose fused forms take the RMSNorms into q/k/v, gate/up and the LM head
+// bulk variants 4-7, whose fused forms take the RMSNorms into q/k/v, gate/up and the LM head
 // (the shipped models' down projection, k = 172, is not a multiple of 8: SwiGLU stays apart).
 TEST_F(CudaModels, GreedySpeculativeEqualsPlainWithStreamGemm) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  for (const int variant : {cuda::kStreamDefaultVariant, 4, 5}) {
+  for (const int variant : {cuda::kStreamDefaultVariant, 4, 5, 6, 7}) {
     cuda::set_stream_options(*gpu_, variant, int64_t{1} << 20);
     for_each_shipped_drafter(*gpu_, [&](CausalLM& g, Drafter& d, const std::string& name) {
       GenerateOptions o;

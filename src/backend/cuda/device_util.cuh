@@ -34,6 +34,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+// SwiGLU's element, silu(g) * u, the one arithmetic of swiglu_kernel and the stream GEMMs' fused
+// SwiGLU (which must give its bits).
+__device__ __forceinline__ float swiglu_f(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 // Sum / maximum over the 32 lanes of a full warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {

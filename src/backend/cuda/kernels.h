@@ -269,10 +269,10 @@ cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scal
                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
 // The same product through the bulk-copy engine (stream_bulk.cu; BLOCKSPEC_FP8_KERNEL=bulk): the
 // same operands and shapes (n <= kSkinnyMaxRows a launch), fp8_matmul's arithmetic exactly (the
-// same bits), the weights streamed by a producer warp's cp.async.bulk ring and x copied once
-// per block into shared memory where it fits (16 rows of k <= 4096) instead of streamed with
-// every 16 features. `kind`
-// (stream_gemm.h) derives x as it streams, as the BF16 stream GEMM's fused forms do: kSwiglu
+// same bits), the weights streamed by a producer warp's cp.async.bulk ring and x copied once per
+// block into shared memory where it fits (up to 16 rows of k <= 4096; plain products from
+// set_stream_resident_rows rows up) instead of streamed with every 16 features. `kind`
+// (stream_gemm.h) derives x, as the BF16 stream GEMM's fused forms do: kSwiglu
 // (x = gate_up [n, 2k]) gives swiglu then this product's bits; kRmsNormed (norm_w F32 [k],
 // 16-byte aligned) scales the dot products by the row's 1 / rms before the weight scale.
 enum class StreamX;

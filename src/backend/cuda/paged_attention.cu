@@ -1104,7 +1104,7 @@ __global__ void swiglu_kernel(__nv_bfloat16* y, const __nv_bfloat16* gu, int64_t
     const int64_t r = e / i_dim, c = e - r * i_dim;
     const float g = __bfloat162float(gu[r * 2 * i_dim + c]);
     const float u = __bfloat162float(gu[r * 2 * i_dim + i_dim + c]);
-    y[e] = __float2bfloat16_rn(g / (1.0f + __expf(-g)) * u);
+    y[e] = __float2bfloat16_rn(swiglu_f(g, u));
   }
 }
 

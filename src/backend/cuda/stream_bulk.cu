@@ -223,9 +223,8 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
   uint32_t o[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float g0 = bf16_lo(gs[e]), g1 = bf16_hi(gs[e]);
-    o[e] = pack_bf16(g0 / (1.0f + __expf(-g0)) * bf16_lo(us[e]),
-                     g1 / (1.0f + __expf(-g1)) * bf16_hi(us[e]));
+    o[e] = pack_bf16(swiglu_f(bf16_lo(gs[e]), bf16_lo(us[e])),
+                     swiglu_f(bf16_hi(gs[e]), bf16_hi(us[e])));
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
@@ -638,20 +637,33 @@ cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, con
 }
 
 // The BF16 bulk variants (stream_gemm.h): k-elements of a weight row a stage, ring depth,
-// consumer warps.
+// consumer warps. with_variant calls f with variant v's as a BulkVariant (4-7; others: 7).
+template <int KC_, int S_, int CW_>
+struct BulkVariant {
+  static constexpr int KC = KC_, S = S_, CW = CW_;
+};
+template <class F>
+auto with_variant(int variant, F&& f) {
+  switch (variant) {
+    case 4:
+      return f(BulkVariant<256, 8, 4>{});
+    case 5:
+      return f(BulkVariant<512, 4, 4>{});
+    case 6:
+      return f(BulkVariant<512, 4, 8>{});
+    default:
+      return f(BulkVariant<512, 8, 4>{});
+  }
+}
+
 template <StreamX XS>
 cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
                            int64_t k, bool accumulate, cudaStream_t s, int variant) {
-  switch (variant) {
-    case 4:
-      return launch_rows<256, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
-    case 5:
-      return launch_rows<512, 4, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
-    case 6:
-      return launch_rows<512, 4, 8, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
-    default:
-      return launch_rows<512, 8, 4, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate, s);
-  }
+  return with_variant(variant, [&](auto v) {
+    using V = decltype(v);
+    return launch_rows<V::KC, V::S, V::CW, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate,
+                                                      s);
+  });
 }
 
 }  // namespace
@@ -659,18 +671,10 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
 bool stream_fuses(int variant) { return variant >= 4 && variant <= 7; }
 
 bool stream_swiglu_fuses(int64_t n, int64_t k, int variant) {
-  switch (variant) {
-    case 4:
-      return resident_fits<256, 8, 4, false>(n, k);
-    case 5:
-      return resident_fits<512, 4, 4, false>(n, k);
-    case 6:
-      return resident_fits<512, 4, 8, false>(n, k);
-    case 7:
-      return resident_fits<512, 8, 4, false>(n, k);
-    default:
-      return false;
-  }
+  return stream_fuses(variant) && with_variant(variant, [&](auto v) {
+           using V = decltype(v);
+           return resident_fits<V::KC, V::S, V::CW, false>(n, k);
+         });
 }
 
 bool fp8_bulk_swiglu_fuses(int64_t n, int64_t k) { return resident_fits<512, 8, 8, true>(n, k); }
