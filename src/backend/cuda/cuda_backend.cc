@@ -48,6 +48,9 @@ namespace bs::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+// Tiles of 16 output features the stream GEMM's k split counts (StreamSplitSpace): up to
+// 1,048,576 output features (the largest LM head is ~262k).
+constexpr int64_t kSplitCounters = 1 << 16;
 // copy_from_host's pinned staging ring, in kRingSlices slices (each with the event of the last
 // upload that reads it).
 constexpr size_t kPinnedRingBytes = 32u << 20;
@@ -267,6 +270,11 @@ class CudaBackend final : public Backend {
     // The side stream (beside()): its own cuBLASLt workspace, fork / join events.
     CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&side_workspace_, kWorkspaceBytes));
+    // The stream GEMM's split counters (variant 8), one set a stream, zero between launches.
+    for (unsigned** c : {&split_counters_, &side_split_counters_}) {
+      CUDA_CHECK(cudaMalloc(c, kSplitCounters * sizeof(unsigned)));
+      CUDA_CHECK(cudaMemset(*c, 0, kSplitCounters * sizeof(unsigned)));
+    }
     CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     CUDA_CHECK(cudaMalloc(&argmax_keys_, kArgmaxKeys * sizeof(uint64_t)));
@@ -305,6 +313,8 @@ class CudaBackend final : public Backend {
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(side_workspace_);
+    cudaFree(split_counters_);
+    cudaFree(side_split_counters_);
     cudaEventDestroy(fork_ev_);
     cudaEventDestroy(join_ev_);
     cudaStreamDestroy(side_stream_);
@@ -645,12 +655,14 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_ev_, 0));
     std::swap(stream_, side_stream_);
     std::swap(workspace_, side_workspace_);
+    std::swap(split_counters_, side_split_counters_);
     on_side_ = true;
     struct Restore {
       CudaBackend* b;
       ~Restore() {
         std::swap(b->stream_, b->side_stream_);
         std::swap(b->workspace_, b->side_workspace_);
+        std::swap(b->split_counters_, b->side_split_counters_);
         b->on_side_ = false;
       }
     };
@@ -689,7 +701,7 @@ class CudaBackend final : public Backend {
     if (bf16_in && streams(x, w, n)) {
       for_row_groups(x, y, n, [&](const Tensor& xr, const Tensor& yr, int64_t rows) {
         CUDA_CHECK(stream_gemm(out(yr), xr.data(), w.data(), bp, rows, m, k, accumulate, stream_,
-                               stream_variant_));
+                               stream_variant_, split_space()));
       });
       return;
     }
@@ -704,6 +716,16 @@ class CudaBackend final : public Backend {
     const int64_t algo_n = pinned && n <= pinned_rows_ ? kSkinnyMaxRows : n;
     gemm_any(y, x, /*a_rows=*/n, k, /*trans_a=*/false, w, m, /*trans_b=*/true, accumulate, bias,
              algo_n);
+  }
+
+  // The stream GEMM's split space on the current stream (variant 8, stream_gemm.h): its partial
+  // sums in the cuBLASLt workspace (stream-ordered like cuBLASLt's own use of it; the sizes, so
+  // which matrices split, are fixed per backend), its counters beside.
+  StreamSplitSpace split_space() const {
+    return {static_cast<float*>(workspace_), kWorkspaceBytes, split_counters_, kSplitCounters};
+  }
+  int stream_split_count(int64_t m, int64_t k) const {
+    return bs::cuda::stream_split_count(m, k, split_space());
   }
 
   static bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
@@ -745,7 +767,7 @@ class CudaBackend final : public Backend {
       for_row_groups(x, y, n, [&](const Tensor& xr, const Tensor& yr, int64_t rows) {
         CUDA_CHECK(stream_gemm_fused(out(yr), StreamX::kRmsNormed, xr.data(), norm_w.as<float>(),
                                      eps, w.data(), bias ? bias->as<float>() : nullptr, rows, m, k,
-                                     accumulate, stream_, stream_variant_));
+                                     accumulate, stream_, stream_variant_, split_space()));
       });
       return;
     }
@@ -757,11 +779,11 @@ class CudaBackend final : public Backend {
     BS_CHECK(gate_up.numel() == 2 * n * k && y.numel() == n * m);
     // The fused SwiGLU gives the ops' bits, so how many rows take it may depend on n.
     if (n > 0 && n <= swiglu_fuse_rows_ && fuses_stream(y, gate_up, w, bias, n) &&
-        stream_swiglu_fuses(std::min(n, kSkinnyMaxRows), k, stream_variant_)) {
+        stream_swiglu_fuses(std::min(n, kSkinnyMaxRows), m, k, stream_variant_, split_space())) {
       for_row_groups(gate_up, y, n, [&](const Tensor& gr, const Tensor& yr, int64_t rows) {
         CUDA_CHECK(stream_gemm_fused(out(yr), StreamX::kSwiglu, gr.data(), nullptr, 0.0f, w.data(),
                                      bias ? bias->as<float>() : nullptr, rows, m, k, accumulate,
-                                     stream_, stream_variant_));
+                                     stream_, stream_variant_, split_space()));
       });
       return;
     }
@@ -1831,6 +1853,8 @@ class CudaBackend final : public Backend {
   // beside(): a second stream with its own cuBLASLt workspace, forked from and joined to stream_.
   cudaStream_t side_stream_ = nullptr;
   void* side_workspace_ = nullptr;
+  unsigned* split_counters_ = nullptr;  // split_space(); swapped with the side stream's
+  unsigned* side_split_counters_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // work was queued beside and stream_ has not waited for it yet
   bool beside_ = true;         // false: beside() runs its ops on stream_ (BLOCKSPEC_BESIDE=0)
@@ -2013,6 +2037,9 @@ void set_attention_kernel(AttentionKernel kernel, AttentionKernelOptions options
   set_split_mma_tile(options.mma_tile);
 }
 int stream_variant_count() { return kStreamVariants; }
+int stream_split_count(Backend& backend, int64_t m, int64_t k) {
+  return as_cuda(backend).stream_split_count(m, k);
+}
 void set_stream_options(Backend& backend, int variant, int64_t max_mib) {
   as_cuda(backend).set_stream_options(variant, max_mib);
 }

@@ -100,7 +100,7 @@ void set_conv_kernel(Backend& backend, bool fast);
 constexpr int kStreamDefaultVariant = 0;
 constexpr int64_t kStreamDefaultMaxMib = 32;
 void set_stream_options(Backend& backend, int variant, int64_t max_mib);
-// GemvMode::kStream with a fusing variant (stream_gemm.h, 4-7): Backend::norm_matmul and
+// GemvMode::kStream with a fusing variant (stream_gemm.h, 4-8): Backend::norm_matmul and
 // swiglu_matmul run as one fused stream GEMM where the matrix takes the stream GEMM; with
 // Fp8Kernel::kBulk, norm_matmul_fp8 and swiglu_matmul_fp8 as one fused FP8 bulk product (default
 // on; BLOCKSPEC_STREAM_FUSE=0 or this switch off runs the separate ops, for comparison).
@@ -109,5 +109,8 @@ void set_stream_fusion(Backend& backend, bool on);
 // (stream_gemm.h; BLOCKSPEC_STREAM_RESIDENT_ROWS; process-wide; the same bits); 0: the default.
 void set_stream_resident_rows(Backend& backend, int rows);
 int stream_variant_count();
+// How many spans of k the stream GEMM's variant 8 splits an [m, k] product into on this backend
+// (stream_gemm.h, stream_split_count): 1 where it does not split.
+int stream_split_count(Backend& backend, int64_t m, int64_t k);
 
 }  // namespace bs::cuda

@@ -1,4 +1,4 @@
-// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-7 (BF16
+// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-8 (BF16
 // weights, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), plain or with x's RMSNorm / SwiGLU
 // fused) and the FP8 weight-only product's bulk kernel (kernels.h, fp8_bulk_matmul), the weights
 // arriving through the Hopper bulk-copy engine instead of 16-byte loads per lane.
@@ -33,6 +33,10 @@
 // Otherwise a stage carries x's chunk and, beyond 8 rows, 32 output features (two m16 tiles)
 // that share it; SwiGLU has no such form. The consumers read the same values in the same order
 // every way. A configuration's stage count is what fits in shared memory, up to its maximum.
+//
+// Variant 8 splits k into spans (stream_gemm.h, StreamSplitSpace): a block per (tile, span), the
+// tile's last block adding the spans' partial sums from global memory in span order; x resident
+// a span at a time. Within a span the arithmetic is variant 7's.
 //
 // PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
 // the kernel before), x after it; a stage's barrier waits for both.
@@ -158,17 +162,17 @@ struct Bulk {
   static constexpr int kRedFloats = 2 * CW * MT * NT * 128;  // two tiles' partials
   static constexpr int kSsFloats = kNorm ? NT * 8 : 0;       // each x row's sum of squares
   static constexpr size_t kFixedBytes =
-      (kRedFloats + kSsFloats) * sizeof(float) + (2 * S_MAX + 1) * sizeof(uint64_t);
+      (kRedFloats + kSsFloats) * sizeof(float) + (2 * S_MAX + 2) * sizeof(uint64_t);
   static constexpr size_t kSmemLimit = 232448;  // one block's shared memory on sm_90
   static constexpr int kFit = static_cast<int>((kSmemLimit - kFixedBytes - 128) / kStageBytes);
   static constexpr int S = kXR || kFit >= S_MAX ? S_MAX : kFit;
-  // [stages][partials][row sums of squares][barriers][XR: x rows]: x last, so that a launch asks
-  // for the shared memory its n rows need (kXResOffset + n * x_stride(k)), not all of it (a
+  // [stages][partials][row sums of squares][barriers, flag][XR: x rows]: x last, so that a launch
+  // asks for the shared memory its n rows need (kXResOffset + n * x_stride(k)), not all of it (a
   // smaller request leaves L1 its share and lets the next kernel's blocks start beside this one's).
   static constexpr size_t kRedOffset = size_t{S} * kStageBytes;
   static constexpr size_t kBarOffset = kRedOffset + (kRedFloats + kSsFloats) * sizeof(float);
   static constexpr size_t kXResOffset =
-      (kBarOffset + (2 * S + 1) * sizeof(uint64_t) + 127) / 128 * 128;
+      (kBarOffset + (2 * S + 2) * sizeof(uint64_t) + 127) / 128 * 128;
   static constexpr size_t kXResBytes = kXR ? (kSmemLimit - kXResOffset) / 128 * 128 : 0;
   static constexpr size_t kBytes = kXResOffset + kXResBytes;  // the most a launch asks for
   static constexpr int kThreads = (CW + 1) * 32;
@@ -178,17 +182,18 @@ struct Bulk {
   static_assert(!kXR || kSmemLimit > kXResOffset, "room for resident rows");
   static_assert(kWRows <= 32, "one producer lane a weight row");
   static_assert(kXR || !kSwiglu, "SwiGLU is derived once, into resident rows");
-  // Resident x rows' stride in bytes: rows g and g + 1 padded apart as in a stage.
-  __host__ __device__ static constexpr int64_t x_stride(int64_t k) {
-    return (k * 2 + 127) / 128 * 128 + kXPad;
+  // Resident x rows' stride in bytes (a row of `span` k-elements: k, or variant 8's span): rows g
+  // and g + 1 padded apart as in a stage.
+  __host__ __device__ static constexpr int64_t x_stride(int64_t span) {
+    return (span * 2 + 127) / 128 * 128 + kXPad;
   }
-  // Whether n rows of k fit.
-  static constexpr bool fits(int64_t n, int64_t k) {
-    return kXR && n * x_stride(k) <= static_cast<int64_t>(kXResBytes);
+  // Whether n rows of `span` fit.
+  static constexpr bool fits(int64_t n, int64_t span) {
+    return kXR && n * x_stride(span) <= static_cast<int64_t>(kXResBytes);
   }
-  // The shared memory a launch of n rows of k asks for.
-  static size_t launch_bytes(int64_t n, int64_t k) {
-    return kXR ? kXResOffset + static_cast<size_t>(n * x_stride(k)) : kXResOffset;
+  // The shared memory a launch of n rows of `span` asks for.
+  static size_t launch_bytes(int64_t n, int64_t span) {
+    return kXR ? kXResOffset + static_cast<size_t>(n * x_stride(span)) : kXResOffset;
   }
 };
 
@@ -229,18 +234,20 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// The consumers' prologue, once a launch: each x row's sum of squares (kRmsNormed) into row_ss,
-// and, with x resident, the derived rows (x * g, or silu(gate) * up) into x_res. Consumer thread
-// q takes the 8-element vectors q, q + T, ... of every row (T consumer threads) and sums its
-// squares in that order; row r's T partials are then summed by one warp (lane l: partials l,
-// l + 32, ..., then a butterfly). Neither depends on n or on the row's place in the launch.
-// Loads go kBatch at a time so that their latencies overlap.
+// The consumers' prologue, once a launch, over the block's k-elements [k_lo, k_lo + len) (all of
+// k, or variant 8's span): each x row's sum of squares there (kRmsNormed) into row_ss, and, with
+// x resident, the derived rows (x * g, or silu(gate) * up) into x_res. Consumer thread q takes
+// the 8-element vectors q, q + T, ... of every row (T consumer threads) and sums its squares in
+// that order; row r's T partials are then summed by one warp (lane l: partials l, l + 32, ...,
+// then a butterfly). Neither depends on n or on the row's place in the launch. Loads go kBatch
+// at a time so that their latencies overlap.
 template <class C>
-__device__ __forceinline__ void derive_x(const BulkX& x, int n, int64_t k, int64_t xs,
-                                         unsigned char* x_res, float* partials, float* row_ss) {
+__device__ __forceinline__ void derive_x(const BulkX& x, int n, int64_t k, int64_t k_lo,
+                                         int64_t len, int64_t xs, unsigned char* x_res,
+                                         float* partials, float* row_ss) {
   constexpr int T = C::CW * 32, kBatch = 8;
   const int q = threadIdx.x, warp = q >> 5, lane = q & 31;
-  const int64_t vecs = k / 8, per_row = (vecs + T - 1) / T, items = n * per_row;
+  const int64_t vecs = len / 8, per_row = (vecs + T - 1) / T, items = n * per_row;
   const int64_t x_cols = C::kSwiglu ? 2 * k : k;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float part = 0.0f;
@@ -251,11 +258,11 @@ __device__ __forceinline__ void derive_x(const BulkX& x, int n, int64_t k, int64
     for (int u = 0; u < kBatch; ++u) {
       const int64_t i = i0 + u, r = i / per_row, v = q + (i % per_row) * T;
       const bool ok = i < items && v < vecs;
-      const __nv_bfloat16* src = x.p + r * x_cols + v * 8;
+      const __nv_bfloat16* src = x.p + r * x_cols + k_lo + v * 8;
       a[u] = ok ? *reinterpret_cast<const uint4*>(src) : zero;
       if constexpr (C::kSwiglu) b[u] = ok ? *reinterpret_cast<const uint4*>(src + k) : zero;
       if constexpr (C::kNorm && C::kXR) {
-        const float4* gp = reinterpret_cast<const float4*>(x.norm_w + v * 8);
+        const float4* gp = reinterpret_cast<const float4*>(x.norm_w + k_lo + v * 8);
         g0[u] = ok ? gp[0] : make_float4(0, 0, 0, 0);
         g1[u] = ok ? gp[1] : make_float4(0, 0, 0, 0);
       }
@@ -294,13 +301,25 @@ __device__ __forceinline__ void derive_x(const BulkX& x, int n, int64_t k, int64
   consumers_sync<C::CW>();  // x_res and row_ss complete; the partials free again
 }
 
+// Where a launch's k is split (variant 8, stream_gemm.h): `splits` spans of `span` k-elements
+// (the last one shorter), the slots and counters of StreamSplitSpace. splits == 1: span == k.
+struct BulkSplit {
+  int splits = 1;
+  int64_t span = 0;
+  float* partials = nullptr;
+  unsigned* counters = nullptr;
+};
+
 // w: BF16 [m, k] or FP8 codes [m, k] with w_scale [m] (y = w_scale[j] * sum, fp8_matmul_kernel's
 // epilogue); bias F32 [m] or null (BF16 weights only). xs: resident x rows' stride (XR).
+// A unit of work is a (tile, span) pair, unit u = tile * splits + span; the grid is a multiple of
+// splits, so that a block's units all have its span (blockIdx.x % splits): x's span is resident,
+// or derived, once a launch.
 template <class C, typename TY>
 __global__ void __launch_bounds__(C::kThreads, 1)
     stream_bulk_kernel(TY* y, BulkX x, const unsigned char* w, const float* w_scale,
                        const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
-                       int64_t l2_stages, int64_t xs, bool accumulate) {
+                       int64_t l2_stages, int64_t xs, bool accumulate, BulkSplit split) {
   constexpr int S = C::S, MT = C::MT, NT = C::NT, CW = C::CW, KC = C::KC;
   // x rows the producer copies (kRows), or that the consumers derive into x_res (the others).
   constexpr bool kDerived = C::kNorm || C::kSwiglu;
@@ -311,12 +330,20 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   float* row_ss = red + C::kRedFloats;  // kRmsNormed: [x row] sums of squares
   uint64_t* full = reinterpret_cast<uint64_t*>(bulk_smem + C::kBarOffset);
   uint64_t* empty = full + S;
-  uint64_t* x_ready = empty + S;  // XR, kRows: x's rows have landed
+  uint64_t* x_ready = empty + S;                            // XR, kRows: x's rows have landed
+  int* last_of_tile = reinterpret_cast<int*>(x_ready + 1);  // split: this block adds the spans
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t G = gridDim.x;
-  const int64_t chunks = (k + KC - 1) / KC;
-  const int64_t my_tiles = (tiles - 1 - blockIdx.x) / G + 1;  // grid <= tiles
-  const int64_t total = my_tiles * chunks;                    // stages this block streams
+  const int64_t G = gridDim.x;  // a multiple of split.splits
+  // A unit's partial sums fit a slot (stream_gemm.h) in the 16-feature layouts (launch_bulk_typed
+  // refuses a split of the others).
+  constexpr bool kSplittable = MT * NT * 128 <= 256;
+  const int splits = kSplittable ? split.splits : 1;
+  const int64_t k_lo = (blockIdx.x % splits) * split.span;  // this block's k-elements
+  const int64_t k_len = min64(split.span, k - k_lo);
+  const int64_t chunks = (k_len + KC - 1) / KC;
+  const int64_t units = tiles * splits;
+  const int64_t my_units = (units - 1 - blockIdx.x) / G + 1;  // grid <= units
+  const int64_t total = my_units * chunks;                    // stages this block streams
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -341,14 +368,15 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   __syncthreads();
 
   if (warp == CW) {
-    // ---- producer: stage i = chunk i % chunks of tile blockIdx.x + (i / chunks) G ----
+    // ---- producer: stage i = chunk i % chunks of unit blockIdx.x + (i / chunks) G ----
     struct Stage {
       int64_t tile, k0;
       uint32_t len;  // k-elements of the chunk
     };
     const auto stage = [&](int64_t i) {
-      const int64_t k0 = (i % chunks) * KC;
-      return Stage{blockIdx.x + (i / chunks) * G, k0, static_cast<uint32_t>(min64(KC, k - k0))};
+      const int64_t k0 = k_lo + (i % chunks) * KC;
+      return Stage{(blockIdx.x + (i / chunks) * G) / splits, k0,
+                   static_cast<uint32_t>(min64(KC, k_lo + k_len - k0))};
     };
     const auto announce = [&](int64_t i) {
       const Stage st = stage(i);
@@ -393,11 +421,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
     }
     griddep_wait();                       // x comes from the kernels before
-    if constexpr (C::kXR && !kDerived) {  // x's rows whole, once
-      if (lane == 0) mbar_arrive_expect(x_ready, static_cast<uint32_t>(n * k * 2));
+    if constexpr (C::kXR && !kDerived) {  // x's rows (of the block's span) whole, once
+      if (lane == 0) mbar_arrive_expect(x_ready, static_cast<uint32_t>(n * k_len * 2));
       __syncwarp();
-      if (lane < n)
-        bulk_copy(x_res + lane * xs, x.p + lane * k, static_cast<uint32_t>(k * 2), x_ready);
+      if (lane < n) {
+        bulk_copy(x_res + lane * xs, x.p + lane * k + k_lo, static_cast<uint32_t>(k_len * 2),
+                  x_ready);
+      }
     } else if constexpr (!C::kXR) {
       for (int64_t i = 0; i < first; ++i) issue(i, false, true);
     }
@@ -414,7 +444,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   griddep_wait();  // x, and y when accumulating, come from the kernels before
   griddep_launch();
-  if constexpr (kDerived) derive_x<C>(x, n, k, xs, x_res, red, row_ss);
+  if constexpr (kDerived) derive_x<C>(x, n, k, k_lo, k_len, xs, x_res, red, row_ss);
   if constexpr (C::kXR && !kDerived) mbar_wait(x_ready, 0);
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float acc[MT][NT][4];
@@ -425,12 +455,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
   }
   int64_t i = 0;
-  for (int64_t tt = 0; tt < my_tiles; ++tt) {
+  for (int64_t tt = 0; tt < my_units; ++tt) {
     for (int64_t c = 0; c < chunks; ++c, ++i) {
       const int slot = static_cast<int>(i % S);
       mbar_wait(&full[slot], static_cast<uint32_t>((i / S) & 1));
       const unsigned char* st = stages + slot * C::kStageBytes;
-      const int kc_len = static_cast<int>(min64(KC, k - c * KC));
+      const int kc_len = static_cast<int>(min64(KC, k_len - c * KC));
 #pragma unroll
       for (int u = 0; u < KC / (C::kSub * CW); ++u) {
         const int sub = u * CW + warp;
@@ -505,8 +535,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot]);
     }
-    // The tile's end: the consumer warps' partials summed in warp order (double-buffered by tile
-    // parity, so one barrier a tile suffices), then stored.
+    // The unit's end: the consumer warps' partials summed in warp order (double-buffered by unit
+    // parity, so one barrier a unit suffices), then stored.
     constexpr int kTile = MT * NT * 128;  // one warp's accumulators
     float* part = red + (tt & 1) * CW * kTile;
 #pragma unroll
@@ -521,18 +551,55 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       }
     }
     consumers_sync<CW>();
-    const int64_t j0 = (blockIdx.x + tt * G) * C::kWRows;
+    const int64_t unit = blockIdx.x + tt * G, tile = unit / splits;
+    const int64_t j0 = tile * C::kWRows;
+    // Split: this span's sums (and its rows' sums of squares) into the unit's slot, the tile's
+    // counter counts the arrival, and only the tile's last block goes on, adding the slots in
+    // span order. (The fences: the slots written before the count, read after it.)
+    const float* tile_slots =
+        splits > 1 ? split.partials + tile * splits * kStreamSplitSlotFloats : nullptr;
+    if (splits > 1) {
+      float* mine = split.partials + unit * kStreamSplitSlotFloats;
+      for (int q = threadIdx.x; q < kTile; q += CW * 32) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
+        __stcg(mine + q, sum);
+      }
+      if constexpr (C::kNorm) {
+        if (threadIdx.x < n) __stcg(mine + 256 + threadIdx.x, row_ss[threadIdx.x]);
+      }
+      __threadfence();
+      consumers_sync<CW>();
+      if (threadIdx.x == 0) {
+        const bool last = atomicAdd(split.counters + tile, 1u) + 1 == static_cast<unsigned>(splits);
+        if (last) split.counters[tile] = 0;  // all spans counted: zero for the next launch
+        __threadfence();
+        *last_of_tile = last;
+      }
+      consumers_sync<CW>();
+      if (!*last_of_tile) continue;
+    }
     for (int q = threadIdx.x; q < kTile; q += CW * 32) {
       const int mt = q / (NT * 128), nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
       const int col = nt * 8 + 2 * (l & 3) + (e & 1);            // x row
       const int64_t j = j0 + mt * 16 + (l >> 2) + 8 * (e >> 1);  // output feature
       if (col >= n || j >= m) continue;
-      float sum = 0.0f;
+      float sum = 0.0f, ss = 0.0f;
+      if (splits > 1) {
+        for (int sp = 0; sp < splits; ++sp) {
+          sum += __ldcg(tile_slots + sp * kStreamSplitSlotFloats + q);
+          if constexpr (C::kNorm)
+            ss += __ldcg(tile_slots + sp * kStreamSplitSlotFloats + 256 + col);
+        }
+      } else {
 #pragma unroll
-      for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
+        for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
+        if constexpr (C::kNorm) ss = row_ss[col];
+      }
       TY* o = y + static_cast<int64_t>(col) * m + j;
       if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
-        sum *= 1.0f / sqrtf(row_ss[col] / static_cast<float>(k) + x.eps);
+        sum *= 1.0f / sqrtf(ss / static_cast<float>(k) + x.eps);
       }
       if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
         const float v = sum * (w_scale[j] * kFp8ToF16Scale);
@@ -548,7 +615,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <class C, typename TY>
 cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scale,
                               const float* bias, int n, int64_t m, int64_t k, bool accumulate,
-                              cudaStream_t s) {
+                              cudaStream_t s, BulkSplit split) {
   auto* kernel = stream_bulk_kernel<C, TY>;
   // Per instantiation, once: the shared-memory opt-in and the SM count.
   static const int sms = [&] {
@@ -562,7 +629,8 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
   // One wave: the blocks resident at this launch's shared memory (x resident asks for its rows'
   // bytes only, so few rows let two blocks share an SM: twice the weight stages in flight),
   // remembered per size.
-  const size_t bytes = C::launch_bytes(n, k);
+  if (split.splits > 1 && C::MT * C::NT * 128 > 256) return cudaErrorInvalidValue;
+  const size_t bytes = C::launch_bytes(n, split.span);
   static std::mutex wave_mutex;
   static std::map<size_t, int> waves;  // launch bytes -> blocks
   int wave = 0;
@@ -577,24 +645,45 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
     wave = it->second;
   }
   const int64_t tiles = (m + C::kWRows - 1) / C::kWRows;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, wave)));
+  // A multiple of splits (a block's units share its span); blocks past the wave wait their turn
+  // (no block waits for another).
+  const int64_t per_wave = std::max<int64_t>(1, wave / split.splits) * split.splits;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles * split.splits, per_wave)));
   // The L2 prefetch budget (set_stream_l2_prefetch) split over the blocks, in stages.
   const int64_t stage_weight_bytes = int64_t{C::kWRows} * C::KC * C::kWBytes;
   const int64_t l2_stages = g_l2_prefetch_bytes / static_cast<int64_t>(grid.x) / stage_weight_bytes;
   return launch_pdl(kernel, grid, dim3(C::kThreads), bytes, s, y, x,
                     static_cast<const unsigned char*>(w), w_scale, bias, n, m, k, tiles, l2_stages,
-                    C::x_stride(k), accumulate);
+                    C::x_stride(split.span), accumulate, split);
 }
 
 template <class C>
 cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
-                        int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+                        int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s,
+                        BulkSplit split) {
   if (y.t == Elem::kF32) {
     return launch_bulk_typed<C>(static_cast<float*>(y.p), x, w, w_scale, bias, n, m, k, accumulate,
-                                s);
+                                s, split);
   }
   return launch_bulk_typed<C>(static_cast<__nv_bfloat16*>(y.p), x, w, w_scale, bias, n, m, k,
-                              accumulate, s);
+                              accumulate, s, split);
+}
+
+// Variant 8's split of an [m, k] product with this space (stream_gemm.h, stream_split_count):
+// `splits` spans of a 64-element multiple, as even as that allows, none longer than
+// kStreamSplitSpan; {1, k} where k is one span or the space is too small for m.
+BulkSplit split_for(int64_t m, int64_t k, const StreamSplitSpace& space) {
+  int64_t splits = (k + kStreamSplitSpan - 1) / kStreamSplitSpan;
+  const int64_t tiles = (m + 15) / 16;
+  if (splits <= 1 || space.partials == nullptr || space.counters == nullptr ||
+      tiles > space.counter_count ||
+      static_cast<size_t>(tiles * splits * kStreamSplitSlotFloats) * sizeof(float) >
+          space.partial_bytes) {
+    return BulkSplit{1, k, nullptr, nullptr};
+  }
+  const int64_t span = ((k + splits - 1) / splits + 63) / 64 * 64;
+  splits = (k + span - 1) / span;  // rounding up the span may leave the last one empty
+  return BulkSplit{static_cast<int>(splits), span, space.partials, space.counters};
 }
 
 // x resident where its rows fit beside the ring (most of shared memory: 16 rows of k <= 4096,
@@ -615,32 +704,36 @@ bool resident_fits(int64_t n, int64_t k) {
 
 template <int KC, int S, int CW, bool FP8, StreamX XS>
 cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
-                        int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+                        int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s,
+                        BulkSplit split) {
   using R1 = Resident<KC, S, CW, FP8, XS, 1>;
   using R2 = Resident<KC, S, CW, FP8, XS, 2>;
-  const bool resident = XS != StreamX::kRows || n >= g_resident_rows;  // set_stream_resident_rows
-  if (resident && n <= 8 && R1::fits(n, k)) {
-    return launch_bulk<R1>(y, x, w, w_scale, bias, n, m, k, accumulate, s);
+  // set_stream_resident_rows; a split's spans always (what they are for).
+  const bool resident = XS != StreamX::kRows || n >= g_resident_rows || split.splits > 1;
+  if (resident && n <= 8 && R1::fits(n, split.span)) {
+    return launch_bulk<R1>(y, x, w, w_scale, bias, n, m, k, accumulate, s, split);
   }
-  if (resident && n > 8 && R2::fits(n, k)) {
-    return launch_bulk<R2>(y, x, w, w_scale, bias, n, m, k, accumulate, s);
+  if (resident && n > 8 && R2::fits(n, split.span)) {
+    return launch_bulk<R2>(y, x, w, w_scale, bias, n, m, k, accumulate, s, split);
   }
   if constexpr (XS == StreamX::kSwiglu) {
     return cudaErrorNotSupported;
   } else if (n <= 8) {
     return launch_bulk<Bulk<KC, S, 1, 1, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
-                                                              accumulate, s);
+                                                              accumulate, s, split);
   } else {
     return launch_bulk<Bulk<KC, S, 2, 2, CW, FP8, XS, false>>(y, x, w, w_scale, bias, n, m, k,
-                                                              accumulate, s);
+                                                              accumulate, s, split);
   }
 }
 
 // The BF16 bulk variants (stream_gemm.h): k-elements of a weight row a stage, ring depth,
-// consumer warps. with_variant calls f with variant v's as a BulkVariant (4-7; others: 7).
-template <int KC_, int S_, int CW_>
+// consumer warps, k split over blocks. with_variant calls f with variant v's as a BulkVariant
+// (4-8; others: 7).
+template <int KC_, int S_, int CW_, bool kSplit_ = false>
 struct BulkVariant {
   static constexpr int KC = KC_, S = S_, CW = CW_;
+  static constexpr bool kSplit = kSplit_;
 };
 template <class F>
 auto with_variant(int variant, F&& f) {
@@ -651,6 +744,8 @@ auto with_variant(int variant, F&& f) {
       return f(BulkVariant<512, 4, 4>{});
     case 6:
       return f(BulkVariant<512, 4, 8>{});
+    case 8:
+      return f(BulkVariant<512, 8, 4, true>{});
     default:
       return f(BulkVariant<512, 8, 4>{});
   }
@@ -658,22 +753,30 @@ auto with_variant(int variant, F&& f) {
 
 template <StreamX XS>
 cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int n, int64_t m,
-                           int64_t k, bool accumulate, cudaStream_t s, int variant) {
+                           int64_t k, bool accumulate, cudaStream_t s, int variant,
+                           const StreamSplitSpace& space) {
   return with_variant(variant, [&](auto v) {
     using V = decltype(v);
+    const BulkSplit split = V::kSplit ? split_for(m, k, space) : BulkSplit{1, k, nullptr, nullptr};
     return launch_rows<V::KC, V::S, V::CW, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate,
-                                                      s);
+                                                      s, split);
   });
 }
 
 }  // namespace
 
-bool stream_fuses(int variant) { return variant >= 4 && variant <= 7; }
+bool stream_fuses(int variant) { return variant >= 4 && variant <= 8; }
 
-bool stream_swiglu_fuses(int64_t n, int64_t k, int variant) {
+int stream_split_count(int64_t m, int64_t k, const StreamSplitSpace& space) {
+  return split_for(m, k, space).splits;
+}
+
+bool stream_swiglu_fuses(int64_t n, int64_t m, int64_t k, int variant,
+                         const StreamSplitSpace& space) {
   return stream_fuses(variant) && with_variant(variant, [&](auto v) {
            using V = decltype(v);
-           return resident_fits<V::KC, V::S, V::CW, false>(n, k);
+           const int64_t span = V::kSplit ? split_for(m, k, space).span : k;
+           return resident_fits<V::KC, V::S, V::CW, false>(n, span);
          });
 }
 
@@ -685,7 +788,8 @@ void set_stream_resident_rows(int rows) { g_resident_rows = rows > 0 ? rows : kS
 
 cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
                               const void* w, const float* bias, int64_t n, int64_t m, int64_t k,
-                              bool accumulate, cudaStream_t s, int variant) {
+                              bool accumulate, cudaStream_t s, int variant,
+                              const StreamSplitSpace& space) {
   if (m <= 0 || n <= 0) return cudaSuccess;
   const bool norm_ok = kind != StreamX::kRmsNormed ||
                        (norm_w != nullptr && reinterpret_cast<uintptr_t>(norm_w) % 16 == 0);
@@ -697,11 +801,14 @@ cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* n
   const int ni = static_cast<int>(n);
   switch (kind) {
     case StreamX::kRmsNormed:
-      return launch_variant<StreamX::kRmsNormed>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
+      return launch_variant<StreamX::kRmsNormed>(y, bx, w, bias, ni, m, k, accumulate, s, variant,
+                                                 space);
     case StreamX::kSwiglu:
-      return launch_variant<StreamX::kSwiglu>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
+      return launch_variant<StreamX::kSwiglu>(y, bx, w, bias, ni, m, k, accumulate, s, variant,
+                                              space);
     default:
-      return launch_variant<StreamX::kRows>(y, bx, w, bias, ni, m, k, accumulate, s, variant);
+      return launch_variant<StreamX::kRows>(y, bx, w, bias, ni, m, k, accumulate, s, variant,
+                                            space);
   }
 }
 
@@ -718,16 +825,17 @@ cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float*
   }
   const BulkX bx{static_cast<const __nv_bfloat16*>(x), norm_w, eps};
   const int ni = static_cast<int>(n);
+  const BulkSplit whole{1, k, nullptr, nullptr};
   switch (kind) {
     case StreamX::kRmsNormed:
       return launch_rows<512, 8, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m, k,
-                                                               accumulate, s);
+                                                               accumulate, s, whole);
     case StreamX::kSwiglu:
       return launch_rows<512, 8, 8, true, StreamX::kSwiglu>(y, bx, q, scale, nullptr, ni, m, k,
-                                                            accumulate, s);
+                                                            accumulate, s, whole);
     default:
       return launch_rows<512, 8, 8, true, StreamX::kRows>(y, bx, q, scale, nullptr, ni, m, k,
-                                                          accumulate, s);
+                                                          accumulate, s, whole);
   }
 }
 }  // namespace bs::cuda

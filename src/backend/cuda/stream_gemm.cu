@@ -304,7 +304,8 @@ bool stream_gemm_supported(int64_t n, int64_t k, const void* x, const void* w) {
 }
 
 cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
-                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant) {
+                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant,
+                        const StreamSplitSpace& space) {
   if (m <= 0 || n <= 0) return cudaSuccess;
   if (!stream_gemm_supported(n, k, x, w) || (y.t != Elem::kF32 && y.t != Elem::kBF16)) {
     return cudaErrorInvalidValue;
@@ -321,8 +322,9 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
     case 5:
     case 6:
     case 7:
+    case 8:
       return stream_gemm_fused(y, StreamX::kRows, x, nullptr, 0.0f, w, bias, n, m, k, accumulate, s,
-                               variant);
+                               variant, space);
     default:  // the fastest on the Qwen3-8B o_proj, 1 and 16 rows (docs/BENCHMARKS.md)
       return launch_async_rows<8, 6>(y, x, w, bias, ni, m, k, accumulate, s);
   }

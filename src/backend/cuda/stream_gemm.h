@@ -11,9 +11,10 @@
 //     persistent one-wave grid whose blocks stream their tiles back to back, warps on
 //     interleaved 32-wide k chunks;
 //   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges;
-//   variants 4-7 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
+//   variants 4-8 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
 //     four (4, 5, 7: variant 1's k split and bits) or eight (6: variant 0's) consumer warps read,
-//     x resident in shared memory where it fits, with fused forms (StreamX below).
+//     x resident in shared memory where it fits, with fused forms (StreamX below); variant 8 also
+//     splits k over blocks (StreamSplitSpace below).
 // Row r's arithmetic (the k split, the order of every sum) depends only on k and the variant,
 // never on n: a 1-row decode equals row 0 of a 16-row verify bit for bit. Deterministic (no
 // atomics). Measured on an H200 (docs/BENCHMARKS.md, session 10): variant 0 beats cuBLASLt on
@@ -30,16 +31,41 @@ namespace bs::cuda {
 // 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4-7 = bulk copies (stream_bulk.cu: one producer
 // warp; 4: four consumer warps, 512-byte row pieces x 8 stages; 5: four, 1 KiB x 4; 6: eight,
 // 1 KiB x 4; 7: four, 1 KiB x 8, i.e. variant 5's 128 KiB in flight an SM in one block where 5
-// needs two); kept for measurement (BLOCKSPEC_STREAM_VARIANT). Results differ between variants
-// (another k split), never between row counts.
-constexpr int kStreamVariants = 8;
+// needs two; 8: variant 7 with k split over blocks, below); kept for measurement
+// (BLOCKSPEC_STREAM_VARIANT). Results differ between variants (another k split), never between
+// row counts.
+constexpr int kStreamVariants = 9;
+
+// Variant 8 splits k into spans of at most kStreamSplitSpan elements (as even as 64-element
+// multiples allow: k = 4096 -> 2 x 2048, 12288 -> 6 x 2048) and gives each (16-feature tile,
+// span) to its own block, so that 16 rows of a span (64 KiB) stay resident in shared memory
+// beside an 8-stage ring (128 KiB of weights in flight an SM; 16 rows of the whole k = 4096 leave
+// room for 64 KiB only). The spans' sums meet in global memory: each block stores its tile's
+// partial sums (and, for the fused RMSNorm, its span's sums of squares) in a slot, counts its
+// arrival on the tile's counter, and the last of the tile's blocks adds the slots in span order
+// (whichever block arrives last: deterministic) and writes y. A row's bits depend on k and m
+// only. The space a stream's launches use, one after another (a launch leaves the counters
+// zero, as it found them):
+constexpr int64_t kStreamSplitSpan = 2048;
+struct StreamSplitSpace {
+  float* partials = nullptr;  // kStreamSplitSlotFloats a (tile, span)
+  size_t partial_bytes = 0;
+  unsigned* counters = nullptr;  // one a tile, zero between launches
+  int64_t counter_count = 0;
+};
+// Floats of one (tile, span) slot: 16 features x 16 rows of partial sums, 16 sums of squares.
+constexpr int64_t kStreamSplitSlotFloats = 16 * 16 + 16;
+// The spans variant 8 splits an [m, k] product into with this space: ceil(k / kStreamSplitSpan),
+// or 1 where the space holds too few slots or counters for m (then variant 7's kernel and bits).
+int stream_split_count(int64_t m, int64_t k, const StreamSplitSpace& space);
 
 // Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
 // aligned. Others go to cuBLASLt.
 bool stream_gemm_supported(int64_t n, int64_t k, const void* x, const void* w);
 
 cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, int64_t n,
-                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant = 0);
+                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, int variant = 0,
+                        const StreamSplitSpace& space = {});
 
 // The x operand of a fused stream GEMM (bulk variants only), derived as the kernel loads it:
 //   kRows:      x [n, k] as is (stream_gemm);
@@ -69,15 +95,18 @@ void set_stream_l2_prefetch(int64_t bytes);
 constexpr int kStreamResidentRows = 9;
 void set_stream_resident_rows(int rows);
 
-// Whether a variant has the fused forms (the bulk variants, 4-7).
+// Whether a variant has the fused forms (the bulk variants, 4-8).
 bool stream_fuses(int variant);
-// Whether the SwiGLU form takes n rows of k (x resident: about 150 KiB of rows).
-bool stream_swiglu_fuses(int64_t n, int64_t k, int variant);
+// Whether the SwiGLU form takes n rows of an [m, k] product (x resident: about 150 KiB of rows, or
+// of a span with variant 8).
+bool stream_swiglu_fuses(int64_t n, int64_t m, int64_t k, int variant,
+                         const StreamSplitSpace& space = {});
 
 // The fused forms; norm_w (kRmsNormed) F32 [k], 16-byte aligned. cudaErrorInvalidValue for
 // operands stream_gemm_supported refuses or a variant without fusion.
 cudaError_t stream_gemm_fused(Out y, StreamX kind, const void* x, const float* norm_w, float eps,
                               const void* w, const float* bias, int64_t n, int64_t m, int64_t k,
-                              bool accumulate, cudaStream_t s, int variant);
+                              bool accumulate, cudaStream_t s, int variant,
+                              const StreamSplitSpace& space = {});
 
 }  // namespace bs::cuda
