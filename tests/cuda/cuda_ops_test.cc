@@ -340,9 +340,9 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
 // chunk off by one) far finer than a tolerance. The cases take every layout: x resident at 1-8
 // rows (set_stream_resident_rows 1) and 9-16 rows, and x a chunk a stage at 1-8 rows (the
 // default) and where the rows do not fit (12 rows of k = 12288: 32 features a stage). Variant 8
-// is variant 7 where k is one span (k <= 2048: v1's bits too); where it splits k, its sums meet
-// in another order, so some bits differ from v1's (the split ran), and it is within fp32
-// rounding of v1 (no span lost or counted twice).
+// (32 features a stage, x resident) gives v1's bits where k is one span (k <= 2048); where it
+// splits k, its sums meet in another order, so some bits differ from v1's (the split ran), and
+// it is within fp32 rounding of v1 (no span lost or counted twice).
 TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
   for (const StreamCase c :

@@ -34,9 +34,9 @@
 // that share it; SwiGLU has no such form. The consumers read the same values in the same order
 // every way. A configuration's stage count is what fits in shared memory, up to its maximum.
 //
-// Variant 8 splits k into spans (stream_gemm.h, StreamSplitSpace): a block per (tile, span), the
-// tile's last block adding the spans' partial sums from global memory in span order; x resident
-// a span at a time. Within a span the arithmetic is variant 7's.
+// Variant 8 splits k into spans (stream_gemm.h, StreamSplitSpace): a block per (32-feature tile,
+// span), the tile's last block adding the spans' partial sums from global memory in span order;
+// x resident a span at a time. Within a span the arithmetic is variant 1's (as 4, 5 and 7).
 //
 // PDL: the first S stages' weight copies are issued before griddep_wait (weights do not depend on
 // the kernel before), x after it; a stage's barrier waits for both.
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int64_t G = gridDim.x;  // a multiple of split.splits
   // A unit's partial sums fit a slot (stream_gemm.h) in the 16-feature layouts (launch_bulk_typed
   // refuses a split of the others).
-  constexpr bool kSplittable = MT * NT * 128 <= 256;
+  constexpr bool kSplittable = MT * NT * 128 <= kStreamSplitSsOffset;
   const int splits = kSplittable ? split.splits : 1;
   const int64_t k_lo = (blockIdx.x % splits) * split.span;  // this block's k-elements
   const int64_t k_len = min64(split.span, k - k_lo);
@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         __stcg(mine + q, sum);
       }
       if constexpr (C::kNorm) {
-        if (threadIdx.x < n) __stcg(mine + 256 + threadIdx.x, row_ss[threadIdx.x]);
+        if (threadIdx.x < n) __stcg(mine + kStreamSplitSsOffset + threadIdx.x, row_ss[threadIdx.x]);
       }
       __threadfence();
       consumers_sync<CW>();
@@ -580,23 +580,62 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       consumers_sync<CW>();
       if (!*last_of_tile) continue;
     }
-    for (int q = threadIdx.x; q < kTile; q += CW * 32) {
-      const int mt = q / (NT * 128), nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
-      const int col = nt * 8 + 2 * (l & 3) + (e & 1);            // x row
+    // The tile's sums, a thread's outputs q = threadIdx.x + e * CW * 32: the warps' partials in
+    // warp order, or (split) the spans' slots in span order, a batch of spans' loads issued
+    // together (the L2 latency once a batch, not once a value).
+    constexpr int kPer = (kTile + CW * 32 - 1) / (CW * 32);
+    const auto col_of = [&](int q) {  // x row of output q
+      const int nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
+      return nt * 8 + 2 * (l & 3) + (e & 1);
+    };
+    float sums[kPer], sss[kPer];  // sss: kRmsNormed, the row's sum of squares
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) sums[e] = sss[e] = 0.0f;
+    if (splits > 1) {
+      constexpr int kBatch = 4;
+      for (int sp0 = 0; sp0 < splits; sp0 += kBatch) {
+        float v[kBatch][kPer], vs[kBatch][kPer];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            const int q = threadIdx.x + e * CW * 32;
+            const bool ok = sp0 + u < splits && q < kTile;
+            const float* slot = tile_slots + (sp0 + u) * kStreamSplitSlotFloats;
+            v[u][e] = ok ? __ldcg(slot + q) : 0.0f;
+            vs[u][e] = C::kNorm && ok ? __ldcg(slot + kStreamSplitSsOffset + col_of(q)) : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (sp0 + u >= splits) break;
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            sums[e] += v[u][e];
+            sss[e] += vs[u][e];
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const int q = threadIdx.x + e * CW * 32;
+        if (q >= kTile) break;
+#pragma unroll
+        for (int wi = 0; wi < CW; ++wi) sums[e] += part[wi * kTile + q];
+        if constexpr (C::kNorm) sss[e] = row_ss[col_of(q)];
+      }
+    }
+#pragma unroll
+    for (int ei = 0; ei < kPer; ++ei) {
+      const int q = threadIdx.x + ei * CW * 32;
+      if (q >= kTile) break;
+      const int mt = q / (NT * 128), e = (q / 32) % 4, l = q % 32;
+      const int col = col_of(q);                                 // x row
       const int64_t j = j0 + mt * 16 + (l >> 2) + 8 * (e >> 1);  // output feature
       if (col >= n || j >= m) continue;
-      float sum = 0.0f, ss = 0.0f;
-      if (splits > 1) {
-        for (int sp = 0; sp < splits; ++sp) {
-          sum += __ldcg(tile_slots + sp * kStreamSplitSlotFloats + q);
-          if constexpr (C::kNorm)
-            ss += __ldcg(tile_slots + sp * kStreamSplitSlotFloats + 256 + col);
-        }
-      } else {
-#pragma unroll
-        for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
-        if constexpr (C::kNorm) ss = row_ss[col];
-      }
+      float sum = sums[ei];
+      const float ss = sss[ei];
       TY* o = y + static_cast<int64_t>(col) * m + j;
       if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
         sum *= 1.0f / sqrtf(ss / static_cast<float>(k) + x.eps);
@@ -629,7 +668,7 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
   // One wave: the blocks resident at this launch's shared memory (x resident asks for its rows'
   // bytes only, so few rows let two blocks share an SM: twice the weight stages in flight),
   // remembered per size.
-  if (split.splits > 1 && C::MT * C::NT * 128 > 256) return cudaErrorInvalidValue;
+  if (split.splits > 1 && (C::kWRows != kStreamSplitTile || !C::kXR)) return cudaErrorInvalidValue;
   const size_t bytes = C::launch_bytes(n, split.span);
   static std::mutex wave_mutex;
   static std::map<size_t, int> waves;  // launch bytes -> blocks
@@ -674,7 +713,7 @@ cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, con
 // kStreamSplitSpan; {1, k} where k is one span or the space is too small for m.
 BulkSplit split_for(int64_t m, int64_t k, const StreamSplitSpace& space) {
   int64_t splits = (k + kStreamSplitSpan - 1) / kStreamSplitSpan;
-  const int64_t tiles = (m + 15) / 16;
+  const int64_t tiles = (m + kStreamSplitTile - 1) / kStreamSplitTile;
   if (splits <= 1 || space.partials == nullptr || space.counters == nullptr ||
       tiles > space.counter_count ||
       static_cast<size_t>(tiles * splits * kStreamSplitSlotFloats) * sizeof(float) >
@@ -692,24 +731,25 @@ BulkSplit split_for(int64_t m, int64_t k, const StreamSplitSpace& space) {
 // n / 16 of BF16 weights' bytes), 32 beyond (sharing each x chunk); SwiGLU, whose operand is
 // derived once a launch into resident rows, then has no kernel (cudaErrorNotSupported: swiglu
 // then the plain product gives the same bits). The same arithmetic every way: a row's bits
-// never depend on the choice.
-template <int KC, int S, int CW, bool FP8, StreamX XS, int NT>
-using Resident = Bulk<KC, S, 1, NT, CW, FP8, XS, true>;
+// never depend on the choice. Variant 8 (MT 2): resident wherever its rows fit, 32 features a
+// stage; its k split only so (launch_bulk_typed).
+template <int KC, int S, int MT, int CW, bool FP8, StreamX XS, int NT>
+using Resident = Bulk<KC, S, MT, NT, CW, FP8, XS, true>;
 
-template <int KC, int S, int CW, bool FP8>
+template <int KC, int S, int MT, int CW, bool FP8>
 bool resident_fits(int64_t n, int64_t k) {
-  return n <= 8 ? Resident<KC, S, CW, FP8, StreamX::kSwiglu, 1>::fits(n, k)
-                : Resident<KC, S, CW, FP8, StreamX::kSwiglu, 2>::fits(n, k);
+  return n <= 8 ? Resident<KC, S, MT, CW, FP8, StreamX::kSwiglu, 1>::fits(n, k)
+                : Resident<KC, S, MT, CW, FP8, StreamX::kSwiglu, 2>::fits(n, k);
 }
 
-template <int KC, int S, int CW, bool FP8, StreamX XS>
+template <int KC, int S, int MT, int CW, bool FP8, StreamX XS>
 cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
                         int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s,
                         BulkSplit split) {
-  using R1 = Resident<KC, S, CW, FP8, XS, 1>;
-  using R2 = Resident<KC, S, CW, FP8, XS, 2>;
-  // set_stream_resident_rows; a split's spans always (what they are for).
-  const bool resident = XS != StreamX::kRows || n >= g_resident_rows || split.splits > 1;
+  using R1 = Resident<KC, S, MT, CW, FP8, XS, 1>;
+  using R2 = Resident<KC, S, MT, CW, FP8, XS, 2>;
+  // set_stream_resident_rows; variant 8 always.
+  const bool resident = XS != StreamX::kRows || n >= g_resident_rows || MT == 2;
   if (resident && n <= 8 && R1::fits(n, split.span)) {
     return launch_bulk<R1>(y, x, w, w_scale, bias, n, m, k, accumulate, s, split);
   }
@@ -728,12 +768,13 @@ cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, con
 }
 
 // The BF16 bulk variants (stream_gemm.h): k-elements of a weight row a stage, ring depth,
-// consumer warps, k split over blocks. with_variant calls f with variant v's as a BulkVariant
-// (4-8; others: 7).
+// consumer warps, k split over blocks (then 32 features a resident stage). with_variant calls f
+// with variant v's as a BulkVariant (4-8; others: 7).
 template <int KC_, int S_, int CW_, bool kSplit_ = false>
 struct BulkVariant {
   static constexpr int KC = KC_, S = S_, CW = CW_;
   static constexpr bool kSplit = kSplit_;
+  static constexpr int kResidentMT = kSplit ? 2 : 1;
 };
 template <class F>
 auto with_variant(int variant, F&& f) {
@@ -745,7 +786,7 @@ auto with_variant(int variant, F&& f) {
     case 6:
       return f(BulkVariant<512, 4, 8>{});
     case 8:
-      return f(BulkVariant<512, 8, 4, true>{});
+      return f(BulkVariant<512, 4, 4, true>{});
     default:
       return f(BulkVariant<512, 8, 4>{});
   }
@@ -758,8 +799,8 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
   return with_variant(variant, [&](auto v) {
     using V = decltype(v);
     const BulkSplit split = V::kSplit ? split_for(m, k, space) : BulkSplit{1, k, nullptr, nullptr};
-    return launch_rows<V::KC, V::S, V::CW, false, XS>(y, x, w, nullptr, bias, n, m, k, accumulate,
-                                                      s, split);
+    return launch_rows<V::KC, V::S, V::kResidentMT, V::CW, false, XS>(y, x, w, nullptr, bias, n, m,
+                                                                      k, accumulate, s, split);
   });
 }
 
@@ -776,11 +817,11 @@ bool stream_swiglu_fuses(int64_t n, int64_t m, int64_t k, int variant,
   return stream_fuses(variant) && with_variant(variant, [&](auto v) {
            using V = decltype(v);
            const int64_t span = V::kSplit ? split_for(m, k, space).span : k;
-           return resident_fits<V::KC, V::S, V::CW, false>(n, span);
+           return resident_fits<V::KC, V::S, V::kResidentMT, V::CW, false>(n, span);
          });
 }
 
-bool fp8_bulk_swiglu_fuses(int64_t n, int64_t k) { return resident_fits<512, 8, 8, true>(n, k); }
+bool fp8_bulk_swiglu_fuses(int64_t n, int64_t k) { return resident_fits<512, 8, 1, 8, true>(n, k); }
 
 void set_stream_l2_prefetch(int64_t bytes) { g_l2_prefetch_bytes = std::max<int64_t>(0, bytes); }
 
@@ -828,14 +869,14 @@ cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float*
   const BulkSplit whole{1, k, nullptr, nullptr};
   switch (kind) {
     case StreamX::kRmsNormed:
-      return launch_rows<512, 8, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m, k,
-                                                               accumulate, s, whole);
+      return launch_rows<512, 8, 1, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m,
+                                                                  k, accumulate, s, whole);
     case StreamX::kSwiglu:
-      return launch_rows<512, 8, 8, true, StreamX::kSwiglu>(y, bx, q, scale, nullptr, ni, m, k,
-                                                            accumulate, s, whole);
+      return launch_rows<512, 8, 1, 8, true, StreamX::kSwiglu>(y, bx, q, scale, nullptr, ni, m, k,
+                                                               accumulate, s, whole);
     default:
-      return launch_rows<512, 8, 8, true, StreamX::kRows>(y, bx, q, scale, nullptr, ni, m, k,
-                                                          accumulate, s, whole);
+      return launch_rows<512, 8, 1, 8, true, StreamX::kRows>(y, bx, q, scale, nullptr, ni, m, k,
+                                                             accumulate, s, whole);
   }
 }
 }  // namespace bs::cuda

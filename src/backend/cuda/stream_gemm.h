@@ -31,21 +31,24 @@ namespace bs::cuda {
 // 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4-7 = bulk copies (stream_bulk.cu: one producer
 // warp; 4: four consumer warps, 512-byte row pieces x 8 stages; 5: four, 1 KiB x 4; 6: eight,
 // 1 KiB x 4; 7: four, 1 KiB x 8, i.e. variant 5's 128 KiB in flight an SM in one block where 5
-// needs two; 8: variant 7 with k split over blocks, below); kept for measurement
+// needs two; 8: four, 4 stages of 32 rows x 1 KiB, x resident, k split over blocks, below); kept
+// for measurement
 // (BLOCKSPEC_STREAM_VARIANT). Results differ between variants (another k split), never between
 // row counts.
 constexpr int kStreamVariants = 9;
 
 // Variant 8 splits k into spans of at most kStreamSplitSpan elements (as even as 64-element
-// multiples allow: k = 4096 -> 2 x 2048, 12288 -> 6 x 2048) and gives each (16-feature tile,
+// multiples allow: k = 4096 -> 2 x 2048, 12288 -> 6 x 2048) and gives each (32-feature tile,
 // span) to its own block, so that 16 rows of a span (64 KiB) stay resident in shared memory
-// beside an 8-stage ring (128 KiB of weights in flight an SM; 16 rows of the whole k = 4096 leave
-// room for 64 KiB only). The spans' sums meet in global memory: each block stores its tile's
-// partial sums (and, for the fused RMSNorm, its span's sums of squares) in a slot, counts its
-// arrival on the tile's counter, and the last of the tile's blocks adds the slots in span order
-// (whichever block arrives last: deterministic) and writes y. A row's bits depend on k and m
-// only. The space a stream's launches use, one after another (a launch leaves the counters
-// zero, as it found them):
+// beside a ring of 4 stages of 32 weight rows x 1 KiB (128 KiB of weights in flight an SM; 16
+// rows of the whole k = 4096 leave room for 64 KiB only). The spans' sums meet in global memory:
+// each block stores its tile's partial sums (and, for the fused RMSNorm, its span's sums of
+// squares) in a slot, counts its arrival on the tile's counter, and the last of the tile's
+// blocks adds the slots in span order (whichever block arrives last: deterministic) and writes
+// y. 32-feature units (128 KiB of weights a unit at 2048 k) keep that exchange's latency a
+// fraction of a unit's stream. Within a span variant 1's k split: where k is one span, variant
+// 1's bits. A row's bits depend on k and m only. The space a stream's launches use, one after
+// another (a launch leaves the counters zero, as it found them):
 constexpr int64_t kStreamSplitSpan = 2048;
 struct StreamSplitSpace {
   float* partials = nullptr;  // kStreamSplitSlotFloats a (tile, span)
@@ -53,10 +56,13 @@ struct StreamSplitSpace {
   unsigned* counters = nullptr;  // one a tile, zero between launches
   int64_t counter_count = 0;
 };
-// Floats of one (tile, span) slot: 16 features x 16 rows of partial sums, 16 sums of squares.
-constexpr int64_t kStreamSplitSlotFloats = 16 * 16 + 16;
+// A split unit's output features, and a slot: its partial sums (32 features x 16 rows), then
+// its span's 16 sums of squares.
+constexpr int64_t kStreamSplitTile = 32;
+constexpr int64_t kStreamSplitSsOffset = kStreamSplitTile * 16;
+constexpr int64_t kStreamSplitSlotFloats = kStreamSplitSsOffset + 16;
 // The spans variant 8 splits an [m, k] product into with this space: ceil(k / kStreamSplitSpan),
-// or 1 where the space holds too few slots or counters for m (then variant 7's kernel and bits).
+// or 1 where the space holds too few slots or counters for m.
 int stream_split_count(int64_t m, int64_t k, const StreamSplitSpace& space);
 
 // Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
