@@ -334,10 +334,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   int* last_of_tile = reinterpret_cast<int*>(x_ready + 1);  // split: this block adds the spans
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t G = gridDim.x;  // a multiple of split.splits
-  // A unit's partial sums fit a slot (stream_gemm.h) in the 16-feature layouts (launch_bulk_typed
-  // refuses a split of the others).
-  constexpr bool kSplittable = MT * NT * 128 <= kStreamSplitSsOffset;
-  const int splits = kSplittable ? split.splits : 1;
+  // launch_bulk_typed splits only the 32-feature resident layouts; a unit's partial sums fit a
+  // slot (stream_gemm.h) in every layout.
+  static_assert(MT * NT * 128 <= kStreamSplitSsOffset, "a split slot holds a unit's sums");
+  const int splits = split.splits;
   const int64_t k_lo = (blockIdx.x % splits) * split.span;  // this block's k-elements
   const int64_t k_len = min64(split.span, k - k_lo);
   const int64_t chunks = (k_len + KC - 1) / KC;
