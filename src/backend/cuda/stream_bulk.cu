@@ -112,6 +112,17 @@ template <int CW>
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");
 }
+// Named barriers between the consumers and variant 8's epilogue warp, a pair each (unit parity):
+// part holds a unit's partials (the consumers arrive, the epilogue warp waits), part is free again
+// (the other way round). Arrival does not wait; it orders the arriving threads' shared-memory
+// writes before the waiting threads' reads.
+constexpr int kFullBar = 2, kFreeBar = 4;
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -175,7 +186,10 @@ struct Bulk {
       (kBarOffset + (2 * S + 2) * sizeof(uint64_t) + 127) / 128 * 128;
   static constexpr size_t kXResBytes = kXR ? (kSmemLimit - kXResOffset) / 128 * 128 : 0;
   static constexpr size_t kBytes = kXResOffset + kXResBytes;  // the most a launch asks for
-  static constexpr int kThreads = (CW + 1) * 32;
+  // Variant 8's layout (32 features a stage, x resident) finishes its units in an epilogue warp
+  // of its own, so that the consumers never wait for the split exchange (fence, counter, loads).
+  static constexpr bool kEW = MT == 2 && kXR;
+  static constexpr int kThreads = (CW + 1 + (kEW ? 1 : 0)) * 32;
   static_assert(KC % (kSub * CW) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
   static_assert(S >= 2 && kBytes <= kSmemLimit, "at least two stages fit");
@@ -310,6 +324,124 @@ struct BulkSplit {
   unsigned* counters = nullptr;
 };
 
+// What finishing a unit needs: stream_bulk_kernel's operands and shared memory.
+template <typename TY>
+struct UnitEnd {
+  TY* y;
+  float eps;
+  const float* w_scale;
+  const float* bias;
+  int n;
+  int64_t m, k;
+  bool accumulate;
+  BulkSplit split;
+  const float* row_ss;  // kRmsNormed: this block's (span's) sums of squares
+  int* last_of_tile;    // split: whether this block adds the tile's spans
+};
+
+// Finishes unit `unit` (tile unit / splits, span unit % splits) from its consumer warps'
+// partials part [CW][kTile], with T threads (this one: t; `sync` synchronizes them): each
+// output's sum over the warps in warp order; then `release` (part may be overwritten); with a
+// split, the sums (and the span's sums of squares) into the unit's slot, the arrival counted on
+// the tile's counter, and only the tile's last block goes on, adding the slots in span order (a
+// batch of spans' loads issued together: the L2 latency once a batch, not once a value; the
+// fences: the slots written before the count, read after it); then the norm's row scale, bias,
+// accumulation and y.
+template <class C, int T, typename TY, class Sync, class Release>
+__device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, const float* part,
+                                            int t, Sync sync, Release release) {
+  constexpr int NT = C::NT, CW = C::CW, kTile = C::MT * NT * 128, kPer = (kTile + T - 1) / T;
+  const int splits = u.split.splits;
+  const int64_t tile = unit / splits, j0 = tile * C::kWRows;
+  const auto col_of = [](int q) {  // x row of output q
+    const int nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
+    return nt * 8 + 2 * (l & 3) + (e & 1);
+  };
+  float sums[kPer], sss[kPer];  // sss: kRmsNormed, the row's sum of squares
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int q = t + e * T;
+    sums[e] = sss[e] = 0.0f;
+    if (q >= kTile) break;
+#pragma unroll
+    for (int wi = 0; wi < CW; ++wi) sums[e] += part[wi * kTile + q];
+  }
+  release();
+  if (splits > 1) {
+    float* mine = u.split.partials + unit * kStreamSplitSlotFloats;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      if (t + e * T < kTile) __stcg(mine + t + e * T, sums[e]);
+    }
+    if constexpr (C::kNorm) {
+      for (int r = t; r < u.n; r += T) __stcg(mine + kStreamSplitSsOffset + r, u.row_ss[r]);
+    }
+    __threadfence();
+    sync();
+    if (t == 0) {
+      const bool last = atomicAdd(u.split.counters + tile, 1u) + 1 == static_cast<unsigned>(splits);
+      if (last) u.split.counters[tile] = 0;  // all spans counted: zero for the next launch
+      __threadfence();
+      *u.last_of_tile = last;
+    }
+    sync();
+    if (!*u.last_of_tile) return;
+    const float* tile_slots = u.split.partials + tile * splits * kStreamSplitSlotFloats;
+    constexpr int kBatch = kPer >= 8 ? 2 : 4;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) sums[e] = 0.0f;
+    for (int sp0 = 0; sp0 < splits; sp0 += kBatch) {
+      float v[kBatch][kPer], vs[kBatch][kPer];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int q = t + e * T;
+          const bool ok = sp0 + b < splits && q < kTile;
+          const float* slot = tile_slots + (sp0 + b) * kStreamSplitSlotFloats;
+          v[b][e] = ok ? __ldcg(slot + q) : 0.0f;
+          vs[b][e] = C::kNorm && ok ? __ldcg(slot + kStreamSplitSsOffset + col_of(q)) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (sp0 + b >= splits) break;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          sums[e] += v[b][e];
+          sss[e] += vs[b][e];
+        }
+      }
+    }
+  } else if constexpr (C::kNorm) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      if (t + e * T < kTile) sss[e] = u.row_ss[col_of(t + e * T)];
+    }
+  }
+#pragma unroll
+  for (int ei = 0; ei < kPer; ++ei) {
+    const int q = t + ei * T;
+    if (q >= kTile) break;
+    const int mt = q / (NT * 128), e = (q / 32) % 4, l = q % 32;
+    const int col = col_of(q);                                 // x row
+    const int64_t j = j0 + mt * 16 + (l >> 2) + 8 * (e >> 1);  // output feature
+    if (col >= u.n || j >= u.m) continue;
+    float sum = sums[ei];
+    TY* o = u.y + static_cast<int64_t>(col) * u.m + j;
+    if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
+      sum *= 1.0f / sqrtf(sss[ei] / static_cast<float>(u.k) + u.eps);
+    }
+    if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
+      const float v = sum * (u.w_scale[j] * kFp8ToF16Scale);
+      store(o, u.accumulate ? to_float(*o) + v : v);
+      continue;
+    }
+    if (u.bias) sum += u.bias[j];
+    store(o, (u.accumulate ? to_float(*o) : 0.0f) + sum);
+  }
+}
+
 // w: BF16 [m, k] or FP8 codes [m, k] with w_scale [m] (y = w_scale[j] * sum, fp8_matmul_kernel's
 // epilogue); bias F32 [m] or null (BF16 weights only). xs: resident x rows' stride (XR).
 // A unit of work is a (tile, span) pair, unit u = tile * splits + span; the grid is a multiple of
@@ -344,6 +476,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int64_t units = tiles * splits;
   const int64_t my_units = (units - 1 - blockIdx.x) / G + 1;  // grid <= units
   const int64_t total = my_units * chunks;                    // stages this block streams
+  // What finish_unit needs of the operands and shared memory.
+  const UnitEnd<TY> ue{y, x.eps, w_scale, bias, n, m, k, accumulate, split, row_ss, last_of_tile};
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -438,6 +572,23 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       issue(i, true, true);
     }
     return;
+  }
+
+  if constexpr (C::kEW) {
+    if (warp == CW + 1) {
+      // ---- epilogue warp: finishes unit tt once the consumers have left its partials ----
+      griddep_wait();  // y, when accumulating, comes from the kernels before
+      for (int64_t tt = 0; tt < my_units; ++tt) {
+        named_sync(kFullBar + (tt & 1), (CW + 1) * 32);
+        finish_unit<C, 32>(
+            ue, blockIdx.x + tt * G, red + (tt & 1) * CW * (MT * NT * 128), lane,
+            [] { __syncwarp(); },
+            [&] {  // the consumers write part again at unit tt + 2
+              if (tt + 2 < my_units) named_arrive(kFreeBar + (tt & 1), (CW + 1) * 32);
+            });
+      }
+      return;
+    }
   }
 
   // ---- consumers ----
@@ -535,10 +686,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[slot]);
     }
-    // The unit's end: the consumer warps' partials summed in warp order (double-buffered by unit
-    // parity, so one barrier a unit suffices), then stored.
+    // The unit's end: the consumer warps' partials into part (double-buffered by unit parity),
+    // then summed and stored by finish_unit: by the consumers themselves (one barrier a unit
+    // suffices), or, in variant 8's layout, by the epilogue warp while they go on.
     constexpr int kTile = MT * NT * 128;  // one warp's accumulators
     float* part = red + (tt & 1) * CW * kTile;
+    if constexpr (C::kEW) {  // the epilogue warp has read part's unit tt - 2
+      if (tt >= 2) named_sync(kFreeBar + (tt & 1), (CW + 1) * 32);
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -550,103 +705,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
       }
     }
-    consumers_sync<CW>();
-    const int64_t unit = blockIdx.x + tt * G, tile = unit / splits;
-    const int64_t j0 = tile * C::kWRows;
-    // Split: this span's sums (and its rows' sums of squares) into the unit's slot, the tile's
-    // counter counts the arrival, and only the tile's last block goes on, adding the slots in
-    // span order. (The fences: the slots written before the count, read after it.)
-    const float* tile_slots =
-        splits > 1 ? split.partials + tile * splits * kStreamSplitSlotFloats : nullptr;
-    if (splits > 1) {
-      float* mine = split.partials + unit * kStreamSplitSlotFloats;
-      for (int q = threadIdx.x; q < kTile; q += CW * 32) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < CW; ++wi) sum += part[wi * kTile + q];
-        __stcg(mine + q, sum);
-      }
-      if constexpr (C::kNorm) {
-        if (threadIdx.x < n) __stcg(mine + kStreamSplitSsOffset + threadIdx.x, row_ss[threadIdx.x]);
-      }
-      __threadfence();
-      consumers_sync<CW>();
-      if (threadIdx.x == 0) {
-        const bool last = atomicAdd(split.counters + tile, 1u) + 1 == static_cast<unsigned>(splits);
-        if (last) split.counters[tile] = 0;  // all spans counted: zero for the next launch
-        __threadfence();
-        *last_of_tile = last;
-      }
-      consumers_sync<CW>();
-      if (!*last_of_tile) continue;
-    }
-    // The tile's sums, a thread's outputs q = threadIdx.x + e * CW * 32: the warps' partials in
-    // warp order, or (split) the spans' slots in span order, a batch of spans' loads issued
-    // together (the L2 latency once a batch, not once a value).
-    constexpr int kPer = (kTile + CW * 32 - 1) / (CW * 32);
-    const auto col_of = [&](int q) {  // x row of output q
-      const int nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
-      return nt * 8 + 2 * (l & 3) + (e & 1);
-    };
-    float sums[kPer], sss[kPer];  // sss: kRmsNormed, the row's sum of squares
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) sums[e] = sss[e] = 0.0f;
-    if (splits > 1) {
-      constexpr int kBatch = 4;
-      for (int sp0 = 0; sp0 < splits; sp0 += kBatch) {
-        float v[kBatch][kPer], vs[kBatch][kPer];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) {
-            const int q = threadIdx.x + e * CW * 32;
-            const bool ok = sp0 + u < splits && q < kTile;
-            const float* slot = tile_slots + (sp0 + u) * kStreamSplitSlotFloats;
-            v[u][e] = ok ? __ldcg(slot + q) : 0.0f;
-            vs[u][e] = C::kNorm && ok ? __ldcg(slot + kStreamSplitSsOffset + col_of(q)) : 0.0f;
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (sp0 + u >= splits) break;
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) {
-            sums[e] += v[u][e];
-            sss[e] += vs[u][e];
-          }
-        }
-      }
+    if constexpr (C::kEW) {
+      named_arrive(kFullBar + (tt & 1), (CW + 1) * 32);
     } else {
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int q = threadIdx.x + e * CW * 32;
-        if (q >= kTile) break;
-#pragma unroll
-        for (int wi = 0; wi < CW; ++wi) sums[e] += part[wi * kTile + q];
-        if constexpr (C::kNorm) sss[e] = row_ss[col_of(q)];
-      }
-    }
-#pragma unroll
-    for (int ei = 0; ei < kPer; ++ei) {
-      const int q = threadIdx.x + ei * CW * 32;
-      if (q >= kTile) break;
-      const int mt = q / (NT * 128), e = (q / 32) % 4, l = q % 32;
-      const int col = col_of(q);                                 // x row
-      const int64_t j = j0 + mt * 16 + (l >> 2) + 8 * (e >> 1);  // output feature
-      if (col >= n || j >= m) continue;
-      float sum = sums[ei];
-      const float ss = sss[ei];
-      TY* o = y + static_cast<int64_t>(col) * m + j;
-      if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
-        sum *= 1.0f / sqrtf(ss / static_cast<float>(k) + x.eps);
-      }
-      if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
-        const float v = sum * (w_scale[j] * kFp8ToF16Scale);
-        store(o, accumulate ? to_float(*o) + v : v);
-        continue;
-      }
-      if (bias) sum += bias[j];
-      store(o, (accumulate ? to_float(*o) : 0.0f) + sum);
+      consumers_sync<CW>();
+      finish_unit<C, CW * 32>(
+          ue, blockIdx.x + tt * G, part, threadIdx.x, [] { consumers_sync<CW>(); }, [] {});
     }
   }
 }

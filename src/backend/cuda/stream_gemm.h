@@ -46,7 +46,8 @@ constexpr int kStreamVariants = 9;
 // squares) in a slot, counts its arrival on the tile's counter, and the last of the tile's
 // blocks adds the slots in span order (whichever block arrives last: deterministic) and writes
 // y. 32-feature units (128 KiB of weights a unit at 2048 k) keep that exchange's latency a
-// fraction of a unit's stream. Within a span variant 1's k split: where k is one span, variant
+// fraction of a unit's stream, and an epilogue warp of its own does it while the consumer warps
+// go on with the next unit. Within a span variant 1's k split: where k is one span, variant
 // 1's bits. A row's bits depend on k and m only. The space a stream's launches use, one after
 // another (a launch leaves the counters zero, as it found them):
 constexpr int64_t kStreamSplitSpan = 2048;
