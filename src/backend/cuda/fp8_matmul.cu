@@ -149,7 +149,9 @@ __global__ void __launch_bounds__(kFp8Warps * 32, 2)
   reduce_warp_tiles<W, NT>(acc, n, [&](int col, int row, float sum) {
     const int64_t j = j0 + row;
     if (j >= m) return;
-    const float v = sum * (scale[j] * kFp8ToF16Scale);
+    // __fmul_rn: never contracted with the accumulation into an FMA, which nvcc decides per
+    // kernel (the bulk kernel's instantiations must give these bits).
+    const float v = __fmul_rn(sum, scale[j] * kFp8ToF16Scale);
     const int64_t o = static_cast<int64_t>(col) * m + j;
     store_f(y, o, accumulate ? load_f(y, o) + v : v);
   });
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       for (int nt = 0; nt < NT; ++nt) {
         const int row = nt * 8 + 2 * t + (e & 1);
         if (row >= n) continue;
-        const float v = acc[nt][e] * sc;
+        const float v = __fmul_rn(acc[nt][e], sc);  // no FMA with the accumulation
         const int64_t o = static_cast<int64_t>(row) * m + j;
         store_f(y, o, accumulate ? load_f(y, o) + v : v);
       }

@@ -429,11 +429,14 @@ __device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, 
     if (col >= u.n || j >= u.m) continue;
     float sum = sums[ei];
     TY* o = u.y + static_cast<int64_t>(col) * u.m + j;
+    // The products by __fmul_rn: nvcc contracts a product and a following add (bias,
+    // accumulation) into an FMA as it sees fit per instantiation, which would make a row's bits
+    // depend on the layout its row count picks.
     if constexpr (C::kNorm) {  // the RMSNorm's row scale, after the dot product
-      sum *= 1.0f / sqrtf(sss[ei] / static_cast<float>(u.k) + u.eps);
+      sum = __fmul_rn(sum, 1.0f / sqrtf(sss[ei] / static_cast<float>(u.k) + u.eps));
     }
     if constexpr (C::kFp8) {  // fp8_matmul_kernel's epilogue
-      const float v = sum * (u.w_scale[j] * kFp8ToF16Scale);
+      const float v = __fmul_rn(sum, u.w_scale[j] * kFp8ToF16Scale);
       store(o, u.accumulate ? to_float(*o) + v : v);
       continue;
     }
