@@ -48,8 +48,8 @@ namespace bs::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-// Tiles of 16 output features the stream GEMM's k split counts (StreamSplitSpace): up to
-// 1,048,576 output features (the largest LM head is ~262k).
+// Tiles of 32 output features (kStreamSplitTile) the stream GEMM's k split counts
+// (StreamSplitSpace): up to 2,097,152 output features (the largest LM head is ~262k).
 constexpr int64_t kSplitCounters = 1 << 16;
 // copy_from_host's pinned staging ring, in kRingSlices slices (each with the event of the last
 // upload that reads it).

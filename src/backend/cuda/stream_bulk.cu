@@ -322,6 +322,7 @@ struct BulkSplit {
   int64_t span = 0;
   float* partials = nullptr;
   unsigned* counters = nullptr;
+  static BulkSplit whole(int64_t k) { return BulkSplit{1, k, nullptr, nullptr}; }
 };
 
 // What finishing a unit needs: stream_bulk_kernel's operands and shared memory.
@@ -456,6 +457,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                        const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
                        int64_t l2_stages, int64_t xs, bool accumulate, BulkSplit split) {
   constexpr int S = C::S, MT = C::MT, NT = C::NT, CW = C::CW, KC = C::KC;
+  constexpr int kTile = MT * NT * 128;  // one consumer warp's accumulators (a unit's partials)
   // x rows the producer copies (kRows), or that the consumers derive into x_res (the others).
   constexpr bool kDerived = C::kNorm || C::kSwiglu;
   extern __shared__ __align__(128) unsigned char bulk_smem[];
@@ -471,7 +473,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int64_t G = gridDim.x;  // a multiple of split.splits
   // launch_bulk_typed splits only the 32-feature resident layouts; a unit's partial sums fit a
   // slot (stream_gemm.h) in every layout.
-  static_assert(MT * NT * 128 <= kStreamSplitSsOffset, "a split slot holds a unit's sums");
+  static_assert(kTile <= kStreamSplitSsOffset, "a split slot holds a unit's sums");
   const int splits = split.splits;
   const int64_t k_lo = (blockIdx.x % splits) * split.span;  // this block's k-elements
   const int64_t k_len = min64(split.span, k - k_lo);
@@ -584,8 +586,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int64_t tt = 0; tt < my_units; ++tt) {
         named_sync(kFullBar + (tt & 1), (CW + 1) * 32);
         finish_unit<C, 32>(
-            ue, blockIdx.x + tt * G, red + (tt & 1) * CW * (MT * NT * 128), lane,
-            [] { __syncwarp(); },
+            ue, blockIdx.x + tt * G, red + (tt & 1) * CW * kTile, lane, [] { __syncwarp(); },
             [&] {  // the consumers write part again at unit tt + 2
               if (tt + 2 < my_units) named_arrive(kFreeBar + (tt & 1), (CW + 1) * 32);
             });
@@ -692,7 +693,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     // The unit's end: the consumer warps' partials into part (double-buffered by unit parity),
     // then summed and stored by finish_unit: by the consumers themselves (one barrier a unit
     // suffices), or, in variant 8's layout, by the epilogue warp while they go on.
-    constexpr int kTile = MT * NT * 128;  // one warp's accumulators
     float* part = red + (tt & 1) * CW * kTile;
     if constexpr (C::kEW) {  // the epilogue warp has read part's unit tt - 2
       if (tt >= 2) named_sync(kFreeBar + (tt & 1), (CW + 1) * 32);
@@ -732,10 +732,11 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
     cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
     return std::max(1, count);
   }();
+  // Only the 32-feature resident layouts split (a unit a slot, a span of x resident).
+  if (split.splits > 1 && (C::kWRows != kStreamSplitTile || !C::kXR)) return cudaErrorInvalidValue;
   // One wave: the blocks resident at this launch's shared memory (x resident asks for its rows'
   // bytes only, so few rows let two blocks share an SM: twice the weight stages in flight),
   // remembered per size.
-  if (split.splits > 1 && (C::kWRows != kStreamSplitTile || !C::kXR)) return cudaErrorInvalidValue;
   const size_t bytes = C::launch_bytes(n, split.span);
   static std::mutex wave_mutex;
   static std::map<size_t, int> waves;  // launch bytes -> blocks
@@ -785,7 +786,7 @@ BulkSplit split_for(int64_t m, int64_t k, const StreamSplitSpace& space) {
       tiles > space.counter_count ||
       static_cast<size_t>(tiles * splits * kStreamSplitSlotFloats) * sizeof(float) >
           space.partial_bytes) {
-    return BulkSplit{1, k, nullptr, nullptr};
+    return BulkSplit::whole(k);
   }
   const int64_t span = ((k + splits - 1) / splits + 63) / 64 * 64;
   splits = (k + span - 1) / span;  // rounding up the span may leave the last one empty
@@ -865,7 +866,7 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
                            const StreamSplitSpace& space) {
   return with_variant(variant, [&](auto v) {
     using V = decltype(v);
-    const BulkSplit split = V::kSplit ? split_for(m, k, space) : BulkSplit{1, k, nullptr, nullptr};
+    const BulkSplit split = V::kSplit ? split_for(m, k, space) : BulkSplit::whole(k);
     return launch_rows<V::KC, V::S, V::kResidentMT, V::CW, false, XS>(y, x, w, nullptr, bias, n, m,
                                                                       k, accumulate, s, split);
   });
@@ -933,7 +934,7 @@ cudaError_t fp8_bulk_matmul(Out y, const void* x, const uint8_t* q, const float*
   }
   const BulkX bx{static_cast<const __nv_bfloat16*>(x), norm_w, eps};
   const int ni = static_cast<int>(n);
-  const BulkSplit whole{1, k, nullptr, nullptr};
+  const BulkSplit whole = BulkSplit::whole(k);
   switch (kind) {
     case StreamX::kRmsNormed:
       return launch_rows<512, 8, 1, 8, true, StreamX::kRmsNormed>(y, bx, q, scale, nullptr, ni, m,

@@ -97,8 +97,10 @@ void set_stream_l2_prefetch(int64_t bytes);
 // The bulk kernels keep x's rows resident in shared memory where n rows of k fit beside the ring;
 // plain products (kRows) of fewer than this many rows stream x with the weights instead (the
 // same bits): on an H100 (docs/BENCHMARKS.md, session 20) resident x, laid out for one block an
-// SM, made 1-row products 15-20 % slower. The fused forms derive x into resident rows whatever n.
-// Process-wide; for measurement (BLOCKSPEC_STREAM_RESIDENT_ROWS); 0 restores the default.
+// SM, made 1-row products 15-20 % slower; sized to its rows (session 21) it is within 1 % of
+// streamed x (v5: 5.096 vs 5.053 ms of products a token). The fused forms derive x into resident
+// rows whatever n. Process-wide; for measurement (BLOCKSPEC_STREAM_RESIDENT_ROWS); 0 restores the
+// default.
 constexpr int kStreamResidentRows = 9;
 void set_stream_resident_rows(int rows);
 
