@@ -625,13 +625,13 @@ TEST_F(CudaModels, GreedySpeculativeReadsBackOncePerStepOnGpu) {
 // With the stream GEMM (GemvMode::kStream) for every few-row product, greedy speculative decoding
 // still reproduces plain decoding token for token (its rows do not depend on the row count), with
 // the decoder forwards and the drafters' proposals in CUDA graphs: the default variant, and the
-// bulk variants 4-8, whose fused forms take the RMSNorms into q/k/v, gate/up and the LM head
+// bulk variants 4-9, whose fused forms take the RMSNorms into q/k/v, gate/up and the LM head
 // (the shipped models' down projection, k = 172, is not a multiple of 8: SwiGLU stays apart; their
-// k is one span of variant 8's split: cuda_ops_test holds split products to the row invariance,
-// and bench's `output == plain` at Qwen3-8B shapes).
+// k is one span of the split variants 8 and 9: cuda_ops_test holds split products to the row
+// invariance, and bench's `output == plain` at Qwen3-8B shapes).
 TEST_F(CudaModels, GreedySpeculativeEqualsPlainWithStreamGemm) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  for (const int variant : {cuda::kStreamDefaultVariant, 4, 5, 6, 7, 8}) {
+  for (const int variant : {cuda::kStreamDefaultVariant, 4, 5, 6, 7, 8, 9}) {
     cuda::set_stream_options(*gpu_, variant, int64_t{1} << 20);
     for_each_shipped_drafter(*gpu_, [&](CausalLM& g, Drafter& d, const std::string& name) {
       GenerateOptions o;

@@ -339,10 +339,10 @@ TEST_F(CudaOps, StreamGemmRowsEqualSingleRowProductsBitForBit) {
 // check of the bulk kernels' stage bookkeeping (a stage read before its copy landed, a row or
 // chunk off by one) far finer than a tolerance. The cases take every layout: x resident at 1-8
 // rows (set_stream_resident_rows 1) and 9-16 rows, and x a chunk a stage at 1-8 rows (the
-// default) and where the rows do not fit (12 rows of k = 12288: 32 features a stage). Variant 8
-// (32 features a stage, x resident) gives v1's bits where k is one span (k <= 2048); where it
-// splits k, its sums meet in another order, so some bits differ from v1's (the split ran), and
-// it is within fp32 rounding of v1 (no span lost or counted twice).
+// default) and where the rows do not fit (12 rows of k = 12288: 32 features a stage). The split
+// variants 8 and 9 (x resident) give v1's bits where k is one span (k <= 2048, <= 1024); where
+// they split k, their sums meet in another order, so some bits differ from v1's (the split ran),
+// and they are within fp32 rounding of v1 (no span lost or counted twice).
 TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
   for (const StreamCase c :
@@ -371,40 +371,48 @@ TEST_F(CudaOps, StreamBulkVariantsEqualCpAsyncVariantBitForBit) {
       }
     }
     cuda::set_stream_resident_rows(*gpu_, 0);
-    const auto v8 = product(8);
-    if (cuda::stream_split_count(*gpu_, c.m, c.k) == 1) {
-      EXPECT_TRUE(v8 == v1) << "variant 8 n=" << c.n << " m=" << c.m << " k=" << c.k;
-    } else {
+    for (const int variant : {8, 9}) {
+      const auto vs = product(variant);
+      const std::string what = fmt::format("variant {} n={} m={} k={}", variant, c.n, c.m, c.k);
+      if (cuda::stream_split_count(*gpu_, c.m, c.k) == 1) {
+        EXPECT_TRUE(vs == v1) << what;
+        continue;
+      }
       double worst = 0;
       for (size_t o = 0; o < v1.size(); ++o) {
-        worst = std::max(worst, double(std::fabs(v8[o] - v1[o])) / (std::fabs(v1[o]) + 1.0));
+        worst = std::max(worst, double(std::fabs(vs[o] - v1[o])) / (std::fabs(v1[o]) + 1.0));
       }
-      EXPECT_LT(worst, 1e-4) << "variant 8 n=" << c.n << " m=" << c.m << " k=" << c.k;
+      EXPECT_LT(worst, 1e-4) << what;
       if (c.n * c.m >= 4096) {
-        EXPECT_NE(v8, v1) << "variant 8 n=" << c.n << " m=" << c.m << " k=" << c.k
-                          << ": the split did not run";
+        EXPECT_NE(vs, v1) << what << ": the split did not run";
       }
     }
   }
-  // The splits the benchmarks assume: Qwen3-8B's k = 4096 in 2 spans (its LM head too), 12288 in 6.
+  // The splits the benchmarks assume: Qwen3-8B's k = 4096 in 2 spans (its LM head too), 12288 in
+  // 6 (variant 8); 4 and 12 (variant 9).
+  cuda::set_stream_options(*gpu_, 8, kAnySize);
   EXPECT_EQ(cuda::stream_split_count(*gpu_, 6144, 4096), 2);
   EXPECT_EQ(cuda::stream_split_count(*gpu_, 151936, 4096), 2);
   EXPECT_EQ(cuda::stream_split_count(*gpu_, 4096, 12288), 6);
+  cuda::set_stream_options(*gpu_, 9, kAnySize);
+  EXPECT_EQ(cuda::stream_split_count(*gpu_, 6144, 4096), 4);
+  EXPECT_EQ(cuda::stream_split_count(*gpu_, 151936, 4096), 4);
+  EXPECT_EQ(cuda::stream_split_count(*gpu_, 4096, 12288), 12);
   cuda::set_stream_options(*gpu_, cuda::kStreamDefaultVariant, cuda::kStreamDefaultMaxMib);
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kAuto);
 }
 
-// The fused stream GEMMs (bulk variants 4-8): Backend::norm_matmul and swiglu_matmul in
+// The fused stream GEMMs (bulk variants 4-9): Backend::norm_matmul and swiglu_matmul in
 // GemvMode::kStream. Against fp64 host references of the ops' definitions (bias, accumulate, F32
 // and BF16 outputs, odd m and k); the SwiGLU form equals swiglu then the plain stream GEMM of the
 // same variant bit for bit (the same operand bits, the same k split); and in both forms row r of
 // an n-row call equals the row alone bit for bit (speculative verify == plain decode), also where
 // n decides the layout (k = 12288: x resident up to 5-6 rows, a chunk a stage beyond; SwiGLU
-// fused, then apart); variant 8 splits k = 3072, 4096, 4104 and 12288 (the RMSNorm's sums of
-// squares then meet across spans too).
+// fused, then apart); variants 8 and 9 split k = 3072, 4096, 4104 and 12288 (9 also 1032; the
+// RMSNorm's sums of squares then meet across spans too).
 TEST_F(CudaOps, StreamFusedNormAndSwigluMatchReferencesAndKeepRowsInvariant) {
   cuda::set_gemv_mode(*gpu_, cuda::GemvMode::kStream);
-  for (const int variant : {4, 5, 6, 7, 8}) {
+  for (const int variant : {4, 5, 6, 7, 8, 9}) {
     cuda::set_stream_options(*gpu_, variant, kAnySize);
     for (const StreamCase c :
          {StreamCase{1, 300, 64}, StreamCase{3, 77, 4104}, StreamCase{9, 1000, 1032},

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs on the GPU machine from the repo root, after unpacking build-cuda/pack/dist.tar.xz into
 # build-cuda/ (FULL=1 bash tools/device/pack_session8.sh build -; carry ["build-cuda/pack"]):
-# the bulk-copy stream GEMMs (stream_gemm.h variants 4-8) and their fused RMSNorm / SwiGLU forms
+# the bulk-copy stream GEMMs (stream_gemm.h variants 4-9) and their fused RMSNorm / SwiGLU forms
 # (issue 17), in one call of about 6 minutes:
 #   0. a smoke test of the bulk kernels (90 s at most; their benches are skipped if it fails);
 #   1. their tests: cuda_ops_test's stream GEMM / FP8 / matmul / attention tests, cuda_models_test's
@@ -56,16 +56,17 @@ if want times; then
   BLOCKSPEC_STREAM_RESIDENT_ROWS=1 BLOCKSPEC_STREAM_TIMES=1 timeout 150 $D/cuda_ops_test \
     --gtest_filter='*StreamGemmTimes*' > $OUT/times_resident.txt 2>&1
   echo "-- times, x resident from 1 row: rc=$? ($((SECONDS - T0)) s)"
-  grep "stream v[4-8]" $OUT/times_resident.txt
+  grep "stream v[4-9]" $OUT/times_resident.txt
 fi
 if want bench; then
   wait $SYNTH_PID; echo "synth rc=$? ($((SECONDS - T0)) s)"
   ALL=BLOCKSPEC_STREAM_MAX_MIB=4096
   V5=BLOCKSPEC_STREAM_VARIANT=5+$ALL V7=BLOCKSPEC_STREAM_VARIANT=7+$ALL
   V8=BLOCKSPEC_STREAM_VARIANT=8+$ALL NOFUSE=BLOCKSPEC_STREAM_FUSE=0
-  VARIANTS=${VARIANTS:-"auto $V5+$NOFUSE $V7+$NOFUSE $V8+$NOFUSE $V8 $V7"}
+  V9=BLOCKSPEC_STREAM_VARIANT=9+$ALL
+  VARIANTS=${VARIANTS:-"auto $V5+$NOFUSE $V8+$NOFUSE $V9+$NOFUSE $V9"}
   for v in $VARIANTS; do
-    if [ $BULK_OK = 0 ] && [[ "$v" == *VARIANT=[4-8]* ]]; then echo "-- $v skipped"; continue; fi
+    if [ $BULK_OK = 0 ] && [[ "$v" == *VARIANT=[4-9]* ]]; then echo "-- $v skipped"; continue; fi
     tag=${v//[^A-Za-z0-9]/_}; e=${v//+/ }; gemv=stream
     [ "$v" = - ] && e= && tag=stream_default
     [ "$v" = auto ] && e= && gemv=auto

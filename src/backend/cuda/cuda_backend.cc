@@ -48,9 +48,12 @@ namespace bs::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-// Tiles of 32 output features (kStreamSplitTile) the stream GEMM's k split counts
-// (StreamSplitSpace): up to 2,097,152 output features (the largest LM head is ~262k).
+// The stream GEMM's k split (variants 8, 9; StreamSplitSpace), a set a stream, allocated when a
+// split variant is chosen: counters for units of 16 or 32 output features (up to 1,048,576
+// features: the largest LM head is ~262k), slots for every (unit, span) of Qwen3-8B's LM head at
+// 16 rows (variant 9: 9,496 units x 4 spans x 272 floats = 41 MB); larger products do not split.
 constexpr int64_t kSplitCounters = 1 << 16;
+constexpr size_t kSplitPartialBytes = 64u << 20;
 // copy_from_host's pinned staging ring, in kRingSlices slices (each with the event of the last
 // upload that reads it).
 constexpr size_t kPinnedRingBytes = 32u << 20;
@@ -270,11 +273,6 @@ class CudaBackend final : public Backend {
     // The side stream (beside()): its own cuBLASLt workspace, fork / join events.
     CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&side_workspace_, kWorkspaceBytes));
-    // The stream GEMM's split counters (variant 8), one set a stream, zero between launches.
-    for (unsigned** c : {&split_counters_, &side_split_counters_}) {
-      CUDA_CHECK(cudaMalloc(c, kSplitCounters * sizeof(unsigned)));
-      CUDA_CHECK(cudaMemset(*c, 0, kSplitCounters * sizeof(unsigned)));
-    }
     CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming));
     CUDA_CHECK(cudaMalloc(&argmax_keys_, kArgmaxKeys * sizeof(uint64_t)));
@@ -313,8 +311,11 @@ class CudaBackend final : public Backend {
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(side_workspace_);
-    cudaFree(split_counters_);
-    cudaFree(side_split_counters_);
+    for (void* p :
+         {static_cast<void*>(split_counters_), static_cast<void*>(side_split_counters_),
+          static_cast<void*>(split_partials_), static_cast<void*>(side_split_partials_)}) {
+      if (p) cudaFree(p);
+    }
     cudaEventDestroy(fork_ev_);
     cudaEventDestroy(join_ev_);
     cudaStreamDestroy(side_stream_);
@@ -340,6 +341,7 @@ class CudaBackend final : public Backend {
   void set_stream_options(int variant, int64_t max_mib) {
     stream_variant_ = std::clamp(variant, 0, kStreamVariants - 1);
     stream_max_bytes_ = max_mib << 20;
+    if (stream_splits(stream_variant_)) allocate_split_space();
     ++capture_generation_;
   }
   void set_stream_fusion(bool on) {
@@ -656,6 +658,7 @@ class CudaBackend final : public Backend {
     std::swap(stream_, side_stream_);
     std::swap(workspace_, side_workspace_);
     std::swap(split_counters_, side_split_counters_);
+    std::swap(split_partials_, side_split_partials_);
     on_side_ = true;
     struct Restore {
       CudaBackend* b;
@@ -663,6 +666,7 @@ class CudaBackend final : public Backend {
         std::swap(b->stream_, b->side_stream_);
         std::swap(b->workspace_, b->side_workspace_);
         std::swap(b->split_counters_, b->side_split_counters_);
+        std::swap(b->split_partials_, b->side_split_partials_);
         b->on_side_ = false;
       }
     };
@@ -718,14 +722,41 @@ class CudaBackend final : public Backend {
              algo_n);
   }
 
-  // The stream GEMM's split space on the current stream (variant 8, stream_gemm.h): its partial
-  // sums in the cuBLASLt workspace (stream-ordered like cuBLASLt's own use of it; the sizes, so
-  // which matrices split, are fixed per backend), its counters beside.
+  // The stream GEMM's split space on the current stream (variants 8, 9, stream_gemm.h): its own
+  // slots and counters (the sizes, so which matrices split, are fixed per backend). Without it
+  // (not yet allocated, or the allocation failed) nothing splits.
   StreamSplitSpace split_space() const {
-    return {static_cast<float*>(workspace_), kWorkspaceBytes, split_counters_, kSplitCounters};
+    if (!split_partials_) return {};
+    return {split_partials_, kSplitPartialBytes, split_counters_, kSplitCounters};
   }
   int stream_split_count(int64_t m, int64_t k) const {
-    return bs::cuda::stream_split_count(m, k, split_space());
+    return bs::cuda::stream_split_count(m, k, stream_variant_, split_space());
+  }
+  // Both streams' split spaces, once (a split variant chosen; not while capturing). A failed
+  // allocation leaves them unallocated (products unsplit) and clears its error.
+  void allocate_split_space() {
+    if (split_partials_) return;
+    bool ok = true;
+    for (unsigned** c : {&split_counters_, &side_split_counters_}) {
+      ok = ok && cudaMalloc(c, kSplitCounters * sizeof(unsigned)) == cudaSuccess &&
+           cudaMemset(*c, 0, kSplitCounters * sizeof(unsigned)) == cudaSuccess;
+    }
+    for (float** p : {&split_partials_, &side_split_partials_}) {
+      ok = ok && cudaMalloc(p, kSplitPartialBytes) == cudaSuccess;
+    }
+    if (ok) return;
+    cudaGetLastError();
+    for (void** p : {reinterpret_cast<void**>(&split_counters_),
+                     reinterpret_cast<void**>(&side_split_counters_),
+                     reinterpret_cast<void**>(&split_partials_),
+                     reinterpret_cast<void**>(&side_split_partials_)}) {
+      if (*p) cudaFree(*p);
+      *p = nullptr;
+    }
+    std::fprintf(stderr,
+                 "blockspec: no device memory for the stream GEMM's k-split slots (%zu MiB); "
+                 "products stay unsplit\n",
+                 2 * kSplitPartialBytes >> 20);
   }
 
   static bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
@@ -1503,6 +1534,7 @@ class CudaBackend final : public Backend {
     }
     if (const auto v = env_int("BLOCKSPEC_STREAM_VARIANT", 0, kStreamVariants - 1)) {
       stream_variant_ = static_cast<int>(*v);
+      if (stream_splits(stream_variant_)) allocate_split_space();
     }
     if (const auto v = env_int("BLOCKSPEC_STREAM_MAX_MIB", 0, int64_t{1} << 20)) {
       stream_max_bytes_ = *v << 20;
@@ -1855,6 +1887,8 @@ class CudaBackend final : public Backend {
   void* side_workspace_ = nullptr;
   unsigned* split_counters_ = nullptr;  // split_space(); swapped with the side stream's
   unsigned* side_split_counters_ = nullptr;
+  float* split_partials_ = nullptr;
+  float* side_split_partials_ = nullptr;
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // work was queued beside and stream_ has not waited for it yet
   bool beside_ = true;         // false: beside() runs its ops on stream_ (BLOCKSPEC_BESIDE=0)

@@ -1,4 +1,4 @@
-// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-8 (BF16
+// Weight-streaming skinny GEMMs with bulk copies (issue 17): stream_gemm.h variants 4-9 (BF16
 // weights, y[r, j] (+)= sum_c x[r, c] w[j, c] (+ bias[j]), plain or with x's RMSNorm / SwiGLU
 // fused) and the FP8 weight-only product's bulk kernel (kernels.h, fp8_bulk_matmul), the weights
 // arriving through the Hopper bulk-copy engine instead of 16-byte loads per lane.
@@ -34,7 +34,7 @@
 // that share it; SwiGLU has no such form. The consumers read the same values in the same order
 // every way. A configuration's stage count is what fits in shared memory, up to its maximum.
 //
-// Variant 8 splits k into spans (stream_gemm.h, StreamSplitSpace): a block per (32-feature tile,
+// Variants 8 and 9 split k into spans (stream_gemm.h, StreamSplitSpace): a block per (tile,
 // span), the tile's last block adding the spans' partial sums from global memory in span order;
 // x resident a span at a time. Within a span the arithmetic is variant 1's (as 4, 5 and 7).
 //
@@ -112,10 +112,10 @@ template <int CW>
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");
 }
-// Named barriers between the consumers and variant 8's epilogue warp, a pair each (unit parity):
-// part holds a unit's partials (the consumers arrive, the epilogue warp waits), part is free again
-// (the other way round). Arrival does not wait; it orders the arriving threads' shared-memory
-// writes before the waiting threads' reads.
+// Named barriers between the consumers and the split variants' epilogue warp, a pair each (unit
+// parity): part holds a unit's partials (the consumers arrive, the epilogue warp waits), part is
+// free again (the other way round). Arrival does not wait; it orders the arriving threads'
+// shared-memory writes before the waiting threads' reads.
 constexpr int kFullBar = 2, kFreeBar = 4;
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -150,8 +150,10 @@ int g_resident_rows = kStreamResidentRows;
 // row a stage; S_MAX stages (fewer where shared memory ends: S); MT m16 tiles (16 output features
 // each) a stage; NT m16n8 column tiles (8 x rows each); CW consumer warps; FP8 or BF16 weights;
 // the x form; x resident (XR: x's rows, derived, in shared memory for the whole launch, the
-// stages carrying weights only) or a chunk a stage beside the weights.
-template <int KC_, int S_MAX, int MT_, int NT_, int CW_, bool FP8_, StreamX XS_, bool XR_>
+// stages carrying weights only) or a chunk a stage beside the weights; EW: units end in an
+// epilogue warp of its own (the k-split layouts, x resident).
+template <int KC_, int S_MAX, int MT_, int NT_, int CW_, bool FP8_, StreamX XS_, bool XR_,
+          bool EW_ = false>
 struct Bulk {
   static constexpr int KC = KC_, MT = MT_, NT = NT_, CW = CW_;
   static constexpr bool kFp8 = FP8_, kXR = XR_;
@@ -186,18 +188,26 @@ struct Bulk {
       (kBarOffset + (2 * S + 2) * sizeof(uint64_t) + 127) / 128 * 128;
   static constexpr size_t kXResBytes = kXR ? (kSmemLimit - kXResOffset) / 128 * 128 : 0;
   static constexpr size_t kBytes = kXResOffset + kXResBytes;  // the most a launch asks for
-  // Variant 8's layout (32 features a stage, x resident) finishes its units in an epilogue warp
-  // of its own, so that the consumers never wait for the split exchange (fence, counter, loads).
-  static constexpr bool kEW = MT == 2 && kXR;
+  // The split layouts finish their units in an epilogue warp of its own, so that the consumers
+  // never wait for the split exchange (fence, counter, loads).
+  static constexpr bool kEW = EW_ && kXR;
+  // A split unit's slot (stream_gemm.h, StreamSplitSpace): its partial sums (kWRows features x
+  // 16 rows, in the consumers' fragment order), then its span's 16 sums of squares.
+  static constexpr int kSsOffset = kWRows * 16;
+  static constexpr int kSlotFloats = kSsOffset + 16;
   static constexpr int kThreads = (CW + 1 + (kEW ? 1 : 0)) * 32;
+  // Blocks an SM the registers must allow: two for the 16-feature BF16 layouts of four consumer
+  // warps, whose shared memory lets two share an SM (the fused forms' prologue would take ~200
+  // registers a thread, which leaves room for one block of 192 threads; without spills).
+  static constexpr int kMinBlocks = MT == 1 && !kFp8 && CW == 4 ? 2 : 1;
   static_assert(KC % (kSub * CW) == 0, "a stage splits evenly over the consumer warps");
   static_assert(kStageBytes % 16 == 0 && kBarOffset % 8 == 0, "alignment");
   static_assert(S >= 2 && kBytes <= kSmemLimit, "at least two stages fit");
   static_assert(!kXR || kSmemLimit > kXResOffset, "room for resident rows");
   static_assert(kWRows <= 32, "one producer lane a weight row");
   static_assert(kXR || !kSwiglu, "SwiGLU is derived once, into resident rows");
-  // Resident x rows' stride in bytes (a row of `span` k-elements: k, or variant 8's span): rows g
-  // and g + 1 padded apart as in a stage.
+  // Resident x rows' stride in bytes (a row of `span` k-elements: k, or a split variant's span):
+  // rows g and g + 1 padded apart as in a stage.
   __host__ __device__ static constexpr int64_t x_stride(int64_t span) {
     return (span * 2 + 127) / 128 * 128 + kXPad;
   }
@@ -249,8 +259,8 @@ __device__ __forceinline__ uint4 swiglu8(uint4 gate, uint4 up) {
 }
 
 // The consumers' prologue, once a launch, over the block's k-elements [k_lo, k_lo + len) (all of
-// k, or variant 8's span): each x row's sum of squares there (kRmsNormed) into row_ss, and, with
-// x resident, the derived rows (x * g, or silu(gate) * up) into x_res. Consumer thread q takes
+// k, or a split variant's span): each x row's sum of squares there (kRmsNormed) into row_ss, and,
+// with x resident, the derived rows (x * g, or silu(gate) * up) into x_res. Consumer thread q takes
 // the 8-element vectors q, q + T, ... of every row (T consumer threads) and sums its squares in
 // that order; row r's T partials are then summed by one warp (lane l: partials l, l + 32, ...,
 // then a butterfly). Neither depends on n or on the row's place in the launch. Loads go kBatch
@@ -315,14 +325,16 @@ __device__ __forceinline__ void derive_x(const BulkX& x, int n, int64_t k, int64
   consumers_sync<C::CW>();  // x_res and row_ss complete; the partials free again
 }
 
-// Where a launch's k is split (variant 8, stream_gemm.h): `splits` spans of `span` k-elements
-// (the last one shorter), the slots and counters of StreamSplitSpace. splits == 1: span == k.
+// Where a launch's k is split (variants 8, 9; stream_gemm.h): `splits` spans of `span`
+// k-elements (the last one shorter), units of `unit_rows` output features, the slots and counters
+// of StreamSplitSpace. splits == 1: span == k.
 struct BulkSplit {
   int splits = 1;
   int64_t span = 0;
+  int unit_rows = 0;
   float* partials = nullptr;
   unsigned* counters = nullptr;
-  static BulkSplit whole(int64_t k) { return BulkSplit{1, k, nullptr, nullptr}; }
+  static BulkSplit whole(int64_t k) { return BulkSplit{1, k, 0, nullptr, nullptr}; }
 };
 
 // What finishing a unit needs: stream_bulk_kernel's operands and shared memory.
@@ -369,13 +381,13 @@ __device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, 
   }
   release();
   if (splits > 1) {
-    float* mine = u.split.partials + unit * kStreamSplitSlotFloats;
+    float* mine = u.split.partials + unit * C::kSlotFloats;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
       if (t + e * T < kTile) __stcg(mine + t + e * T, sums[e]);
     }
     if constexpr (C::kNorm) {
-      for (int r = t; r < u.n; r += T) __stcg(mine + kStreamSplitSsOffset + r, u.row_ss[r]);
+      for (int r = t; r < u.n; r += T) __stcg(mine + C::kSsOffset + r, u.row_ss[r]);
     }
     __threadfence();
     sync();
@@ -387,7 +399,7 @@ __device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, 
     }
     sync();
     if (!*u.last_of_tile) return;
-    const float* tile_slots = u.split.partials + tile * splits * kStreamSplitSlotFloats;
+    const float* tile_slots = u.split.partials + tile * splits * C::kSlotFloats;
     constexpr int kBatch = kPer >= 8 ? 2 : 4;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) sums[e] = 0.0f;
@@ -399,9 +411,9 @@ __device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, 
         for (int e = 0; e < kPer; ++e) {
           const int q = t + e * T;
           const bool ok = sp0 + b < splits && q < kTile;
-          const float* slot = tile_slots + (sp0 + b) * kStreamSplitSlotFloats;
+          const float* slot = tile_slots + (sp0 + b) * C::kSlotFloats;
           v[b][e] = ok ? __ldcg(slot + q) : 0.0f;
-          vs[b][e] = C::kNorm && ok ? __ldcg(slot + kStreamSplitSsOffset + col_of(q)) : 0.0f;
+          vs[b][e] = C::kNorm && ok ? __ldcg(slot + C::kSsOffset + col_of(q)) : 0.0f;
         }
       }
 #pragma unroll
@@ -452,7 +464,7 @@ __device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, 
 // splits, so that a block's units all have its span (blockIdx.x % splits): x's span is resident,
 // or derived, once a launch.
 template <class C, typename TY>
-__global__ void __launch_bounds__(C::kThreads, 1)
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     stream_bulk_kernel(TY* y, BulkX x, const unsigned char* w, const float* w_scale,
                        const float* bias, int n, int64_t m, int64_t k, int64_t tiles,
                        int64_t l2_stages, int64_t xs, bool accumulate, BulkSplit split) {
@@ -471,9 +483,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   int* last_of_tile = reinterpret_cast<int*>(x_ready + 1);  // split: this block adds the spans
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t G = gridDim.x;  // a multiple of split.splits
-  // launch_bulk_typed splits only the 32-feature resident layouts; a unit's partial sums fit a
-  // slot (stream_gemm.h) in every layout.
-  static_assert(kTile <= kStreamSplitSsOffset, "a split slot holds a unit's sums");
+  // launch_bulk_typed splits only the resident layouts with an epilogue warp; a unit's partial
+  // sums fit its slot in every layout.
+  static_assert(kTile <= C::kSsOffset, "a split slot holds a unit's sums");
   const int splits = split.splits;
   const int64_t k_lo = (blockIdx.x % splits) * split.span;  // this block's k-elements
   const int64_t k_len = min64(split.span, k - k_lo);
@@ -692,7 +704,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     }
     // The unit's end: the consumer warps' partials into part (double-buffered by unit parity),
     // then summed and stored by finish_unit: by the consumers themselves (one barrier a unit
-    // suffices), or, in variant 8's layout, by the epilogue warp while they go on.
+    // suffices), or, in the split layouts, by the epilogue warp while they go on.
     float* part = red + (tt & 1) * CW * kTile;
     if constexpr (C::kEW) {  // the epilogue warp has read part's unit tt - 2
       if (tt >= 2) named_sync(kFreeBar + (tt & 1), (CW + 1) * 32);
@@ -732,8 +744,8 @@ cudaError_t launch_bulk_typed(TY* y, BulkX x, const void* w, const float* w_scal
     cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev);
     return std::max(1, count);
   }();
-  // Only the 32-feature resident layouts split (a unit a slot, a span of x resident).
-  if (split.splits > 1 && (C::kWRows != kStreamSplitTile || !C::kXR)) return cudaErrorInvalidValue;
+  // Only the resident layouts with an epilogue warp split, with the units split_for counted.
+  if (split.splits > 1 && (C::kWRows != split.unit_rows || !C::kEW)) return cudaErrorInvalidValue;
   // One wave: the blocks resident at this launch's shared memory (x resident asks for its rows'
   // bytes only, so few rows let two blocks share an SM: twice the weight stages in flight),
   // remembered per size.
@@ -776,21 +788,23 @@ cudaError_t launch_bulk(Out y, BulkX x, const void* w, const float* w_scale, con
                               accumulate, s, split);
 }
 
-// Variant 8's split of an [m, k] product with this space (stream_gemm.h, stream_split_count):
-// `splits` spans of a 64-element multiple, as even as that allows, none longer than
-// kStreamSplitSpan; {1, k} where k is one span or the space is too small for m.
-BulkSplit split_for(int64_t m, int64_t k, const StreamSplitSpace& space) {
-  int64_t splits = (k + kStreamSplitSpan - 1) / kStreamSplitSpan;
-  const int64_t tiles = (m + kStreamSplitTile - 1) / kStreamSplitTile;
+// A split variant's split of an [m, k] product with this space (stream_gemm.h,
+// stream_split_count): `splits` spans of a 64-element multiple, as even as that allows, none
+// longer than `span_max`, over units of `unit_rows` features (slots of 16 floats a feature and 16
+// more); {1, k} where k is one span or the space is too small for m.
+BulkSplit split_for(int64_t m, int64_t k, int unit_rows, int64_t span_max,
+                    const StreamSplitSpace& space) {
+  int64_t splits = (k + span_max - 1) / span_max;
+  const int64_t units = (m + unit_rows - 1) / unit_rows;
+  const int64_t slot_floats = int64_t{unit_rows} * 16 + 16;
   if (splits <= 1 || space.partials == nullptr || space.counters == nullptr ||
-      tiles > space.counter_count ||
-      static_cast<size_t>(tiles * splits * kStreamSplitSlotFloats) * sizeof(float) >
-          space.partial_bytes) {
+      units > space.counter_count ||
+      static_cast<size_t>(units * splits * slot_floats) * sizeof(float) > space.partial_bytes) {
     return BulkSplit::whole(k);
   }
   const int64_t span = ((k + splits - 1) / splits + 63) / 64 * 64;
   splits = (k + span - 1) / span;  // rounding up the span may leave the last one empty
-  return BulkSplit{static_cast<int>(splits), span, space.partials, space.counters};
+  return BulkSplit{static_cast<int>(splits), span, unit_rows, space.partials, space.counters};
 }
 
 // x resident where its rows fit beside the ring (most of shared memory: 16 rows of k <= 4096,
@@ -799,25 +813,25 @@ BulkSplit split_for(int64_t m, int64_t k, const StreamSplitSpace& space) {
 // n / 16 of BF16 weights' bytes), 32 beyond (sharing each x chunk); SwiGLU, whose operand is
 // derived once a launch into resident rows, then has no kernel (cudaErrorNotSupported: swiglu
 // then the plain product gives the same bits). The same arithmetic every way: a row's bits
-// never depend on the choice. Variant 8 (MT 2): resident wherever its rows fit, 32 features a
-// stage; its k split only so (launch_bulk_typed).
-template <int KC, int S, int MT, int CW, bool FP8, StreamX XS, int NT>
-using Resident = Bulk<KC, S, MT, NT, CW, FP8, XS, true>;
+// never depend on the choice. The split variants (EW: an epilogue warp): resident wherever their
+// rows fit; their k split only so (launch_bulk_typed).
+template <int KC, int S, int MT, int CW, bool FP8, StreamX XS, int NT, bool EW = false>
+using Resident = Bulk<KC, S, MT, NT, CW, FP8, XS, true, EW>;
 
-template <int KC, int S, int MT, int CW, bool FP8>
+template <int KC, int S, int MT, int CW, bool FP8, bool EW = false>
 bool resident_fits(int64_t n, int64_t k) {
-  return n <= 8 ? Resident<KC, S, MT, CW, FP8, StreamX::kSwiglu, 1>::fits(n, k)
-                : Resident<KC, S, MT, CW, FP8, StreamX::kSwiglu, 2>::fits(n, k);
+  return n <= 8 ? Resident<KC, S, MT, CW, FP8, StreamX::kSwiglu, 1, EW>::fits(n, k)
+                : Resident<KC, S, MT, CW, FP8, StreamX::kSwiglu, 2, EW>::fits(n, k);
 }
 
-template <int KC, int S, int MT, int CW, bool FP8, StreamX XS>
+template <int KC, int S, int MT, int CW, bool FP8, StreamX XS, bool EW = false>
 cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, const float* bias,
                         int n, int64_t m, int64_t k, bool accumulate, cudaStream_t s,
                         BulkSplit split) {
-  using R1 = Resident<KC, S, MT, CW, FP8, XS, 1>;
-  using R2 = Resident<KC, S, MT, CW, FP8, XS, 2>;
-  // set_stream_resident_rows; variant 8 always.
-  const bool resident = XS != StreamX::kRows || n >= g_resident_rows || MT == 2;
+  using R1 = Resident<KC, S, MT, CW, FP8, XS, 1, EW>;
+  using R2 = Resident<KC, S, MT, CW, FP8, XS, 2, EW>;
+  // set_stream_resident_rows; the split variants always.
+  const bool resident = XS != StreamX::kRows || n >= g_resident_rows || EW;
   if (resident && n <= 8 && R1::fits(n, split.span)) {
     return launch_bulk<R1>(y, x, w, w_scale, bias, n, m, k, accumulate, s, split);
   }
@@ -836,13 +850,17 @@ cudaError_t launch_rows(Out y, BulkX x, const void* w, const float* w_scale, con
 }
 
 // The BF16 bulk variants (stream_gemm.h): k-elements of a weight row a stage, ring depth,
-// consumer warps, k split over blocks (then 32 features a resident stage). with_variant calls f
-// with variant v's as a BulkVariant (4-8; others: 7).
-template <int KC_, int S_, int CW_, bool kSplit_ = false>
+// consumer warps; the split variants' m16 tiles a resident stage (its unit) and longest span.
+// with_variant calls f with variant v's as a BulkVariant (4-9; others: 7).
+template <int KC_, int S_, int CW_, int kSplitMT_ = 0, int64_t kSpanMax_ = 0>
 struct BulkVariant {
   static constexpr int KC = KC_, S = S_, CW = CW_;
-  static constexpr bool kSplit = kSplit_;
-  static constexpr int kResidentMT = kSplit ? 2 : 1;
+  static constexpr bool kSplit = kSplitMT_ > 0;
+  static constexpr int kResidentMT = kSplit ? kSplitMT_ : 1;
+  static constexpr int64_t kSpanMax = kSpanMax_;
+  static BulkSplit split(int64_t m, int64_t k, const StreamSplitSpace& space) {
+    return kSplit ? split_for(m, k, 16 * kResidentMT, kSpanMax, space) : BulkSplit::whole(k);
+  }
 };
 template <class F>
 auto with_variant(int variant, F&& f) {
@@ -854,7 +872,9 @@ auto with_variant(int variant, F&& f) {
     case 6:
       return f(BulkVariant<512, 4, 8>{});
     case 8:
-      return f(BulkVariant<512, 4, 4, true>{});
+      return f(BulkVariant<512, 4, 4, 2, 2048>{});
+    case 9:
+      return f(BulkVariant<512, 4, 4, 1, 1024>{});
     default:
       return f(BulkVariant<512, 8, 4>{});
   }
@@ -866,26 +886,28 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
                            const StreamSplitSpace& space) {
   return with_variant(variant, [&](auto v) {
     using V = decltype(v);
-    const BulkSplit split = V::kSplit ? split_for(m, k, space) : BulkSplit::whole(k);
-    return launch_rows<V::KC, V::S, V::kResidentMT, V::CW, false, XS>(y, x, w, nullptr, bias, n, m,
-                                                                      k, accumulate, s, split);
+    return launch_rows<V::KC, V::S, V::kResidentMT, V::CW, false, XS, V::kSplit>(
+        y, x, w, nullptr, bias, n, m, k, accumulate, s, V::split(m, k, space));
   });
 }
 
 }  // namespace
 
-bool stream_fuses(int variant) { return variant >= 4 && variant <= 8; }
+bool stream_fuses(int variant) { return variant >= 4 && variant <= 9; }
 
-int stream_split_count(int64_t m, int64_t k, const StreamSplitSpace& space) {
-  return split_for(m, k, space).splits;
+bool stream_splits(int variant) { return variant == 8 || variant == 9; }
+
+int stream_split_count(int64_t m, int64_t k, int variant, const StreamSplitSpace& space) {
+  if (!stream_splits(variant)) return 1;
+  return with_variant(variant, [&](auto v) { return decltype(v)::split(m, k, space).splits; });
 }
 
 bool stream_swiglu_fuses(int64_t n, int64_t m, int64_t k, int variant,
                          const StreamSplitSpace& space) {
   return stream_fuses(variant) && with_variant(variant, [&](auto v) {
            using V = decltype(v);
-           const int64_t span = V::kSplit ? split_for(m, k, space).span : k;
-           return resident_fits<V::KC, V::S, V::kResidentMT, V::CW, false>(n, span);
+           return resident_fits<V::KC, V::S, V::kResidentMT, V::CW, false, V::kSplit>(
+               n, V::split(m, k, space).span);
          });
 }
 

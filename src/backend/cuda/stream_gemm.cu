@@ -323,6 +323,7 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
     case 6:
     case 7:
     case 8:
+    case 9:
       return stream_gemm_fused(y, StreamX::kRows, x, nullptr, 0.0f, w, bias, n, m, k, accumulate, s,
                                variant, space);
     default:  // the fastest on the Qwen3-8B o_proj, 1 and 16 rows (docs/BENCHMARKS.md)

@@ -11,10 +11,10 @@
 //     persistent one-wave grid whose blocks stream their tiles back to back, warps on
 //     interleaved 32-wide k chunks;
 //   variant 2: a ring of registers (4 stages), one block per tile, warps on contiguous k ranges;
-//   variants 4-8 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
-//     four (4, 5, 7: variant 1's k split and bits) or eight (6: variant 0's) consumer warps read,
-//     x resident in shared memory where it fits, with fused forms (StreamX below); variant 8 also
-//     splits k over blocks (StreamSplitSpace below).
+//   variants 4-9 (stream_bulk.cu): a producer warp's bulk copies into a ring of stages that
+//     four (4, 5, 7-9: variant 1's k split and bits) or eight (6: variant 0's) consumer warps
+//     read, x resident in shared memory where it fits, with fused forms (StreamX below); variants
+//     8 and 9 also split k over blocks (StreamSplitSpace below).
 // Row r's arithmetic (the k split, the order of every sum) depends only on k and the variant,
 // never on n: a 1-row decode equals row 0 of a 16-row verify bit for bit. Deterministic (no
 // atomics). Measured on an H200 (docs/BENCHMARKS.md, session 10): variant 0 beats cuBLASLt on
@@ -31,40 +31,39 @@ namespace bs::cuda {
 // 2 = registers 8 x 4, 3 = cp.async 4 x 16; 4-7 = bulk copies (stream_bulk.cu: one producer
 // warp; 4: four consumer warps, 512-byte row pieces x 8 stages; 5: four, 1 KiB x 4; 6: eight,
 // 1 KiB x 4; 7: four, 1 KiB x 8, i.e. variant 5's 128 KiB in flight an SM in one block where 5
-// needs two; 8: four, 4 stages of 32 rows x 1 KiB, x resident, k split over blocks, below); kept
-// for measurement
-// (BLOCKSPEC_STREAM_VARIANT). Results differ between variants (another k split), never between
-// row counts.
-constexpr int kStreamVariants = 9;
+// needs two); 8, 9 = bulk copies with k split over blocks and x resident (below; 8: 4 stages of
+// 32 rows x 1 KiB, one block an SM; 9: 4 stages of 16 rows x 1 KiB, two blocks an SM); kept for
+// measurement (BLOCKSPEC_STREAM_VARIANT). Results differ between variants (another k split),
+// never between row counts.
+constexpr int kStreamVariants = 10;
 
-// Variant 8 splits k into spans of at most kStreamSplitSpan elements (as even as 64-element
-// multiples allow: k = 4096 -> 2 x 2048, 12288 -> 6 x 2048) and gives each (32-feature tile,
-// span) to its own block, so that 16 rows of a span (64 KiB) stay resident in shared memory
-// beside a ring of 4 stages of 32 weight rows x 1 KiB (128 KiB of weights in flight an SM; 16
-// rows of the whole k = 4096 leave room for 64 KiB only). The spans' sums meet in global memory:
-// each block stores its tile's partial sums (and, for the fused RMSNorm, its span's sums of
-// squares) in a slot, counts its arrival on the tile's counter, and the last of the tile's
-// blocks adds the slots in span order (whichever block arrives last: deterministic) and writes
-// y. 32-feature units (128 KiB of weights a unit at 2048 k) keep that exchange's latency a
-// fraction of a unit's stream, and an epilogue warp of its own does it while the consumer warps
-// go on with the next unit. Within a span variant 1's k split: where k is one span, variant
-// 1's bits. A row's bits depend on k and m only. The space a stream's launches use, one after
-// another (a launch leaves the counters zero, as it found them):
-constexpr int64_t kStreamSplitSpan = 2048;
+// Variants 8 and 9 split k into spans (as even as 64-element multiples allow) and give each
+// (unit of output features, span) to its own block, so that 16 rows of a span stay resident in
+// shared memory beside the ring of weight stages:
+//   variant 8: 32-feature units, spans of at most 2,048 (k = 4096 -> 2, 12288 -> 6): 64 KiB of
+//     rows beside 4 x 32 KiB of stages, one block an SM;
+//   variant 9: 16-feature units, spans of at most 1,024 (4096 -> 4, 12288 -> 12): 33 KiB of rows
+//     beside 4 x 17 KiB, ~111 KB a block, so two blocks share an SM (variant 5's layout, which
+//     streams fastest at 1 row) at 16 rows too.
+// The spans' sums meet in global memory: each block stores its unit's partial sums (and, for the
+// fused RMSNorm, its span's sums of squares) in a slot, counts its arrival on the unit's counter,
+// and the last of the unit's blocks adds the slots in span order (whichever block arrives last:
+// deterministic) and writes y, in an epilogue warp of its own while the consumer warps go on
+// with the next unit. Within a span variant 1's k split: where k is one span, variant 1's bits.
+// A row's bits depend on k, m and the variant only. The space a stream's launches use, one after
+// another (a launch leaves the counters zero, as it found them); where it holds too few slots or
+// counters for m, the product is not split (the same choice for every row count):
 struct StreamSplitSpace {
-  float* partials = nullptr;  // kStreamSplitSlotFloats a (tile, span)
+  float* partials = nullptr;  // a slot a (unit, span): the unit's features x 16 rows, 16 sums
   size_t partial_bytes = 0;
-  unsigned* counters = nullptr;  // one a tile, zero between launches
+  unsigned* counters = nullptr;  // one a unit, zero between launches
   int64_t counter_count = 0;
 };
-// A split unit's output features, and a slot: its partial sums (32 features x 16 rows), then
-// its span's 16 sums of squares.
-constexpr int64_t kStreamSplitTile = 32;
-constexpr int64_t kStreamSplitSsOffset = kStreamSplitTile * 16;
-constexpr int64_t kStreamSplitSlotFloats = kStreamSplitSsOffset + 16;
-// The spans variant 8 splits an [m, k] product into with this space: ceil(k / kStreamSplitSpan),
-// or 1 where the space holds too few slots or counters for m.
-int stream_split_count(int64_t m, int64_t k, const StreamSplitSpace& space);
+// The spans variant `variant` splits an [m, k] product into with this space (1: not split, or a
+// variant that never splits).
+int stream_split_count(int64_t m, int64_t k, int variant, const StreamSplitSpace& space);
+// Whether a variant splits k.
+bool stream_splits(int variant);
 
 // Whether stream_gemm takes these operands: 1 <= n <= kSkinnyMaxRows, k % 8 == 0, x and w 16-byte
 // aligned. Others go to cuBLASLt.
@@ -104,10 +103,10 @@ void set_stream_l2_prefetch(int64_t bytes);
 constexpr int kStreamResidentRows = 9;
 void set_stream_resident_rows(int rows);
 
-// Whether a variant has the fused forms (the bulk variants, 4-8).
+// Whether a variant has the fused forms (the bulk variants, 4-9).
 bool stream_fuses(int variant);
 // Whether the SwiGLU form takes n rows of an [m, k] product (x resident: about 150 KiB of rows, or
-// of a span with variant 8).
+// of a span with variants 8 and 9).
 bool stream_swiglu_fuses(int64_t n, int64_t m, int64_t k, int variant,
                          const StreamSplitSpace& space = {});
 
