@@ -102,8 +102,8 @@ def main():
     by_name = collections.defaultdict(lambda: [0.0, 0.0, 0])
     for i in range(kind):
         entry = by_name[replays[0][i][2]]
-        entry[0] += statistics.mean(advance[i])
-        entry[1] += statistics.mean(own[i])
+        entry[0] += statistics.mean(advance[i]) / 1e3
+        entry[1] += statistics.mean(own[i]) / 1e3
         entry[2] += 1
     print(f"\nstep with {kind} kernels, {len(replays)} replays: per kernel name, summed over the "
           f"step's positions (advance = its share of the wall time)")
