@@ -352,95 +352,92 @@ struct UnitEnd {
   int* last_of_tile;    // split: whether this block adds the tile's spans
 };
 
-// A unit's end in pieces, for T threads (this one: t), kPer outputs a thread:
-// The output at fragment position q: its x row (mma column) and its feature within the tile.
-template <class C>
-__device__ __forceinline__ int col_of(int q) {
-  const int nt = (q / 128) % C::NT, e = (q / 32) % 4, l = q % 32;
-  return nt * 8 + 2 * (l & 3) + (e & 1);
-}
-template <class C, int T>
-struct UnitShape {
-  static constexpr int kTile = C::MT * C::NT * 128, kPer = (kTile + T - 1) / T;
-};
-// Each output's sum over the consumer warps' partials part [CW][kTile], in warp order.
-template <class C, int T>
-__device__ __forceinline__ void sum_warps(const float* part, int t,
-                                          float (&sums)[UnitShape<C, T>::kPer]) {
-  using U = UnitShape<C, T>;
-#pragma unroll
-  for (int e = 0; e < U::kPer; ++e) {
-    const int q = t + e * T;
-    sums[e] = 0.0f;
-    if (q >= U::kTile) break;
-#pragma unroll
-    for (int wi = 0; wi < C::CW; ++wi) sums[e] += part[wi * U::kTile + q];
-  }
-}
-// A split unit's sums (and its span's sums of squares) into its slot; visible to the other
-// blocks after a __threadfence.
-template <class C, int T, typename TY>
-__device__ __forceinline__ void store_slot(const UnitEnd<TY>& u, int64_t unit, int t,
-                                           const float (&sums)[UnitShape<C, T>::kPer]) {
-  using U = UnitShape<C, T>;
-  float* mine = u.split.partials + unit * C::kSlotFloats;
-#pragma unroll
-  for (int e = 0; e < U::kPer; ++e) {
-    if (t + e * T < U::kTile) __stcg(mine + t + e * T, sums[e]);
-  }
-  if constexpr (C::kNorm) {
-    for (int r = t; r < u.n; r += T) __stcg(mine + C::kSsOffset + r, u.row_ss[r]);
-  }
-}
-// The tile's sums over all its spans' slots, added in span order (a batch of spans' loads issued
-// together: the L2 latency once a batch, not once a value); sss: the rows' sums of squares.
-template <class C, int T, typename TY>
-__device__ __forceinline__ void add_spans(const UnitEnd<TY>& u, int64_t tile, int t,
-                                          float (&sums)[UnitShape<C, T>::kPer],
-                                          float (&sss)[UnitShape<C, T>::kPer]) {
-  using U = UnitShape<C, T>;
-  constexpr int kPer = U::kPer, kBatch = kPer >= 8 ? 2 : 4;
+// Finishes unit `unit` (tile unit / splits, span unit % splits) from its consumer warps'
+// partials part [CW][kTile], with T threads (this one: t; `sync` synchronizes them): each
+// output's sum over the warps in warp order; then `release` (part may be overwritten); with a
+// split, the sums (and the span's sums of squares) into the unit's slot, the arrival counted on
+// the tile's counter, and only the tile's last block goes on, adding the slots in span order (a
+// batch of spans' loads issued together: the L2 latency once a batch, not once a value; the
+// fences: the slots written before the count, read after it); then the norm's row scale, bias,
+// accumulation and y.
+template <class C, int T, typename TY, class Sync, class Release>
+__device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, const float* part,
+                                            int t, Sync sync, Release release) {
+  constexpr int NT = C::NT, CW = C::CW, kTile = C::MT * NT * 128, kPer = (kTile + T - 1) / T;
   const int splits = u.split.splits;
-  const float* tile_slots = u.split.partials + tile * splits * C::kSlotFloats;
+  const int64_t tile = unit / splits, j0 = tile * C::kWRows;
+  const auto col_of = [](int q) {  // x row of output q
+    const int nt = (q / 128) % NT, e = (q / 32) % 4, l = q % 32;
+    return nt * 8 + 2 * (l & 3) + (e & 1);
+  };
+  float sums[kPer], sss[kPer];  // sss: kRmsNormed, the row's sum of squares
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) sums[e] = sss[e] = 0.0f;
-  for (int sp0 = 0; sp0 < splits; sp0 += kBatch) {
-    float v[kBatch][kPer], vs[kBatch][kPer];
+  for (int e = 0; e < kPer; ++e) {
+    const int q = t + e * T;
+    sums[e] = sss[e] = 0.0f;
+    if (q >= kTile) break;
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
+    for (int wi = 0; wi < CW; ++wi) sums[e] += part[wi * kTile + q];
+  }
+  release();
+  if (splits > 1) {
+    float* mine = u.split.partials + unit * C::kSlotFloats;
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int q = t + e * T;
-        const bool ok = sp0 + b < splits && q < U::kTile;
-        const float* slot = tile_slots + (sp0 + b) * C::kSlotFloats;
-        v[b][e] = ok ? __ldcg(slot + q) : 0.0f;
-        vs[b][e] = C::kNorm && ok ? __ldcg(slot + C::kSsOffset + col_of<C>(q)) : 0.0f;
+    for (int e = 0; e < kPer; ++e) {
+      if (t + e * T < kTile) __stcg(mine + t + e * T, sums[e]);
+    }
+    if constexpr (C::kNorm) {
+      for (int r = t; r < u.n; r += T) __stcg(mine + C::kSsOffset + r, u.row_ss[r]);
+    }
+    __threadfence();
+    sync();
+    if (t == 0) {
+      const bool last = atomicAdd(u.split.counters + tile, 1u) + 1 == static_cast<unsigned>(splits);
+      if (last) u.split.counters[tile] = 0;  // all spans counted: zero for the next launch
+      __threadfence();
+      *u.last_of_tile = last;
+    }
+    sync();
+    if (!*u.last_of_tile) return;
+    const float* tile_slots = u.split.partials + tile * splits * C::kSlotFloats;
+    constexpr int kBatch = kPer >= 8 ? 2 : 4;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) sums[e] = 0.0f;
+    for (int sp0 = 0; sp0 < splits; sp0 += kBatch) {
+      float v[kBatch][kPer], vs[kBatch][kPer];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int q = t + e * T;
+          const bool ok = sp0 + b < splits && q < kTile;
+          const float* slot = tile_slots + (sp0 + b) * C::kSlotFloats;
+          v[b][e] = ok ? __ldcg(slot + q) : 0.0f;
+          vs[b][e] = C::kNorm && ok ? __ldcg(slot + C::kSsOffset + col_of(q)) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (sp0 + b >= splits) break;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          sums[e] += v[b][e];
+          sss[e] += vs[b][e];
+        }
       }
     }
+  } else if constexpr (C::kNorm) {
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      if (sp0 + b >= splits) break;
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        sums[e] += v[b][e];
-        sss[e] += vs[b][e];
-      }
+    for (int e = 0; e < kPer; ++e) {
+      if (t + e * T < kTile) sss[e] = u.row_ss[col_of(t + e * T)];
     }
   }
-}
-// The tile's outputs from its sums: the norm's row scale, bias, accumulation, y.
-template <class C, int T, typename TY>
-__device__ __forceinline__ void write_tile(const UnitEnd<TY>& u, int64_t tile, int t,
-                                           const float (&sums)[UnitShape<C, T>::kPer],
-                                           const float (&sss)[UnitShape<C, T>::kPer]) {
-  using U = UnitShape<C, T>;
-  const int64_t j0 = tile * C::kWRows;
 #pragma unroll
-  for (int ei = 0; ei < U::kPer; ++ei) {
+  for (int ei = 0; ei < kPer; ++ei) {
     const int q = t + ei * T;
-    if (q >= U::kTile) break;
-    const int mt = q / (C::NT * 128), e = (q / 32) % 4, l = q % 32;
-    const int col = col_of<C>(q);                              // x row
+    if (q >= kTile) break;
+    const int mt = q / (NT * 128), e = (q / 32) % 4, l = q % 32;
+    const int col = col_of(q);                                 // x row
     const int64_t j = j0 + mt * 16 + (l >> 2) + 8 * (e >> 1);  // output feature
     if (col >= u.n || j >= u.m) continue;
     float sum = sums[ei];
@@ -460,98 +457,6 @@ __device__ __forceinline__ void write_tile(const UnitEnd<TY>& u, int64_t tile, i
     store(o, (u.accumulate ? to_float(*o) : 0.0f) + sum);
   }
 }
-
-// Finishes unit `unit` (tile unit / splits, span unit % splits) from its consumer warps'
-// partials part [CW][kTile] (`sync` synchronizes the T threads): each output's sum over the
-// warps; then `release` (part may be overwritten); with a split, the sums into the unit's slot,
-// the arrival counted on the tile's counter (the fences: the slots written before the count,
-// read after it), and only the tile's last block goes on, adding the slots in span order; then
-// the tile's outputs.
-template <class C, int T, typename TY, class Sync, class Release>
-__device__ __forceinline__ void finish_unit(const UnitEnd<TY>& u, int64_t unit, const float* part,
-                                            int t, Sync sync, Release release) {
-  using U = UnitShape<C, T>;
-  const int splits = u.split.splits;
-  const int64_t tile = unit / splits;
-  float sums[U::kPer], sss[U::kPer];  // sss: kRmsNormed, the row's sum of squares
-  sum_warps<C, T>(part, t, sums);
-  release();
-  if (splits > 1) {
-    store_slot<C, T>(u, unit, t, sums);
-    __threadfence();
-    sync();
-    if (t == 0) {
-      const bool last = atomicAdd(u.split.counters + tile, 1u) + 1 == static_cast<unsigned>(splits);
-      if (last) u.split.counters[tile] = 0;  // all spans counted: zero for the next launch
-      __threadfence();
-      *u.last_of_tile = last;
-    }
-    sync();
-    if (!*u.last_of_tile) return;
-    add_spans<C, T>(u, tile, t, sums, sss);
-  } else {
-#pragma unroll
-    for (int e = 0; e < U::kPer; ++e) {
-      sss[e] = 0.0f;
-      if constexpr (C::kNorm) {
-        if (t + e * T < U::kTile) sss[e] = u.row_ss[col_of<C>(t + e * T)];
-      }
-    }
-  }
-  write_tile<C, T>(u, tile, t, sums, sss);
-}
-
-// The epilogue warp's split units, kSettle at a time: each unit's sums go to its slot as it
-// ends (its partials released at once); every kSettle units (and at the last) one fence makes
-// them visible, lanes 0.. count the units on their tiles' counters in one round trip, and the
-// warp finishes the tiles it was last for. The same values and orders as finish_unit: only when
-// the arrivals are counted moves.
-constexpr int kSettle = 4;
-template <class C, typename TY>
-struct SplitSettler {
-  const UnitEnd<TY>& u;
-  int64_t pending[kSettle];
-  int count = 0;
-  template <class Release>
-  __device__ __forceinline__ void add(int64_t unit, const float* part, int lane, Release release) {
-    float sums[UnitShape<C, 32>::kPer];
-    sum_warps<C, 32>(part, lane, sums);
-    release();
-    store_slot<C, 32>(u, unit, lane, sums);
-#pragma unroll
-    for (int i = 0; i < kSettle;
-         ++i) {  // pending[count] (registers: indices known at compile time)
-      if (i == count) pending[i] = unit;
-    }
-    ++count;
-  }
-  __device__ __forceinline__ void settle(int lane) {
-    const int splits = u.split.splits;
-    __threadfence();
-    __syncwarp();
-    bool last = false;
-#pragma unroll
-    for (int i = 0; i < kSettle; ++i) {
-      if (i < count && lane == i) {
-        const int64_t tile = pending[i] / splits;
-        last = atomicAdd(u.split.counters + tile, 1u) + 1 == static_cast<unsigned>(splits);
-        if (last) u.split.counters[tile] = 0;  // all spans counted: zero for the next launch
-      }
-    }
-    __threadfence();
-    const unsigned lasts = __ballot_sync(0xffffffffu, last);
-#pragma unroll
-    for (int i = 0; i < kSettle; ++i) {
-      if (i < count && (lasts >> i & 1u)) {
-        float sums[UnitShape<C, 32>::kPer], sss[UnitShape<C, 32>::kPer];
-        const int64_t tile = pending[i] / splits;
-        add_spans<C, 32>(u, tile, lane, sums, sss);
-        write_tile<C, 32>(u, tile, lane, sums, sss);
-      }
-    }
-    count = 0;
-  }
-};
 
 // w: BF16 [m, k] or FP8 codes [m, k] with w_scale [m] (y = w_scale[j] * sum, fp8_matmul_kernel's
 // epilogue); bias F32 [m] or null (BF16 weights only). xs: resident x rows' stride (XR).
@@ -690,20 +595,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     if (warp == CW + 1) {
       // ---- epilogue warp: finishes unit tt once the consumers have left its partials ----
       griddep_wait();  // y, when accumulating, comes from the kernels before
-      SplitSettler<C, TY> settler{ue};
       for (int64_t tt = 0; tt < my_units; ++tt) {
         named_sync(kFullBar + (tt & 1), (CW + 1) * 32);
-        const float* part = red + (tt & 1) * CW * kTile;
-        const auto release = [&] {  // the consumers write part again at unit tt + 2
-          if (tt + 2 < my_units) named_arrive(kFreeBar + (tt & 1), (CW + 1) * 32);
-        };
-        if (splits == 1) {
-          finish_unit<C, 32>(
-              ue, blockIdx.x + tt * G, part, lane, [] { __syncwarp(); }, release);
-          continue;
-        }
-        settler.add(blockIdx.x + tt * G, part, lane, release);
-        if (settler.count == kSettle || tt + 1 == my_units) settler.settle(lane);
+        finish_unit<C, 32>(
+            ue, blockIdx.x + tt * G, red + (tt & 1) * CW * kTile, lane, [] { __syncwarp(); },
+            [&] {  // the consumers write part again at unit tt + 2
+              if (tt + 2 < my_units) named_arrive(kFreeBar + (tt & 1), (CW + 1) * 32);
+            });
       }
       return;
     }
