@@ -311,11 +311,7 @@ class CudaBackend final : public Backend {
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(side_workspace_);
-    for (void* p :
-         {static_cast<void*>(split_counters_), static_cast<void*>(side_split_counters_),
-          static_cast<void*>(split_partials_), static_cast<void*>(side_split_partials_)}) {
-      if (p) cudaFree(p);
-    }
+    free_split_space();
     cudaEventDestroy(fork_ev_);
     cudaEventDestroy(join_ev_);
     cudaStreamDestroy(side_stream_);
@@ -746,17 +742,20 @@ class CudaBackend final : public Backend {
     }
     if (ok) return;
     cudaGetLastError();
-    for (void** p : {reinterpret_cast<void**>(&split_counters_),
-                     reinterpret_cast<void**>(&side_split_counters_),
-                     reinterpret_cast<void**>(&split_partials_),
-                     reinterpret_cast<void**>(&side_split_partials_)}) {
-      if (*p) cudaFree(*p);
-      *p = nullptr;
-    }
+    free_split_space();
     std::fprintf(stderr,
                  "blockspec: no device memory for the stream GEMM's k-split slots (%zu MiB); "
                  "products stay unsplit\n",
                  2 * kSplitPartialBytes >> 20);
+  }
+
+  void free_split_space() {  // cudaFree(nullptr) does nothing
+    cudaFree(split_counters_);
+    cudaFree(side_split_counters_);
+    cudaFree(split_partials_);
+    cudaFree(side_split_partials_);
+    split_counters_ = side_split_counters_ = nullptr;
+    split_partials_ = side_split_partials_ = nullptr;
   }
 
   static bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
