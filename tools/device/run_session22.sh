@@ -27,7 +27,7 @@ STAGES=${STAGES:-"bench batch kprof tests"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 BENCH=(bench --model $S/qwen3-8b --drafter $S/qwen3-8b-dflash-b16-acc100 --device cuda --iters 20
   --context 512 --gen-tokens 256)
-run_variant() {  # variant [extra args...]: sets e, gemv, tag
+run_variant() {  # variant: sets e (its environment), gemv and tag
   local v=$1
   tag=${v//[^A-Za-z0-9]/_}; e=${v//+/ }; gemv=stream
   [ "$v" = auto ] && e= && gemv=auto

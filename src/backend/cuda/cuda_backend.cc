@@ -335,9 +335,8 @@ class CudaBackend final : public Backend {
     ++capture_generation_;  // captured graphs hold the old mode's kernels
   }
   void set_stream_options(int variant, int64_t max_mib) {
-    stream_variant_ = std::clamp(variant, 0, kStreamVariants - 1);
+    choose_stream_variant(variant);
     stream_max_bytes_ = max_mib << 20;
-    if (stream_splits(stream_variant_)) allocate_split_space();
     ++capture_generation_;
   }
   void set_stream_fusion(bool on) {
@@ -727,6 +726,11 @@ class CudaBackend final : public Backend {
   }
   int stream_split_count(int64_t m, int64_t k) const {
     return bs::cuda::stream_split_count(m, k, stream_variant_, split_space());
+  }
+  // The stream GEMM's variant, with the split space a split variant needs (not while capturing).
+  void choose_stream_variant(int variant) {
+    stream_variant_ = std::clamp(variant, 0, kStreamVariants - 1);
+    if (stream_splits(stream_variant_)) allocate_split_space();
   }
   // Both streams' split spaces, once (a split variant chosen; not while capturing). A failed
   // allocation leaves them unallocated (products unsplit) and clears its error.
@@ -1532,8 +1536,7 @@ class CudaBackend final : public Backend {
       gemv_mode_ = kGemv[c];
     }
     if (const auto v = env_int("BLOCKSPEC_STREAM_VARIANT", 0, kStreamVariants - 1)) {
-      stream_variant_ = static_cast<int>(*v);
-      if (stream_splits(stream_variant_)) allocate_split_space();
+      choose_stream_variant(static_cast<int>(*v));
     }
     if (const auto v = env_int("BLOCKSPEC_STREAM_MAX_MIB", 0, int64_t{1} << 20)) {
       stream_max_bytes_ = *v << 20;

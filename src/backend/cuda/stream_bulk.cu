@@ -895,7 +895,9 @@ cudaError_t launch_variant(Out y, BulkX x, const void* w, const float* bias, int
 
 bool stream_fuses(int variant) { return variant >= 4 && variant <= 9; }
 
-bool stream_splits(int variant) { return variant == 8 || variant == 9; }
+bool stream_splits(int variant) {
+  return stream_fuses(variant) && with_variant(variant, [](auto v) { return decltype(v)::kSplit; });
+}
 
 int stream_split_count(int64_t m, int64_t k, int variant, const StreamSplitSpace& space) {
   if (!stream_splits(variant)) return 1;

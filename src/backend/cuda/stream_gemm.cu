@@ -310,6 +310,10 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
   if (!stream_gemm_supported(n, k, x, w) || (y.t != Elem::kF32 && y.t != Elem::kBF16)) {
     return cudaErrorInvalidValue;
   }
+  if (stream_fuses(variant)) {  // the bulk variants: the plain form of their kernels
+    return stream_gemm_fused(y, StreamX::kRows, x, nullptr, 0.0f, w, bias, n, m, k, accumulate, s,
+                             variant, space);
+  }
   const int ni = static_cast<int>(n);
   switch (variant) {
     case 1:
@@ -318,14 +322,6 @@ cudaError_t stream_gemm(Out y, const void* x, const void* w, const float* bias, 
       return launch_rows<8, 4>(y, x, w, bias, ni, m, k, accumulate, s);
     case 3:
       return launch_async_rows<4, 16>(y, x, w, bias, ni, m, k, accumulate, s);
-    case 4:
-    case 5:
-    case 6:
-    case 7:
-    case 8:
-    case 9:
-      return stream_gemm_fused(y, StreamX::kRows, x, nullptr, 0.0f, w, bias, n, m, k, accumulate, s,
-                               variant, space);
     default:  // the fastest on the Qwen3-8B o_proj, 1 and 16 rows (docs/BENCHMARKS.md)
       return launch_async_rows<8, 6>(y, x, w, bias, ni, m, k, accumulate, s);
   }
