@@ -1732,20 +1732,20 @@ void CudaOps::expect_fused_prologue_equals_unfused() {
 
 #ifdef BLOCKSPEC_HAS_CUDA
 // ---- Split-KV kernels v2 (a block over consecutive chunks) and v3 (v1's blocks, cp.async loads,
-// 16-byte shared reads, the default) against v1, bit for bit; v4 (tensor cores) against v1 within
-// BF16 rounding and against itself across row counts, batches and the fused prologue ----
+// 16-byte shared reads) against v1, bit for bit; v4 (tensor cores, the default) against v1 within
+// BF16 rounding and against itself across row counts, batches, tiles and the fused prologue ----
 
 // Restores the default split kernel when a test ends, a failed assertion included.
 struct SplitKernelGuard {
   SplitKernelGuard() = default;
   SplitKernelGuard(const SplitKernelGuard&) = delete;
   SplitKernelGuard& operator=(const SplitKernelGuard&) = delete;
-  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::AttentionKernel::kV3); }
+  ~SplitKernelGuard() { cuda::set_attention_kernel(cuda::kDefaultAttentionKernel); }
 };
 
 // The split-kernel settings each test runs: v1 first (the reference: session 10's kernel, its
 // queries per thread picked by the launch), then v2 with the chunks per block chosen by the
-// launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3 (the default), also
+// launch and forced to 1, 2, 3 (runs that end mid-sequence) and 8, then v3, also
 // with 2, 4 and 8 queries per thread forced (BLOCKSPEC_ATTN_QPT), and v1 with 2.
 struct SplitSetting {
   cuda::AttentionKernel kernel;

@@ -71,15 +71,16 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's
 // K / V loads in flight (also BLOCKSPEC_ATTN_KERNEL=v2, read when a backend is made; slower on
 // the H200, docs/BENCHMARKS.md session 10). chunks_per_block > 0 forces v2's chunks per block
-// (tests); 0 lets the launch size choose. kV3 (default; BLOCKSPEC_ATTN_KERNEL=v1 / v2 / v3 / v4):
-// v1's blocks with cp.async loads, 16-byte shared-memory reads and tile-sized shared memory;
-// v1-v3 give the same bits. kV4: tensor-core scores and P . V for head dims 64 / 128 (others run
-// v3), its own rounding, rows as invariant (slower inside the steps, docs/BENCHMARKS.md).
-// The options only spread the work (the same bits for any choice): queries_per_thread, v1-v3's
-// queries per thread, 2 / 4 / 8, or 0 to pick by the launch (the default; also
-// BLOCKSPEC_ATTN_QPT=2|4|8); mma_tile, v4's query vectors per block, 16 / 32 / 64 (0: 64, the
-// default; also BLOCKSPEC_ATTN_MMA_TILE).
+// (tests); 0 lets the launch size choose. kV3 (BLOCKSPEC_ATTN_KERNEL=v1 / v2 / v3 / v4): v1's
+// blocks with cp.async loads, 16-byte shared-memory reads and tile-sized shared memory; v1-v3
+// give the same bits. kV4 (the default since session 23): tensor-core scores and P . V for head
+// dims 64 / 128 (others run v3), its own rounding, rows as invariant; about half of v3's time at
+// 16 verify rows (docs/BENCHMARKS.md). The options only spread the work (the same bits for any
+// choice): queries_per_thread, v1-v3's queries per thread, 2 / 4 / 8, or 0 to pick by the launch
+// (the default; also BLOCKSPEC_ATTN_QPT=2|4|8); mma_tile, v4's query vectors per block, 16 / 32 /
+// 64 (0: 16, the default; also BLOCKSPEC_ATTN_MMA_TILE).
 enum class AttentionKernel { kV1, kV2, kV3, kV4 };
+constexpr AttentionKernel kDefaultAttentionKernel = AttentionKernel::kV4;
 struct AttentionKernelOptions {
   int chunks_per_block = 0;
   int queries_per_thread = 0;

@@ -188,17 +188,18 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // consecutive chunks of its (sequence, kv head, tile), the next chunk's K / V loads in flight
 // while the current one is computed: `chunks_per_block` (1 to 8) chunks per block, or with 0 up
 // to 4 chosen from the launch size and the occupancy. Both give every row the same bits.
-// Version 3 (default): v1's blocks and arithmetic with cp.async K / V loads, 16-byte shared-memory
-// reads and tile-sized shared memory (head dims 64 / 128 / 256; others run v1). Version 4: tensor
-// cores (mma.sync scores and P . V, BF16 P), a block per 64 query vectors, head dims 64 / 128
-// (others run v3); its rounding differs from v1-v3, its rows are as invariant.
+// Version 3: v1's blocks and arithmetic with cp.async K / V loads, 16-byte shared-memory reads and
+// tile-sized shared memory (head dims 64 / 128 / 256; others run v1). Version 4 (the default):
+// tensor cores (mma.sync scores and P . V, BF16 P), a block per 16 query vectors (16 / 32 / 64,
+// set_split_mma_tile), head dims 64 / 128 (others run v3); its rounding differs from v1-v3, its
+// rows are as invariant.
 void set_split_kernel(int version, int chunks_per_block = 0);
 // Queries per thread of v1-v3's split pass (2, 4 or 8; a block's tile is twice that) for every
 // later launch; 0 (the default) picks by the launch's query vectors per kv head (<= 4: 2, <= 16:
 // 4, more: 8). Only how the work is spread changes: every query's arithmetic is the same for any
 // choice, so the bits are too (a measurement switch, BLOCKSPEC_ATTN_QPT).
 void set_split_qpt(int queries_per_thread);
-// v4's query vectors per block (16, 32 or 64: 1, 2 or 4 mma.sync m-tiles; anything else 64, the
+// v4's query vectors per block (16, 32 or 64: 1, 2 or 4 mma.sync m-tiles; anything else 16, the
 // default) for every later launch: smaller tiles, more blocks for a verify's 64 vectors per kv
 // head. A query's arithmetic is the same in any tile, so the bits are too (a measurement switch,
 // BLOCKSPEC_ATTN_MMA_TILE).

@@ -720,7 +720,7 @@ __global__ void __launch_bounds__(kSplitThreads, 4)
 // the query vectors of a block: it only decides which block a query is in, not its arithmetic,
 // so every tile gives the same bits. grid (splits, kv_heads, num_seqs * ceil(vectors / TILE));
 // dynamic shared memory split_smem_bytes_mma(HD, m-tiles).
-constexpr int kMmaTile = 64;  // query vectors per v4 block (4 m-tiles of 16) by default
+constexpr int kMmaTile = 16;  // query vectors per v4 block (one m-tile) by default
 
 __host__ __device__ inline size_t split_smem_bytes_mma(int64_t hd, int m_tiles) {
   const size_t rows = static_cast<size_t>(16 * m_tiles);
@@ -1125,14 +1125,15 @@ size_t split_attention_workspace(int64_t rows, int64_t heads, int64_t hd, int64_
 namespace {
 
 // The split kernel of the launches (set_split_kernel): 1 to 4, and v2's forced chunks per block
-// (0: chosen by occupancy). v3 by default: faster than v1 on the H200 at every measured shape; v2
-// slower; v4 (tensor cores) faster alone at 16 verify rows but slower inside the decode, verify
-// and batch-32 steps (docs/BENCHMARKS.md, sessions 10-12).
-std::atomic<int> g_split_version{3};
+// (0: chosen by occupancy). v4 (tensor cores) with 16-vector tiles by default since session 23:
+// at 16 verify rows it takes about half of v3's time and brings the verify step to issue 17's
+// 1.08x of decode, decode and the batch-32 step unchanged (docs/BENCHMARKS.md, session 23); with
+// 64-vector tiles it was slower inside the steps (sessions 10-12). v2 is slower than v1 / v3.
+std::atomic<int> g_split_version{4};
 std::atomic<int> g_split_chunks{0};
-std::atomic<int> g_split_diag{0};       // kDiag* bits (set_split_diag)
-std::atomic<int> g_split_qpt{0};        // set_split_qpt: 0 picks by the launch
-std::atomic<int> g_split_mma_tile{64};  // set_split_mma_tile: v4's query vectors per block
+std::atomic<int> g_split_diag{0};             // kDiag* bits (set_split_diag)
+std::atomic<int> g_split_qpt{0};              // set_split_qpt: 0 picks by the launch
+std::atomic<int> g_split_mma_tile{kMmaTile};  // set_split_mma_tile: v4's query vectors a block
 
 // Chunks per v2 block: enough blocks to fill the device once (resident blocks by occupancy),
 // each running the fewest chunks that takes, at most kAutoGroupChunks (the launch bound may be
@@ -1214,10 +1215,10 @@ template <int HD>
 cudaError_t launch_split_mma(cudaStream_t s, const AttentionArgs& a, const PrologueArgs& p,
                              bool fused, const int32_t* kv_len_dev, float* part_o, float* part_ml) {
   switch (g_split_mma_tile.load(std::memory_order_relaxed)) {
-    case 16:
-      return launch_split_mma<HD, 16>(s, a, p, fused, kv_len_dev, part_o, part_ml);
     case 32:
       return launch_split_mma<HD, 32>(s, a, p, fused, kv_len_dev, part_o, part_ml);
+    case 64:
+      return launch_split_mma<HD, 64>(s, a, p, fused, kv_len_dev, part_o, part_ml);
     default:
       return launch_split_mma<HD, kMmaTile>(s, a, p, fused, kv_len_dev, part_o, part_ml);
   }
@@ -1334,7 +1335,8 @@ void set_split_kernel(int version, int chunks_per_block) {
 void set_split_diag(int bits) { g_split_diag.store(bits, std::memory_order_relaxed); }
 
 void set_split_mma_tile(int vectors) {
-  g_split_mma_tile.store(vectors == 16 || vectors == 32 ? vectors : 64, std::memory_order_relaxed);
+  const bool listed = vectors == 16 || vectors == 32 || vectors == 64;
+  g_split_mma_tile.store(listed ? vectors : kMmaTile, std::memory_order_relaxed);
 }
 
 void set_split_qpt(int queries_per_thread) {
