@@ -10,8 +10,10 @@
 #   fp8    - run_fp8_ab.sh with KERNELS ("bulk v1") on the 32k-draft-vocabulary drafter;
 #   table  - issue 17's table once under the defaults: the bench of run_attn_variants.sh and the
 #            batch-32 step;
-#   x16    - the FP8 drafter (32k draft vocabulary, v1) with BLOCKSPEC_FP8_X16=1 (x converted to
-#            FP16 by a kernel of its own, the default) and =0 (in every block), ROUNDS rounds;
+#   x16    - the FP8 drafter (32k draft vocabulary) under each of FP8_ENVS (environment
+#            assignments joined by '+'; default: BLOCKSPEC_FP8_X16=1, x converted to FP16 by a
+#            kernel of its own, the default, and =0, in every block), ROUNDS rounds, alternating;
+#   gtests - cuda_ops_test with OPS_FILTER and cuda_models_test with MODELS_FILTER (gtest filters);
 #   kprof  - that bench under tools/kprof with KPROF_TRACE (carry build-cuda/pack/kprof too),
 #            read by tools/kprof/trace_bursts.py: each step kind's wall and per-kernel advance.
 # Everything that matters is printed; the sub-scripts' files land in $OUT and come back as
@@ -72,14 +74,22 @@ fi
 if want x16; then
   synth_all
   for round in $(seq 1 "${ROUNDS:-2}"); do
-    for x in 1 0; do
-      f=$LOGS/fp8_x16_${x}_$round.txt
-      BLOCKSPEC_FP8_X16=$x timeout 100 $B "${BENCH[@]}" --drafter $S/dv32k --drafter-fp8 \
+    for v in ${FP8_ENVS:-BLOCKSPEC_FP8_X16=1 BLOCKSPEC_FP8_X16=0}; do
+      f=$LOGS/fp8_${v//[^A-Za-z0-9]/_}_$round.txt
+      env ${v//+/ } timeout 100 $B "${BENCH[@]}" --drafter $S/dv32k --drafter-fp8 \
         --kernels > $f 2>&1
-      echo "-- round $round BLOCKSPEC_FP8_X16=$x rc=$? ($((SECONDS - T0)) s)"
+      echo "-- round $round $v rc=$? ($((SECONDS - T0)) s)"
       grep -E "FP8 weights\]|$SHOW" $f | sed 's/host time.*output/... output/' | grep -v "decode step (\(skinny\|SIMT\|stream\|cuBLASLt h\)"
     done
   done
+fi
+if want gtests; then
+  timeout 200 $D/cuda_ops_test --gtest_filter="${OPS_FILTER:-*}" > $LOGS/ops_filtered.txt 2>&1
+  echo "-- cuda_ops_test ${OPS_FILTER:-*} rc=$? ($((SECONDS - T0)) s)"
+  grep -E "^\[  (FAILED|PASSED) |Failure|tests ran" $LOGS/ops_filtered.txt | head -20
+  timeout 200 $D/cuda_models_test --gtest_filter="${MODELS_FILTER:-*}" > $LOGS/models_filtered.txt 2>&1
+  echo "-- cuda_models_test ${MODELS_FILTER:-*} rc=$? ($((SECONDS - T0)) s)"
+  grep -E "^\[  (FAILED|PASSED) |Failure|tests ran|fp8 dflash" $LOGS/models_filtered.txt | head -20
 fi
 KP=$PWD/build-cuda/pack/kprof
 if want kprof && [ -e $KP/kprof.so ]; then
