@@ -1229,7 +1229,8 @@ cudaError_t launch_split(dim3 grid, size_t smem, cudaStream_t s, const Attention
                          const PrologueArgs& p, const int32_t* kv_len_dev, float* part_o,
                          float* part_ml) {
   const int version = g_split_version.load(std::memory_order_relaxed);
-  if (version == 3 && (a.hd == 64 || a.hd == 128 || a.hd == 256)) {
+  // v4's head dims other than 64 / 128 run v3 (here; v4 took 64 and 128 before).
+  if (version >= 3 && (a.hd == 64 || a.hd == 128 || a.hd == 256)) {
     constexpr bool kFused = P > 0;
     if (a.hd == 64 && (!kFused || P == 1)) {
       return launch_split_v3<QPT, 64, kFused>(grid, s, a, p, kv_len_dev, part_o, part_ml);
