@@ -131,6 +131,12 @@ __global__ void __launch_bounds__(kFp8Warps * 32, 2)
     load_round(c0 + W * U, na, nb);  // in flight while this round computes
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      uint32_t ha[MT][8], hb[MT][8];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        unpack16(wa[mt][u], ha[mt]);
+        unpack16(wb[mt][u], hb[mt]);
+      }
       const int64_t c = c0 + u * W, kk = c * 64 + 16 * t;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -149,13 +155,10 @@ __global__ void __launch_bounds__(kFp8Warps * 32, 2)
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint32_t ha[8], hb[8];
-          unpack16(wa[mt][u], ha);
-          unpack16(wb[mt][u], hb);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            mma_f16(acc[mt][nt], ha[2 * i], hb[2 * i], ha[2 * i + 1], hb[2 * i + 1], hx[2 * i],
-                    hx[2 * i + 1]);
+            mma_f16(acc[mt][nt], ha[mt][2 * i], hb[mt][2 * i], ha[mt][2 * i + 1], hb[mt][2 * i + 1],
+                    hx[2 * i], hx[2 * i + 1]);
           }
         }
       }
