@@ -2073,6 +2073,7 @@ void set_pinned_rows(Backend& backend, int64_t rows) { as_cuda(backend).set_pinn
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel) { as_cuda(backend).set_fp8_kernel(kernel); }
 void set_walk_table(Backend& backend, bool on) { as_cuda(backend).set_walk_table(on); }
 void set_conv_kernel(Backend& backend, bool fast) { as_cuda(backend).set_conv_kernel(fast); }
+static_assert(static_cast<int>(kDefaultAttentionKernel) + 1 == bs::cuda::kDefaultSplitVersion);
 void set_attention_kernel(AttentionKernel kernel, AttentionKernelOptions options) {
   set_split_kernel(static_cast<int>(kernel) + 1, options.chunks_per_block);
   set_split_qpt(options.queries_per_thread);

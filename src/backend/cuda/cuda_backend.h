@@ -82,6 +82,7 @@ void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // (the default; also BLOCKSPEC_ATTN_QPT=2|4|8); mma_tile, v4's query vectors per block, 16 / 32 /
 // 64 (0: 16, the default; also BLOCKSPEC_ATTN_MMA_TILE).
 enum class AttentionKernel { kV1, kV2, kV3, kV4 };
+// The split pass a process starts with (kernels.h's kDefaultSplitVersion; asserted equal).
 constexpr AttentionKernel kDefaultAttentionKernel = AttentionKernel::kV4;
 struct AttentionKernelOptions {
   int chunks_per_block = 0;

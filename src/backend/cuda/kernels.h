@@ -194,6 +194,7 @@ cudaError_t split_attention(const AttentionArgs& a, const int32_t* kv_len_dev, v
 // set_split_mma_tile), head dims 64 / 128 (others run v3); its rounding differs from v1-v3, its
 // rows are as invariant.
 void set_split_kernel(int version, int chunks_per_block = 0);
+constexpr int kDefaultSplitVersion = 4;  // the version a process starts with
 // Queries per thread of v1-v3's split pass (2, 4 or 8; a block's tile is twice that) for every
 // later launch; 0 (the default) picks by the launch's query vectors per kv head (<= 4: 2, <= 16:
 // 4, more: 8). Only how the work is spread changes: every query's arithmetic is the same for any

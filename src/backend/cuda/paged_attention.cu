@@ -1129,7 +1129,7 @@ namespace {
 // at 16 verify rows it takes about half of v3's time and brings the verify step to issue 17's
 // 1.08x of decode, decode and the batch-32 step unchanged (docs/BENCHMARKS.md, session 23); with
 // 64-vector tiles it was slower inside the steps (sessions 10-12). v2 is slower than v1 / v3.
-std::atomic<int> g_split_version{4};
+std::atomic<int> g_split_version{kDefaultSplitVersion};
 std::atomic<int> g_split_chunks{0};
 std::atomic<int> g_split_diag{0};             // kDiag* bits (set_split_diag)
 std::atomic<int> g_split_qpt{0};              // set_split_qpt: 0 picks by the launch
