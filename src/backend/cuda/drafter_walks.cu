@@ -362,13 +362,6 @@ __global__ void __launch_bounds__(kPruneThreads)
 // e[t, r] (the row's candidates' succ rows).
 constexpr int kWalkThreads = 256;
 
-__global__ void fill_kernel(float* p, int64_t n, float value) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    p[i] = value;
-  }
-}
-
 // The greedy choice among t scored candidates: the first slot of the largest score, equal scores
 // to the lower id (a NaN score never wins a comparison, so the scan order decides around it).
 __device__ __forceinline__ int64_t greedy_slot(const float* s, const int32_t* ids, int64_t t) {
@@ -935,13 +928,6 @@ cudaError_t markov_chain_pruned(int32_t* drafts, const int32_t* anchor, In u, In
   return cudaGetLastError();
 }
 
-cudaError_t fill(float* p, int64_t n, float value, cudaStream_t s) {
-  if (n <= 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
-  fill_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(p, n, value);
-  return cudaGetLastError();
-}
-
 // Shared memory of the walk: av, sc [r], s, w, q, ids [t], and e [t, r] when staged.
 static int64_t walk_smem(int64_t t, int64_t r, bool staged) {
   return (2 * r + 4 * t + (staged ? t * r : 0)) * static_cast<int64_t>(sizeof(float));
@@ -975,7 +961,7 @@ cudaError_t candidate_walk(const WalkArgs& a, float* table, cudaStream_t s) {
                    2 * static_cast<size_t>(a.r) * sizeof(float), s, a, table, best);
     if (e != cudaSuccess) return e;
   } else if (a.rows) {
-    const cudaError_t e = fill(a.rows, a.k * a.v, -INFINITY, s);
+    const cudaError_t e = fill(Out{a.rows, Elem::kF32}, a.k * a.v, -INFINITY, s);
     if (e != cudaSuccess) return e;
   }
   if (sampled) {

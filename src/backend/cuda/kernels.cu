@@ -357,10 +357,12 @@ __global__ void copy_block_kernel(Out dst, int64_t dst_cols, int64_t dst_off, In
   }
 }
 
-// scatter_columns in two passes over the whole [rows, v] output (a grid of many blocks each: one
-// block a row left the draft step's 15 x 151,936 fill to 15 SMs, ~49 us on an H100, session 23):
-// every element the fill, then the draft vocabulary's columns from src.
-__global__ void fill_kernel(Out dst, int64_t n, float fill) { GRID_STRIDE(i, n) st(dst, i, fill); }
+__global__ void fill_kernel(Out dst, int64_t n, float value) {
+  GRID_STRIDE(i, n) st(dst, i, value);
+}
+// scatter_columns' second pass (the first fills the whole [rows, v] output; a grid of many blocks
+// each: one block a row left the draft step's 15 x 151,936 fill to 15 SMs, ~49 us on an H100,
+// session 23): the draft vocabulary's columns from src.
 __global__ void scatter_picked_kernel(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
                                       int64_t vs) {
   GRID_STRIDE(i, rows * vs) {
@@ -1125,6 +1127,11 @@ cudaError_t embedding(Out y, const int32_t* ids, In table, int64_t n, int64_t d,
   embedding_kernel<<<static_cast<unsigned>(n), row_threads(d), 0, s>>>(y, ids, table, d, vocab);
   return cudaGetLastError();
 }
+cudaError_t fill(Out dst, int64_t n, float value, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  fill_kernel<<<grid_for(n), kThreads, 0, s>>>(dst, n, value);
+  return cudaGetLastError();
+}
 cudaError_t copy_block(Out dst, int64_t dst_cols, int64_t dst_off, In src, int64_t src_cols,
                        int64_t src_off, int64_t rows, int64_t d, cudaStream_t s) {
   if (rows * d <= 0) return cudaSuccess;
@@ -1196,9 +1203,9 @@ cudaError_t dynamic_conv_rms_norm(__nv_bfloat16* xn, __nv_bfloat16* residual,
                     eps);
 }
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
-                            int64_t vs, float fill, cudaStream_t s) {
+                            int64_t vs, float value, cudaStream_t s) {
   if (rows <= 0) return cudaSuccess;
-  fill_kernel<<<grid_for(rows * v), kThreads, 0, s>>>(dst, rows * v, fill);
+  if (const cudaError_t e = fill(dst, rows * v, value, s); e != cudaSuccess) return e;
   scatter_picked_kernel<<<grid_for(rows * vs), kThreads, 0, s>>>(dst, src, ids, rows, v, vs);
   return cudaGetLastError();
 }

@@ -32,6 +32,8 @@ struct Out {
 
 // dst[i] = src[i] with type conversion (fp8/f16/bf16/f32 -> f32/bf16/f16).
 cudaError_t convert(Out dst, In src, int64_t n, cudaStream_t s);
+// dst[i] = value (in dst's type) for i < n.
+cudaError_t fill(Out dst, int64_t n, float value, cudaStream_t s);
 
 // ---- Elementwise ----
 cudaError_t add(Out y, In a, In b, int64_t n, cudaStream_t s);
@@ -70,7 +72,6 @@ cudaError_t embedding(Out y, const int32_t* ids, In table, int64_t n, int64_t d,
 // copy_columns and, with swapped roles, slice_columns via src_cols / src_off).
 cudaError_t copy_block(Out dst, int64_t dst_cols, int64_t dst_off, In src, int64_t src_cols,
                        int64_t src_off, int64_t rows, int64_t d, cudaStream_t s);
-// dst[r, :] = fill; dst[r, ids[j]] = src[r, j].
 // ---- DSpark / DFlash2 (Backend::topk, scale_softcap, dynamic_conv) ----
 // values[r, :k], ids[r, :k] = the k largest entries of x[r, :v], descending, ties to the lower
 // index. One block per row, k passes over the row.
@@ -104,8 +105,9 @@ cudaError_t dynamic_conv_rms_norm(__nv_bfloat16* xn, __nv_bfloat16* residual,
                                   const __nv_bfloat16* out, const __nv_bfloat16* dyn,
                                   const __nv_bfloat16* base, const float* w, int64_t n, int64_t h,
                                   int64_t group, int64_t block_rows, float eps, cudaStream_t s);
+// dst[r, :] = value; dst[r, ids[j]] = src[r, j] (two passes: fill, then the picked columns).
 cudaError_t scatter_columns(Out dst, In src, const int32_t* ids, int64_t rows, int64_t v,
-                            int64_t vs, float fill, cudaStream_t s);
+                            int64_t vs, float value, cudaStream_t s);
 // Counter-based normals (backend.h seeded_normal).
 cudaError_t seeded_normal(Out out, const int32_t* positions, int64_t n, int64_t d, uint64_t seed,
                           uint32_t stream_id, float scale, cudaStream_t s);
@@ -372,8 +374,6 @@ size_t markov_chain_workspace_bytes(int64_t k, int64_t v);
 cudaError_t markov_chain_pruned(int32_t* drafts, const int32_t* anchor, In u, In w1, In w2,
                                 const float* norms, int64_t k, int64_t v, int64_t r,
                                 void* workspace, uint64_t* keys, unsigned* counter, cudaStream_t s);
-// dst[i] = value for i < n.
-cudaError_t fill(float* p, int64_t n, float value, cudaStream_t s);
 // Backend::candidate_walk for one request, one block for the whole walk (plus a fill of rows with
 // -inf and a clear of probs when they are written).
 struct WalkArgs {
