@@ -795,14 +795,11 @@ void expect_lossless(CausalLM& target, Drafter& drafter, const std::vector<int32
 // DFlash with FP8 weights (DrafterOptions::fp8_weights): the GPU's drafts follow the CPU's
 // FP8 reference, and greedy speculative decoding still reproduces plain decoding. The shipped
 // stories260K drafter has k = 64 (FP8 tensor-core kernel) and k = 172 (dequantizing fallback).
-// Also with the bulk FP8 kernel, whose fused forms take the drafter's RMSNorms (and the head's),
-// and with v1's 32-feature blocks (wide).
+// Also with the bulk FP8 kernel, whose fused forms take the drafter's RMSNorms (and the head's).
 TEST_F(CudaModels, Fp8DFlashMatchesCpuAndIsLossless) {
-  for (const std::string name : {"v1", "bulk", "wide"}) {
+  for (const std::string name : {"v1", "bulk"}) {
 #ifdef BLOCKSPEC_HAS_CUDA
-    cuda::set_fp8_kernel(*gpu_, name == "v1"     ? cuda::Fp8Kernel::kV1
-                                : name == "bulk" ? cuda::Fp8Kernel::kBulk
-                                                 : cuda::Fp8Kernel::kV1Wide);
+    cuda::set_fp8_kernel(*gpu_, name == "v1" ? cuda::Fp8Kernel::kV1 : cuda::Fp8Kernel::kBulk);
 #endif
     ModelPair m;
     ASSERT_NO_FATAL_FAILURE(load_pair(std::string(BS_SOURCE_DIR) + "/models/stories260K-dflash",

@@ -787,10 +787,7 @@ struct Fp8Shape {
 const std::vector<Fp8Shape> kFp8Shapes = {{4096, 4096}, {1003, 4096}, {300, 12288},
                                           {70, 16},     {37, 48},     {45, 4112}};
 const std::vector<std::pair<cuda::Fp8Kernel, std::string>> kFp8Kernels = {
-    {cuda::Fp8Kernel::kV2, "v2"},
-    {cuda::Fp8Kernel::kBulk, "bulk"},
-    {cuda::Fp8Kernel::kV1Wide, "wide"},
-    {cuda::Fp8Kernel::kV1, "v1"}};
+    {cuda::Fp8Kernel::kV2, "v2"}, {cuda::Fp8Kernel::kBulk, "bulk"}, {cuda::Fp8Kernel::kV1, "v1"}};
 
 // The reference of an FP8 product: y[r, j] = scale[j] * sum_c f16(x[r, c]) * e4m3(q[j, c]) in
 // fp64 (x rounded to FP16 and saturated at +-65504, as the kernels take it), and the same sum
@@ -918,8 +915,7 @@ TEST_F(CudaOps, Fp8KernelsRowsAreBitIdenticalForEveryRowCount) {
 // sums them and scales the same way: the same bits as v1 for every shape, row count (x a chunk a
 // stage up to 8 rows, x resident for 9-16 rows with k <= 4096, several launches past 16), output
 // type and accumulation; a stage read before its copy landed or a chunk off by one shows here.
-// So does v1 with 32 features a block (kV1Wide; a tile's rows past m, an odd tile count).
-TEST_F(CudaOps, Fp8BulkAndWideKernelsGiveV1Bits) {
+TEST_F(CudaOps, Fp8BulkKernelGivesV1Bits) {
   for (const Fp8Shape& c : kFp8Shapes) {
     const Fp8Weight w = gpu_->quantize_fp8_rows(weight(*gpu_, {c.m, c.k}, rnd(c.m * c.k, 0.05f)));
     for (const int64_t n : {1, 5, 9, 16, 40}) {
@@ -928,8 +924,7 @@ TEST_F(CudaOps, Fp8BulkAndWideKernelsGiveV1Bits) {
       for (const DType out : {DType::kF32, DType::kBF16}) {
         for (const bool accumulate : {false, true}) {
           std::vector<float> v1;
-          for (const cuda::Fp8Kernel kernel :
-               {cuda::Fp8Kernel::kV1, cuda::Fp8Kernel::kBulk, cuda::Fp8Kernel::kV1Wide}) {
+          for (const cuda::Fp8Kernel kernel : {cuda::Fp8Kernel::kV1, cuda::Fp8Kernel::kBulk}) {
             cuda::set_fp8_kernel(*gpu_, kernel);
             Tensor y = gpu_act({n, c.m}, yv, out);
             gpu_->matmul_fp8(y, gx, w, accumulate);
@@ -939,9 +934,8 @@ TEST_F(CudaOps, Fp8BulkAndWideKernelsGiveV1Bits) {
               continue;
             }
             EXPECT_EQ(std::memcmp(got.data(), v1.data(), got.size() * sizeof(float)), 0)
-                << (kernel == cuda::Fp8Kernel::kBulk ? "bulk" : "wide") << " m=" << c.m
-                << " k=" << c.k << " n=" << n << (out == DType::kBF16 ? " bf16" : " f32")
-                << (accumulate ? " accumulate" : "");
+                << "m=" << c.m << " k=" << c.k << " n=" << n
+                << (out == DType::kBF16 ? " bf16" : " f32") << (accumulate ? " accumulate" : "");
           }
         }
       }

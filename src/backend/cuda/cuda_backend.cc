@@ -903,12 +903,12 @@ class CudaBackend final : public Backend {
       return fp8_bulk(y, StreamX::kRows, x, k, nullptr, 0.0f, w, accumulate);
     }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
-      // v1 (the default) or kV1Wide: an FP16 copy of x, made once for more than 8 rows.
+      // v1 (the default): an FP16 copy of x, made once for more than 8 rows.
       void* x16 = n > 8 && fp8_x16_
                       ? scratch(&x16_ws_, &x16_ws_bytes_, static_cast<size_t>(n * k) * 2)
                       : nullptr;
       CUDA_CHECK(bs::cuda::fp8_matmul(out(y), x.data(), q, w.scale.as<float>(), n, m, k, accumulate,
-                                      stream_, x16, fp8_kernel_ == Fp8Kernel::kV1Wide ? 2 : 1));
+                                      stream_, x16));
       return;
     }
     // Other shapes and dtypes: the weight dequantized into a BF16 temporary, then cuBLASLt.
@@ -1590,9 +1590,8 @@ class CudaBackend final : public Backend {
                                ? CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_NONE
                                : CUBLASLT_REDUCTION_SCHEME_NONE;
     }
-    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2", "bulk", "wide"}); c >= 0) {
-      constexpr Fp8Kernel kKernels[] = {Fp8Kernel::kV1, Fp8Kernel::kV2, Fp8Kernel::kBulk,
-                                        Fp8Kernel::kV1Wide};
+    if (const int c = env_choice("BLOCKSPEC_FP8_KERNEL", {"v1", "v2", "bulk"}); c >= 0) {
+      constexpr Fp8Kernel kKernels[] = {Fp8Kernel::kV1, Fp8Kernel::kV2, Fp8Kernel::kBulk};
       fp8_kernel_ = kKernels[c];
     }
     if (const int c = env_choice("BLOCKSPEC_FP8_X16", {"0", "1"}); c >= 0) fp8_x16_ = c == 1;

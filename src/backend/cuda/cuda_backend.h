@@ -62,12 +62,10 @@ void set_gemv_mode(Backend& backend, GemvMode mode);
 void set_pinned_rows(Backend& backend, int64_t rows);
 // Backend::matmul_fp8's kernel for BF16 x (fp8_matmul.cu): kV1 (default) or kV2, the split-K
 // ring variant (also BLOCKSPEC_FP8_KERNEL=v2, read when the backend is made; slower on the H200
-// at the draft step's shapes), kBulk (BLOCKSPEC_FP8_KERNEL=bulk; stream_bulk.cu; 2.2x slower
-// than v1 on an H100, session 23), v1's arithmetic through the bulk-copy engine, or kV1Wide
-// (BLOCKSPEC_FP8_KERNEL=wide): v1 with 32 features a block, each x fragment serving two 16-feature
-// tiles (half of v1's x reads from L2 at 16 rows; slower than v1 on an H100, session 23). All
-// keep the row-count invariance; v2's rounding differs, kBulk and kV1Wide give v1's bits.
-enum class Fp8Kernel { kV1, kV2, kBulk, kV1Wide };
+// at the draft step's shapes), or kBulk (BLOCKSPEC_FP8_KERNEL=bulk; stream_bulk.cu; 1.8-3.1x
+// slower than v1 on an H100, session 23), v1's arithmetic through the bulk-copy engine. All keep
+// the row-count invariance; v2's rounding differs, kBulk gives v1's bits.
+enum class Fp8Kernel { kV1, kV2, kBulk };
 void set_fp8_kernel(Backend& backend, Fp8Kernel kernel);
 // Split-KV attention's split pass (paged_attention.cu), for the whole process: kV1, a
 // block per 64-key chunk; kV2 runs a block over several consecutive chunks with the next chunk's

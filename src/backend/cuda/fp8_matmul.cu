@@ -59,20 +59,15 @@ __global__ void dequantize_fp8_rows_kernel(T* w, const uint8_t* q, const float* 
 }
 
 // ---- Weight-only FP8 product on the tensor cores (n <= 16 rows per launch) ----
-// A block owns MT x 16 output features j0..j0+16MT-1; its 8 warps take interleaved 64-wide k
-// chunks, each thread 16 consecutive k of feature rows g and g + 8 of each m-tile (one 16-byte
-// load each) and of x rows g (+ 8). FP8 codes become FP16 by moving their bits into FP16's fields
-// (value * 2^-8, exact, subnormals included; the 2^8 goes into the row scale), x is rounded to
-// FP16 (saturated), and four m16n8k16 MMAs with FP32 accumulation take the 64 k. The k order
-// inside a thread's 16 is permuted identically for weights and x, which leaves every dot product
-// unchanged. Partial sums of the 8 warps are added in a fixed order, so a row's result never
-// depends on n. MT (1 by default; 2 for Fp8Kernel::kV1Wide, BLOCKSPEC_FP8_KERNEL=wide) only decides
-// which block a feature is in: each x fragment a thread loads serves MT m-tiles (at 16 rows every
-// block reads all of x, twice its own weight bytes, from L2), a feature's chunk order, warp split
-// and sums are the same, so are the bits. U rounds of chunks are in flight per warp (4 / MT: the
-// same registers and bytes in flight for every MT).
+// A block owns 16 output features j0..j0+15; its 8 warps take interleaved 64-wide k chunks, each
+// thread 16 consecutive k of feature rows g and g + 8 (one 16-byte load each) and of x rows
+// g (+ 8). FP8 codes become FP16 by moving their bits into FP16's fields (value * 2^-8, exact,
+// subnormals included; the 2^8 goes into the row scale), x is rounded to FP16 (saturated), and
+// four m16n8k16 MMAs with FP32 accumulation take the 64 k. The k order inside a thread's 16 is
+// permuted identically for weights and x, which leaves every dot product unchanged. Partial sums
+// of the 8 warps are added in a fixed order, so a row's result never depends on n.
 constexpr int kFp8Warps = 8;
-constexpr int kFp8Loads = 4;  // 16-byte weight loads of each of a thread's two rows in flight
+constexpr int kFp8Unroll = 4;
 
 // The weight codes of chunk c for this thread (zero past k).
 __device__ __forceinline__ void load_weights(const uint8_t* q, int64_t ra, int64_t rb, int64_t k,
@@ -84,59 +79,43 @@ __device__ __forceinline__ void load_weights(const uint8_t* q, int64_t ra, int64
 }
 
 // x16: x already converted to FP16 (bf16_to_f16_kernel), else BF16 converted here.
-template <int NT, int MT, bool X16, typename TY>
+template <int NT, bool X16, typename TY>
 __global__ void __launch_bounds__(kFp8Warps * 32, 2)
     fp8_matmul_kernel(TY* y, const uint16_t* x, const uint8_t* q, const float* scale, int n,
                       int64_t m, int64_t k, bool accumulate) {
-  constexpr int U = kFp8Loads / MT, W = kFp8Warps;
+  constexpr int U = kFp8Unroll, W = kFp8Warps;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 16 * MT;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * 16;
   // Feature rows past m repeat the last row (their results are not stored).
-  int64_t ra[MT], rb[MT];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    ra[mt] = min(j0 + 16 * mt + g, m - 1);
-    rb[mt] = min(j0 + 16 * mt + g + 8, m - 1);
-  }
+  const int64_t ra = min(j0 + g, m - 1), rb = min(j0 + g + 8, m - 1);
   const int64_t chunks = (k + 63) / 64;
   // The weight codes of the round starting at chunk c0 (U chunks W apart).
-  auto load_round = [&](int64_t c0, uint4(&a)[MT][U], uint4(&b)[MT][U]) {
+  auto load_round = [&](int64_t c0, uint4(&a)[U], uint4(&b)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + u * W, kk = c * 64 + 16 * t;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        load_weights(q, ra[mt], rb[mt], k, kk, c < chunks && kk < k, a[mt][u], b[mt][u]);
-      }
+      load_weights(q, ra, rb, k, kk, c < chunks && kk < k, a[u], b[u]);
     }
   };
 
   // The weights do not depend on the kernels before this one: start streaming them before
   // waiting for those kernels (programmatic dependent launch), then read x.
-  uint4 wa[MT][U], wb[MT][U];
+  uint4 wa[U], wb[U];
   load_round(warp, wa, wb);
   griddep_wait();
 
-  float acc[MT][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-    }
-  }
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   for (int64_t c0 = warp; c0 < chunks; c0 += W * U) {
-    uint4 na[MT][U], nb[MT][U];
+    uint4 na[U], nb[U];
     load_round(c0 + W * U, na, nb);  // in flight while this round computes
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      uint32_t ha[MT][8], hb[MT][8];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        unpack16(wa[mt][u], ha[mt]);
-        unpack16(wb[mt][u], hb[mt]);
-      }
+      uint32_t ha[8], hb[8];
+      unpack16(wa[u], ha);
+      unpack16(wb[u], hb);
       const int64_t c = c0 + u * W, kk = c * 64 + 16 * t;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -154,38 +133,28 @@ __global__ void __launch_bounds__(kFp8Warps * 32, 2)
           for (int i = 0; i < 8; ++i) hx[i] = bf16x2_to_f16x2(hx[i]);
         }
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            mma_f16(acc[mt][nt], ha[mt][2 * i], hb[mt][2 * i], ha[mt][2 * i + 1], hb[mt][2 * i + 1],
-                    hx[2 * i], hx[2 * i + 1]);
-          }
+        for (int i = 0; i < 4; ++i) {
+          mma_f16(acc[nt], ha[2 * i], hb[2 * i], ha[2 * i + 1], hb[2 * i + 1], hx[2 * i],
+                  hx[2 * i + 1]);
         }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        wa[mt][u] = na[mt][u];
-        wb[mt][u] = nb[mt][u];
-      }
+      wa[u] = na[u];
+      wb[u] = nb[u];
     }
   }
 
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    if (mt > 0) __syncthreads();  // the last m-tile's sums are read from shared memory
-    reduce_warp_tiles<W, NT>(acc[mt], n, [&](int col, int row, float sum) {
-      const int64_t j = j0 + 16 * mt + row;
-      if (j >= m) return;
-      // __fmul_rn: never contracted with the accumulation into an FMA, which nvcc decides per
-      // kernel (the bulk kernel's instantiations must give these bits).
-      const float v = __fmul_rn(sum, scale[j] * kFp8ToF16Scale);
-      const int64_t o = static_cast<int64_t>(col) * m + j;
-      store_f(y, o, accumulate ? load_f(y, o) + v : v);
-    });
-  }
+  reduce_warp_tiles<W, NT>(acc, n, [&](int col, int row, float sum) {
+    const int64_t j = j0 + row;
+    if (j >= m) return;
+    // __fmul_rn: never contracted with the accumulation into an FMA, which nvcc decides per
+    // kernel (the bulk kernel's instantiations must give these bits).
+    const float v = __fmul_rn(sum, scale[j] * kFp8ToF16Scale);
+    const int64_t o = static_cast<int64_t>(col) * m + j;
+    store_f(y, o, accumulate ? load_f(y, o) + v : v);
+  });
 }
 
 // x (BF16) -> FP16 saturated (as fp8_matmul_kernel converts it), 8 values per thread.
@@ -199,24 +168,18 @@ __global__ void bf16_to_f16_kernel(uint4* out, const uint4* in, int64_t n8) {
   }
 }
 
-template <int NT, int MT, bool X16, typename TY>
-cudaError_t launch_rows(TY* y, const uint16_t* x, const uint8_t* q, const float* scale, int rows,
-                        int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((m + 16 * MT - 1) / (16 * MT))), block(kFp8Warps * 32);
-  return launch_pdl(fp8_matmul_kernel<NT, MT, X16, TY>, grid, block, 0, s, y, x, q, scale, rows, m,
-                    k, accumulate);
-}
 template <int NT, bool X16, typename TY>
 cudaError_t launch_rows(TY* y, const uint16_t* x, const uint8_t* q, const float* scale, int rows,
-                        int64_t m, int64_t k, bool accumulate, cudaStream_t s, int m_tiles) {
-  return m_tiles == 2 ? launch_rows<NT, 2, X16>(y, x, q, scale, rows, m, k, accumulate, s)
-                      : launch_rows<NT, 1, X16>(y, x, q, scale, rows, m, k, accumulate, s);
+                        int64_t m, int64_t k, bool accumulate, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((m + 15) / 16)), block(kFp8Warps * 32);
+  return launch_pdl(fp8_matmul_kernel<NT, X16, TY>, grid, block, 0, s, y, x, q, scale, rows, m, k,
+                    accumulate);
 }
 
 template <typename TY>
 cudaError_t launch_fp8_matmul(TY* y, const uint16_t* x, const uint8_t* q, const float* scale,
                               int64_t n, int64_t m, int64_t k, bool accumulate, uint16_t* x16,
-                              cudaStream_t s, int m_tiles) {
+                              cudaStream_t s) {
   // More than 8 rows: x converted to FP16 once instead of in every block.
   const bool pre = x16 != nullptr && n > 8;
   if (pre) {
@@ -233,11 +196,10 @@ cudaError_t launch_fp8_matmul(TY* y, const uint16_t* x, const uint8_t* q, const 
     TY* yr = y + r0 * m;
     const uint16_t* xr = x + r0 * k;
     const cudaError_t e =
-        rows <= 8
-            ? (pre ? launch_rows<1, true>(yr, xr, q, scale, rows, m, k, accumulate, s, m_tiles)
-                   : launch_rows<1, false>(yr, xr, q, scale, rows, m, k, accumulate, s, m_tiles))
-            : (pre ? launch_rows<2, true>(yr, xr, q, scale, rows, m, k, accumulate, s, m_tiles)
-                   : launch_rows<2, false>(yr, xr, q, scale, rows, m, k, accumulate, s, m_tiles));
+        rows <= 8 ? (pre ? launch_rows<1, true>(yr, xr, q, scale, rows, m, k, accumulate, s)
+                         : launch_rows<1, false>(yr, xr, q, scale, rows, m, k, accumulate, s))
+                  : (pre ? launch_rows<2, true>(yr, xr, q, scale, rows, m, k, accumulate, s)
+                         : launch_rows<2, false>(yr, xr, q, scale, rows, m, k, accumulate, s));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -592,18 +554,16 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q) {
 }
 
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
-                       int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16,
-                       int m_tiles) {
+                       int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16) {
   if (n <= 0 || m <= 0) return cudaSuccess;
   const auto* xb = static_cast<const uint16_t*>(x);
   auto* xh = static_cast<uint16_t*>(x16);
   if (y.t == Elem::kBF16) {
     return launch_fp8_matmul(static_cast<__nv_bfloat16*>(y.p), xb, q, scale, n, m, k, accumulate,
-                             xh, s, m_tiles);
+                             xh, s);
   }
   if (y.t == Elem::kF32) {
-    return launch_fp8_matmul(static_cast<float*>(y.p), xb, q, scale, n, m, k, accumulate, xh, s,
-                             m_tiles);
+    return launch_fp8_matmul(static_cast<float*>(y.p), xb, q, scale, n, m, k, accumulate, xh, s);
   }
   return cudaErrorInvalidValue;
 }

@@ -268,11 +268,9 @@ bool fp8_matmul_supported(int64_t k, const void* x, const void* q);
 // y[r, j] (+)= scale[j] * sum_c x[r, c] q[j, c] for BF16 x [n, k] on the tensor cores (x rounded
 // to FP16, saturated); y BF16 or F32. A row's result does not depend on n. x16: scratch for
 // n * k FP16 values (16-byte aligned) or null; with it, more than 8 rows of x are converted once
-// up front instead of in every block (same values). m_tiles: 16-feature tiles a block, 1 or 2
-// (Fp8Kernel::kV1Wide: each x fragment serves two tiles; the same bits).
+// up front instead of in every block (same values).
 cudaError_t fp8_matmul(Out y, const void* x, const uint8_t* q, const float* scale, int64_t n,
-                       int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr,
-                       int m_tiles = 1);
+                       int64_t m, int64_t k, bool accumulate, cudaStream_t s, void* x16 = nullptr);
 // The same product through the bulk-copy engine (stream_bulk.cu; BLOCKSPEC_FP8_KERNEL=bulk): the
 // same operands and shapes (n <= kSkinnyMaxRows a launch), fp8_matmul's arithmetic exactly (the
 // same bits), the weights streamed by a producer warp's cp.async.bulk ring and x copied once per
