@@ -10,9 +10,9 @@
 #   fp8    - run_fp8_ab.sh with KERNELS ("bulk v1") on the 32k-draft-vocabulary drafter;
 #   table  - issue 17's table once under the defaults: the bench of run_attn_variants.sh and the
 #            batch-32 step;
-#   x16    - the FP8 drafter (32k draft vocabulary) under each of FP8_ENVS (environment
-#            assignments joined by '+'; default: BLOCKSPEC_FP8_X16=1, x converted to FP16 by a
-#            kernel of its own, the default, and =0, in every block), ROUNDS rounds, alternating;
+#   x16    - (named after its first use, the since-removed BLOCKSPEC_FP8_X16 A/B) the FP8 drafter
+#            (32k draft vocabulary) under each of FP8_ENVS (environment assignments joined by '+';
+#            default: BLOCKSPEC_FP8_KERNEL=v1 and =bulk), ROUNDS rounds, alternating;
 #   gtests - cuda_ops_test with OPS_FILTER and cuda_models_test with MODELS_FILTER (gtest filters);
 #   kprof  - that bench under tools/kprof with KPROF_TRACE (carry build-cuda/pack/kprof too),
 #            read by tools/kprof/trace_bursts.py: each step kind's wall and per-kernel advance.
@@ -74,7 +74,7 @@ fi
 if want x16; then
   synth_all
   for round in $(seq 1 "${ROUNDS:-2}"); do
-    for v in ${FP8_ENVS:-BLOCKSPEC_FP8_X16=1 BLOCKSPEC_FP8_X16=0}; do
+    for v in ${FP8_ENVS:-BLOCKSPEC_FP8_KERNEL=v1 BLOCKSPEC_FP8_KERNEL=bulk}; do
       f=$LOGS/fp8_${v//[^A-Za-z0-9]/_}_$round.txt
       env ${v//+/ } timeout 100 $B "${BENCH[@]}" --drafter $S/dv32k --drafter-fp8 \
         --kernels > $f 2>&1

@@ -904,9 +904,8 @@ class CudaBackend final : public Backend {
     }
     if (x.dtype() == DType::kBF16 && bs::cuda::fp8_matmul_supported(k, x.data(), q)) {
       // v1 (the default): an FP16 copy of x, made once for more than 8 rows.
-      void* x16 = n > 8 && fp8_x16_
-                      ? scratch(&x16_ws_, &x16_ws_bytes_, static_cast<size_t>(n * k) * 2)
-                      : nullptr;
+      void* x16 =
+          n > 8 ? scratch(&x16_ws_, &x16_ws_bytes_, static_cast<size_t>(n * k) * 2) : nullptr;
       CUDA_CHECK(bs::cuda::fp8_matmul(out(y), x.data(), q, w.scale.as<float>(), n, m, k, accumulate,
                                       stream_, x16));
       return;
@@ -1594,7 +1593,6 @@ class CudaBackend final : public Backend {
       constexpr Fp8Kernel kKernels[] = {Fp8Kernel::kV1, Fp8Kernel::kV2, Fp8Kernel::kBulk};
       fp8_kernel_ = kKernels[c];
     }
-    if (const int c = env_choice("BLOCKSPEC_FP8_X16", {"0", "1"}); c >= 0) fp8_x16_ = c == 1;
   }
   static bool all_bf16(std::initializer_list<const Tensor*> ts) {
     for (const Tensor* t : ts) {
@@ -1951,9 +1949,6 @@ class CudaBackend final : public Backend {
   // matmul_fp8's kernel: v1 unless BLOCKSPEC_FP8_KERNEL=v2 (the A/B switch) or set_fp8_kernel;
   // v2 measured slower on the draft step's shapes (docs/BENCHMARKS.md, session 10).
   Fp8Kernel fp8_kernel_ = Fp8Kernel::kV1;
-  // v1 with more than 8 rows: x converted to FP16 once by a kernel of its own (default) or in
-  // every block (BLOCKSPEC_FP8_X16=0, a measurement switch; the same conversion, the same bits).
-  bool fp8_x16_ = true;
   bool conv_fast_ = true;  // dynamic_conv: the 8-channel BF16 kernel where it applies
   // projected_conv's K slices; <= 1 runs DFlash2's convolutions unfused (BLOCKSPEC_CONV_SPLITS).
   int64_t conv_splits_ = 4;
